@@ -1,0 +1,236 @@
+/* Refcounted blocks (include/taskwire/buf.h).
+ *
+ * Small blocks are one malloc (header and bytes together). Large blocks are
+ * mmap'd on their own so that freeing one returns its pages to the OS at
+ * once (glibc would keep a heap chunk), and so that a large frame never
+ * shares memory with a small neighbour. Released large mappings go to a
+ * bounded cache because touching fresh pages costs more than the copy we
+ * avoid (DESIGN.md, Performance notes). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <taskwire/error.h>
+
+#include "core/block.h"
+#include "core/stats.h"
+
+enum kind { KIND_HEAP, KIND_MAP, KIND_WRAP };
+
+struct tw_block {
+	_Atomic size_t refs;
+	uint8_t *data;
+	size_t size;
+	size_t map_len; /* KIND_MAP: bytes mapped (page multiple) */
+	enum kind kind;
+	void (*release)(void *data, void *arg);
+	void *arg;
+};
+
+#define HDR_BYTES ((sizeof(struct tw_block) + 63) & ~(size_t)63)
+#define CACHE_SLOTS 16
+
+static struct {
+	pthread_mutex_t lock;
+	size_t limit, bytes;
+	size_t n;
+	struct {
+		void *p;
+		size_t len;
+	} slot[CACHE_SLOTS];
+} cache = {PTHREAD_MUTEX_INITIALIZER, (size_t)256 << 20, 0, 0, {{0, 0}}};
+
+static size_t page_round(size_t n)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	return (n + pg - 1) & ~(pg - 1);
+}
+
+/* Take a cached mapping of exactly `len` bytes, or NULL. */
+static void *cache_take(size_t len)
+{
+	void *p = NULL;
+	pthread_mutex_lock(&cache.lock);
+	for (size_t i = 0; i < cache.n; i++) {
+		if (cache.slot[i].len != len)
+			continue;
+		p = cache.slot[i].p;
+		cache.slot[i] = cache.slot[--cache.n];
+		cache.bytes -= len;
+		break;
+	}
+	pthread_mutex_unlock(&cache.lock);
+	return p;
+}
+
+/* Drop the oldest cached mapping; cache.lock held. */
+static void evict_oldest(void)
+{
+	munmap(cache.slot[0].p, cache.slot[0].len);
+	cache.bytes -= cache.slot[0].len;
+	cache.n--;
+	memmove(&cache.slot[0], &cache.slot[1], cache.n * sizeof(cache.slot[0]));
+}
+
+/* Keep a released mapping for reuse, evicting the oldest past the limit. */
+static void cache_put(void *p, size_t len)
+{
+	pthread_mutex_lock(&cache.lock);
+	if (len <= cache.limit) {
+		while (cache.n > 0 && (cache.bytes + len > cache.limit || cache.n == CACHE_SLOTS))
+			evict_oldest();
+		cache.slot[cache.n].p = p;
+		cache.slot[cache.n].len = len;
+		cache.n++;
+		cache.bytes += len;
+		p = NULL;
+	}
+	pthread_mutex_unlock(&cache.lock);
+	if (p != NULL)
+		munmap(p, len);
+}
+
+void tw__block_cache_drain(void)
+{
+	pthread_mutex_lock(&cache.lock);
+	for (size_t i = 0; i < cache.n; i++)
+		munmap(cache.slot[i].p, cache.slot[i].len);
+	cache.n = 0;
+	cache.bytes = 0;
+	pthread_mutex_unlock(&cache.lock);
+}
+
+void tw_block_cache_set_limit(size_t bytes)
+{
+	pthread_mutex_lock(&cache.lock);
+	cache.limit = bytes;
+	pthread_mutex_unlock(&cache.lock);
+	tw__block_cache_drain();
+}
+
+static void count_new(size_t size)
+{
+	TW__ADD(&tw__global_stats, blocks_allocated, 1);
+	TW__ADD(&tw__global_stats, block_bytes_allocated, size);
+	TW__ADD(&tw__global_stats, blocks_live, 1);
+	TW__ADD(&tw__global_stats, block_bytes_live, size);
+}
+
+static int new_mapped(size_t size, tw_block **out)
+{
+	struct tw_block *b = malloc(sizeof(*b));
+	size_t len = page_round(size);
+	void *p;
+	if (b == NULL)
+		return TW_ENOMEM;
+	p = cache_take(len);
+	if (p != NULL) {
+		TW__ADD(&tw__global_stats, block_cache_hits, 1);
+	} else {
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED) {
+			free(b);
+			return TW_ENOMEM;
+		}
+	}
+	atomic_init(&b->refs, 1);
+	b->data = p;
+	b->size = size;
+	b->map_len = len;
+	b->kind = KIND_MAP;
+	b->release = NULL;
+	b->arg = NULL;
+	*out = b;
+	return 0;
+}
+
+int tw_block_new(size_t size, tw_block **out)
+{
+	struct tw_block *b;
+	int rv;
+	if (out == NULL)
+		return TW_EINVAL;
+	if (size >= TW__MAP_MIN_BYTES) {
+		if ((rv = new_mapped(size, out)) != 0)
+			return rv;
+		count_new(size);
+		return 0;
+	}
+	b = malloc(HDR_BYTES + size);
+	if (b == NULL)
+		return TW_ENOMEM;
+	atomic_init(&b->refs, 1);
+	b->data = (uint8_t *)b + HDR_BYTES;
+	b->size = size;
+	b->map_len = 0;
+	b->kind = KIND_HEAP;
+	b->release = NULL;
+	b->arg = NULL;
+	count_new(size);
+	*out = b;
+	return 0;
+}
+
+int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void *arg,
+		  tw_block **out)
+{
+	struct tw_block *b;
+	if (out == NULL || (data == NULL && size > 0))
+		return TW_EINVAL;
+	if ((b = malloc(sizeof(*b))) == NULL)
+		return TW_ENOMEM;
+	atomic_init(&b->refs, 1);
+	b->data = data;
+	b->size = size;
+	b->map_len = 0;
+	b->kind = KIND_WRAP;
+	b->release = release;
+	b->arg = arg;
+	*out = b;
+	return 0;
+}
+
+tw_block *tw_block_hold(tw_block *b)
+{
+	atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+	return b;
+}
+
+void tw_block_free(tw_block *b)
+{
+	if (b == NULL || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	switch (b->kind) {
+	case KIND_WRAP:
+		if (b->release != NULL)
+			b->release(b->data, b->arg);
+		free(b);
+		return;
+	case KIND_MAP:
+		cache_put(b->data, b->map_len);
+		break;
+	case KIND_HEAP:
+		break;
+	}
+	TW__SUB(&tw__global_stats, blocks_live, 1);
+	TW__SUB(&tw__global_stats, block_bytes_live, b->size);
+	free(b);
+}
+
+uint8_t *tw_block_data(const tw_block *b)
+{
+	return b->data;
+}
+
+size_t tw_block_size(const tw_block *b)
+{
+	return b->size;
+}
+
+uint8_t *tw_slice_data(const tw_slice *s)
+{
+	return s->block == NULL ? NULL : s->block->data + s->offset;
+}

@@ -1,0 +1,20 @@
+/* Internal block helpers. */
+#ifndef TW_CORE_BLOCK_H
+#define TW_CORE_BLOCK_H
+
+#include <taskwire/buf.h>
+
+/* Blocks of at least this size are mapped pages of their own. */
+#define TW__MAP_MIN_BYTES ((size_t)256 << 10)
+
+/* tw__slice: a slice over [off, off+len) of b, without a reference. */
+static inline tw_slice tw__slice(tw_block *b, size_t off, size_t len)
+{
+	tw_slice s = {b, off, len};
+	return s;
+}
+
+/* Release every cached mapping (context teardown, tests). */
+void tw__block_cache_drain(void);
+
+#endif

@@ -1,0 +1,214 @@
+/* Contexts: limits, the event loop, cross-thread calls
+ * (include/taskwire/context.h). */
+#include <stdlib.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include <taskwire/error.h>
+
+#include "core/block.h"
+#include "core/context.h"
+
+struct tw__call {
+	struct tw__call *next;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
+static int threads_rv;
+
+static void threads_init(void)
+{
+	threads_rv = evthread_use_pthreads();
+}
+
+/* Run the queued calls; on the loop thread. */
+static void run_calls(evutil_socket_t fd, short what, void *arg)
+{
+	tw_context *ctx = arg;
+	struct tw__call *c;
+	(void)fd;
+	(void)what;
+	pthread_mutex_lock(&ctx->lock);
+	c = ctx->calls;
+	ctx->calls = NULL;
+	ctx->calls_tail = &ctx->calls;
+	pthread_mutex_unlock(&ctx->lock);
+	while (c != NULL) {
+		struct tw__call *next = c->next;
+		c->fn(c->arg);
+		free(c);
+		c = next;
+	}
+}
+
+static void *loop_main(void *arg)
+{
+	tw_context *ctx = arg;
+	event_base_loop(ctx->base, EVLOOP_NO_EXIT_ON_EMPTY);
+	return NULL;
+}
+
+static void set_defaults(struct tw__limits *l)
+{
+	l->max_message_bytes = TW_DEFAULT_MAX_MESSAGE_BYTES;
+	l->max_frames = TW_DEFAULT_MAX_FRAMES;
+	l->connect_timeout_ms = TW_DEFAULT_CONNECT_TIMEOUT_MS;
+	l->write_hwm_bytes = TW_DEFAULT_WRITE_HWM_BYTES;
+	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
+}
+
+int tw_context_new(struct event_base *base, tw_context **out)
+{
+	tw_context *ctx;
+	if (out == NULL)
+		return TW_EINVAL;
+	pthread_once(&threads_once, threads_init);
+	if (threads_rv != 0)
+		return TW_EIO;
+	if ((ctx = calloc(1, sizeof(*ctx))) == NULL)
+		return TW_ENOMEM;
+	pthread_mutex_init(&ctx->lock, NULL);
+	ctx->calls_tail = &ctx->calls;
+	ctx->objects.next = ctx->objects.prev = &ctx->objects;
+	set_defaults(&ctx->limits);
+	ctx->own_base = base == NULL;
+	ctx->base = base != NULL ? base : event_base_new();
+	if (ctx->base == NULL)
+		goto fail;
+	ctx->call_ev = event_new(ctx->base, -1, 0, run_calls, ctx);
+	if (ctx->call_ev == NULL)
+		goto fail;
+	if (ctx->own_base) {
+		if (pthread_create(&ctx->thread, NULL, loop_main, ctx) != 0)
+			goto fail;
+		ctx->has_thread = 1;
+	}
+	*out = ctx;
+	return 0;
+fail:
+	if (ctx->call_ev != NULL)
+		event_free(ctx->call_ev);
+	if (ctx->own_base && ctx->base != NULL)
+		event_base_free(ctx->base);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+	return TW_EIO;
+}
+
+int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg)
+{
+	struct tw__call *c = malloc(sizeof(*c));
+	if (c == NULL)
+		return TW_ENOMEM;
+	c->next = NULL;
+	c->fn = fn;
+	c->arg = arg;
+	pthread_mutex_lock(&ctx->lock);
+	*ctx->calls_tail = c;
+	ctx->calls_tail = &c->next;
+	pthread_mutex_unlock(&ctx->lock);
+	event_active(ctx->call_ev, 0, 0);
+	return 0;
+}
+
+/* Abort every comm and listener; on the loop thread (or with no loop). */
+static void kill_all(void *arg)
+{
+	tw_context *ctx = arg;
+	while (ctx->objects.next != &ctx->objects) {
+		struct tw__node *n = ctx->objects.next;
+		tw__ctx_untrack(n);
+		n->kill(n);
+	}
+}
+
+static void stop_loop(void *arg)
+{
+	tw_context *ctx = arg;
+	kill_all(ctx);
+	event_base_loopbreak(ctx->base);
+}
+
+void tw_context_free(tw_context *ctx)
+{
+	if (ctx == NULL)
+		return;
+	if (ctx->has_thread) {
+		if (tw_context_call(ctx, stop_loop, ctx) != 0)
+			abort(); /* cannot stop the loop thread safely without memory */
+		pthread_join(ctx->thread, NULL);
+	}
+	kill_all(ctx);
+	run_calls(-1, 0, ctx);
+	event_free(ctx->call_ev);
+	if (ctx->own_base)
+		event_base_free(ctx->base);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+}
+
+struct event_base *tw_context_base(tw_context *ctx)
+{
+	return ctx->base;
+}
+
+void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *))
+{
+	n->kill = kill;
+	n->next = ctx->objects.next;
+	n->prev = &ctx->objects;
+	ctx->objects.next->prev = n;
+	ctx->objects.next = n;
+}
+
+void tw__ctx_untrack(struct tw__node *n)
+{
+	if (n->next == NULL)
+		return;
+	n->prev->next = n->next;
+	n->next->prev = n->prev;
+	n->next = n->prev = NULL;
+}
+
+int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes)
+{
+	if (ctx == NULL || bytes == 0)
+		return TW_EINVAL;
+	ctx->limits.max_message_bytes = bytes;
+	return 0;
+}
+
+int tw_context_set_max_frames(tw_context *ctx, uint64_t frames)
+{
+	if (ctx == NULL || frames == 0)
+		return TW_EINVAL;
+	ctx->limits.max_frames = frames;
+	return 0;
+}
+
+int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms)
+{
+	if (ctx == NULL || ms == 0)
+		return TW_EINVAL;
+	ctx->limits.connect_timeout_ms = ms;
+	return 0;
+}
+
+int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes)
+{
+	if (ctx == NULL || bytes == 0)
+		return TW_EINVAL;
+	ctx->limits.write_hwm_bytes = bytes;
+	return 0;
+}
+
+int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
+{
+	if (ctx == NULL || bytes == 0 || bytes > TW__MAP_MIN_BYTES)
+		return TW_EINVAL;
+	ctx->limits.small_frame_bytes = bytes;
+	return 0;
+}

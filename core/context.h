@@ -1,0 +1,44 @@
+/* Internal context: limits, the loop, and the objects to tear down. */
+#ifndef TW_CORE_CONTEXT_H
+#define TW_CORE_CONTEXT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <taskwire/context.h>
+
+struct event;
+
+/* The limits a comm copies when it is made. */
+struct tw__limits {
+	uint64_t max_message_bytes;
+	uint64_t max_frames;
+	uint32_t connect_timeout_ms;
+	size_t write_hwm_bytes;
+	size_t small_frame_bytes;
+};
+
+/* An object the context frees at teardown (comms, listeners, connects). */
+struct tw__node {
+	struct tw__node *prev, *next;
+	void (*kill)(struct tw__node *n); /* free without callbacks */
+};
+
+struct tw__call;
+
+struct tw_context {
+	struct event_base *base;
+	int own_base;
+	pthread_t thread;
+	int has_thread;
+	struct event *call_ev;
+	pthread_mutex_t lock; /* guards calls */
+	struct tw__call *calls, **calls_tail;
+	struct tw__limits limits;
+	struct tw__node objects; /* list head; loop thread only */
+};
+
+void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *));
+void tw__ctx_untrack(struct tw__node *n);
+
+#endif

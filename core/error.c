@@ -1,0 +1,29 @@
+/* Error code names (include/taskwire/error.h). */
+#include <taskwire/error.h>
+
+const char *tw_strerror(int err)
+{
+	switch (err) {
+	case TW_OK: return "success";
+	case TW_EINVAL: return "invalid argument";
+	case TW_ENOMEM: return "out of memory";
+	case TW_EAGAIN: return "write queue above high-water mark";
+	case TW_ECLOSED: return "closed";
+	case TW_EIO: return "I/O error";
+	case TW_ETIMEDOUT: return "timed out";
+	case TW_ECONNREFUSED: return "connection refused";
+	case TW_EADDR: return "malformed address";
+	case TW_ESCHEME: return "unknown URI scheme";
+	case TW_EADDRINUSE: return "address in use";
+	case TW_ENOFRAMES: return "message declares zero frames";
+	case TW_ETOOMANY: return "message declares more frames than the limit";
+	case TW_ELENGTH: return "frame lengths overflow or disagree with total";
+	case TW_ETOOBIG: return "message larger than the limit";
+	case TW_ETRUNCATED: return "peer closed in the middle of a message";
+	case TW_EPROTO: return "protocol error";
+	case TW_ECANCELED: return "canceled";
+	case TW_ENOTSUP: return "not supported";
+	case TW_ERANGE: return "out of range";
+	}
+	return "unknown error";
+}

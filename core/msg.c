@@ -1,0 +1,130 @@
+/* Messages as refcounted frame lists (include/taskwire/msg.h). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+
+#include "core/msg.h"
+#include "core/stats.h"
+
+struct tw_msg {
+	_Atomic size_t refs;
+	size_t n, cap;
+	uint64_t bytes;
+	tw_slice *frames;
+};
+
+int tw_msg_new(tw_msg **out)
+{
+	tw_msg *m;
+	if (out == NULL)
+		return TW_EINVAL;
+	if ((m = calloc(1, sizeof(*m))) == NULL)
+		return TW_ENOMEM;
+	atomic_init(&m->refs, 1);
+	*out = m;
+	return 0;
+}
+
+tw_msg *tw_msg_hold(tw_msg *m)
+{
+	atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+	return m;
+}
+
+void tw_msg_free(tw_msg *m)
+{
+	if (m == NULL || atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	for (size_t i = 0; i < m->n; i++)
+		tw_block_free(m->frames[i].block);
+	free(m->frames);
+	free(m);
+}
+
+int tw__msg_reserve(tw_msg *m, size_t n)
+{
+	size_t cap = m->cap ? m->cap : 4;
+	tw_slice *f;
+	if (n <= m->cap)
+		return 0;
+	while (cap < n)
+		cap *= 2;
+	if ((f = realloc(m->frames, cap * sizeof(*f))) == NULL)
+		return TW_ENOMEM;
+	m->frames = f;
+	m->cap = cap;
+	return 0;
+}
+
+void tw__msg_append_owned(tw_msg *m, tw_slice frame)
+{
+	m->frames[m->n++] = frame;
+	m->bytes += frame.len;
+}
+
+int tw_msg_append(tw_msg *m, const tw_slice *frame)
+{
+	tw_slice s;
+	if (m == NULL || frame == NULL)
+		return TW_EINVAL;
+	if (frame->block == NULL ? frame->len != 0
+				 : frame->offset > tw_block_size(frame->block) ||
+					   frame->len > tw_block_size(frame->block) - frame->offset)
+		return TW_EINVAL;
+	if (tw__msg_reserve(m, m->n + 1) != 0)
+		return TW_ENOMEM;
+	s = *frame;
+	if (s.block != NULL)
+		tw_block_hold(s.block);
+	tw__msg_append_owned(m, s);
+	return 0;
+}
+
+int tw_msg_append_copy(tw_msg *m, const void *data, size_t len)
+{
+	tw_block *b;
+	if (m == NULL || (data == NULL && len > 0))
+		return TW_EINVAL;
+	if (tw__msg_reserve(m, m->n + 1) != 0 || tw_block_new(len, &b) != 0)
+		return TW_ENOMEM;
+	if (len > 0)
+		memcpy(tw_block_data(b), data, len);
+	TW__ADD(&tw__global_stats, payload_bytes_copied, len);
+	tw__msg_append_owned(m, (tw_slice){b, 0, len});
+	return 0;
+}
+
+int tw_msg_append_ref(tw_msg *m, const void *data, size_t len,
+		      void (*release)(void *data, void *arg), void *arg)
+{
+	tw_block *b;
+	if (m == NULL || (data == NULL && len > 0))
+		return TW_EINVAL;
+	if (tw__msg_reserve(m, m->n + 1) != 0 ||
+	    tw_block_wrap((void *)data, len, release, arg, &b) != 0)
+		return TW_ENOMEM;
+	tw__msg_append_owned(m, (tw_slice){b, 0, len});
+	return 0;
+}
+
+size_t tw_msg_nframes(const tw_msg *m)
+{
+	return m->n;
+}
+
+const tw_slice *tw_msg_frame(const tw_msg *m, size_t i)
+{
+	return i < m->n ? &m->frames[i] : NULL;
+}
+
+uint64_t tw_msg_bytes(const tw_msg *m)
+{
+	return m->bytes;
+}
+
+const tw_slice *tw__msg_frames(const tw_msg *m)
+{
+	return m->frames;
+}

@@ -1,0 +1,18 @@
+/* Internal message helpers. */
+#ifndef TW_CORE_MSG_H
+#define TW_CORE_MSG_H
+
+#include <taskwire/msg.h>
+
+/* tw__msg_reserve: make room for `n` frames in total, so appends up to n
+ * cannot fail. Returns 0 or TW_ENOMEM. */
+int tw__msg_reserve(tw_msg *m, size_t n);
+
+/* tw__msg_append_owned: append a slice whose block reference the caller
+ * hands over (no extra hold). Room must have been reserved. */
+void tw__msg_append_owned(tw_msg *m, tw_slice frame);
+
+/* tw__msg_frames: the frame array (n = tw_msg_nframes). */
+const tw_slice *tw__msg_frames(const tw_msg *m);
+
+#endif

@@ -1,0 +1,29 @@
+/* Process-wide counters and snapshots (include/taskwire/stats.h). */
+#include <string.h>
+
+#include "core/stats.h"
+
+struct tw__stats tw__global_stats;
+
+#define LOAD(f) out->f = atomic_load_explicit(&st->f, memory_order_relaxed)
+
+void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out)
+{
+	LOAD(msgs_sent);
+	LOAD(msgs_received);
+	LOAD(bytes_sent);
+	LOAD(bytes_received);
+	LOAD(payload_bytes_copied);
+	LOAD(blocks_allocated);
+	LOAD(block_bytes_allocated);
+	LOAD(blocks_live);
+	LOAD(block_bytes_live);
+	LOAD(block_cache_hits);
+	LOAD(merges_zero_copy);
+	LOAD(merges_copied);
+}
+
+void tw_stats_global(tw_stats *out)
+{
+	tw__stats_snapshot(&tw__global_stats, out);
+}

@@ -1,0 +1,35 @@
+/* Internal counters. Every field is an atomic because the loop thread,
+ * offload workers and application threads (dropping block references)
+ * update them concurrently; relaxed order is enough for counters. */
+#ifndef TW_CORE_STATS_H
+#define TW_CORE_STATS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <taskwire/stats.h>
+
+struct tw__stats {
+	_Atomic uint64_t msgs_sent, msgs_received, bytes_sent, bytes_received;
+	_Atomic uint64_t payload_bytes_copied;
+	_Atomic uint64_t blocks_allocated, block_bytes_allocated;
+	_Atomic uint64_t blocks_live, block_bytes_live, block_cache_hits;
+	_Atomic uint64_t merges_zero_copy, merges_copied;
+};
+
+extern struct tw__stats tw__global_stats;
+
+#define TW__ADD(st, field, n) atomic_fetch_add_explicit(&(st)->field, (n), memory_order_relaxed)
+#define TW__SUB(st, field, n) atomic_fetch_sub_explicit(&(st)->field, (n), memory_order_relaxed)
+
+/* Count in the global stats and, when `comm` is not NULL, in a comm's. */
+#define TW__COUNT(comm_st, field, n)                                                   \
+	do {                                                                           \
+		TW__ADD(&tw__global_stats, field, (n));                                \
+		if (comm_st)                                                           \
+			TW__ADD((comm_st), field, (n));                                \
+	} while (0)
+
+void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out);
+
+#endif

@@ -1,0 +1,117 @@
+/* taskwire: comms (connections that carry messages) and listeners.
+ *
+ * Addresses are URIs: `tcp://host:port`, `tcp://[::1]:port`; port 0 asks
+ * for an ephemeral port (read it back with tw_listener_address). Later
+ * transports (tls, ws, wss) plug into the same calls.
+ *
+ * Threads: every function here must be called on the loop thread of the
+ * comm's context, and every callback runs on that thread.
+ * Lifetime: the application owns each comm it is handed and frees it with
+ * tw_comm_free (from inside a callback of that comm too: the free is then
+ * deferred until the callback returns). After the close callback has run,
+ * no other callback of the comm runs. */
+#ifndef TASKWIRE_COMM_H
+#define TASKWIRE_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <taskwire/context.h>
+#include <taskwire/msg.h>
+#include <taskwire/stats.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_comm tw_comm;
+typedef struct tw_listener tw_listener;
+
+/* A received message, borrowed for the duration of the call: keep it with
+ * tw_msg_hold. */
+typedef void (*tw_recv_cb)(tw_comm *comm, tw_msg *msg, void *arg);
+/* The comm ended: err is 0 for an orderly end (peer closed between
+ * messages, or tw_comm_close finished flushing), else the reason
+ * (TW_ETRUNCATED, TW_ETOOBIG, TW_EIO ...; details in tw_comm_last_error).
+ * Runs exactly once per comm that had callbacks set, unless the
+ * application freed the comm first. */
+typedef void (*tw_close_cb)(tw_comm *comm, int err, void *arg);
+/* The write queue became empty: every queued message was handed to the
+ * kernel. */
+typedef void (*tw_drain_cb)(tw_comm *comm, void *arg);
+/* tw_connect finished: on success err is 0 and comm is the new comm, owned
+ * by the application; on failure comm is NULL and err is TW_ECONNREFUSED,
+ * TW_ETIMEDOUT, TW_EADDR or TW_EIO. */
+typedef void (*tw_connect_cb)(tw_comm *comm, int err, void *arg);
+/* A listener accepted `comm`, owned by the application from now on. */
+typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);
+
+/* tw_listen: listen on `uri` (a numeric host, or a name resolved
+ * synchronously). accept_cb runs for each new comm. Returns 0 and sets
+ * *out, or TW_EADDR (malformed URI), TW_ESCHEME (unknown scheme),
+ * TW_EADDRINUSE, TW_EIO, TW_ENOMEM. */
+int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *arg,
+	      tw_listener **out);
+
+/* tw_listener_address: the bound address as a URI, e.g.
+ * "tcp://127.0.0.1:40123", written NUL-terminated into buf of `len` bytes.
+ * Returns 0, or TW_ERANGE when buf is too small. */
+int tw_listener_address(const tw_listener *l, char *buf, size_t len);
+
+/* tw_listener_free: stop listening and free. Comms already accepted live
+ * on. Accepts NULL. */
+void tw_listener_free(tw_listener *l);
+
+/* tw_connect: connect to `uri`; cb runs once with the result, on the loop
+ * thread, never before tw_connect returns. The connect fails with
+ * TW_ETIMEDOUT after the context's connect timeout. Returns 0 (cb will
+ * run), or TW_EADDR, TW_ESCHEME, TW_ENOMEM (cb never runs). */
+int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg);
+
+/* tw_comm_set_callbacks: set the receive, close and drain callbacks (drain
+ * may be NULL) and start reading. Messages that arrived before are kept by
+ * the kernel until then. Call once per comm. Returns 0, TW_EINVAL (NULL
+ * recv or close, or called twice) or TW_ECLOSED. */
+int tw_comm_set_callbacks(tw_comm *comm, tw_recv_cb recv_cb, tw_close_cb close_cb,
+			  tw_drain_cb drain_cb, void *arg);
+
+/* tw_comm_write: queue `msg` (N >= 1 frames) for sending. On success the
+ * comm takes the caller's reference to msg (hold one first to keep using
+ * it); on error the caller still owns it. Frames are written straight from
+ * their blocks with scatter-gather writes, never copied.
+ * Returns 0, or TW_EAGAIN when the queue already holds the high-water mark
+ * of bytes (wait for the drain callback), TW_EINVAL (no frames), TW_ETOOBIG
+ * (more frames than the limit), TW_ECLOSED (comm closed or closing). */
+int tw_comm_write(tw_comm *comm, tw_msg *msg);
+
+/* tw_comm_queued_bytes: bytes queued and not yet written to the kernel. */
+uint64_t tw_comm_queued_bytes(const tw_comm *comm);
+
+/* tw_comm_close: orderly close: stop reading, flush the write queue, shut
+ * the socket, then run the close callback with err 0 (or the write error).
+ * Idempotent. tw_comm_abort: drop the queue and close at once; the close
+ * callback runs with TW_ECANCELED. */
+void tw_comm_close(tw_comm *comm);
+void tw_comm_abort(tw_comm *comm);
+
+/* tw_comm_free: abort if still open (no close callback then) and free.
+ * Queued messages are released. Accepts NULL. */
+void tw_comm_free(tw_comm *comm);
+
+/* tw_comm_stats: this comm's message and byte counters into *out (other
+ * fields zero). */
+void tw_comm_stats(const tw_comm *comm, tw_stats *out);
+
+/* tw_comm_last_error: text of the last error on this comm (OS error, the
+ * offending value), "" if none. Valid until the comm is freed. */
+const char *tw_comm_last_error(const tw_comm *comm);
+
+/* tw_comm_peer_address / tw_comm_local_address: addresses as URIs, written
+ * into buf of len bytes. Return 0 or TW_ERANGE. */
+int tw_comm_peer_address(const tw_comm *comm, char *buf, size_t len);
+int tw_comm_local_address(const tw_comm *comm, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,76 @@
+/* taskwire: the context, which holds limits and runs the event loop.
+ *
+ * A context runs either on the application's own libevent `event_base`
+ * (the host keeps its loop and calls event_base_dispatch itself) or on a
+ * loop thread of its own. Every comm and listener belongs to the loop
+ * thread of its context: call comm and listener functions on that thread
+ * (inside a taskwire callback, or through tw_context_call), and every
+ * taskwire callback runs on it. */
+#ifndef TASKWIRE_CONTEXT_H
+#define TASKWIRE_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct event_base;
+typedef struct tw_context tw_context;
+
+/* Defaults of the limits, each changed by a setter below. */
+#define TW_DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(4) << 30) /* 4 GiB */
+#define TW_DEFAULT_MAX_FRAMES 65536
+#define TW_DEFAULT_CONNECT_TIMEOUT_MS 10000
+#define TW_DEFAULT_WRITE_HWM_BYTES ((size_t)64 << 20) /* 64 MiB */
+#define TW_DEFAULT_SMALL_FRAME_BYTES ((size_t)64 << 10) /* 64 KiB */
+
+/* tw_context_new: make a context. With `base` non-NULL, the context uses
+ * that loop; the application dispatches it and must free the context
+ * before the base. With `base` NULL, the context makes its own base and a
+ * loop thread that runs until tw_context_free. Enables libevent's pthread
+ * locking (evthread_use_pthreads) so tw_context_call works from any
+ * thread. Returns 0 and sets *out, TW_ENOMEM, TW_EIO (thread or base could
+ * not be made) or TW_EINVAL. */
+int tw_context_new(struct event_base *base, tw_context **out);
+
+/* tw_context_free: abort every comm and listener still open (their close
+ * callbacks do not run), stop and join the loop thread if the context
+ * owns one, and free. Call it from outside the loop thread when the
+ * context owns the thread; otherwise from the loop thread, outside any
+ * callback of this context. Accepts NULL. */
+void tw_context_free(tw_context *ctx);
+
+/* tw_context_base: the event_base this context runs on. */
+struct event_base *tw_context_base(tw_context *ctx);
+
+/* tw_context_call: run fn(arg) once on the loop thread, as soon as the
+ * loop gets to it. Any thread. Returns 0 (fn will run exactly once unless
+ * the context is freed first, in which case it runs with no loop during
+ * tw_context_free) or TW_ENOMEM (fn never runs). */
+int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
+
+/* Limits. Each applies to comms made after the call; call on the loop
+ * thread (or before the loop starts). Values of 0 are refused with
+ * TW_EINVAL unless stated. */
+
+/* Largest message accepted, as the 8-byte `total` of the stream prelude
+ * (bytes that follow it), checked before allocating. Default 4 GiB. */
+int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
+/* Largest number of frames in one message. Default 65,536. */
+int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
+/* Time a tw_connect may take before it fails with TW_ETIMEDOUT.
+ * Default 10,000 ms. */
+int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
+/* Write-queue high-water mark: tw_comm_write refuses new messages with
+ * TW_EAGAIN while this many bytes or more are queued. Default 64 MiB. */
+int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
+/* Frames up to this size share a slab block with the prelude; larger frames
+ * get exact-size blocks of their own. Default 64 KiB. */
+int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,31 @@
+/* taskwire: merging sub-frames into one logical frame.
+ *
+ * A sender may split one logical frame into several sub-frames (Dask splits
+ * payloads into 64 MiB shards on tcp/tls, 8 MiB on ws). The receiver
+ * rebuilds the logical frame (DESIGN.md, Messages: Merge). */
+#ifndef TASKWIRE_MERGE_H
+#define TASKWIRE_MERGE_H
+
+#include <stddef.h>
+
+#include <taskwire/buf.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* tw_merge: make one slice *out with the bytes of parts[0..n-1] in order.
+ * When every part views the same block and each starts where the previous
+ * ends, *out is a view over them (no copy; stats merges_zero_copy);
+ * otherwise one new block of the summed size holds a copy (one allocation,
+ * one copy; stats merges_copied and payload_bytes_copied). On success the
+ * caller owns one reference on out->block (NULL when the result is empty)
+ * and still owns its parts. n may be 0 (empty result).
+ * Returns 0, TW_ENOMEM, or TW_EINVAL (parts NULL with n > 0, or out NULL).
+ * Any thread. */
+int tw_merge(const tw_slice *parts, size_t n, tw_slice *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

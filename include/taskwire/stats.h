@@ -1,0 +1,36 @@
+/* taskwire: statistics.
+ *
+ * Counters kept as atomics, so any thread may read them while the loop and
+ * worker threads update them. Process-wide counters cover every context;
+ * per-comm counters (tw_comm_stats) fill the message and byte fields only. */
+#ifndef TASKWIRE_STATS_H
+#define TASKWIRE_STATS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_stats {
+	uint64_t msgs_sent;            /* messages fully written to the kernel */
+	uint64_t msgs_received;        /* messages fully received */
+	uint64_t bytes_sent;           /* wire bytes written (preludes included) */
+	uint64_t bytes_received;       /* wire bytes read (preludes included) */
+	uint64_t payload_bytes_copied; /* frame bytes memcpy'd in user space */
+	uint64_t blocks_allocated;     /* blocks ever allocated (not wrapped) */
+	uint64_t block_bytes_allocated;
+	uint64_t blocks_live;          /* blocks currently alive */
+	uint64_t block_bytes_live;     /* bytes in live blocks */
+	uint64_t block_cache_hits;     /* large blocks served from the cache */
+	uint64_t merges_zero_copy;     /* tw_merge results that are views */
+	uint64_t merges_copied;        /* tw_merge results that needed a copy */
+} tw_stats;
+
+/* tw_stats_global: copy the process-wide counters into *out. Any thread. */
+void tw_stats_global(tw_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,14 @@
+/* taskwire: an embeddable RPC transport for cluster schedulers.
+ * Umbrella header; see README.md and docs/ for an overview. */
+#ifndef TASKWIRE_H
+#define TASKWIRE_H
+
+#include <taskwire/error.h>
+#include <taskwire/buf.h>
+#include <taskwire/stats.h>
+#include <taskwire/msg.h>
+#include <taskwire/context.h>
+#include <taskwire/comm.h>
+#include <taskwire/merge.h>
+
+#endif

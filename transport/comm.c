@@ -1,0 +1,223 @@
+/* The public comm and listener API, dispatched to the transports
+ * (include/taskwire/comm.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+
+#include "transport/transport.h"
+
+static void kill_comm(struct tw__node *n)
+{
+	tw_comm *c = (tw_comm *)((char *)n - offsetof(tw_comm, node));
+	c->ended = 1;
+	c->ops->stop(c);
+	c->ops->destroy(c);
+}
+
+void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
+{
+	c->ops = ops;
+	c->ctx = ctx;
+	c->limits = ctx->limits;
+	tw__ctx_track(ctx, &c->node, kill_comm);
+}
+
+void tw__comm_seterr(tw_comm *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->error, sizeof(c->error), fmt, ap);
+	va_end(ap);
+}
+
+/* After a callback: free now if the application asked for it inside. */
+static int after_callback(tw_comm *c)
+{
+	if (--c->depth == 0 && c->free_pending) {
+		tw__ctx_untrack(&c->node);
+		c->ops->destroy(c);
+		return 0;
+	}
+	return !c->ended;
+}
+
+int tw__comm_deliver(tw_comm *c, tw_msg *m)
+{
+	c->depth++;
+	c->recv_cb(c, m, c->arg);
+	return after_callback(c);
+}
+
+int tw__comm_drained(tw_comm *c)
+{
+	if (c->drain_cb == NULL)
+		return !c->ended;
+	c->depth++;
+	c->drain_cb(c, c->arg);
+	return after_callback(c);
+}
+
+void tw__comm_end(tw_comm *c, int err)
+{
+	if (c->ended)
+		return;
+	c->ended = 1;
+	c->ops->stop(c);
+	if (c->close_cb == NULL)
+		return;
+	c->depth++;
+	c->close_cb(c, err, c->arg);
+	after_callback(c);
+}
+
+int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
+			  tw_drain_cb drain_cb, void *arg)
+{
+	if (c == NULL || recv_cb == NULL || close_cb == NULL || c->recv_cb != NULL)
+		return TW_EINVAL;
+	if (c->ended)
+		return TW_ECLOSED;
+	c->recv_cb = recv_cb;
+	c->close_cb = close_cb;
+	c->drain_cb = drain_cb;
+	c->arg = arg;
+	return c->ops->start(c);
+}
+
+int tw_comm_write(tw_comm *c, tw_msg *m)
+{
+	if (c == NULL || m == NULL || tw_msg_nframes(m) == 0)
+		return TW_EINVAL;
+	if (tw_msg_nframes(m) > c->limits.max_frames)
+		return TW_ETOOBIG;
+	if (c->ended)
+		return TW_ECLOSED;
+	return c->ops->write(c, m);
+}
+
+uint64_t tw_comm_queued_bytes(const tw_comm *c)
+{
+	return c->ops->queued(c);
+}
+
+void tw_comm_close(tw_comm *c)
+{
+	if (!c->ended)
+		c->ops->close(c);
+}
+
+void tw_comm_abort(tw_comm *c)
+{
+	tw__comm_seterr(c, "aborted by the application");
+	tw__comm_end(c, TW_ECANCELED);
+}
+
+void tw_comm_free(tw_comm *c)
+{
+	if (c == NULL)
+		return;
+	if (!c->ended) {
+		c->ended = 1;
+		c->ops->stop(c);
+	}
+	if (c->depth > 0) {
+		c->free_pending = 1;
+		return;
+	}
+	tw__ctx_untrack(&c->node);
+	c->ops->destroy(c);
+}
+
+void tw_comm_stats(const tw_comm *c, tw_stats *out)
+{
+	tw__stats_snapshot(&c->stats, out);
+}
+
+const char *tw_comm_last_error(const tw_comm *c)
+{
+	return c->error;
+}
+
+static int copy_out(const char *s, char *buf, size_t len)
+{
+	if (buf == NULL || strlen(s) >= len)
+		return TW_ERANGE;
+	memcpy(buf, s, strlen(s) + 1);
+	return 0;
+}
+
+int tw_comm_peer_address(const tw_comm *c, char *buf, size_t len)
+{
+	return copy_out(c->peer, buf, len);
+}
+
+int tw_comm_local_address(const tw_comm *c, char *buf, size_t len)
+{
+	return copy_out(c->local, buf, len);
+}
+
+static void kill_listener(struct tw__node *n)
+{
+	tw_listener *l = (tw_listener *)((char *)n - offsetof(tw_listener, node));
+	l->destroy(l);
+}
+
+void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_listener *),
+		       tw_accept_cb cb, void *arg)
+{
+	l->ctx = ctx;
+	l->destroy = destroy;
+	l->accept_cb = cb;
+	l->arg = arg;
+	tw__ctx_track(ctx, &l->node, kill_listener);
+}
+
+int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out)
+{
+	struct tw__uri u;
+	const struct tw__transport *t;
+	if (ctx == NULL || cb == NULL || out == NULL)
+		return TW_EINVAL;
+	if (tw__uri_parse(uri, &u) != 0)
+		return TW_EADDR;
+	if ((t = tw__transport_find(u.scheme)) == NULL)
+		return TW_ESCHEME;
+	return t->listen(ctx, &u, cb, arg, out);
+}
+
+int tw_listener_address(const tw_listener *l, char *buf, size_t len)
+{
+	return copy_out(l->address, buf, len);
+}
+
+void tw_listener_free(tw_listener *l)
+{
+	if (l == NULL)
+		return;
+	tw__ctx_untrack(&l->node);
+	l->destroy(l);
+}
+
+int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg)
+{
+	struct tw__uri u;
+	const struct tw__transport *t;
+	if (ctx == NULL || cb == NULL)
+		return TW_EINVAL;
+	if (tw__uri_parse(uri, &u) != 0)
+		return TW_EADDR;
+	if ((t = tw__transport_find(u.scheme)) == NULL)
+		return TW_ESCHEME;
+	return t->connect(ctx, &u, cb, arg);
+}
+
+const struct tw__transport *tw__transport_find(const char *scheme)
+{
+	static const struct tw__transport *const table[] = {&tw__tcp_transport};
+	for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+		if (strcmp(table[i]->scheme, scheme) == 0)
+			return table[i];
+	return NULL;
+}

@@ -1,0 +1,297 @@
+/* Receiving a stream-framed message into its final blocks
+ * (transport/frame_rx.h). */
+#include <string.h>
+
+#include <taskwire/error.h>
+
+#include "core/msg.h"
+#include "transport/frame_rx.h"
+
+void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits)
+{
+	memset(rx, 0, sizeof(*rx));
+	tw__sdec_init(&rx->dec, limits->max_message_bytes, limits->max_frames);
+	rx->small_frame_bytes = limits->small_frame_bytes;
+	rx->small_message_bytes = limits->small_frame_bytes;
+}
+
+static void reset(struct tw__rx *rx)
+{
+	tw__sdec_reset(&rx->dec);
+	tw_block_free(rx->body);
+	tw_block_free(rx->slab);
+	tw_msg_free(rx->msg);
+	rx->body = rx->slab = NULL;
+	rx->msg = NULL;
+	rx->phase = RX_HEAD;
+	rx->have = rx->cur = rx->cur_have = rx->slab_off = 0;
+}
+
+void tw__rx_fini(struct tw__rx *rx)
+{
+	reset(rx);
+	tw__sdec_fini(&rx->dec);
+}
+
+void tw__rx_set_place(struct tw__rx *rx, tw__place_fn fn, void *arg)
+{
+	rx->place = fn;
+	rx->place_arg = arg;
+}
+
+static int fail(struct tw__rx *rx, int err)
+{
+	rx->phase = RX_ERROR;
+	rx->err = err;
+	return err;
+}
+
+/* Small message: lengths and frames arrived in one block; the frames are
+ * slices of it. */
+static int finish_small(struct tw__rx *rx)
+{
+	const uint8_t *p = tw_block_data(rx->body);
+	size_t used, off;
+	int rv = tw__sdec_feed(&rx->dec, p, rx->have, &used);
+	if (rv < 0)
+		return fail(rx, rv);
+	if (tw_msg_new(&rx->msg) != 0 || tw__msg_reserve(rx->msg, rx->dec.n) != 0)
+		return fail(rx, TW_ENOMEM);
+	off = used;
+	for (size_t i = 0; i < rx->dec.n; i++) {
+		size_t len = rx->dec.lens[i];
+		tw__msg_append_owned(rx->msg, (tw_slice){tw_block_hold(rx->body), off, len});
+		off += len;
+	}
+	rx->phase = RX_DONE;
+	return 1;
+}
+
+/* The 16-byte head (total, N) is in: validate it, then read the rest into
+ * one block if it is small, else read the lengths on their own. */
+static int got_head(struct tw__rx *rx)
+{
+	size_t used;
+	int rv = tw__sdec_feed(&rx->dec, rx->head, 16, &used);
+	if (rv < 0)
+		return fail(rx, rv);
+	rx->have = 0;
+	if (rx->dec.total - 8 <= rx->small_message_bytes) {
+		if (tw_block_new(rx->dec.total - 8, &rx->body) != 0)
+			return fail(rx, TW_ENOMEM);
+		rx->phase = RX_SMALL;
+	} else {
+		rx->phase = RX_LENGTHS;
+	}
+	return 0;
+}
+
+static int place_slab(struct tw__rx *rx, size_t i)
+{
+	size_t len = rx->dec.lens[i];
+	if (rx->slab == NULL) {
+		uint64_t need = 0;
+		for (size_t k = i; k < rx->dec.n; k++)
+			if (rx->dec.lens[k] <= rx->small_frame_bytes)
+				need += rx->dec.lens[k];
+		if (tw_block_new(need, &rx->slab) != 0)
+			return TW_ENOMEM;
+	}
+	tw__msg_append_owned(rx->msg, (tw_slice){tw_block_hold(rx->slab), rx->slab_off, len});
+	rx->slab_off += len;
+	return 0;
+}
+
+/* Place frames i..i+span-1 in one new block of their summed size. */
+static int place_block(struct tw__rx *rx, size_t i, size_t span)
+{
+	uint64_t sum = 0, off = 0;
+	tw_block *b;
+	for (size_t k = i; k < i + span; k++)
+		sum += rx->dec.lens[k];
+	if (tw_block_new(sum, &b) != 0)
+		return TW_ENOMEM;
+	for (size_t k = i; k < i + span; k++) {
+		tw__msg_append_owned(rx->msg, (tw_slice){tw_block_hold(b), off, rx->dec.lens[k]});
+		off += rx->dec.lens[k];
+	}
+	tw_block_free(b);
+	return 0;
+}
+
+/* Place frame i (and the frames the hook groups with it). */
+static int place_one(struct tw__rx *rx, size_t i)
+{
+	uint64_t len = rx->dec.lens[i];
+	int span = 0;
+	if (rx->place != NULL) {
+		span = rx->place(rx->place_arg, rx->msg, rx->dec.lens, rx->dec.n, i);
+		if (span < 0)
+			return span;
+		if ((size_t)span > rx->dec.n - i)
+			return TW_EPROTO;
+	}
+	if (span > 0)
+		return place_block(rx, i, (size_t)span);
+	if (len == 0) {
+		tw__msg_append_owned(rx->msg, (tw_slice){NULL, 0, 0});
+		return 0;
+	}
+	if (len <= rx->small_frame_bytes)
+		return place_slab(rx, i);
+	return place_block(rx, i, 1);
+}
+
+/* Place what is needed and step over complete frames until a frame needs
+ * bytes (0) or the message is complete (1). Without a hook every frame is
+ * placed up front, so one readv can span many frames. */
+static int settle(struct tw__rx *rx)
+{
+	int rv;
+	while (rx->cur < rx->dec.n) {
+		size_t placed = tw_msg_nframes(rx->msg);
+		if (rx->cur == placed || (rx->place == NULL && placed < rx->dec.n)) {
+			if ((rv = place_one(rx, placed)) != 0)
+				return fail(rx, rv);
+			continue;
+		}
+		if (rx->cur_have < rx->dec.lens[rx->cur])
+			return 0;
+		rx->cur++;
+		rx->cur_have = 0;
+	}
+	rx->phase = RX_DONE;
+	return 1;
+}
+
+static int got_lengths(struct tw__rx *rx)
+{
+	if (tw_msg_new(&rx->msg) != 0 || tw__msg_reserve(rx->msg, rx->dec.n) != 0)
+		return fail(rx, TW_ENOMEM);
+	rx->phase = RX_FRAMES;
+	return settle(rx);
+}
+
+static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
+{
+	const tw_slice *f = tw__msg_frames(rx->msg);
+	size_t placed = tw_msg_nframes(rx->msg), skip = rx->cur_have;
+	int k = 0;
+	for (size_t i = rx->cur; i < placed && k < max; i++) {
+		if (f[i].len == skip) {
+			skip = 0;
+			continue;
+		}
+		iov[k].iov_base = tw_slice_data(&f[i]) + skip;
+		iov[k].iov_len = f[i].len - skip;
+		k++;
+		skip = 0;
+	}
+	return k;
+}
+
+int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
+{
+	uint8_t *dst;
+	size_t len;
+	switch (rx->phase) {
+	case RX_HEAD:
+		iov[0].iov_base = rx->head + rx->have;
+		iov[0].iov_len = 16 - rx->have;
+		return 1;
+	case RX_SMALL:
+		iov[0].iov_base = tw_block_data(rx->body) + rx->have;
+		iov[0].iov_len = tw_block_size(rx->body) - rx->have;
+		return 1;
+	case RX_LENGTHS:
+		tw__sdec_want(&rx->dec, &dst, &len);
+		iov[0].iov_base = dst;
+		iov[0].iov_len = len;
+		return 1;
+	case RX_FRAMES:
+		return want_frames(rx, iov, max);
+	case RX_DONE:
+		return TW_EINVAL;
+	default:
+		return rx->err;
+	}
+}
+
+/* n bytes landed across the frames from cur on. */
+static int advance_frames(struct tw__rx *rx, size_t n)
+{
+	const tw_slice *f = tw__msg_frames(rx->msg);
+	while (n > 0) {
+		size_t room = f[rx->cur].len - rx->cur_have;
+		size_t k = n < room ? n : room;
+		rx->cur_have += k;
+		n -= k;
+		if (rx->cur_have == f[rx->cur].len && n > 0) {
+			rx->cur++;
+			rx->cur_have = 0;
+		}
+	}
+	return settle(rx);
+}
+
+int tw__rx_advance(struct tw__rx *rx, size_t n)
+{
+	int rv;
+	switch (rx->phase) {
+	case RX_HEAD:
+		rx->have += n;
+		return rx->have < 16 ? 0 : got_head(rx);
+	case RX_SMALL:
+		rx->have += n;
+		return rx->have < tw_block_size(rx->body) ? 0 : finish_small(rx);
+	case RX_LENGTHS:
+		rv = tw__sdec_advance(&rx->dec, n);
+		if (rv < 0)
+			return fail(rx, rv);
+		return rv == 1 ? got_lengths(rx) : 0;
+	case RX_FRAMES:
+		return advance_frames(rx, n);
+	case RX_DONE:
+		return 1;
+	default:
+		return rx->err;
+	}
+}
+
+tw_msg *tw__rx_take(struct tw__rx *rx)
+{
+	tw_msg *m = rx->msg;
+	if (rx->phase != RX_DONE)
+		return NULL;
+	rx->msg = NULL;
+	reset(rx);
+	return m;
+}
+
+int tw__rx_idle(const struct tw__rx *rx)
+{
+	return rx->phase == RX_HEAD && rx->have == 0;
+}
+
+int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used)
+{
+	struct iovec iov[16];
+	int rv = rx->phase == RX_DONE ? 1 : 0;
+	*used = 0;
+	while (rv == 0 && *used < n) {
+		int k = tw__rx_want(rx, iov, 16);
+		size_t moved = 0;
+		if (k < 0)
+			return k;
+		for (int i = 0; i < k && *used + moved < n; i++) {
+			size_t c = iov[i].iov_len < n - *used - moved ? iov[i].iov_len : n - *used - moved;
+			memcpy(iov[i].iov_base, p + *used + moved, c);
+			moved += c;
+		}
+		*used += moved;
+		if (rx->phase == RX_FRAMES)
+			rx->copied += moved;
+		rv = tw__rx_advance(rx, moved);
+	}
+	return rv;
+}

@@ -1,0 +1,73 @@
+/* Receiving one stream-framed message straight into its final blocks.
+ *
+ * Sans-I/O: the receiver asks tw__rx_want where the next bytes go (a list
+ * of iovecs into the message's own blocks), reads into them with one
+ * readv (or SSL_read), and reports the count with tw__rx_advance. No
+ * payload byte is copied on the way.
+ *
+ * Placement: a message of at most `small_message_bytes` after its 16-byte
+ * head (total, N) is read into one block, prelude and frames together.
+ * Otherwise each frame is placed before its bytes are read: by the hook
+ * when one is set, else frames up to `small_frame_bytes` share one slab
+ * block and each larger frame gets an exact-size block of its own, so a
+ * kept small frame never pins a large neighbour. */
+#ifndef TW_TRANSPORT_FRAME_RX_H
+#define TW_TRANSPORT_FRAME_RX_H
+
+#include <sys/uio.h>
+
+#include <taskwire/msg.h>
+
+#include "core/context.h"
+#include "transport/stream_codec.h"
+
+/* tw__place_fn: decide where frame i (of n, lengths lens) lands, when
+ * frames 0..i-1 of msg are complete (so frame 0 and any sub-header before
+ * frame i can be read). Return 0 for the default placement, s >= 1 to read
+ * frames i..i+s-1 into one new block of their summed size (adjacent, so a
+ * merge of them is a view), or a negative TW_E* code to fail the message. */
+typedef int (*tw__place_fn)(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n,
+			    size_t i);
+
+enum tw__rx_phase { RX_HEAD, RX_SMALL, RX_LENGTHS, RX_FRAMES, RX_DONE, RX_ERROR };
+
+struct tw__rx {
+	struct tw__sdec dec;
+	size_t small_message_bytes, small_frame_bytes;
+	tw__place_fn place;
+	void *place_arg;
+	enum tw__rx_phase phase;
+	int err;
+	uint8_t head[16];
+	size_t have;     /* bytes of head (RX_HEAD) or body (RX_SMALL) */
+	tw_block *body;  /* RX_SMALL: lengths and frames */
+	tw_msg *msg;     /* frames placed so far */
+	size_t cur;      /* frame being filled */
+	size_t cur_have; /* its bytes received */
+	tw_block *slab;  /* default home of small frames */
+	size_t slab_off;
+	uint64_t copied; /* bytes tw__rx_feed copied */
+};
+
+void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits);
+void tw__rx_fini(struct tw__rx *rx);
+void tw__rx_set_place(struct tw__rx *rx, tw__place_fn fn, void *arg);
+
+/* tw__rx_want: fill iov[0..max-1] with where the next bytes go; returns the
+ * number of iovecs (>= 1), or the sticky error. */
+int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max);
+/* tw__rx_advance: n bytes landed in the iovecs of the last want. Returns 1
+ * when a message is complete (take it), 0 when more is needed, or a
+ * negative code (those of tw__sdec_advance, TW_ENOMEM, or the hook's). */
+int tw__rx_advance(struct tw__rx *rx, size_t n);
+/* tw__rx_take: the completed message (caller owns it); the receiver starts
+ * on the next message. */
+tw_msg *tw__rx_take(struct tw__rx *rx);
+/* tw__rx_idle: 1 when no byte of a next message has arrived. */
+int tw__rx_idle(const struct tw__rx *rx);
+/* tw__rx_feed: copy bytes in through want/advance, stopping after one
+ * complete message (*used counts what was consumed). For tests, fuzzing
+ * and replays; same returns as tw__rx_advance. */
+int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used);
+
+#endif

@@ -1,0 +1,379 @@
+/* A comm over a stream socket with stream framing: the receive loop reads
+ * straight into each message's blocks (frame_rx), the send loop writes
+ * preludes and frames with scatter-gather writes from the frames' own
+ * memory. The byte I/O (plain socket or TLS) comes from a tw__stream_io. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include <taskwire/error.h>
+
+#include "core/msg.h"
+#include "transport/transport.h"
+
+#define IOV_BATCH 64
+/* Bytes read per wakeup before yielding to the other comms of the loop. */
+#define READ_BUDGET ((size_t)16 << 20)
+/* How long an orderly close waits for the peer's EOF after our FIN. */
+#define LINGER_SECONDS 2
+
+struct wq_entry {
+	tw_msg *msg;
+	uint8_t *prelude;
+	size_t prelude_len;
+	uint64_t wire_len;
+};
+
+struct stream {
+	struct tw_comm base;
+	int fd;
+	const struct tw__stream_io *io;
+	void *io_arg;
+	struct event *rev, *wev, *linger_ev;
+	struct tw__rx rx;
+	struct wq_entry *q; /* ring of qcap entries */
+	size_t qhead, qn, qcap;
+	uint64_t queued_bytes, head_sent;
+	int closing;  /* 1: flushing, 2: FIN sent, waiting for the peer's */
+	int peer_eof; /* the peer's FIN came while we were flushing */
+};
+
+static int grow_queue(struct stream *s)
+{
+	size_t cap = s->qcap ? 2 * s->qcap : 8;
+	struct wq_entry *q = malloc(cap * sizeof(*q));
+	if (q == NULL)
+		return TW_ENOMEM;
+	for (size_t i = 0; i < s->qn; i++)
+		q[i] = s->q[(s->qhead + i) % s->qcap];
+	free(s->q);
+	s->q = q;
+	s->qcap = cap;
+	s->qhead = 0;
+	return 0;
+}
+
+static void release_queue(struct stream *s)
+{
+	for (size_t i = 0; i < s->qn; i++) {
+		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
+		tw_msg_free(e->msg);
+		free(e->prelude);
+	}
+	s->qn = 0;
+	s->queued_bytes = 0;
+}
+
+/* Fill iov with the unsent bytes of the queue, from the head on. */
+static int gather(struct stream *s, struct iovec *iov, int max)
+{
+	uint64_t skip = s->head_sent;
+	int k = 0;
+	for (size_t i = 0; i < s->qn && k < max; i++) {
+		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
+		const tw_slice *f = tw__msg_frames(e->msg);
+		size_t nf = tw_msg_nframes(e->msg);
+		for (size_t j = 0; j <= nf && k < max; j++) {
+			uint8_t *p = j == 0 ? e->prelude : tw_slice_data(&f[j - 1]);
+			size_t len = j == 0 ? e->prelude_len : f[j - 1].len;
+			if (skip >= len) {
+				skip -= len;
+				continue;
+			}
+			iov[k].iov_base = p + skip;
+			iov[k].iov_len = len - skip;
+			skip = 0;
+			k++;
+		}
+	}
+	return k;
+}
+
+/* n bytes left: retire the messages they complete. */
+static void consume(struct stream *s, uint64_t n)
+{
+	TW__COUNT(&s->base.stats, bytes_sent, n);
+	s->queued_bytes -= n;
+	n += s->head_sent;
+	while (s->qn > 0 && n >= s->q[s->qhead].wire_len) {
+		struct wq_entry *e = &s->q[s->qhead];
+		n -= e->wire_len;
+		tw_msg_free(e->msg);
+		free(e->prelude);
+		s->qhead = (s->qhead + 1) % s->qcap;
+		s->qn--;
+		TW__COUNT(&s->base.stats, msgs_sent, 1);
+	}
+	s->head_sent = n;
+}
+
+static void finish_close(struct stream *s);
+
+/* Write as much of the queue as the socket takes. Returns 0, or an error
+ * after which the comm has ended. */
+static int flush(struct stream *s)
+{
+	struct iovec iov[IOV_BATCH];
+	while (s->qn > 0) {
+		int k = gather(s, iov, IOV_BATCH);
+		ssize_t n = s->io->writev(s->io_arg, s->fd, iov, k);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			event_add(s->wev, NULL);
+			return 0;
+		}
+		if (n < 0) {
+			tw__comm_seterr(&s->base, "write failed: %s", strerror(errno));
+			tw__comm_end(&s->base, TW_EIO);
+			return TW_EIO;
+		}
+		consume(s, (uint64_t)n);
+	}
+	event_del(s->wev);
+	if (s->closing) {
+		finish_close(s);
+		return TW_ECLOSED;
+	}
+	return tw__comm_drained(&s->base) ? 0 : TW_ECLOSED;
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	flush(arg);
+}
+
+static int s_write(tw_comm *c, tw_msg *m)
+{
+	struct stream *s = (struct stream *)c;
+	struct wq_entry *e;
+	size_t nf = tw_msg_nframes(m);
+	if (s->closing)
+		return TW_ECLOSED;
+	if (s->queued_bytes >= c->limits.write_hwm_bytes)
+		return TW_EAGAIN;
+	if (s->qn == s->qcap && grow_queue(s) != 0)
+		return TW_ENOMEM;
+	e = &s->q[(s->qhead + s->qn) % s->qcap];
+	e->prelude_len = tw__stream_prelude_bytes(nf);
+	if ((e->prelude = malloc(e->prelude_len)) == NULL)
+		return TW_ENOMEM;
+	tw__stream_encode_prelude(tw__msg_frames(m), nf, e->prelude);
+	e->msg = m;
+	e->wire_len = e->prelude_len + tw_msg_bytes(m);
+	s->qn++;
+	s->queued_bytes += e->wire_len;
+	/* Write from the loop, not from inside this call: the caller never
+	 * sees a callback (drain, close) run within tw_comm_write, and the
+	 * writes of one loop turn go out in one writev. */
+	if (!event_pending(s->wev, EV_WRITE, NULL))
+		event_active(s->wev, EV_WRITE, 0);
+	return 0;
+}
+
+static uint64_t s_queued(const tw_comm *c)
+{
+	return ((const struct stream *)c)->queued_bytes;
+}
+
+/* The peer closed (or errored) while we were reading. */
+static void read_ended(struct stream *s, ssize_t n)
+{
+	if (n == 0 && tw__rx_idle(&s->rx)) {
+		tw__comm_end(&s->base, 0);
+	} else if (n == 0) {
+		tw__comm_seterr(&s->base, "peer closed after %zu of a message's bytes",
+				(size_t)s->rx.have);
+		tw__comm_end(&s->base, TW_ETRUNCATED);
+	} else {
+		tw__comm_seterr(&s->base, "read failed: %s", strerror(errno));
+		tw__comm_end(&s->base, TW_EIO);
+	}
+}
+
+static void protocol_error(struct stream *s, int err)
+{
+	const struct tw__sdec *d = &s->rx.dec;
+	tw__comm_seterr(&s->base, "bad message from peer: %s (total %llu, frames %llu, limits %llu bytes, %llu frames)",
+			tw_strerror(err), (unsigned long long)d->total, (unsigned long long)d->n,
+			(unsigned long long)d->max_message_bytes, (unsigned long long)d->max_frames);
+	tw__comm_end(&s->base, err);
+}
+
+/* While closing, input is read and dropped until the peer's EOF, so our
+ * close never turns into a reset that could destroy data we sent. */
+static void drain_input(struct stream *s)
+{
+	char buf[16384];
+	struct iovec iov = {buf, sizeof(buf)};
+	ssize_t n;
+	while ((n = s->io->readv(s->io_arg, s->fd, &iov, 1)) > 0)
+		;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (s->closing == 1) {
+		s->peer_eof = 1;
+		event_del(s->rev);
+		return;
+	}
+	finish_close(s);
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct stream *s = arg;
+	struct iovec iov[IOV_BATCH];
+	size_t budget = READ_BUDGET;
+	(void)fd;
+	(void)what;
+	if (s->closing) {
+		drain_input(s);
+		return;
+	}
+	while (budget > 0) {
+		int k = tw__rx_want(&s->rx, iov, IOV_BATCH), rv;
+		ssize_t n;
+		if (k < 0)
+			return protocol_error(s, k);
+		n = s->io->readv(s->io_arg, s->fd, iov, k);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (n <= 0)
+			return read_ended(s, n);
+		TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
+		budget = (size_t)n < budget ? budget - (size_t)n : 0;
+		rv = tw__rx_advance(&s->rx, (size_t)n);
+		if (rv < 0)
+			return protocol_error(s, rv);
+		if (rv == 1) {
+			tw_msg *m = tw__rx_take(&s->rx);
+			int alive;
+			TW__COUNT(&s->base.stats, msgs_received, 1);
+			alive = tw__comm_deliver(&s->base, m);
+			tw_msg_free(m);
+			if (!alive)
+				return;
+		}
+	}
+}
+
+static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	finish_close(arg);
+}
+
+/* The queue is flushed: send FIN, then wait (bounded) for the peer's. */
+static void start_linger(struct stream *s)
+{
+	struct timeval tv = {LINGER_SECONDS, 0};
+	shutdown(s->fd, SHUT_WR);
+	s->closing = 2;
+	event_add(s->rev, NULL);
+	event_add(s->linger_ev, &tv);
+}
+
+static void finish_close(struct stream *s)
+{
+	if (s->closing == 1 && !s->peer_eof)
+		return start_linger(s);
+	tw__comm_end(&s->base, 0);
+}
+
+static int s_start(tw_comm *c)
+{
+	struct stream *s = (struct stream *)c;
+	return event_add(s->rev, NULL) == 0 ? 0 : TW_EIO;
+}
+
+static void s_close(tw_comm *c)
+{
+	struct stream *s = (struct stream *)c;
+	if (s->closing)
+		return;
+	s->closing = 1;
+	if (s->qn == 0)
+		start_linger(s);
+}
+
+static void s_stop(tw_comm *c)
+{
+	struct stream *s = (struct stream *)c;
+	if (s->fd < 0)
+		return;
+	event_del(s->rev);
+	event_del(s->wev);
+	event_del(s->linger_ev);
+	release_queue(s);
+	if (s->io->free != NULL)
+		s->io->free(s->io_arg);
+	close(s->fd);
+	s->fd = -1;
+}
+
+static void s_destroy(tw_comm *c)
+{
+	struct stream *s = (struct stream *)c;
+	s_stop(c);
+	event_free(s->rev);
+	event_free(s->wev);
+	event_free(s->linger_ev);
+	tw__rx_fini(&s->rx);
+	free(s->q);
+	free(s);
+}
+
+static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
+{
+	tw__rx_set_place(&((struct stream *)c)->rx, fn, arg);
+}
+
+static const struct tw__comm_ops stream_ops = {
+	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place,
+};
+
+int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
+		   const struct tw__stream_io *io, void *io_arg, tw_comm **out)
+{
+	struct stream *s = calloc(1, sizeof(*s));
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	if (s == NULL)
+		return TW_ENOMEM;
+	s->fd = fd;
+	s->io = io;
+	s->io_arg = io_arg;
+	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, s);
+	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, s);
+	s->linger_ev = evtimer_new(ctx->base, on_linger_timeout, s);
+	if (s->rev == NULL || s->wev == NULL || s->linger_ev == NULL) {
+		if (s->rev)
+			event_free(s->rev);
+		if (s->wev)
+			event_free(s->wev);
+		if (s->linger_ev)
+			event_free(s->linger_ev);
+		free(s);
+		return TW_ENOMEM;
+	}
+	tw__comm_init(&s->base, &stream_ops, ctx);
+	tw__rx_init(&s->rx, &s->base.limits);
+	sl = sizeof(ss);
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
+		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, s->base.peer, sizeof(s->base.peer));
+	sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, s->base.local, sizeof(s->base.local));
+	*out = &s->base;
+	return 0;
+}

@@ -1,0 +1,230 @@
+/* tcp:// comms: connector and listener on libevent, stream framing over a
+ * plain socket (DESIGN.md, Wire protocol: TCP and TLS). */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include <taskwire/error.h>
+
+#include "transport/transport.h"
+
+static ssize_t tcp_readv(void *io, int fd, const struct iovec *iov, int n)
+{
+	(void)io;
+	return readv(fd, iov, n);
+}
+
+/* sendmsg, not writev: MSG_NOSIGNAL turns a dead peer into EPIPE instead
+ * of a process-killing SIGPIPE. */
+static ssize_t tcp_writev(void *io, int fd, const struct iovec *iov, int n)
+{
+	struct msghdr mh;
+	(void)io;
+	memset(&mh, 0, sizeof(mh));
+	mh.msg_iov = (struct iovec *)iov;
+	mh.msg_iovlen = (size_t)n;
+	return sendmsg(fd, &mh, MSG_NOSIGNAL);
+}
+
+static const struct tw__stream_io tcp_io = {tcp_readv, tcp_writev, NULL};
+
+/* TCP_NODELAY: a message's last segment must not wait for an ACK.
+ * Keepalive: find peers that vanished without a FIN. */
+static void tune_socket(int fd)
+{
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+}
+
+static int resolve(const struct tw__uri *u, int passive, struct evutil_addrinfo **out)
+{
+	struct evutil_addrinfo hints;
+	char port[8];
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_protocol = IPPROTO_TCP;
+	hints.ai_flags = passive ? EVUTIL_AI_PASSIVE : 0;
+	snprintf(port, sizeof(port), "%u", (unsigned)u->port);
+	return evutil_getaddrinfo(u->host, port, &hints, out) == 0 ? 0 : TW_EADDR;
+}
+
+/* Connector. */
+
+struct connect_req {
+	struct tw__node node;
+	tw_context *ctx;
+	int fd;
+	int err;
+	struct event *ev;
+	tw_connect_cb cb;
+	void *arg;
+};
+
+static void connect_free(struct connect_req *r)
+{
+	if (r->fd >= 0)
+		close(r->fd);
+	event_free(r->ev);
+	free(r);
+}
+
+static void kill_connect(struct tw__node *n)
+{
+	connect_free((struct connect_req *)n);
+}
+
+static int map_errno(int e)
+{
+	switch (e) {
+	case ECONNREFUSED: return TW_ECONNREFUSED;
+	case ETIMEDOUT: return TW_ETIMEDOUT;
+	default: return TW_EIO;
+	}
+}
+
+static void on_connected(evutil_socket_t fd, short what, void *arg)
+{
+	struct connect_req *r = arg;
+	tw_connect_cb cb = r->cb;
+	void *cb_arg = r->arg;
+	tw_comm *c = NULL;
+	int err = r->err, soerr = 0;
+	socklen_t sl = sizeof(soerr);
+	(void)fd;
+	tw__ctx_untrack(&r->node);
+	if (err == 0 && (what & EV_TIMEOUT))
+		err = TW_ETIMEDOUT;
+	if (err == 0 && getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
+		err = map_errno(soerr);
+	if (err == 0 && (err = tw__stream_new(r->ctx, r->fd, "tcp", &tcp_io, NULL, &c)) == 0)
+		r->fd = -1;
+	connect_free(r);
+	cb(c, err, cb_arg);
+}
+
+static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
+{
+	struct evutil_addrinfo *ai;
+	struct connect_req *r;
+	struct timeval tv;
+	if (resolve(u, 0, &ai) != 0)
+		return TW_EADDR;
+	if ((r = calloc(1, sizeof(*r))) == NULL) {
+		evutil_freeaddrinfo(ai);
+		return TW_ENOMEM;
+	}
+	r->ctx = ctx;
+	r->cb = cb;
+	r->arg = arg;
+	r->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	r->ev = event_new(ctx->base, r->fd, EV_WRITE, on_connected, r);
+	if (r->ev == NULL) {
+		if (r->fd >= 0)
+			close(r->fd);
+		free(r);
+		evutil_freeaddrinfo(ai);
+		return TW_ENOMEM;
+	}
+	if (r->fd < 0)
+		r->err = TW_EIO;
+	else if (connect(r->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS)
+		r->err = map_errno(errno);
+	else
+		tune_socket(r->fd);
+	evutil_freeaddrinfo(ai);
+	tw__ctx_track(ctx, &r->node, kill_connect);
+	/* Report even an immediate failure from the loop, never from here. */
+	if (r->err != 0) {
+		event_active(r->ev, EV_WRITE, 0);
+		return 0;
+	}
+	tv.tv_sec = ctx->limits.connect_timeout_ms / 1000;
+	tv.tv_usec = (ctx->limits.connect_timeout_ms % 1000) * 1000;
+	event_add(r->ev, &tv);
+	return 0;
+}
+
+/* Listener. */
+
+struct tcp_listener {
+	struct tw_listener base;
+	struct evconnlistener *lev;
+};
+
+static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
+		      int salen, void *arg)
+{
+	struct tcp_listener *l = arg;
+	tw_comm *c;
+	(void)lev;
+	(void)sa;
+	(void)salen;
+	tune_socket(fd);
+	if (tw__stream_new(l->base.ctx, fd, "tcp", &tcp_io, NULL, &c) != 0) {
+		close(fd);
+		return;
+	}
+	l->base.accept_cb(&l->base, c, l->base.arg);
+}
+
+/* accept() failed (EMFILE, ENOBUFS ...): keep listening; the pending
+ * connection is retried on the next wakeup. */
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	(void)lev;
+	(void)arg;
+}
+
+static void tcp_listener_destroy(tw_listener *base)
+{
+	struct tcp_listener *l = (struct tcp_listener *)base;
+	evconnlistener_free(l->lev);
+	free(l);
+}
+
+static int tcp_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
+		      tw_listener **out)
+{
+	struct evutil_addrinfo *ai;
+	struct tcp_listener *l;
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	int err;
+	if (resolve(u, 1, &ai) != 0)
+		return TW_EADDR;
+	if ((l = calloc(1, sizeof(*l))) == NULL) {
+		evutil_freeaddrinfo(ai);
+		return TW_ENOMEM;
+	}
+	l->lev = evconnlistener_new_bind(ctx->base, on_accept, l,
+					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
+						 LEV_OPT_CLOSE_ON_EXEC,
+					 -1, ai->ai_addr, (int)ai->ai_addrlen);
+	err = errno;
+	evutil_freeaddrinfo(ai);
+	if (l->lev == NULL) {
+		free(l);
+		return err == EADDRINUSE ? TW_EADDRINUSE : TW_EIO;
+	}
+	evconnlistener_set_error_cb(l->lev, on_accept_error);
+	getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&ss, &sl);
+	tw__uri_format_sa("tcp", (struct sockaddr *)&ss, l->base.address, sizeof(l->base.address));
+	tw__listener_init(&l->base, ctx, tcp_listener_destroy, cb, arg);
+	*out = &l->base;
+	return 0;
+}
+
+const struct tw__transport tw__tcp_transport = {"tcp", tcp_listen, tcp_connect};

@@ -1,0 +1,93 @@
+/* The internal transport contract. Callers (tw_listen, tw_connect, the
+ * protocol layer) go through this table, so tls and ws plug in without
+ * touching them. Every member runs on the context's loop thread. */
+#ifndef TW_TRANSPORT_TRANSPORT_H
+#define TW_TRANSPORT_TRANSPORT_H
+
+#include <taskwire/comm.h>
+
+#include "core/context.h"
+#include "core/stats.h"
+#include "transport/frame_rx.h"
+#include "transport/uri.h"
+
+struct tw__transport {
+	const char *scheme;
+	/* Bind and listen on u; accept_cb runs per comm. Returns as tw_listen. */
+	int (*listen)(tw_context *ctx, const struct tw__uri *u, tw_accept_cb accept_cb, void *arg,
+		      tw_listener **out);
+	/* Start connecting to u; cb runs once, later. Returns as tw_connect. */
+	int (*connect)(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg);
+};
+
+/* The transports, by scheme; NULL when unknown. */
+const struct tw__transport *tw__transport_find(const char *scheme);
+extern const struct tw__transport tw__tcp_transport;
+
+/* Per-comm operations of one transport. */
+struct tw__comm_ops {
+	int (*start)(tw_comm *c);                /* begin reading */
+	int (*write)(tw_comm *c, tw_msg *m);     /* queue; ownership as tw_comm_write */
+	uint64_t (*queued)(const tw_comm *c);    /* bytes not yet written */
+	void (*close)(tw_comm *c);               /* flush, then end with 0 */
+	void (*stop)(tw_comm *c);                /* release I/O now; no callbacks */
+	void (*destroy)(tw_comm *c);             /* free the memory */
+	void (*set_place)(tw_comm *c, tw__place_fn fn, void *arg);
+};
+
+/* What every comm has. The application owns the comm; `depth` counts the
+ * callbacks running so a free inside one is deferred. */
+struct tw_comm {
+	const struct tw__comm_ops *ops;
+	tw_context *ctx;
+	struct tw__node node;
+	struct tw__limits limits;
+	tw_recv_cb recv_cb;
+	tw_close_cb close_cb;
+	tw_drain_cb drain_cb;
+	void *arg;
+	struct tw__stats stats;
+	int depth;        /* callbacks of this comm on the stack */
+	int free_pending; /* tw_comm_free ran inside a callback */
+	int ended;        /* no more callbacks */
+	char error[256];
+	char peer[128], local[128];
+};
+
+struct tw_listener {
+	struct tw__node node;
+	tw_context *ctx;
+	void (*destroy)(tw_listener *l);
+	tw_accept_cb accept_cb;
+	void *arg;
+	char address[128];
+};
+
+/* Set up the common part (tracked by the context). */
+void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx);
+/* Deliver a received message (borrowed by the callback). Returns 1 when
+ * the comm may still be used, 0 when it ended or was freed meanwhile:
+ * then the caller must not touch it. */
+int tw__comm_deliver(tw_comm *c, tw_msg *m);
+/* The queue drained: run the drain callback. Same returns. */
+int tw__comm_drained(tw_comm *c);
+/* End the comm with err: release I/O, run the close callback once. The
+ * caller must not touch c afterwards. */
+void tw__comm_end(tw_comm *c, int err);
+/* Record an error text on the comm (printf style). */
+void tw__comm_seterr(tw_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A comm over a connected stream socket (tcp, tls): stream framing. */
+struct tw__stream_io {
+	/* readv/writev semantics: > 0 bytes, 0 EOF (read), -1 with errno. */
+	ssize_t (*readv)(void *io, int fd, const struct iovec *iov, int n);
+	ssize_t (*writev)(void *io, int fd, const struct iovec *iov, int n);
+	void (*free)(void *io);
+};
+int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
+		   const struct tw__stream_io *io, void *io_arg, tw_comm **out);
+
+void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_listener *),
+		       tw_accept_cb cb, void *arg);
+
+#endif
