@@ -19,6 +19,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 typedef struct tw_block tw_block;
 
 typedef struct tw_slice {
@@ -61,6 +64,8 @@ uint8_t *tw_slice_data(const tw_slice *s);
  * memory). Reusing mapped pages avoids first-touch page faults, which cost
  * more than a memcpy on these machines (DESIGN.md, Performance notes). */
 void tw_block_cache_set_limit(size_t bytes);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

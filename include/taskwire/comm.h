@@ -24,6 +24,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 typedef struct tw_comm tw_comm;
 typedef struct tw_listener tw_listener;
 
@@ -110,6 +113,8 @@ const char *tw_comm_last_error(const tw_comm *comm);
  * into buf of len bytes. Return 0 or TW_ERANGE. */
 int tw_comm_peer_address(const tw_comm *comm, char *buf, size_t len);
 int tw_comm_local_address(const tw_comm *comm, char *buf, size_t len);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

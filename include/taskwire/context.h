@@ -16,6 +16,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 struct event_base;
 typedef struct tw_context tw_context;
 
@@ -69,6 +72,8 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
 /* Frames up to this size share a slab block with the prelude; larger frames
  * get exact-size blocks of their own. Default 64 KiB. */
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

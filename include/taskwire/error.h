@@ -10,6 +10,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 enum tw_error {
 	TW_OK = 0,
 	TW_EINVAL = -1,       /* invalid argument (programmer error) */
@@ -37,6 +40,8 @@ enum tw_error {
  * 0). Unknown codes give "unknown error". Never returns NULL; the string is
  * static and must not be freed. Any thread. */
 const char *tw_strerror(int err);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 /* tw_merge: make one slice *out with the bytes of parts[0..n-1] in order.
  * When every part views the same block and each starts where the previous
  * ends, *out is a view over them (no copy; stats merges_zero_copy);
@@ -24,6 +27,8 @@ extern "C" {
  * Returns 0, TW_ENOMEM, or TW_EINVAL (parts NULL with n > 0, or out NULL).
  * Any thread. */
 int tw_merge(const tw_slice *parts, size_t n, tw_slice *out);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 typedef struct tw_msg tw_msg;
 
 /* tw_msg_new: an empty message (0 frames) owned by the caller.
@@ -51,6 +54,8 @@ const tw_slice *tw_msg_frame(const tw_msg *m, size_t i);
 
 /* tw_msg_bytes: sum of frame lengths, in bytes. */
 uint64_t tw_msg_bytes(const tw_msg *m);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,9 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; the API is exported. */
+#pragma GCC visibility push(default)
+
 typedef struct tw_stats {
 	uint64_t msgs_sent;            /* messages fully written to the kernel */
 	uint64_t msgs_received;        /* messages fully received */
@@ -29,6 +32,8 @@ typedef struct tw_stats {
 
 /* tw_stats_global: copy the process-wide counters into *out. Any thread. */
 void tw_stats_global(tw_stats *out);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }
