@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Side-by-side echo throughput: taskwire over tcp against raw blocking
+# sockets doing the same exchange, in one run, as a ratio; plus the
+# taskwire server's peak RSS and copied bytes for one 1 GiB message.
+#   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT]
+set -euo pipefail
+build=${1:?build dir}
+size=${2:-64MiB}
+count=${3:-30}
+tmp=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_line() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.05; done; echo "server did not start" >&2; exit 1; }
+mbs() { sed -n 's/.* \([0-9.]*\) MB\/s.*/\1/p' "$1" | tail -1; }
+
+"$build/examples/tw-echo-server" tcp://127.0.0.1:0 --quiet >"$tmp/tw.log" &
+pids+=($!)
+rport=$(free_port)
+"$build/bench/raw-echo" --serve "$rport" >"$tmp/raw.log" &
+pids+=($!)
+wait_line "$tmp/tw.log"
+wait_line "$tmp/raw.log"
+addr=$(awk '{print $3}' "$tmp/tw.log")
+
+echo "== echo of $count messages of $size, one at a time, over loopback tcp"
+for round in 1 2; do
+	"$build/examples/tw-echo-client" "$addr" --size "$size" --count "$count" | tail -1 >"$tmp/c1"
+	"$build/bench/raw-echo" --connect "$rport" --size "$size" --count "$count" >"$tmp/c2"
+	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2")
+	printf 'round %d: taskwire %8.1f MB/s   raw sockets %8.1f MB/s   ratio %.2f\n' \
+		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
+done

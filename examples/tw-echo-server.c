@@ -1,0 +1,182 @@
+/* tw-echo-server: accept comms on a URI and write back every message,
+ * unchanged and without copying its frames.
+ *
+ *   tw-echo-server tcp://127.0.0.1:8786 [--max-message BYTES] [--quiet]
+ *
+ * Prints each comm's totals when it ends, with the payload bytes the
+ * process copied and its peak RSS above idle. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include <taskwire/taskwire.h>
+
+#include "examples/common.h"
+
+struct conn {
+	tw_comm *comm;
+	tw_msg **pending; /* echoes refused by the high-water mark, in order */
+	size_t npending, cap;
+	uint64_t msgs, bytes;
+};
+
+static int quiet;
+static uint64_t idle_rss;
+
+static void flush_pending(struct conn *c)
+{
+	size_t done = 0;
+	while (done < c->npending && tw_comm_write(c->comm, c->pending[done]) == 0)
+		done++;
+	memmove(c->pending, c->pending + done, (c->npending - done) * sizeof(*c->pending));
+	c->npending -= done;
+}
+
+static void push_pending(struct conn *c, tw_msg *msg)
+{
+	if (c->npending == c->cap) {
+		c->cap = c->cap ? 2 * c->cap : 16;
+		c->pending = realloc(c->pending, c->cap * sizeof(*c->pending));
+		if (c->pending == NULL)
+			abort();
+	}
+	c->pending[c->npending++] = msg;
+}
+
+/* Echo: the received message is borrowed, so hold it; the comm takes
+ * that reference when the write succeeds. */
+static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
+{
+	struct conn *c = arg;
+	int rv = TW_EAGAIN;
+	c->msgs++;
+	c->bytes += tw_msg_bytes(msg);
+	tw_msg_hold(msg);
+	if (c->npending == 0)
+		rv = tw_comm_write(comm, msg);
+	if (rv == TW_EAGAIN) {
+		push_pending(c, msg);
+	} else if (rv != 0) {
+		tw_msg_free(msg);
+		fprintf(stderr, "echo failed: %s\n", tw_strerror(rv));
+	}
+}
+
+static void on_drain(tw_comm *comm, void *arg)
+{
+	(void)comm;
+	flush_pending(arg);
+}
+
+static void on_close(tw_comm *comm, int err, void *arg)
+{
+	struct conn *c = arg;
+	char peer[128] = "?";
+	tw_stats g;
+	tw_comm_peer_address(comm, peer, sizeof(peer));
+	tw_stats_global(&g);
+	if (!quiet || err != 0)
+		printf("%s: %s; echoed %llu messages, %llu payload bytes; process copied %llu "
+		       "payload bytes; peak RSS %llu MiB above idle\n",
+		       peer, err ? tw_strerror(err) : "closed", (unsigned long long)c->msgs,
+		       (unsigned long long)c->bytes, (unsigned long long)g.payload_bytes_copied,
+		       (unsigned long long)((tw_ex_peak_rss() - idle_rss) >> 20));
+	if (err != 0 && *tw_comm_last_error(comm))
+		printf("  detail: %s\n", tw_comm_last_error(comm));
+	fflush(stdout);
+	for (size_t i = 0; i < c->npending; i++)
+		tw_msg_free(c->pending[i]);
+	free(c->pending);
+	free(c);
+	tw_comm_free(comm);
+}
+
+static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	struct conn *c = calloc(1, sizeof(*c));
+	(void)l;
+	(void)arg;
+	if (c == NULL) {
+		tw_comm_free(comm);
+		return;
+	}
+	c->comm = comm;
+	if (tw_comm_set_callbacks(comm, on_recv, on_close, on_drain, c) != 0) {
+		free(c);
+		tw_comm_free(comm);
+	}
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: tw-echo-server URI [--max-message BYTES] [--quiet]\n"
+		   "  Listen on URI (e.g. tcp://127.0.0.1:8786; port 0 picks a free port)\n"
+		   "  and write every message back unchanged. Prints the bound address,\n"
+		   "  then one line per comm when it ends. Stops on SIGINT/SIGTERM.\n");
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	(void)sig;
+	(void)what;
+	event_base_loopbreak(arg);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {{"max-message", required_argument, NULL, 'm'},
+					     {"quiet", no_argument, NULL, 'q'},
+					     {"help", no_argument, NULL, 'h'},
+					     {NULL, 0, NULL, 0}};
+	uint64_t max_message = 0;
+	struct event_base *base;
+	struct event *sigint, *sigterm;
+	tw_context *ctx;
+	tw_listener *l;
+	char addr[128];
+	int o, rv;
+	while ((o = getopt_long(argc, argv, "m:qh", opts, NULL)) != -1) {
+		switch (o) {
+		case 'm': max_message = tw_ex_parse_size(optarg); break;
+		case 'q': quiet = 1; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc - 1) {
+		usage(stderr);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	base = event_base_new();
+	if (base == NULL || tw_context_new(base, &ctx) != 0) {
+		fprintf(stderr, "tw-echo-server: cannot make the event loop\n");
+		return 1;
+	}
+	if (max_message > 0)
+		tw_context_set_max_message_bytes(ctx, max_message);
+	if ((rv = tw_listen(ctx, argv[optind], on_accept, NULL, &l)) != 0) {
+		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", argv[optind],
+			tw_strerror(rv));
+		return 1;
+	}
+	tw_listener_address(l, addr, sizeof(addr));
+	idle_rss = tw_ex_rss();
+	printf("listening on %s\n", addr);
+	fflush(stdout);
+	sigint = evsignal_new(base, SIGINT, on_signal, base);
+	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+	event_add(sigint, NULL);
+	event_add(sigterm, NULL);
+	event_base_dispatch(base);
+	event_free(sigint);
+	event_free(sigterm);
+	tw_listener_free(l);
+	tw_context_free(ctx);
+	event_base_free(base);
+	return 0;
+}
