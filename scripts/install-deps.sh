@@ -1,0 +1,24 @@
+#!/bin/sh
+# Install the Debian packages taskwire needs to build, test and benchmark.
+# Idempotent: quiet and quick when everything is present. Run as root.
+set -e
+PKGS="build-essential autoconf automake libtool pkg-config
+libevent-dev libssl-dev libzstd-dev liblz4-dev libmsgpack-dev check
+clang libclang-rt-14-dev valgrind clang-format python3 openssl"
+
+missing=""
+for p in $PKGS; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+echo "install-deps: installing$missing"
+if [ "$(id -u)" != 0 ]; then
+	echo "install-deps: run as root (or: sudo $0)" >&2
+	exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null
