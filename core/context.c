@@ -58,6 +58,8 @@ static void set_defaults(struct tw__limits *l)
 	l->connect_timeout_ms = TW_DEFAULT_CONNECT_TIMEOUT_MS;
 	l->write_hwm_bytes = TW_DEFAULT_WRITE_HWM_BYTES;
 	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
+	l->handshake_timeout_ms = 10000; /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
+	l->compression = NULL;
 }
 
 int tw_context_new(struct event_base *base, tw_context **out)

@@ -16,6 +16,8 @@ struct tw__limits {
 	uint32_t connect_timeout_ms;
 	size_t write_hwm_bytes;
 	size_t small_frame_bytes;
+	uint32_t handshake_timeout_ms;
+	const char *compression; /* codec offered in handshakes (static), or NULL */
 };
 
 /* An object the context frees at teardown (comms, listeners, connects). */

@@ -1,11 +1,15 @@
-/* tw-echo-client: send messages to an echo peer and check every byte that
- * comes back.
+/* tw-echo-client: send Dask messages to a comm-level echo peer and check
+ * every byte that comes back.
  *
  *   tw-echo-client tcp://127.0.0.1:8786 [--size BYTES] [--frames N] [--count N]
  *
- * Each message has N frames of BYTES bytes (sent from one pattern buffer
- * without copying); messages go one at a time. Prints MB/s of payload
- * echoed and round trips per second. Exits 0 only if every byte matched. */
+ * After the Dask handshake, each message is {"op": "echo", "seq": k,
+ * "payload": [p_0 .. p_N-1]} where each p_j is an out-of-band bytes payload
+ * of BYTES bytes (sent from one pattern buffer without copying, compressed
+ * if the handshake agreed on a codec). The peer may send payloads back out
+ * of band or inline (a Python peer that deserialized them): both are
+ * checked. Messages go one at a time. Prints MB/s of payload echoed and
+ * round trips per second. Exits 0 only if every byte matched. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,23 +25,43 @@
 struct client {
 	struct event_base *base;
 	uint64_t size, frames, count;
-	uint8_t *pattern; /* size + frames + 8 bytes; frame j of message k starts at j + k % 8 */
+	tw_block *pattern; /* size + frames + 8 bytes; payload j of message k starts at j + k % 8 */
 	uint64_t sent, verified;
 	int failed;
 	double t0, t1;
 };
 
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	msgpack_pack_str(pk, strlen(s));
+	msgpack_pack_str_body(pk, s, strlen(s));
+}
+
 static int send_next(tw_comm *comm, struct client *cl)
 {
 	size_t shift = (size_t)(cl->sent % 8);
-	tw_msg *m;
-	int rv = tw_msg_new(&m);
-	for (uint64_t j = 0; rv == 0 && j < cl->frames; j++)
-		rv = tw_msg_append_ref(m, cl->pattern + j + shift, cl->size, NULL, NULL);
-	if (rv == 0)
-		rv = tw_comm_write(comm, m);
-	if (rv != 0) {
+	msgpack_packer *pk;
+	tw_builder *b;
+	tw_msg *m = NULL;
+	int rv = tw_builder_new(tw_comm_compression(comm), &b);
+	if (rv == 0) {
+		pk = tw_builder_packer(b);
+		msgpack_pack_map(pk, 3);
+		pack_str(pk, "op");
+		pack_str(pk, "echo");
+		pack_str(pk, "seq");
+		msgpack_pack_uint64(pk, cl->sent);
+		pack_str(pk, "payload");
+		msgpack_pack_array(pk, (size_t)cl->frames);
+		for (uint64_t j = 0; rv == 0 && j < cl->frames; j++)
+			rv = tw_builder_pack_bytes(b, &(tw_slice){cl->pattern, j + shift, cl->size});
+		if (rv == 0)
+			rv = tw_builder_finish(b, &m);
+		tw_builder_free(b);
+	}
+	if (rv == 0 && (rv = tw_comm_write(comm, m)) != 0)
 		tw_msg_free(m);
+	if (rv != 0) {
 		fprintf(stderr, "tw-echo-client: write failed: %s\n", tw_strerror(rv));
 		return rv;
 	}
@@ -45,24 +69,59 @@ static int send_next(tw_comm *comm, struct client *cl)
 	return 0;
 }
 
-static int check(const struct client *cl, const tw_msg *m, uint64_t k)
+/* The bytes of one echoed payload: out of band, or inline bin. */
+static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p,
+			 size_t *n)
 {
-	size_t shift = (size_t)(k % 8);
-	if (tw_msg_nframes(m) != cl->frames) {
-		fprintf(stderr, "message %llu: %zu frames, expected %llu\n", (unsigned long long)k,
-			tw_msg_nframes(m), (unsigned long long)cl->frames);
+	const tw_payload *pl = tw_decoded_payload(d, o);
+	if (pl != NULL && pl->nframes == 1) {
+		*p = tw_slice_data(&pl->frames[0]);
+		*n = pl->frames[0].len;
+		return 0;
+	}
+	if (pl == NULL && o->type == MSGPACK_OBJECT_BIN) {
+		*p = (const uint8_t *)o->via.bin.ptr;
+		*n = o->via.bin.size;
+		return 0;
+	}
+	return -1;
+}
+
+static int check_payloads(const struct client *cl, const tw_decoded *d, uint64_t k)
+{
+	const msgpack_object *arr = tw_map_get(tw_decoded_root(d), "payload");
+	const uint8_t *want = tw_block_data(cl->pattern) + k % 8;
+	if (arr == NULL || arr->type != MSGPACK_OBJECT_ARRAY || arr->via.array.size != cl->frames) {
+		fprintf(stderr, "message %llu: no payload list of %llu entries\n",
+			(unsigned long long)k, (unsigned long long)cl->frames);
 		return -1;
 	}
-	for (size_t j = 0; j < cl->frames; j++) {
-		const tw_slice *f = tw_msg_frame(m, j);
-		if (f->len != cl->size ||
-		    (f->len > 0 && memcmp(tw_slice_data(f), cl->pattern + j + shift, f->len) != 0)) {
-			fprintf(stderr, "message %llu frame %zu: bytes differ\n",
+	for (uint32_t j = 0; j < arr->via.array.size; j++) {
+		const uint8_t *p;
+		size_t n;
+		if (payload_bytes(d, &arr->via.array.ptr[j], &p, &n) != 0 || n != cl->size ||
+		    (n > 0 && memcmp(p, want + j, n) != 0)) {
+			fprintf(stderr, "message %llu payload %u: bytes differ\n",
 				(unsigned long long)k, j);
 			return -1;
 		}
 	}
 	return 0;
+}
+
+static int check(const struct client *cl, const tw_msg *m, uint64_t k)
+{
+	char why[256] = "";
+	tw_decoded *d;
+	int rv = tw_decode(m, NULL, &d, why, sizeof(why));
+	if (rv != 0) {
+		fprintf(stderr, "message %llu: cannot decode: %s: %s\n", (unsigned long long)k,
+			tw_strerror(rv), why);
+		return -1;
+	}
+	rv = check_payloads(cl, d, k);
+	tw_decoded_free(d);
+	return rv;
 }
 
 static void on_recv(tw_comm *comm, tw_msg *m, void *arg)
@@ -96,11 +155,14 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	event_base_loopbreak(cl->base);
 }
 
-static void on_connect(tw_comm *comm, int err, void *arg)
+static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
 {
 	struct client *cl = arg;
+	(void)info;
 	if (err != 0) {
-		fprintf(stderr, "tw-echo-client: connect failed: %s\n", tw_strerror(err));
+		fprintf(stderr, "tw-echo-client: handshake failed: %s: %s\n", tw_strerror(err),
+			tw_comm_last_error(comm));
+		tw_comm_free(comm);
 		cl->failed = 1;
 		event_base_loopbreak(cl->base);
 		return;
@@ -113,12 +175,27 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	}
 }
 
+static void on_connect(tw_comm *comm, int err, void *arg)
+{
+	struct client *cl = arg;
+	if (err == 0)
+		err = tw_comm_handshake(comm, 0, on_handshake, cl);
+	if (err != 0) {
+		fprintf(stderr, "tw-echo-client: connect failed: %s\n", tw_strerror(err));
+		tw_comm_free(comm);
+		cl->failed = 1;
+		event_base_loopbreak(cl->base);
+	}
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: tw-echo-client URI [--size BYTES] [--frames N] [--count N]\n"
-		   "  Send COUNT messages of FRAMES frames of BYTES bytes each (default\n"
-		   "  1MiB x 1 x 10; sizes take K, M, G suffixes) to the echo server at URI,\n"
-		   "  one at a time, check every echoed byte, and print the throughput.\n");
+		   "                      [--compression zstd|lz4]\n"
+		   "  After the Dask handshake, send COUNT messages carrying FRAMES\n"
+		   "  out-of-band payloads of BYTES bytes each (default 1MiB x 1 x 10;\n"
+		   "  sizes take K, M, G suffixes) to the comm-level echo peer at URI, one\n"
+		   "  at a time, check every echoed byte, and print the throughput.\n");
 }
 
 static void report(const struct client *cl)
@@ -135,15 +212,19 @@ static void report(const struct client *cl)
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"size", required_argument, NULL, 's'},
+					     {"compression", required_argument, NULL, 'z'},
 					     {"frames", required_argument, NULL, 'f'},
 					     {"count", required_argument, NULL, 'c'},
 					     {"help", no_argument, NULL, 'h'},
 					     {NULL, 0, NULL, 0}};
 	struct client cl = {.size = 1 << 20, .frames = 1, .count = 10};
+	const char *codec = NULL;
 	tw_context *ctx;
+	uint8_t *pattern;
 	int o, rv;
-	while ((o = getopt_long(argc, argv, "s:f:c:h", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, "s:f:c:z:h", opts, NULL)) != -1) {
 		switch (o) {
+		case 'z': codec = optarg; break;
 		case 's': cl.size = tw_ex_parse_size(optarg); break;
 		case 'f': cl.frames = tw_ex_parse_size(optarg); break;
 		case 'c': cl.count = tw_ex_parse_size(optarg); break;
@@ -156,15 +237,20 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	if ((cl.pattern = malloc(cl.size + cl.frames + 8)) == NULL) {
+	if (tw_block_new(cl.size + cl.frames + 8, &cl.pattern) != 0) {
 		fprintf(stderr, "tw-echo-client: out of memory\n");
 		return 1;
 	}
+	pattern = tw_block_data(cl.pattern);
 	for (uint64_t i = 0; i < cl.size + cl.frames + 8; i++)
-		cl.pattern[i] = (uint8_t)(i % 251);
+		pattern[i] = (uint8_t)(i % 251);
 	cl.base = event_base_new();
 	if (cl.base == NULL || tw_context_new(cl.base, &ctx) != 0)
 		return 1;
+	if (codec != NULL && (rv = tw_context_set_compression(ctx, codec)) != 0) {
+		fprintf(stderr, "tw-echo-client: %s: %s\n", codec, tw_strerror(rv));
+		return 2;
+	}
 	if ((rv = tw_connect(ctx, argv[optind], on_connect, &cl)) != 0) {
 		fprintf(stderr, "tw-echo-client: cannot connect to %s: %s\n", argv[optind],
 			tw_strerror(rv));
@@ -175,6 +261,6 @@ int main(int argc, char **argv)
 		report(&cl);
 	tw_context_free(ctx);
 	event_base_free(cl.base);
-	free(cl.pattern);
+	tw_block_free(cl.pattern);
 	return cl.failed ? 1 : 0;
 }

@@ -1,5 +1,7 @@
-/* tw-echo-server: accept comms on a URI and write back every message,
- * unchanged and without copying its frames.
+/* tw-echo-server: accept comms on a URI, do the Dask handshake, then
+ * write back every message unchanged (a comm-level echo, like a Python
+ * `distributed.comm.listen` handler that writes back what it reads),
+ * without copying its frames.
  *
  *   tw-echo-server tcp://127.0.0.1:8786 [--max-message BYTES] [--quiet]
  *
@@ -95,12 +97,18 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	tw_comm_free(comm);
 }
 
-static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
+static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
 {
 	struct conn *c = calloc(1, sizeof(*c));
-	(void)l;
+	char peer[128] = "?";
+	(void)info;
 	(void)arg;
-	if (c == NULL) {
+	tw_comm_peer_address(comm, peer, sizeof(peer));
+	if (err != 0 || c == NULL) {
+		printf("%s: handshake failed: %s: %s\n", peer, tw_strerror(err),
+		       tw_comm_last_error(comm));
+		fflush(stdout);
+		free(c);
 		tw_comm_free(comm);
 		return;
 	}
@@ -109,6 +117,14 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 		free(c);
 		tw_comm_free(comm);
 	}
+}
+
+static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	(void)l;
+	(void)arg;
+	if (tw_comm_handshake(comm, 1, on_handshake, NULL) != 0)
+		tw_comm_free(comm);
 }
 
 static void usage(FILE *f)

@@ -26,13 +26,14 @@ int tw_merge(const tw_slice *parts, size_t n, tw_slice *out)
 		return TW_EINVAL;
 	for (size_t i = 0; i < n; i++)
 		total += parts[i].len;
-	if (n > 0 && adjacent(parts, n)) {
-		*out = (tw_slice){tw_block_hold(parts[0].block), parts[0].offset, total};
-		TW__ADD(&tw__global_stats, merges_zero_copy, 1);
-		return 0;
-	}
+	/* An empty result has no block, so it pins none (merge.h). */
 	if (total == 0) {
 		*out = (tw_slice){NULL, 0, 0};
+		return 0;
+	}
+	if (adjacent(parts, n)) {
+		*out = (tw_slice){tw_block_hold(parts[0].block), parts[0].offset, total};
+		TW__ADD(&tw__global_stats, merges_zero_copy, 1);
 		return 0;
 	}
 	if (tw_block_new(total, &b) != 0)

@@ -4,16 +4,28 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include <taskwire/error.h>
 
 #include "transport/transport.h"
+
+/* Free what every comm has, then the transport's part. */
+static void destroy_comm(tw_comm *c)
+{
+	if (c->timeout_ev != NULL)
+		event_free(c->timeout_ev);
+	if (c->proto_free != NULL)
+		c->proto_free(c->proto);
+	c->ops->destroy(c);
+}
 
 static void kill_comm(struct tw__node *n)
 {
 	tw_comm *c = (tw_comm *)((char *)n - offsetof(tw_comm, node));
 	c->ended = 1;
 	c->ops->stop(c);
-	c->ops->destroy(c);
+	destroy_comm(c);
 }
 
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
@@ -37,7 +49,7 @@ static int after_callback(tw_comm *c)
 {
 	if (--c->depth == 0 && c->free_pending) {
 		tw__ctx_untrack(&c->node);
-		c->ops->destroy(c);
+		destroy_comm(c);
 		return 0;
 	}
 	return !c->ended;
@@ -64,12 +76,67 @@ void tw__comm_end(tw_comm *c, int err)
 	if (c->ended)
 		return;
 	c->ended = 1;
+	if (c->timeout_ev != NULL)
+		event_del(c->timeout_ev);
 	c->ops->stop(c);
 	if (c->close_cb == NULL)
 		return;
 	c->depth++;
 	c->close_cb(c, err, c->arg);
 	after_callback(c);
+}
+
+int tw__comm_attach(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb, void *arg)
+{
+	if (c->ended)
+		return TW_ECLOSED;
+	c->recv_cb = recv_cb;
+	c->close_cb = close_cb;
+	c->drain_cb = NULL;
+	c->arg = arg;
+	return c->ops->start(c);
+}
+
+void tw__comm_detach(tw_comm *c)
+{
+	c->recv_cb = NULL;
+	c->close_cb = NULL;
+	c->drain_cb = NULL;
+	c->arg = NULL;
+	if (!c->ended)
+		c->ops->pause(c);
+}
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	tw_comm *c = arg;
+	(void)fd;
+	(void)what;
+	tw__comm_seterr(c, "timed out");
+	tw__comm_end(c, TW_ETIMEDOUT);
+}
+
+int tw__comm_arm_timeout(tw_comm *c, uint32_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	if (c->timeout_ev == NULL &&
+	    (c->timeout_ev = evtimer_new(c->ctx->base, on_timeout, c)) == NULL)
+		return TW_ENOMEM;
+	return evtimer_add(c->timeout_ev, &tv) == 0 ? 0 : TW_EIO;
+}
+
+void tw__comm_disarm_timeout(tw_comm *c)
+{
+	if (c->timeout_ev != NULL)
+		event_del(c->timeout_ev);
+}
+
+void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *))
+{
+	if (c->proto_free != NULL)
+		c->proto_free(c->proto);
+	c->proto = proto;
+	c->proto_free = proto_free;
 }
 
 int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
@@ -110,6 +177,9 @@ void tw_comm_close(tw_comm *c)
 
 void tw_comm_abort(tw_comm *c)
 {
+	/* An ended comm keeps the reason it ended with. */
+	if (c->ended)
+		return;
 	tw__comm_seterr(c, "aborted by the application");
 	tw__comm_end(c, TW_ECANCELED);
 }
@@ -127,7 +197,7 @@ void tw_comm_free(tw_comm *c)
 		return;
 	}
 	tw__ctx_untrack(&c->node);
-	c->ops->destroy(c);
+	destroy_comm(c);
 }
 
 void tw_comm_stats(const tw_comm *c, tw_stats *out)

@@ -41,6 +41,7 @@ struct stream {
 	uint64_t queued_bytes, head_sent;
 	int closing;  /* 1: flushing, 2: FIN sent, waiting for the peer's */
 	int peer_eof; /* the peer's FIN came while we were flushing */
+	int reading;  /* deliver messages (paused while no one takes them) */
 };
 
 static int grow_queue(struct stream *s)
@@ -260,7 +261,9 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 			TW__COUNT(&s->base.stats, msgs_received, 1);
 			alive = tw__comm_deliver(&s->base, m);
 			tw_msg_free(m);
-			if (!alive)
+			/* tw_comm_close in the callback stops reading: the
+			 * next wakeup drains input instead of delivering. */
+			if (!alive || s->closing || !s->reading)
 				return;
 		}
 	}
@@ -293,7 +296,16 @@ static void finish_close(struct stream *s)
 static int s_start(tw_comm *c)
 {
 	struct stream *s = (struct stream *)c;
+	s->reading = 1;
 	return event_add(s->rev, NULL) == 0 ? 0 : TW_EIO;
+}
+
+static void s_pause(tw_comm *c)
+{
+	struct stream *s = (struct stream *)c;
+	s->reading = 0;
+	if (!s->closing)
+		event_del(s->rev);
 }
 
 static void s_close(tw_comm *c)
@@ -339,7 +351,7 @@ static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 }
 
 static const struct tw__comm_ops stream_ops = {
-	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place,
+	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place, s_pause,
 };
 
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme,

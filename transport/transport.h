@@ -33,6 +33,7 @@ struct tw__comm_ops {
 	void (*stop)(tw_comm *c);                /* release I/O now; no callbacks */
 	void (*destroy)(tw_comm *c);             /* free the memory */
 	void (*set_place)(tw_comm *c, tw__place_fn fn, void *arg);
+	void (*pause)(tw_comm *c);               /* stop reading until start */
 };
 
 /* What every comm has. The application owns the comm; `depth` counts the
@@ -52,6 +53,10 @@ struct tw_comm {
 	int ended;        /* no more callbacks */
 	char error[256];
 	char peer[128], local[128];
+	const char *compression;      /* negotiated by the handshake, or NULL */
+	void *proto;                  /* the protocol layer's state (placement) */
+	void (*proto_free)(void *p);
+	struct event *timeout_ev;     /* tw__comm_arm_timeout */
 };
 
 struct tw_listener {
@@ -74,6 +79,16 @@ int tw__comm_drained(tw_comm *c);
 /* End the comm with err: release I/O, run the close callback once. The
  * caller must not touch c afterwards. */
 void tw__comm_end(tw_comm *c, int err);
+/* Set callbacks for an internal user (the handshake) and start reading;
+ * tw__comm_detach clears them and pauses reading, so the application can
+ * then call tw_comm_set_callbacks. */
+int tw__comm_attach(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb, void *arg);
+void tw__comm_detach(tw_comm *c);
+/* End the comm with TW_ETIMEDOUT unless disarmed within ms milliseconds. */
+int tw__comm_arm_timeout(tw_comm *c, uint32_t ms);
+void tw__comm_disarm_timeout(tw_comm *c);
+/* Hand the protocol layer's per-comm state to the comm, freed with it. */
+void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *));
 /* Record an error text on the comm (printf style). */
 void tw__comm_seterr(tw_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

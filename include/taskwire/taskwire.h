@@ -10,5 +10,7 @@
 #include <taskwire/context.h>
 #include <taskwire/comm.h>
 #include <taskwire/merge.h>
+#include <taskwire/serial.h>
+#include <taskwire/handshake.h>
 
 #endif

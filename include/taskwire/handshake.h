@@ -1,0 +1,67 @@
+/* taskwire: the Dask comm handshake (DESIGN.md, Handshake; Dask's
+ * distributed/comm/core.py handshake_info and handshake_configuration).
+ *
+ * Right after the transport is up each side sends one message whose frame
+ * 0 is {"compression": str|nil, "python": [3, 11, 2],
+ * "pickle-protocol": 5}. The listener writes first; the connector reads
+ * first, then writes. Negotiated: pickle-protocol = min(local, remote);
+ * compression = the local codec if both sides named the same one, else
+ * none. A receiver still decodes whatever codec each frame names. */
+#ifndef TASKWIRE_HANDSHAKE_H
+#define TASKWIRE_HANDSHAKE_H
+
+#include <taskwire/comm.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+#define TW_PICKLE_PROTOCOL 5
+#define TW_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000
+
+typedef struct tw_handshake_info {
+	const char *compression;      /* negotiated codec this side sends with, or NULL */
+	int pickle_protocol;          /* min(local, remote) */
+	const char *peer_compression; /* what the peer offered, or NULL */
+} tw_handshake_info;
+
+/* The handshake finished: on success err is 0 and info (valid during the
+ * call) says what was negotiated; set the comm's callbacks now (or later:
+ * reading pauses until tw_comm_set_callbacks). On failure err is
+ * TW_EPROTO (the peer's handshake is not a map, lacks `compression` or
+ * `pickle-protocol`, or is not a message taskwire can decode),
+ * TW_ETIMEDOUT, or the comm's error (TW_ECLOSED when the peer closed), and
+ * the comm is closed: free it. Runs on the loop thread. */
+typedef void (*tw_handshake_cb)(tw_comm *comm, int err, const tw_handshake_info *info,
+				void *arg);
+
+/* tw_comm_handshake: run the handshake on a fresh comm (no callbacks set
+ * yet). `listener_side` is 1 for a comm from a listener (it writes first),
+ * 0 for a connected one. Offers the context's compression
+ * (tw_context_set_compression) and gives up after its handshake timeout.
+ * After success the comm also places the shards of split payloads
+ * adjacently (so tw_decode merges them without a copy) and
+ * tw_comm_compression tells the negotiated codec. Returns 0 (cb runs
+ * exactly once), TW_EINVAL (callbacks already set, NULL cb) or TW_ENOMEM. */
+int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void *arg);
+
+/* tw_comm_compression: the negotiated codec name ("zstd", "lz4") to pass
+ * to tw_builder_new, or NULL for none or before the handshake. */
+const char *tw_comm_compression(const tw_comm *comm);
+
+/* tw_context_set_compression: the codec this side offers in handshakes:
+ * "zstd", "lz4" or NULL (default: none). Returns 0 or TW_ENOTSUP. */
+int tw_context_set_compression(tw_context *ctx, const char *codec);
+
+/* tw_context_set_handshake_timeout_ms: bound on the whole handshake, in
+ * milliseconds (default 10,000). Returns 0 or TW_EINVAL for 0. */
+int tw_context_set_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,127 @@
+/* taskwire: Dask messages: frame 0 as a msgpack value, with out-of-band
+ * payload groups (DESIGN.md, Messages; the Dask comm protocol,
+ * distributed/protocol/core.py dumps/loads).
+ *
+ * A payload group is a placeholder map {"__Serialized__": k} (or
+ * {"__Pickled__": k}) somewhere in frame 0; frame k is its msgpack
+ * sub-header and the next `num-sub-frames` frames carry the payload. A
+ * sender splitting a payload into shards says so in `split-num-sub-frames`
+ * and `split-offsets`; a receiver merges them back (zero-copy when they are
+ * adjacent, which the comm's placement arranges) and decompresses each
+ * sub-frame named in `compression`. taskwire never splits when it sends. */
+#ifndef TASKWIRE_SERIAL_H
+#define TASKWIRE_SERIAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include <taskwire/buf.h>
+#include <taskwire/msg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* Building messages. */
+
+typedef struct tw_builder tw_builder;
+
+/* tw_builder_new: a builder for one message. `compression` is the codec
+ * for payload frames ("zstd", "lz4") or NULL for none; frames of 10,000 B
+ * to 2 GiB are compressed and kept compressed only if that saves 10%.
+ * Returns 0, TW_ENOMEM, or TW_ENOTSUP (unknown or not built codec). */
+int tw_builder_new(const char *compression, tw_builder **out);
+
+/* tw_builder_packer: the msgpack-c packer that writes frame 0. Pack one
+ * value (a map for requests) with msgpack_pack_* calls; call the
+ * tw_builder_pack_* functions below where a payload goes. Valid until the
+ * builder is freed. */
+msgpack_packer *tw_builder_packer(tw_builder *b);
+
+/* tw_builder_pack_bytes: at the packer's current position, pack a
+ * placeholder for `data` as raw bytes (serializer "dask", type "bytes";
+ * Python receives `bytes`). The frame is referenced, not copied (one more
+ * reference on data->block), unless it is compressed.
+ * Returns 0, TW_ENOMEM, TW_EINVAL. */
+int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data);
+
+/* tw_builder_pack_msgpack: pack a placeholder for a structured value
+ * carried out of band (serializer "msgpack"): `packed` holds len bytes of
+ * one msgpack value, copied into the message. Returns 0, TW_ENOMEM,
+ * TW_EINVAL. */
+int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len);
+
+/* tw_builder_finish: the message (frame 0, then every payload group in
+ * the order packed), owned by the caller. The builder is spent: only
+ * tw_builder_free is valid after. Returns 0, TW_ENOMEM, or TW_EINVAL when
+ * called twice. */
+int tw_builder_finish(tw_builder *b, tw_msg **out);
+
+/* tw_builder_free: free the builder and what it holds. Accepts NULL. */
+void tw_builder_free(tw_builder *b);
+
+/* Reading messages. */
+
+typedef struct tw_decoded tw_decoded;
+
+enum tw_payload_kind { TW_PAYLOAD_SERIALIZED = 1, TW_PAYLOAD_PICKLED = 2 };
+
+typedef struct tw_payload {
+	enum tw_payload_kind kind;
+	uint64_t index;                     /* k: frame of the sub-header */
+	const msgpack_object *sub_header;   /* the sub-header map */
+	const char *serializer;             /* NUL-terminated; "" when absent */
+	size_t nframes;                     /* logical frames */
+	const tw_slice *frames;             /* merged and decompressed */
+} tw_payload;
+
+typedef struct tw_decode_limits {
+	uint64_t max_message_bytes; /* cap on each decompressed frame; 0: 4 GiB */
+} tw_decode_limits;
+
+/* tw_decode: decode frame 0 of msg into a msgpack object tree, and every
+ * payload group it references: parse its sub-header, decompress each
+ * sub-frame (size checked against the limit before allocating, and
+ * against what decompression produced), and merge the sub-frames of each
+ * logical frame (a view when adjacent, else one copy). msg is held by the
+ * result until tw_decoded_free. `detail` (may be NULL) receives a
+ * NUL-terminated reason on failure.
+ * Returns 0 and sets *out, or TW_EPROTO (frame 0 empty, truncated, with
+ * trailing bytes, invalid UTF-8 in a str, a placeholder or num-sub-frames
+ * past the last frame, a bad sub-header, a size mismatch, corrupt
+ * compressed data), TW_ENOTSUP (unknown codec), TW_ETOOBIG (a declared
+ * size above the limit), TW_ENOMEM. Any thread. */
+int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out,
+	      char *detail, size_t detail_len);
+
+/* tw_decoded_root: frame 0's value; valid until tw_decoded_free. */
+const msgpack_object *tw_decoded_root(const tw_decoded *d);
+
+/* tw_decoded_npayloads / tw_decoded_payload_at: payload groups in the order
+ * of their frames. tw_decoded_payload: the group a placeholder map (an
+ * object inside the root) stands for, or NULL if it is not one. */
+size_t tw_decoded_npayloads(const tw_decoded *d);
+const tw_payload *tw_decoded_payload_at(const tw_decoded *d, size_t i);
+const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *placeholder);
+
+/* tw_decoded_free: free the tree and payloads, drop the message. Accepts
+ * NULL. */
+void tw_decoded_free(tw_decoded *d);
+
+/* tw_map_get: the value of str key `key` in map `m`, or NULL when m is not
+ * a map or has no such key. */
+const msgpack_object *tw_map_get(const msgpack_object *m, const char *key);
+
+/* tw_obj_str_eq: 1 when o is a str equal to s. */
+int tw_obj_str_eq(const msgpack_object *o, const char *s);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

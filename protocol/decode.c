@@ -1,0 +1,367 @@
+/* Reading Dask messages: frame 0 and its payload groups, decompressed
+ * and merged (include/taskwire/serial.h; Dask's
+ * distributed/protocol/core.py loads and serialize.py
+ * merge_and_deserialize). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+#include <taskwire/merge.h>
+#include <taskwire/serial.h>
+
+#include "core/stats.h"
+#include "protocol/compress.h"
+#include "protocol/mpcheck.h"
+#include "protocol/placeholder.h"
+
+struct tw_decoded {
+	tw_msg *msg;
+	msgpack_zone *zone;
+	msgpack_object root;
+	tw_payload *payloads;
+	const msgpack_object **holders; /* placeholder map of each payload */
+	size_t n, cap;
+	tw_slice *slices; /* every logical frame, one reference each */
+	size_t nslices, slices_cap;
+	uint64_t budget; /* decompressed bytes still allowed */
+	char *detail;
+	size_t detail_len;
+};
+
+static int fail(tw_decoded *d, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(tw_decoded *d, int err, const char *fmt, ...)
+{
+	va_list ap;
+	if (d->detail != NULL && d->detail_len > 0) {
+		va_start(ap, fmt);
+		vsnprintf(d->detail, d->detail_len, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+const msgpack_object *tw_map_get(const msgpack_object *m, const char *key)
+{
+	size_t n = strlen(key);
+	if (m == NULL || m->type != MSGPACK_OBJECT_MAP)
+		return NULL;
+	for (uint32_t i = 0; i < m->via.map.size; i++) {
+		const msgpack_object *k = &m->via.map.ptr[i].key;
+		if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
+		    memcmp(k->via.str.ptr, key, n) == 0)
+			return &m->via.map.ptr[i].val;
+	}
+	return NULL;
+}
+
+int tw_obj_str_eq(const msgpack_object *o, const char *s)
+{
+	return o != NULL && o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
+	       memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
+}
+
+/* Check, then unpack frame i into the zone. */
+static int unpack_frame(tw_decoded *d, size_t i, msgpack_object *out)
+{
+	const tw_slice *f = tw_msg_frame(d->msg, i);
+	const char *why;
+	size_t off = 0;
+	if (tw__mp_check(tw_slice_data(f), f->len, &why) != 0)
+		return fail(d, TW_EPROTO, "frame %zu: %s", i, why);
+	if (msgpack_unpack((const char *)tw_slice_data(f), f->len, &off, d->zone, out) !=
+	    MSGPACK_UNPACK_SUCCESS)
+		return fail(d, TW_ENOMEM, "frame %zu: msgpack-c could not unpack it", i);
+	return 0;
+}
+
+static int add_slice(tw_decoded *d, tw_slice s)
+{
+	if (d->nslices == d->slices_cap) {
+		size_t cap = d->slices_cap ? 2 * d->slices_cap : 8;
+		tw_slice *p = realloc(d->slices, cap * sizeof(*p));
+		if (p == NULL) {
+			tw_block_free(s.block);
+			return TW_ENOMEM;
+		}
+		d->slices = p;
+		d->slices_cap = cap;
+	}
+	d->slices[d->nslices++] = s;
+	return 0;
+}
+
+/* Decompress the parts of one logical frame straight into one block of
+ * their declared total size; uncompressed parts are copied in. */
+static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *codecs,
+		   size_t n, size_t first)
+{
+	uint64_t total = 0, size;
+	size_t off = 0, got;
+	tw_block *b;
+	int rv;
+	for (size_t i = 0; i < n; i++) {
+		rv = tw__decompressed_size(codecs[i], tw_slice_data(&parts[i]), parts[i].len,
+					   d->budget - total, &size);
+		if (rv != 0)
+			return fail(d, rv, "frame %zu: %s", first + i,
+				    rv == TW_ETOOBIG ? "decompressed size above the message limit"
+						     : "corrupt compressed data");
+		total += size;
+	}
+	if (tw_block_new(total, &b) != 0)
+		return fail(d, TW_ENOMEM, "out of memory for %llu bytes", (unsigned long long)total);
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *src = tw_slice_data(&parts[i]);
+		uint64_t cap = total - off;
+		if (codecs[i] == TW__CODEC_NONE) {
+			memcpy(tw_block_data(b) + off, src, parts[i].len);
+			TW__ADD(&tw__global_stats, payload_bytes_copied, parts[i].len);
+			off += parts[i].len;
+			continue;
+		}
+		tw__decompressed_size(codecs[i], src, parts[i].len, cap, &size);
+		if (tw__decompress(codecs[i], src, parts[i].len, tw_block_data(b) + off, size,
+				   &got) != 0) {
+			tw_block_free(b);
+			return fail(d, TW_EPROTO, "frame %zu: decompressed data differs from its "
+						  "declared size or is corrupt", first + i);
+		}
+		off += got;
+	}
+	d->budget -= off;
+	return add_slice(d, (tw_slice){b, 0, off});
+}
+
+/* One logical frame from sub-frames [first, first + n). */
+static int logical(tw_decoded *d, size_t first, size_t n, const enum tw__codec *codecs)
+{
+	const tw_slice *parts = tw_msg_frame(d->msg, first);
+	tw_slice out;
+	for (size_t i = 0; i < n; i++)
+		if (codecs[i] != TW__CODEC_NONE)
+			return inflate(d, parts, codecs, n, first);
+	if (n == 0)
+		return add_slice(d, (tw_slice){NULL, 0, 0});
+	if (tw_merge(parts, n, &out) != 0)
+		return fail(d, TW_ENOMEM, "out of memory merging frames");
+	return add_slice(d, out);
+}
+
+static int get_uint(const msgpack_object *o, uint64_t *v)
+{
+	if (o == NULL || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+		return -1;
+	*v = o->via.u64;
+	return 0;
+}
+
+/* The codec of each of the num sub-frames ("compression": nil or name). */
+static int codecs_of(tw_decoded *d, const msgpack_object *sub, uint64_t num, size_t k,
+		     enum tw__codec **out)
+{
+	const msgpack_object *c = tw_map_get(sub, "compression");
+	enum tw__codec *codecs = calloc(num ? num : 1, sizeof(*codecs));
+	if (codecs == NULL)
+		return TW_ENOMEM;
+	*out = codecs;
+	if (c == NULL || c->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size != num)
+		return fail(d, TW_EPROTO, "sub-header %zu: compression is not a list of "
+					  "num-sub-frames entries", k);
+	for (uint64_t i = 0; i < num; i++) {
+		const msgpack_object *e = &c->via.array.ptr[i];
+		if (e->type == MSGPACK_OBJECT_NIL)
+			continue;
+		if (e->type != MSGPACK_OBJECT_STR ||
+		    tw__codec_parse(e->via.str.ptr, e->via.str.size, &codecs[i]) != 0)
+			return fail(d, TW_ENOTSUP, "sub-header %zu: unknown codec %.*s", k,
+				    e->type == MSGPACK_OBJECT_STR ? (int)e->via.str.size : 3,
+				    e->type == MSGPACK_OBJECT_STR ? e->via.str.ptr : "???");
+	}
+	return 0;
+}
+
+/* Split the num sub-frames into logical frames as split-num-sub-frames
+ * and split-offsets say (one each when absent), and build them. */
+static int build_logical(tw_decoded *d, const msgpack_object *sub, size_t k, uint64_t num,
+			 const enum tw__codec *codecs)
+{
+	const msgpack_object *cnt = tw_map_get(sub, "split-num-sub-frames");
+	const msgpack_object *off = tw_map_get(sub, "split-offsets");
+	int rv = 0;
+	if (cnt == NULL) {
+		for (uint64_t i = 0; i < num && rv == 0; i++)
+			rv = logical(d, k + 1 + i, 1, codecs + i);
+		return rv;
+	}
+	if (off == NULL || cnt->type != MSGPACK_OBJECT_ARRAY || off->type != MSGPACK_OBJECT_ARRAY ||
+	    cnt->via.array.size != off->via.array.size)
+		return fail(d, TW_EPROTO, "sub-header %zu: bad split-num-sub-frames/split-offsets", k);
+	for (uint32_t i = 0; i < cnt->via.array.size && rv == 0; i++) {
+		uint64_t c, o;
+		if (get_uint(&cnt->via.array.ptr[i], &c) != 0 ||
+		    get_uint(&off->via.array.ptr[i], &o) != 0 || o > num || c > num - o)
+			return fail(d, TW_EPROTO, "sub-header %zu: split %u outside its sub-frames", k, i);
+		rv = logical(d, k + 1 + o, c, codecs + o);
+	}
+	return rv;
+}
+
+static const char *serializer_of(tw_decoded *d, const msgpack_object *sub)
+{
+	const msgpack_object *s = tw_map_get(sub, "serializer");
+	char *copy;
+	if (s == NULL || s->type != MSGPACK_OBJECT_STR ||
+	    (copy = msgpack_zone_malloc(d->zone, s->via.str.size + 1)) == NULL)
+		return "";
+	memcpy(copy, s->via.str.ptr, s->via.str.size);
+	copy[s->via.str.size] = '\0';
+	return copy;
+}
+
+static int load_group(tw_decoded *d, tw_payload *p)
+{
+	size_t nframes = tw_msg_nframes(d->msg), k = (size_t)p->index, first = d->nslices;
+	msgpack_object *sub = msgpack_zone_malloc(d->zone, sizeof(*sub));
+	enum tw__codec *codecs = NULL;
+	uint64_t num;
+	int rv;
+	if (sub == NULL)
+		return TW_ENOMEM;
+	if (p->index >= nframes)
+		return fail(d, TW_EPROTO, "placeholder index %llu past the last frame (%zu frames)",
+			    (unsigned long long)p->index, nframes);
+	if ((rv = unpack_frame(d, k, sub)) != 0)
+		return rv;
+	if (sub->type != MSGPACK_OBJECT_MAP)
+		return fail(d, TW_EPROTO, "sub-header %zu is not a map", k);
+	if (get_uint(tw_map_get(sub, "num-sub-frames"), &num) != 0)
+		return fail(d, TW_EPROTO, "sub-header %zu: num-sub-frames missing", k);
+	if (num > nframes - k - 1)
+		return fail(d, TW_EPROTO, "sub-header %zu: num-sub-frames %llu overflows the %zu frames",
+			    k, (unsigned long long)num, nframes);
+	if ((rv = codecs_of(d, sub, num, k, &codecs)) == 0)
+		rv = build_logical(d, sub, k, num, codecs);
+	free(codecs);
+	p->sub_header = sub;
+	p->serializer = serializer_of(d, sub);
+	p->nframes = d->nslices - first;
+	p->frames = (const tw_slice *)(uintptr_t)first; /* index until all are built */
+	return rv;
+}
+
+static int add_payload(tw_decoded *d, const msgpack_object *holder, enum tw_payload_kind kind,
+		       uint64_t k)
+{
+	if (d->n == d->cap) {
+		size_t cap = d->cap ? 2 * d->cap : 4;
+		tw_payload *p = realloc(d->payloads, cap * sizeof(*p));
+		const msgpack_object **h;
+		if (p == NULL)
+			return TW_ENOMEM;
+		d->payloads = p;
+		if ((h = realloc(d->holders, cap * sizeof(*h))) == NULL)
+			return TW_ENOMEM;
+		d->holders = h;
+		d->cap = cap;
+	}
+	memset(&d->payloads[d->n], 0, sizeof(d->payloads[0]));
+	d->payloads[d->n].kind = kind;
+	d->payloads[d->n].index = k;
+	d->holders[d->n++] = holder;
+	return 0;
+}
+
+static int on_holder(void *arg, const msgpack_object *holder, enum tw_payload_kind kind,
+		     uint64_t k)
+{
+	return add_payload(arg, holder, kind, k);
+}
+
+static int decode(tw_decoded *d)
+{
+	const char *why = NULL;
+	int rv;
+	if (tw_msg_nframes(d->msg) == 0)
+		return fail(d, TW_EPROTO, "message has no frames");
+	if ((rv = unpack_frame(d, 0, &d->root)) != 0)
+		return rv;
+	if ((rv = tw__walk_placeholders(&d->root, on_holder, d, &why)) != 0)
+		return rv == TW_EPROTO ? fail(d, rv, "frame 0: %s", why) : rv;
+	for (size_t i = 0; i < d->n; i++)
+		if ((rv = load_group(d, &d->payloads[i])) != 0)
+			return rv;
+	for (size_t i = 0; i < d->n; i++)
+		d->payloads[i].frames = d->slices + (uintptr_t)d->payloads[i].frames;
+	return 0;
+}
+
+int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out,
+	      char *detail, size_t detail_len)
+{
+	tw_decoded *d;
+	int rv;
+	if (msg == NULL || out == NULL)
+		return TW_EINVAL;
+	if ((d = calloc(1, sizeof(*d))) == NULL)
+		return TW_ENOMEM;
+	d->msg = tw_msg_hold((tw_msg *)msg);
+	d->detail = detail;
+	d->detail_len = detail_len;
+	d->budget = limits != NULL && limits->max_message_bytes > 0 ? limits->max_message_bytes
+								      : UINT64_C(4) << 30;
+	if ((d->zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE)) == NULL) {
+		tw_decoded_free(d);
+		return TW_ENOMEM;
+	}
+	if ((rv = decode(d)) != 0) {
+		tw_decoded_free(d);
+		return rv;
+	}
+	d->detail = NULL;
+	*out = d;
+	return 0;
+}
+
+const msgpack_object *tw_decoded_root(const tw_decoded *d)
+{
+	return &d->root;
+}
+
+size_t tw_decoded_npayloads(const tw_decoded *d)
+{
+	return d->n;
+}
+
+const tw_payload *tw_decoded_payload_at(const tw_decoded *d, size_t i)
+{
+	return i < d->n ? &d->payloads[i] : NULL;
+}
+
+const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *placeholder)
+{
+	for (size_t i = 0; i < d->n; i++)
+		if (d->holders[i] == placeholder)
+			return &d->payloads[i];
+	return NULL;
+}
+
+void tw_decoded_free(tw_decoded *d)
+{
+	if (d == NULL)
+		return;
+	for (size_t i = 0; i < d->nslices; i++)
+		tw_block_free(d->slices[i].block);
+	free(d->slices);
+	free(d->payloads);
+	free(d->holders);
+	if (d->zone != NULL)
+		msgpack_zone_free(d->zone);
+	tw_msg_free(d->msg);
+	free(d);
+}

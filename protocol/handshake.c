@@ -1,0 +1,182 @@
+/* The Dask comm handshake (include/taskwire/handshake.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+#include <taskwire/handshake.h>
+#include <taskwire/serial.h>
+
+#include "protocol/compress.h"
+#include "protocol/placement.h"
+#include "transport/transport.h"
+
+struct hs {
+	int listener_side;
+	tw_handshake_cb cb;
+	void *arg;
+};
+
+int tw_context_set_compression(tw_context *ctx, const char *codec)
+{
+	enum tw__codec c;
+	if (ctx == NULL)
+		return TW_EINVAL;
+	if (codec == NULL) {
+		ctx->limits.compression = NULL;
+		return 0;
+	}
+	if (tw__codec_parse(codec, strlen(codec), &c) != 0)
+		return TW_ENOTSUP;
+	ctx->limits.compression = tw__codec_name(c);
+	return 0;
+}
+
+int tw_context_set_handshake_timeout_ms(tw_context *ctx, uint32_t ms)
+{
+	if (ctx == NULL || ms == 0)
+		return TW_EINVAL;
+	ctx->limits.handshake_timeout_ms = ms;
+	return 0;
+}
+
+const char *tw_comm_compression(const tw_comm *comm)
+{
+	return comm->compression;
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	msgpack_pack_str(pk, strlen(s));
+	msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* {"compression": ..., "python": [3, 11, 2], "pickle-protocol": 5} */
+static int write_info(tw_comm *comm)
+{
+	const char *codec = comm->limits.compression;
+	tw_builder *b;
+	msgpack_packer *pk;
+	tw_msg *m;
+	int rv;
+	if (tw_builder_new(NULL, &b) != 0)
+		return TW_ENOMEM;
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 3);
+	pack_str(pk, "compression");
+	if (codec != NULL)
+		pack_str(pk, codec);
+	else
+		msgpack_pack_nil(pk);
+	pack_str(pk, "python");
+	msgpack_pack_array(pk, 3);
+	msgpack_pack_uint8(pk, 3);
+	msgpack_pack_uint8(pk, 11);
+	msgpack_pack_uint8(pk, 2);
+	pack_str(pk, "pickle-protocol");
+	msgpack_pack_uint8(pk, TW_PICKLE_PROTOCOL);
+	rv = tw_builder_finish(b, &m);
+	tw_builder_free(b);
+	if (rv == 0 && (rv = tw_comm_write(comm, m)) != 0)
+		tw_msg_free(m);
+	return rv;
+}
+
+static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info *info)
+{
+	tw_handshake_cb cb = h->cb;
+	void *arg = h->arg;
+	free(h);
+	tw__comm_disarm_timeout(comm);
+	tw__comm_detach(comm);
+	if (err != 0)
+		tw__comm_end(comm, err); /* no callback: detached */
+	cb(comm, err, info, arg);
+}
+
+/* Read the peer's info: a map with `compression` (str or nil) and
+ * `pickle-protocol` (int). */
+static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
+{
+	const msgpack_object *root, *c, *p;
+	tw_decoded *d;
+	enum tw__codec peer;
+	int rv = tw_decode(msg, NULL, &d, comm->error, sizeof(comm->error));
+	if (rv != 0)
+		return TW_EPROTO;
+	root = tw_decoded_root(d);
+	c = tw_map_get(root, "compression");
+	p = tw_map_get(root, "pickle-protocol");
+	rv = TW_EPROTO;
+	if (root->type != MSGPACK_OBJECT_MAP)
+		tw__comm_seterr(comm, "handshake: not a map");
+	else if (c == NULL || (c->type != MSGPACK_OBJECT_NIL && c->type != MSGPACK_OBJECT_STR))
+		tw__comm_seterr(comm, "handshake: `compression` missing or not a str or nil");
+	else if (p == NULL || p->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+		tw__comm_seterr(comm, "handshake: `pickle-protocol` missing or not an int");
+	else
+		rv = 0;
+	if (rv == 0) {
+		int same = 0;
+		info->pickle_protocol = p->via.u64 < TW_PICKLE_PROTOCOL ? (int)p->via.u64
+									 : TW_PICKLE_PROTOCOL;
+		info->peer_compression = NULL;
+		if (c->type == MSGPACK_OBJECT_STR &&
+		    tw__codec_parse(c->via.str.ptr, c->via.str.size, &peer) == 0) {
+			info->peer_compression = tw__codec_name(peer);
+			same = comm->limits.compression != NULL &&
+			       strcmp(comm->limits.compression, info->peer_compression) == 0;
+		}
+		info->compression = same ? comm->limits.compression : NULL;
+	}
+	tw_decoded_free(d);
+	return rv;
+}
+
+static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
+{
+	struct hs *h = arg;
+	tw_handshake_info info;
+	struct tw__dask_place *place;
+	int rv = parse_info(comm, msg, &info);
+	if (rv == 0 && !h->listener_side)
+		rv = write_info(comm);
+	if (rv == 0 && (place = calloc(1, sizeof(*place))) == NULL)
+		rv = TW_ENOMEM;
+	if (rv != 0)
+		return finish(comm, h, rv, NULL);
+	comm->compression = info.compression;
+	tw__comm_set_proto(comm, place, tw__dask_place_free);
+	comm->ops->set_place(comm, tw__dask_place, place);
+	finish(comm, h, 0, &info);
+}
+
+static void on_close(tw_comm *comm, int err, void *arg)
+{
+	struct hs *h = arg;
+	if (err == 0) {
+		err = TW_ECLOSED;
+		tw__comm_seterr(comm, "handshake: peer closed the comm");
+	}
+	finish(comm, h, err, NULL);
+}
+
+int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void *arg)
+{
+	struct hs *h;
+	int rv;
+	if (comm == NULL || cb == NULL || comm->recv_cb != NULL)
+		return TW_EINVAL;
+	if ((h = calloc(1, sizeof(*h))) == NULL)
+		return TW_ENOMEM;
+	h->listener_side = listener_side;
+	h->cb = cb;
+	h->arg = arg;
+	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
+	    (rv = tw__comm_arm_timeout(comm, comm->limits.handshake_timeout_ms)) != 0 ||
+	    (listener_side && (rv = write_info(comm)) != 0)) {
+		tw__comm_detach(comm);
+		free(h);
+		return rv;
+	}
+	return 0;
+}

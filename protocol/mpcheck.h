@@ -1,0 +1,24 @@
+/* A structural check of one msgpack value before msgpack-c unpacks it:
+ * msgpack-c allocates an array's or map's elements from the declared count
+ * before reading them, so a 5-byte header could ask for gigabytes. The
+ * check walks the bytes without allocating and refuses counts that the
+ * remaining bytes cannot hold, nesting deeper than a limit, invalid UTF-8
+ * in a str (Python peers decode str as UTF-8), truncation and trailing
+ * bytes. */
+#ifndef TW_PROTOCOL_MPCHECK_H
+#define TW_PROTOCOL_MPCHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TW__MP_MAX_DEPTH 64
+
+/* tw__mp_check: 0 when p[0..n) is exactly one well-formed msgpack value,
+ * else TW_EPROTO with a reason (static string) in *why. */
+int tw__mp_check(const uint8_t *p, size_t n, const char **why);
+
+/* tw__utf8_valid: 1 when s[0..n) is valid UTF-8 (no overlongs, no
+ * surrogates, nothing above U+10FFFF). */
+int tw__utf8_valid(const uint8_t *s, size_t n);
+
+#endif
