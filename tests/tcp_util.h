@@ -24,8 +24,9 @@ struct tu;
 struct tu_peer {
 	struct tu *h;
 	tw_comm *comm;       /* NULL once freed */
-	tw_msg **msgs;       /* received messages, held (when keep is set) */
-	size_t nmsgs, cap;   /* nmsgs counts every message received */
+	size_t nmsgs;        /* messages received */
+	tw_msg **msgs;       /* received while keep was set, held */
+	size_t nkept, cap;
 	uint64_t bytes;      /* payload bytes received */
 	int keep;            /* hold received messages in msgs */
 	int echo;            /* write every received message back */
@@ -35,6 +36,8 @@ struct tu_peer {
 	int close_err;
 	int drains;          /* drain callbacks */
 	char last_error[256]; /* tw_comm_last_error at close */
+	size_t nmsgs_at_close;   /* messages received before the close callback */
+	uint64_t live_at_close;  /* global block_bytes_live during the close callback */
 	tw_msg **pending;    /* echo: messages refused with TW_EAGAIN */
 	size_t npending, pcap;
 	void (*on_recv)(struct tu_peer *p, tw_msg *m); /* extra hook */
@@ -92,6 +95,9 @@ int tu_connect(struct tu *h, const char *uri, struct tu_peer **out);
  * and stores the error in *err (left at 1 until then). */
 int tu_connect_async(struct tu *h, const char *uri, struct tu_peer **out, int *err);
 
+/* Wait until a tu_connect_async finished (*err != 1); returns 1 then. */
+int tu_wait_connected(struct tu *h, const int *err, int ms);
+
 /* The n-th accepted server peer, waiting for it to be accepted. */
 struct tu_peer *tu_server_peer(struct tu *h, size_t n);
 
@@ -109,10 +115,20 @@ int tu_msg_matches(const tw_msg *m, const size_t *lens, size_t nf, unsigned seed
 
 /* Raw POSIX client: blocking connect to a "tcp://host:port" URI. */
 int tu_raw_connect(const char *uri);
-void tu_raw_send(int fd, const void *p, size_t n);
+/* Send n bytes, driving the loop while the socket is full (the server
+ * reads on this thread). Stops early when the server closed the
+ * connection; returns the bytes sent. */
+size_t tu_raw_send(struct tu *h, int fd, const void *p, size_t n);
 /* Drive the loop until the server closed fd's connection (recv returns 0
  * or ECONNRESET); returns 1 when closed, 0 at the deadline. */
 int tu_raw_wait_closed(struct tu *h, int fd, int ms);
+
+/* Common setup: tu_init, an echo listener on tcp://127.0.0.1:0 and one
+ * connected client peer that keeps what it receives. */
+struct tu_peer *tu_setup_echo(struct tu *h);
+/* Write a pattern message (lens, seed) on cli and check the echo, byte by
+ * byte. */
+void tu_echo_check(struct tu_peer *cli, const size_t *lens, size_t nf, unsigned seed, int ms);
 
 /* Resident set size of this process, in bytes (VmRSS). */
 uint64_t tu_rss_bytes(void);

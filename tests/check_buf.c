@@ -1,0 +1,403 @@
+/* Unit tests: refcounted blocks, slices and messages (core/block.c,
+ * core/msg.c). Stats are process-wide, so every check compares counters
+ * before and after. */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <taskwire/buf.h>
+#include <taskwire/error.h>
+#include <taskwire/msg.h>
+#include <taskwire/stats.h>
+
+#include "core/block.h"
+#include "tests/unit.h"
+
+#define DEFAULT_CACHE_BYTES ((size_t)256 << 20)
+
+struct release_log {
+	int calls;
+	void *data;
+	void *arg;
+};
+
+static void on_release(void *data, void *arg)
+{
+	struct release_log *log = arg;
+	log->calls++;
+	log->data = data;
+	log->arg = arg;
+}
+
+/* Allocate, fill, check and free one block of `size` bytes; the live
+ * counters move by exactly one block of that size and back. */
+static void check_block_size(size_t size)
+{
+	tw_stats before = stats_now(), mid, after;
+	tw_block *b = NULL;
+	ck_assert_int_eq(tw_block_new(size, &b), 0);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_uint_eq(tw_block_size(b), size);
+	ck_assert_ptr_nonnull(tw_block_data(b));
+	memset(tw_block_data(b), 0xa5, size);
+	for (size_t i = 0; i < size; i += 4093)
+		REQUIRE(tw_block_data(b)[i] == 0xa5);
+	mid = stats_now();
+	ck_assert_uint_eq(mid.blocks_allocated, before.blocks_allocated + 1);
+	ck_assert_uint_eq(mid.block_bytes_allocated, before.block_bytes_allocated + size);
+	ck_assert_uint_eq(mid.blocks_live, before.blocks_live + 1);
+	ck_assert_uint_eq(mid.block_bytes_live, before.block_bytes_live + size);
+	tw_block_free(b);
+	after = stats_now();
+	ck_assert_uint_eq(after.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(after.block_bytes_live, before.block_bytes_live);
+}
+
+START_TEST(block_sizes)
+{
+	static const size_t sizes[] = {0,
+				       1,
+				       100,
+				       4096,
+				       TW__MAP_MIN_BYTES - 1,
+				       TW__MAP_MIN_BYTES,
+				       TW__MAP_MIN_BYTES + 1,
+				       ((size_t)1 << 20) + 3};
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+		check_block_size(sizes[i]);
+}
+END_TEST
+
+/* Blocks of 256 KiB and more are mappings of their own: page-aligned. */
+START_TEST(block_large_is_mapped)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	tw_block *a, *b;
+	ck_assert_int_eq(tw_block_new(TW__MAP_MIN_BYTES, &a), 0);
+	ck_assert_int_eq(tw_block_new(TW__MAP_MIN_BYTES + 10, &b), 0);
+	ck_assert_uint_eq((uintptr_t)tw_block_data(a) % pg, 0);
+	ck_assert_uint_eq((uintptr_t)tw_block_data(b) % pg, 0);
+	ck_assert_ptr_ne(tw_block_data(a), tw_block_data(b));
+	tw_block_free(a);
+	tw_block_free(b);
+}
+END_TEST
+
+START_TEST(block_hold_free)
+{
+	tw_stats before = stats_now(), st;
+	tw_block *b;
+	ck_assert_int_eq(tw_block_new(1000, &b), 0);
+	ck_assert_ptr_eq(tw_block_hold(b), b);
+	ck_assert_ptr_eq(tw_block_hold(b), b);
+	tw_block_free(b);
+	tw_block_free(b);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live + 1);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live + 1000);
+	tw_block_data(b)[999] = 7; /* still alive: one reference left */
+	tw_block_free(b);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live);
+	tw_block_free(NULL);
+}
+END_TEST
+
+START_TEST(block_bad_args)
+{
+	char c;
+	tw_block *b = NULL;
+	ck_assert_int_eq(tw_block_new(10, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_block_wrap(&c, 1, NULL, NULL, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_block_wrap(NULL, 5, NULL, NULL, &b), TW_EINVAL);
+	ck_assert_ptr_null(b);
+}
+END_TEST
+
+START_TEST(block_wrap_release_once)
+{
+	char buf[32] = "caller memory";
+	struct release_log log = {0, NULL, NULL};
+	tw_stats before = stats_now(), st;
+	tw_block *b;
+	ck_assert_int_eq(tw_block_wrap(buf, sizeof(buf), on_release, &log, &b), 0);
+	ck_assert_ptr_eq(tw_block_data(b), (uint8_t *)buf);
+	ck_assert_uint_eq(tw_block_size(b), sizeof(buf));
+	tw_block_hold(b);
+	tw_block_hold(b);
+	tw_block_free(b);
+	tw_block_free(b);
+	ck_assert_int_eq(log.calls, 0);
+	tw_block_free(b);
+	ck_assert_int_eq(log.calls, 1);
+	ck_assert_ptr_eq(log.data, buf);
+	ck_assert_ptr_eq(log.arg, &log);
+	/* Wrapped blocks are not allocations of ours. */
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_allocated, before.blocks_allocated);
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live);
+}
+END_TEST
+
+START_TEST(block_wrap_empty_and_no_release)
+{
+	char c = 'x';
+	tw_block *b;
+	ck_assert_int_eq(tw_block_wrap(NULL, 0, NULL, NULL, &b), 0);
+	ck_assert_uint_eq(tw_block_size(b), 0);
+	tw_block_free(b);
+	ck_assert_int_eq(tw_block_wrap(&c, 1, NULL, NULL, &b), 0);
+	ck_assert_uint_eq(tw_block_data(b)[0], 'x');
+	tw_block_free(b);
+}
+END_TEST
+
+/* A released large block is reused for the next block of its size, unless
+ * the cache is disabled or the block is larger than the limit. */
+static int cache_hit_after_reuse(size_t size)
+{
+	tw_stats before, after;
+	tw_block *b;
+	ck_assert_int_eq(tw_block_new(size, &b), 0);
+	tw_block_free(b);
+	before = stats_now();
+	ck_assert_int_eq(tw_block_new(size, &b), 0);
+	after = stats_now();
+	tw_block_free(b);
+	return (int)(after.block_cache_hits - before.block_cache_hits);
+}
+
+START_TEST(block_cache)
+{
+	size_t mib = (size_t)1 << 20;
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+	ck_assert_int_eq(cache_hit_after_reuse(mib), 1);
+	tw_block_cache_set_limit(mib / 2);
+	ck_assert_int_eq(cache_hit_after_reuse(mib), 0);
+	ck_assert_int_eq(cache_hit_after_reuse(TW__MAP_MIN_BYTES), 1);
+	tw_block_cache_set_limit(0);
+	ck_assert_int_eq(cache_hit_after_reuse(mib), 0);
+	ck_assert_int_eq(cache_hit_after_reuse(TW__MAP_MIN_BYTES), 0);
+	/* Small blocks never come from the cache. */
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+	ck_assert_int_eq(cache_hit_after_reuse(1000), 0);
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+}
+END_TEST
+
+/* A cached mapping keeps no live-block count and is writable again. */
+START_TEST(block_cache_stats)
+{
+	tw_stats before, st;
+	tw_block *b;
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+	before = stats_now();
+	ck_assert_int_eq(tw_block_new((size_t)2 << 20, &b), 0);
+	tw_block_free(b);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live);
+	ck_assert_int_eq(tw_block_new((size_t)2 << 20, &b), 0);
+	memset(tw_block_data(b), 1, (size_t)2 << 20);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live + 1);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live + ((size_t)2 << 20));
+	tw_block_free(b);
+	tw_block_cache_set_limit(0);
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+}
+END_TEST
+
+START_TEST(slice_data)
+{
+	tw_block *b;
+	tw_slice s, empty = {NULL, 0, 0};
+	ck_assert_int_eq(tw_block_new(16, &b), 0);
+	s = tw__slice(b, 7, 3);
+	ck_assert_ptr_eq(tw_slice_data(&s), tw_block_data(b) + 7);
+	s = tw__slice(b, 0, 16);
+	ck_assert_ptr_eq(tw_slice_data(&s), tw_block_data(b));
+	ck_assert_ptr_null(tw_slice_data(&empty));
+	tw_block_free(b);
+}
+END_TEST
+
+START_TEST(msg_empty)
+{
+	tw_msg *m = NULL;
+	ck_assert_int_eq(tw_msg_new(NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_uint_eq(tw_msg_nframes(m), 0);
+	ck_assert_uint_eq(tw_msg_bytes(m), 0);
+	ck_assert_ptr_null(tw_msg_frame(m, 0));
+	tw_msg_free(m);
+	tw_msg_free(NULL);
+}
+END_TEST
+
+START_TEST(msg_append_copy)
+{
+	static const char text[] = "abc";
+	tw_stats before = stats_now(), st;
+	const tw_slice *f;
+	tw_msg *m;
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, text, 3), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, NULL, 0), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, NULL, 5), TW_EINVAL);
+	ck_assert_int_eq(tw_msg_append_copy(NULL, text, 3), TW_EINVAL);
+	ck_assert_uint_eq(tw_msg_nframes(m), 2);
+	ck_assert_uint_eq(tw_msg_bytes(m), 3);
+	f = tw_msg_frame(m, 0);
+	ck_assert_uint_eq(f->len, 3);
+	ck_assert_ptr_ne(tw_slice_data(f), (const uint8_t *)text);
+	ck_assert_mem_eq(tw_slice_data(f), text, 3);
+	ck_assert_uint_eq(tw_msg_frame(m, 1)->len, 0);
+	ck_assert_ptr_null(tw_msg_frame(m, 2));
+	st = stats_now();
+	ck_assert_uint_eq(st.payload_bytes_copied, before.payload_bytes_copied + 3);
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live + 2);
+	tw_msg_free(m);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live);
+}
+END_TEST
+
+START_TEST(msg_append_ref)
+{
+	static const char text[] = "zero copy";
+	struct release_log log = {0, NULL, NULL};
+	tw_stats before = stats_now(), st;
+	tw_msg *m;
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_ref(m, text, 9, on_release, &log), 0);
+	ck_assert_int_eq(tw_msg_append_ref(m, NULL, 7, on_release, &log), TW_EINVAL);
+	ck_assert_uint_eq(tw_msg_nframes(m), 1);
+	ck_assert_uint_eq(tw_msg_bytes(m), 9);
+	ck_assert_ptr_eq(tw_slice_data(tw_msg_frame(m, 0)), (const uint8_t *)text);
+	st = stats_now();
+	ck_assert_uint_eq(st.payload_bytes_copied, before.payload_bytes_copied);
+	ck_assert_ptr_eq(tw_msg_hold(m), m);
+	tw_msg_free(m);
+	ck_assert_int_eq(log.calls, 0);
+	tw_msg_free(m);
+	ck_assert_int_eq(log.calls, 1);
+	ck_assert_ptr_eq(log.data, text);
+}
+END_TEST
+
+/* tw_msg_append holds its own reference on the frame's block. */
+START_TEST(msg_append_slice)
+{
+	char buf[10] = "0123456789";
+	struct release_log log = {0, NULL, NULL};
+	tw_slice s;
+	tw_block *b;
+	tw_msg *m;
+	ck_assert_int_eq(tw_block_wrap(buf, 10, on_release, &log, &b), 0);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	s = tw__slice(b, 2, 4);
+	ck_assert_int_eq(tw_msg_append(m, &s), 0);
+	s = tw__slice(b, 10, 0);
+	ck_assert_int_eq(tw_msg_append(m, &s), 0);
+	s = tw__slice(NULL, 0, 0);
+	ck_assert_int_eq(tw_msg_append(m, &s), 0);
+	tw_block_free(b);
+	ck_assert_int_eq(log.calls, 0);
+	ck_assert_uint_eq(tw_msg_nframes(m), 3);
+	ck_assert_uint_eq(tw_msg_bytes(m), 4);
+	ck_assert_ptr_eq(tw_msg_frame(m, 0)->block, b);
+	ck_assert_uint_eq(tw_msg_frame(m, 0)->offset, 2);
+	ck_assert_mem_eq(tw_slice_data(tw_msg_frame(m, 0)), "2345", 4);
+	tw_msg_free(m);
+	ck_assert_int_eq(log.calls, 1);
+}
+END_TEST
+
+START_TEST(msg_append_invalid)
+{
+	struct release_log log = {0, NULL, NULL};
+	char buf[10];
+	tw_slice bad[] = {{NULL, 0, 1}, {NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
+	tw_block *b;
+	tw_msg *m;
+	ck_assert_int_eq(tw_block_wrap(buf, 10, on_release, &log, &b), 0);
+	bad[1] = tw__slice(b, 11, 0);       /* offset past the end */
+	bad[2] = tw__slice(b, 5, 6);        /* runs past the end */
+	bad[3] = tw__slice(b, 1, SIZE_MAX); /* offset + len overflows */
+	bad[4] = tw__slice(b, SIZE_MAX, 2);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_int_eq(tw_msg_append(m, &bad[i]), TW_EINVAL);
+	ck_assert_int_eq(tw_msg_append(m, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_msg_append(NULL, &bad[0]), TW_EINVAL);
+	ck_assert_uint_eq(tw_msg_nframes(m), 0);
+	ck_assert_uint_eq(tw_msg_bytes(m), 0);
+	tw_msg_free(m);
+	/* No reference was taken by the failed appends. */
+	tw_block_free(b);
+	ck_assert_int_eq(log.calls, 1);
+}
+END_TEST
+
+START_TEST(msg_many_frames)
+{
+	tw_stats before = stats_now(), st;
+	uint64_t sum = 0;
+	tw_msg *m;
+	uint8_t data[64];
+	for (size_t i = 0; i < sizeof(data); i++)
+		data[i] = (uint8_t)i;
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	for (size_t i = 0; i < 1000; i++) {
+		ck_assert_int_eq(tw_msg_append_copy(m, data, i % 65), 0);
+		sum += i % 65;
+	}
+	ck_assert_uint_eq(tw_msg_nframes(m), 1000);
+	ck_assert_uint_eq(tw_msg_bytes(m), sum);
+	for (size_t i = 0; i < 1000; i++) {
+		const tw_slice *f = tw_msg_frame(m, i);
+		REQUIRE(f->len == i % 65);
+		if (f->len > 0)
+			REQUIRE(memcmp(tw_slice_data(f), data, f->len) == 0);
+	}
+	tw_msg_free(m);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live);
+}
+END_TEST
+
+static Suite *buf_suite(void)
+{
+	Suite *s = suite_create("buf");
+	TCase *blocks = tcase_create("blocks"), *msgs = tcase_create("msg");
+	tcase_add_test(blocks, block_sizes);
+	tcase_add_test(blocks, block_large_is_mapped);
+	tcase_add_test(blocks, block_hold_free);
+	tcase_add_test(blocks, block_bad_args);
+	tcase_add_test(blocks, block_wrap_release_once);
+	tcase_add_test(blocks, block_wrap_empty_and_no_release);
+	tcase_add_test(blocks, block_cache);
+	tcase_add_test(blocks, block_cache_stats);
+	tcase_add_test(blocks, slice_data);
+	tcase_add_test(msgs, msg_empty);
+	tcase_add_test(msgs, msg_append_copy);
+	tcase_add_test(msgs, msg_append_ref);
+	tcase_add_test(msgs, msg_append_slice);
+	tcase_add_test(msgs, msg_append_invalid);
+	tcase_add_test(msgs, msg_many_frames);
+	suite_add_tcase(s, blocks);
+	suite_add_tcase(s, msgs);
+	return s;
+}
+
+int main(void)
+{
+	return run_suite(buf_suite());
+}

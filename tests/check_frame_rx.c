@@ -1,0 +1,708 @@
+/* Unit tests: the stream frame receiver (transport/frame_rx.c). Whole
+ * messages fed one byte at a time, at random split points and through
+ * want/advance with few iovecs; where frames land (slab, own blocks, the
+ * placement hook); back-to-back messages; BH-04 preludes rejected before
+ * anything is allocated. */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+#include <taskwire/merge.h>
+#include <taskwire/msg.h>
+
+#include "core/context.h"
+#include "tests/unit.h"
+#include "transport/frame_rx.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define MAX_MSGS 8
+
+static struct tw__limits limits(size_t small_frame_bytes)
+{
+	struct tw__limits l = {0};
+	l.max_message_bytes = 64 * MIB;
+	l.max_frames = 65536;
+	l.small_frame_bytes = small_frame_bytes;
+	return l;
+}
+
+/* Feed p[0..len) in pieces of 1..max_piece bytes (1 when seed is NULL),
+ * as a socket would deliver them; collect the completed messages. */
+static size_t recv_stream(struct tw__rx *rx, const uint8_t *p, size_t len, uint64_t *seed,
+			  size_t max_piece, tw_msg **out)
+{
+	size_t off = 0, got = 0;
+	while (off < len) {
+		size_t end = off + (seed != NULL ? rnd_range(seed, 1, max_piece) : 1);
+		if (end > len)
+			end = len;
+		while (off < end) {
+			size_t used;
+			int rv = tw__rx_feed(rx, p + off, end - off, &used);
+			REQUIRE(rv >= 0);
+			off += used;
+			if (rv == 1) {
+				REQUIRE(got < MAX_MSGS);
+				out[got++] = tw__rx_take(rx);
+				REQUIRE(out[got - 1] != NULL);
+			} else {
+				REQUIRE(off == end);
+			}
+		}
+	}
+	return got;
+}
+
+/* Receive the one message of w with the given limits and split. */
+static tw_msg *recv_one(const struct tw__limits *l, const struct wire *w, uint64_t *seed,
+			size_t max_piece)
+{
+	struct tw__rx rx;
+	tw_msg *m[MAX_MSGS];
+	tw__rx_init(&rx, l);
+	ck_assert_uint_eq(recv_stream(&rx, w->bytes, w->len, seed, max_piece, m), 1);
+	ck_assert(tw__rx_idle(&rx));
+	tw__rx_fini(&rx);
+	return m[0];
+}
+
+/* The frames of m are those of w, byte for byte. */
+static void check_msg(const tw_msg *m, const struct wire *w)
+{
+	ck_assert_uint_eq(tw_msg_nframes(m), w->n);
+	for (size_t i = 0; i < w->n; i++) {
+		const tw_slice *f = tw_msg_frame(m, i);
+		REQUIRE(f->len == w->lens[i]);
+		if (f->len > 0)
+			REQUIRE(memcmp(tw_slice_data(f), w->bytes + w->offsets[i], f->len) == 0);
+	}
+}
+
+/* Message shapes; returns the frame count. */
+static size_t shape(int k, size_t *lens)
+{
+	switch (k) {
+	case 0: lens[0] = 0; return 1;
+	case 1: lens[0] = 1; return 1;
+	case 2:
+		for (size_t i = 0; i < 1000; i++)
+			lens[i] = i % 13 == 0 ? 0 : i % 50;
+		return 1000;
+	case 3:
+		lens[0] = 10, lens[1] = 300 * KIB, lens[2] = 0, lens[3] = 70 * KIB;
+		return 4;
+	case 4: lens[0] = 100000; return 1;
+	case 5: lens[0] = 64 * KIB - 8; return 1; /* total - 8 = small_frame_bytes */
+	case 6: lens[0] = 64 * KIB - 7; return 1; /* one byte past it */
+	default:
+		lens[0] = 3, lens[1] = 64 * KIB, lens[2] = 64 * KIB + 1, lens[3] = 0, lens[4] = 17;
+		return 5;
+	}
+}
+#define N_SHAPES 8
+
+/* Loop index -> shape and small_frame_bytes (default, or 16 so that
+ * almost every message takes the large path). */
+static void loop_case(int i, struct wire *w, struct tw__limits *l)
+{
+	static size_t lens[1000];
+	size_t n = shape(i % N_SHAPES, lens);
+	*l = limits(i < N_SHAPES ? TW_DEFAULT_SMALL_FRAME_BYTES : 16);
+	wire_make(w, lens, n);
+}
+
+START_TEST(bytewise)
+{
+	struct tw__limits l;
+	struct wire w;
+	tw_stats before = stats_now(), st;
+	tw_msg *m;
+	loop_case(_i, &w, &l);
+	m = recv_one(&l, &w, NULL, 1);
+	check_msg(m, &w);
+	st = stats_now();
+	ck_assert_uint_eq(st.payload_bytes_copied, before.payload_bytes_copied);
+	tw_msg_free(m);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live);
+	wire_free(&w);
+}
+END_TEST
+
+START_TEST(random_splits)
+{
+	uint64_t seed = 0x5eed0100 + (uint64_t)_i;
+	static const size_t max_piece[] = {3, 64, 5000, 1 << 20};
+	struct tw__limits l;
+	struct wire w;
+	loop_case(_i, &w, &l);
+	for (int iter = 0; iter < 40; iter++) {
+		tw_msg *m = recv_one(&l, &w, &seed, max_piece[iter % 4]);
+		check_msg(m, &w);
+		tw_msg_free(m);
+	}
+	wire_free(&w);
+}
+END_TEST
+
+/* Like a readv: at most `max_iov` iovecs per want, and a random count of
+ * bytes that may stop in the middle of any of them. */
+static tw_msg *recv_readv(struct tw__rx *rx, const struct wire *w, uint64_t *seed)
+{
+	size_t off = 0;
+	int rv = 0;
+	while (rv == 0) {
+		struct iovec iov[4];
+		int k = tw__rx_want(rx, iov, (int)rnd_range(seed, 1, 4));
+		size_t room = 0, n, moved = 0;
+		REQUIRE(k >= 1);
+		for (int i = 0; i < k; i++) {
+			REQUIRE(iov[i].iov_len > 0);
+			room += iov[i].iov_len;
+		}
+		n = rnd_range(seed, 1, room < w->len - off ? room : w->len - off);
+		for (int i = 0; i < k && moved < n; i++) {
+			size_t c = iov[i].iov_len < n - moved ? iov[i].iov_len : n - moved;
+			memcpy(iov[i].iov_base, w->bytes + off + moved, c);
+			moved += c;
+		}
+		off += n;
+		rv = tw__rx_advance(rx, n);
+		REQUIRE(rv >= 0);
+	}
+	ck_assert_uint_eq(off, w->len);
+	return tw__rx_take(rx);
+}
+
+START_TEST(want_advance)
+{
+	uint64_t seed = 0x5eed0200 + (uint64_t)_i;
+	struct tw__limits l;
+	struct tw__rx rx;
+	struct wire w;
+	loop_case(_i, &w, &l);
+	tw__rx_init(&rx, &l);
+	for (int iter = 0; iter < 20; iter++) {
+		tw_msg *m = recv_readv(&rx, &w, &seed);
+		check_msg(m, &w);
+		tw_msg_free(m);
+	}
+	tw__rx_fini(&rx);
+	wire_free(&w);
+}
+END_TEST
+
+/* A message of at most small_frame_bytes after (total, N) is one block:
+ * lengths, then the frames. */
+START_TEST(placement_small_message)
+{
+	size_t lens[] = {10, 20, 30};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct wire w;
+	tw_block *b;
+	tw_msg *m;
+	wire_make(&w, lens, 3);
+	m = recv_one(&l, &w, NULL, 1);
+	check_msg(m, &w);
+	b = tw_msg_frame(m, 0)->block;
+	ck_assert_ptr_nonnull(b);
+	ck_assert_uint_eq(tw_block_size(b), 24 + 60);
+	for (size_t i = 0; i < 3; i++) {
+		ck_assert_ptr_eq(tw_msg_frame(m, i)->block, b);
+		ck_assert_uint_eq(tw_msg_frame(m, i)->offset, w.offsets[i] - 16);
+	}
+	tw_msg_free(m);
+	wire_free(&w);
+}
+END_TEST
+
+/* The one-block path takes messages up to small_frame_bytes after (total,
+ * N) inclusive: the frame then follows its length in the block. One byte
+ * more and the frame gets a slab of its own size. */
+START_TEST(placement_small_boundary)
+{
+	size_t at[] = {64 * KIB - 8}, past[] = {64 * KIB - 7};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct wire w;
+	tw_msg *m;
+	wire_make(&w, at, 1);
+	m = recv_one(&l, &w, NULL, 1);
+	check_msg(m, &w);
+	ck_assert_uint_eq(tw_msg_frame(m, 0)->offset, 8);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 64 * KIB);
+	tw_msg_free(m);
+	wire_free(&w);
+	wire_make(&w, past, 1);
+	m = recv_one(&l, &w, NULL, 1);
+	check_msg(m, &w);
+	ck_assert_uint_eq(tw_msg_frame(m, 0)->offset, 0);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 64 * KIB - 7);
+	tw_msg_free(m);
+	wire_free(&w);
+}
+END_TEST
+
+/* A large message: small frames share one slab of their summed size, each
+ * frame above small_frame_bytes has an exact-size block of its own, and an
+ * empty frame has no block. */
+START_TEST(placement_large_message)
+{
+	size_t lens[] = {100, 200, 70000, 300, 0, 80000, 5};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now(), st;
+	struct wire w;
+	const tw_slice *f[7];
+	tw_msg *m;
+	wire_make(&w, lens, 7);
+	m = recv_one(&l, &w, NULL, 1);
+	check_msg(m, &w);
+	for (size_t i = 0; i < 7; i++)
+		f[i] = tw_msg_frame(m, i);
+	ck_assert_ptr_nonnull(f[0]->block);
+	ck_assert_ptr_eq(f[1]->block, f[0]->block);
+	ck_assert_ptr_eq(f[3]->block, f[0]->block);
+	ck_assert_ptr_eq(f[6]->block, f[0]->block);
+	ck_assert_uint_eq(tw_block_size(f[0]->block), 605);
+	ck_assert_uint_eq(f[0]->offset, 0);
+	ck_assert_uint_eq(f[1]->offset, 100);
+	ck_assert_uint_eq(f[3]->offset, 300);
+	ck_assert_uint_eq(f[6]->offset, 600);
+	ck_assert_ptr_null(f[4]->block);
+	ck_assert_ptr_nonnull(f[2]->block);
+	ck_assert_ptr_nonnull(f[5]->block);
+	ck_assert_ptr_ne(f[2]->block, f[0]->block);
+	ck_assert_ptr_ne(f[5]->block, f[0]->block);
+	ck_assert_ptr_ne(f[5]->block, f[2]->block);
+	ck_assert_uint_eq(tw_block_size(f[2]->block), 70000);
+	ck_assert_uint_eq(tw_block_size(f[5]->block), 80000);
+	ck_assert_uint_eq(f[2]->offset, 0);
+	ck_assert_uint_eq(f[5]->offset, 0);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_allocated, before.blocks_allocated + 3);
+	ck_assert_uint_eq(st.block_bytes_allocated, before.block_bytes_allocated + 605 + 150000);
+	tw_msg_free(m);
+	wire_free(&w);
+}
+END_TEST
+
+/* The brief's mixed shape and the small_frame_bytes boundary (<= shares). */
+START_TEST(placement_mixed)
+{
+	size_t lens[] = {10, 300 * KIB, 0, 70 * KIB, 64 * KIB, 64 * KIB + 1, 1};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct wire w;
+	const tw_slice *f[7];
+	tw_msg *m;
+	wire_make(&w, lens, 7);
+	m = recv_one(&l, &w, NULL, 1);
+	check_msg(m, &w);
+	for (size_t i = 0; i < 7; i++)
+		f[i] = tw_msg_frame(m, i);
+	ck_assert_ptr_eq(f[4]->block, f[0]->block);
+	ck_assert_ptr_eq(f[6]->block, f[0]->block);
+	ck_assert_uint_eq(tw_block_size(f[0]->block), 10 + 64 * KIB + 1);
+	ck_assert_ptr_null(f[2]->block);
+	ck_assert_uint_eq(tw_block_size(f[1]->block), 300 * KIB);
+	ck_assert_uint_eq(tw_block_size(f[3]->block), 70 * KIB);
+	ck_assert_uint_eq(tw_block_size(f[5]->block), 64 * KIB + 1);
+	ck_assert_ptr_ne(f[1]->block, f[0]->block);
+	ck_assert_ptr_ne(f[3]->block, f[0]->block);
+	ck_assert_ptr_ne(f[5]->block, f[0]->block);
+	ck_assert_ptr_ne(f[3]->block, f[1]->block);
+	ck_assert_ptr_ne(f[5]->block, f[3]->block);
+	tw_msg_free(m);
+	wire_free(&w);
+}
+END_TEST
+
+/* A kept small frame does not pin the large ones: they are freed with the
+ * message's last reference to them. */
+START_TEST(placement_no_pinning)
+{
+	size_t lens[] = {10, 300 * KIB, 70 * KIB};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct wire w;
+	tw_stats before = stats_now(), st;
+	tw_block *small;
+	tw_msg *m;
+	wire_make(&w, lens, 3);
+	m = recv_one(&l, &w, NULL, 1);
+	small = tw_block_hold(tw_msg_frame(m, 0)->block);
+	tw_msg_free(m);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live + 1);
+	ck_assert_uint_eq(st.block_bytes_live, before.block_bytes_live + 10);
+	tw_block_free(small);
+	wire_free(&w);
+}
+END_TEST
+
+/* Placement hook: records each call and checks that frames 0..i-1 are
+ * complete when frame i is placed. */
+struct hook {
+	const struct wire *w;
+	size_t calls, at[16];
+	size_t span_at; /* return span at this index */
+	int span;       /* span to return there (or an error code) */
+};
+
+static int hook_fn(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n, size_t i)
+{
+	struct hook *h = arg;
+	ck_assert_uint_lt(h->calls, 16);
+	h->at[h->calls++] = i;
+	ck_assert_uint_eq(n, h->w->n);
+	ck_assert_uint_eq(tw_msg_nframes(msg), i);
+	for (size_t k = 0; k < n; k++)
+		REQUIRE(lens[k] == h->w->lens[k]);
+	for (size_t k = 0; k < i; k++) {
+		const tw_slice *f = tw_msg_frame(msg, k);
+		REQUIRE(f->len == h->w->lens[k]);
+		if (f->len > 0)
+			REQUIRE(memcmp(tw_slice_data(f), h->w->bytes + h->w->offsets[k], f->len) == 0);
+	}
+	return i == h->span_at ? h->span : 0;
+}
+
+static tw_msg *recv_hooked(struct hook *h, uint64_t *seed, size_t max_piece)
+{
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct tw__rx rx;
+	tw_msg *m[MAX_MSGS];
+	tw__rx_init(&rx, &l);
+	tw__rx_set_place(&rx, hook_fn, h);
+	ck_assert_uint_eq(recv_stream(&rx, h->w->bytes, h->w->len, seed, max_piece, m), 1);
+	tw__rx_fini(&rx);
+	return m[0];
+}
+
+/* Shards 1..3 of a payload land adjacent in one block, so merging them is
+ * a view; the small frames around them keep the default slab. */
+static void check_span(uint64_t *seed, size_t max_piece)
+{
+	size_t lens[] = {10, 100000, 100000, 100000, 20};
+	struct wire w;
+	struct hook h = {&w, 0, {0}, 1, 3};
+	const tw_slice *f[5];
+	tw_slice merged, parts[3];
+	tw_stats before;
+	tw_msg *m;
+	wire_make(&w, lens, 5);
+	m = recv_hooked(&h, seed, max_piece);
+	check_msg(m, &w);
+	ck_assert_uint_eq(h.calls, 3);
+	ck_assert_uint_eq(h.at[0], 0);
+	ck_assert_uint_eq(h.at[1], 1);
+	ck_assert_uint_eq(h.at[2], 4);
+	for (size_t i = 0; i < 5; i++)
+		f[i] = tw_msg_frame(m, i);
+	ck_assert_ptr_eq(f[2]->block, f[1]->block);
+	ck_assert_ptr_eq(f[3]->block, f[1]->block);
+	ck_assert_uint_eq(tw_block_size(f[1]->block), 300000);
+	ck_assert_uint_eq(f[1]->offset, 0);
+	ck_assert_uint_eq(f[2]->offset, 100000);
+	ck_assert_uint_eq(f[3]->offset, 200000);
+	ck_assert_ptr_eq(f[4]->block, f[0]->block);
+	ck_assert_ptr_ne(f[1]->block, f[0]->block);
+	for (size_t i = 0; i < 3; i++)
+		parts[i] = *f[i + 1];
+	before = stats_now();
+	ck_assert_int_eq(tw_merge(parts, 3, &merged), 0);
+	ck_assert_ptr_eq(tw_slice_data(&merged), tw_slice_data(f[1]));
+	ck_assert_uint_eq(merged.len, 300000);
+	ck_assert_uint_eq(stats_now().merges_zero_copy, before.merges_zero_copy + 1);
+	tw_block_free(merged.block);
+	tw_msg_free(m);
+	wire_free(&w);
+}
+
+START_TEST(hook_span)
+{
+	uint64_t seed = 0x5eed0300;
+	check_span(NULL, 1);
+	for (int iter = 0; iter < 30; iter++)
+		check_span(&seed, iter % 2 ? 100 : 70000);
+}
+END_TEST
+
+/* The hook may put the whole message in one block; it is never asked
+ * about a small message (that is one block already). */
+START_TEST(hook_whole_and_small)
+{
+	size_t big[] = {0, 70000, 3, 0}, small[] = {10, 20};
+	struct wire w;
+	struct hook h = {&w, 0, {0}, 0, 4};
+	tw_msg *m;
+	wire_make(&w, big, 4);
+	m = recv_hooked(&h, NULL, 1);
+	check_msg(m, &w);
+	ck_assert_uint_eq(h.calls, 1);
+	ck_assert_ptr_eq(tw_msg_frame(m, 1)->block, tw_msg_frame(m, 0)->block);
+	ck_assert_ptr_eq(tw_msg_frame(m, 2)->block, tw_msg_frame(m, 0)->block);
+	ck_assert_ptr_eq(tw_msg_frame(m, 3)->block, tw_msg_frame(m, 0)->block);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 70003);
+	ck_assert_uint_eq(tw_msg_frame(m, 2)->offset, 70000);
+	tw_msg_free(m);
+	wire_free(&w);
+	wire_make(&w, small, 2);
+	h = (struct hook){&w, 0, {0}, 0, 2};
+	m = recv_hooked(&h, NULL, 1);
+	check_msg(m, &w);
+	ck_assert_uint_eq(h.calls, 0);
+	tw_msg_free(m);
+	wire_free(&w);
+}
+END_TEST
+
+/* A hook error (or a span past the last frame) fails the message with a
+ * sticky code, and the receiver frees what it had placed. */
+static void check_hook_fails(size_t span_at, int span, int code)
+{
+	size_t lens[] = {10, 100000, 100000, 20};
+	tw_stats before = stats_now(), st;
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct wire w;
+	struct hook h = {&w, 0, {0}, span_at, span};
+	struct tw__rx rx;
+	struct iovec iov[2];
+	size_t used;
+	wire_make(&w, lens, 4);
+	tw__rx_init(&rx, &l);
+	tw__rx_set_place(&rx, hook_fn, &h);
+	ck_assert_int_eq(tw__rx_feed(&rx, w.bytes, w.len, &used), code);
+	ck_assert_uint_lt(used, w.len);
+	ck_assert_uint_eq(h.at[h.calls - 1], span_at);
+	ck_assert_int_eq(tw__rx_feed(&rx, w.bytes, w.len, &used), code);
+	ck_assert_uint_eq(used, 0);
+	ck_assert_int_eq(tw__rx_want(&rx, iov, 2), code);
+	ck_assert_int_eq(tw__rx_advance(&rx, 0), code);
+	ck_assert_ptr_null(tw__rx_take(&rx));
+	tw__rx_fini(&rx);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_live, before.blocks_live);
+	wire_free(&w);
+}
+
+START_TEST(hook_errors)
+{
+	check_hook_fails(1, TW_EPROTO, TW_EPROTO);
+	check_hook_fails(0, TW_ENOMEM, TW_ENOMEM);
+	check_hook_fails(2, TW_ETOOBIG, TW_ETOOBIG);
+	check_hook_fails(2, 3, TW_EPROTO); /* frames 2..4 of 4 */
+	check_hook_fails(3, 2, TW_EPROTO);
+}
+END_TEST
+
+/* Two messages in one buffer: a feed stops after the first; take it and
+ * feed the rest. */
+START_TEST(back_to_back)
+{
+	size_t a_lens[] = {3, 0, 5}, b_lens[] = {100000, 1}, c_lens[] = {0};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct wire a, b, c;
+	struct tw__rx rx;
+	uint8_t *buf;
+	size_t used, len;
+	tw_msg *m;
+	wire_make(&a, a_lens, 3);
+	wire_make(&b, b_lens, 2);
+	wire_make(&c, c_lens, 1);
+	len = a.len + b.len + c.len;
+	buf = malloc(len);
+	memcpy(buf, a.bytes, a.len);
+	memcpy(buf + a.len, b.bytes, b.len);
+	memcpy(buf + a.len + b.len, c.bytes, c.len);
+	tw__rx_init(&rx, &l);
+	ck_assert_int_eq(tw__rx_feed(&rx, buf, len, &used), 1);
+	ck_assert_uint_eq(used, a.len);
+	ck_assert(!tw__rx_idle(&rx));
+	m = tw__rx_take(&rx);
+	check_msg(m, &a);
+	tw_msg_free(m);
+	ck_assert(tw__rx_idle(&rx));
+	ck_assert_int_eq(tw__rx_feed(&rx, buf + a.len, len - a.len, &used), 1);
+	ck_assert_uint_eq(used, b.len);
+	m = tw__rx_take(&rx);
+	check_msg(m, &b);
+	tw_msg_free(m);
+	ck_assert_int_eq(tw__rx_feed(&rx, buf + a.len + b.len, c.len, &used), 1);
+	ck_assert_uint_eq(used, c.len);
+	m = tw__rx_take(&rx);
+	check_msg(m, &c);
+	tw_msg_free(m);
+	ck_assert(tw__rx_idle(&rx));
+	tw__rx_fini(&rx);
+	free(buf);
+	wire_free(&a);
+	wire_free(&b);
+	wire_free(&c);
+}
+END_TEST
+
+/* The same three messages as one stream in random pieces. */
+START_TEST(stream_random_splits)
+{
+	size_t a_lens[] = {3, 0, 5}, b_lens[] = {100000, 1}, c_lens[] = {0};
+	struct tw__limits l = limits(16);
+	uint64_t seed = 0x5eed0400;
+	struct wire a, b, c;
+	uint8_t *buf;
+	size_t len;
+	wire_make(&a, a_lens, 3);
+	wire_make(&b, b_lens, 2);
+	wire_make(&c, c_lens, 1);
+	len = a.len + b.len + c.len;
+	buf = malloc(len);
+	memcpy(buf, a.bytes, a.len);
+	memcpy(buf + a.len, b.bytes, b.len);
+	memcpy(buf + a.len + b.len, c.bytes, c.len);
+	for (int iter = 0; iter < 50; iter++) {
+		struct tw__rx rx;
+		tw_msg *m[MAX_MSGS];
+		tw__rx_init(&rx, &l);
+		ck_assert_uint_eq(recv_stream(&rx, buf, len, &seed, iter % 2 ? 40 : 20000, m), 3);
+		check_msg(m[0], &a);
+		check_msg(m[1], &b);
+		check_msg(m[2], &c);
+		for (int i = 0; i < 3; i++)
+			tw_msg_free(m[i]);
+		tw__rx_fini(&rx);
+	}
+	free(buf);
+	wire_free(&a);
+	wire_free(&b);
+	wire_free(&c);
+}
+END_TEST
+
+/* A message cut short: nothing is delivered and fini frees what was
+ * placed. */
+START_TEST(truncated)
+{
+	size_t lens[] = {10, 300 * KIB, 70 * KIB};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now();
+	struct wire w;
+	struct tw__rx rx;
+	size_t used;
+	wire_make(&w, lens, 3);
+	tw__rx_init(&rx, &l);
+	ck_assert_int_eq(tw__rx_feed(&rx, w.bytes, w.len - 1, &used), 0);
+	ck_assert_uint_eq(used, w.len - 1);
+	ck_assert(!tw__rx_idle(&rx));
+	ck_assert_ptr_null(tw__rx_take(&rx));
+	tw__rx_fini(&rx);
+	ck_assert_uint_eq(stats_now().blocks_live, before.blocks_live);
+	wire_free(&w);
+}
+END_TEST
+
+/* BH-04 (bug-cases.md): a peer-declared length is checked against the
+ * limit (64 MiB here) as soon as its 8 bytes are in, before anything is
+ * allocated; the envelope forms without `total` read as a total that is
+ * too small. The other bad heads are refused before allocating too. */
+struct bad_head {
+	const char *name;
+	uint8_t bytes[24];
+	size_t len;
+	int code;
+	size_t used; /* bytes consumed when the error is seen */
+};
+
+static const struct bad_head bad_heads[] = {
+	{"dask-tcp total f0ff..ff, then silence",
+	 {0xf0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 8, TW_ETOOBIG, 8},
+	{"envelope n=1, len 0x7fff..ff",
+	 {1, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 16, TW_ELENGTH, 8},
+	{"dask-tcp form of it",
+	 {0x0f, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0, 0, 0, 0, 0,
+	  0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 24, TW_ETOOBIG, 8},
+	{"envelope n=1, 1 GiB frame", {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0}, 16,
+	 TW_ELENGTH, 8},
+	{"dask-tcp 1 GiB frame",
+	 {0x10, 0, 0, 0x40, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0}, 24,
+	 TW_ETOOBIG, 8},
+	{"1 GiB total alone", {0, 0, 0, 0x40, 0, 0, 0, 0}, 8, TW_ETOOBIG, 8},
+	{"total at the limit, 1 GiB frame",
+	 {0, 0, 0, 0x04, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0}, 24,
+	 TW_ELENGTH, 24},
+	{"N = 0", {8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 16, TW_ENOFRAMES, 16},
+	{"N above max_frames", {0x10, 0, 8, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0}, 16, TW_ETOOMANY,
+	 16},
+	{"total too small for N", {16, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0}, 16, TW_ELENGTH,
+	 16},
+};
+#define N_BAD_HEADS (sizeof(bad_heads) / sizeof(bad_heads[0]))
+
+/* Feed c in pieces of `piece` bytes; one byte at a time, the error must
+ * come right at byte c->used. */
+static void check_bad_head(const struct bad_head *c, size_t piece)
+{
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now(), st;
+	struct tw__rx rx;
+	size_t off = 0, used;
+	int rv = 0;
+	tw__rx_init(&rx, &l);
+	while (rv == 0 && off < c->len) {
+		size_t k = piece < c->len - off ? piece : c->len - off;
+		rv = tw__rx_feed(&rx, c->bytes + off, k, &used);
+		off += used;
+	}
+	ck_assert_msg(rv == c->code, "%s: got %d, want %d", c->name, rv, c->code);
+	if (piece == 1)
+		ck_assert_msg(off == c->used, "%s: error after %zu bytes, want %zu", c->name, off,
+			      c->used);
+	ck_assert_ptr_null(rx.body);
+	ck_assert_ptr_null(rx.msg);
+	st = stats_now();
+	ck_assert_uint_eq(st.blocks_allocated, before.blocks_allocated);
+	ck_assert_uint_eq(st.block_bytes_allocated, before.block_bytes_allocated);
+	ck_assert_int_eq(tw__rx_feed(&rx, c->bytes, c->len, &used), c->code);
+	ck_assert_uint_eq(used, 0);
+	tw__rx_fini(&rx);
+}
+
+START_TEST(bad_head_rejected)
+{
+	check_bad_head(&bad_heads[_i], 1);
+	check_bad_head(&bad_heads[_i], 5);
+	check_bad_head(&bad_heads[_i], 24);
+}
+END_TEST
+
+static Suite *rx_suite(void)
+{
+	Suite *s = suite_create("frame_rx");
+	TCase *feed = tcase_create("feed"), *place = tcase_create("placement");
+	TCase *hook = tcase_create("hook"), *stream = tcase_create("stream");
+	tcase_add_loop_test(feed, bytewise, 0, 2 * N_SHAPES);
+	tcase_add_loop_test(feed, random_splits, 0, 2 * N_SHAPES);
+	tcase_add_loop_test(feed, want_advance, 0, 2 * N_SHAPES);
+	tcase_add_test(place, placement_small_message);
+	tcase_add_test(place, placement_small_boundary);
+	tcase_add_test(place, placement_large_message);
+	tcase_add_test(place, placement_mixed);
+	tcase_add_test(place, placement_no_pinning);
+	tcase_add_test(hook, hook_span);
+	tcase_add_test(hook, hook_whole_and_small);
+	tcase_add_test(hook, hook_errors);
+	tcase_add_test(stream, back_to_back);
+	tcase_add_test(stream, stream_random_splits);
+	tcase_add_test(stream, truncated);
+	tcase_add_loop_test(stream, bad_head_rejected, 0, (int)N_BAD_HEADS);
+	suite_add_tcase(s, feed);
+	suite_add_tcase(s, place);
+	suite_add_tcase(s, hook);
+	suite_add_tcase(s, stream);
+	return s;
+}
+
+int main(void)
+{
+	return run_suite(rx_suite());
+}

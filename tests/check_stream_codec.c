@@ -1,0 +1,312 @@
+/* Unit tests: the stream framing prelude codec (transport/stream_codec.c):
+ * encode and decode back, every rejection with its own code before the
+ * lengths array is allocated, sticky errors, and decoding fed one byte at
+ * a time and at random split points. */
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+
+#include "tests/unit.h"
+#include "transport/stream_codec.h"
+
+#define MAX_BYTES ((uint64_t)1 << 20)
+#define MAX_FRAMES 1024
+
+/* Prelude bytes from u64 words. */
+struct prelude {
+	uint8_t bytes[8 * 8];
+	size_t len;
+};
+
+static struct prelude words(size_t n, const uint64_t *w)
+{
+	struct prelude p;
+	ck_assert_uint_le(n, 8);
+	for (size_t i = 0; i < n; i++)
+		put_le64(p.bytes + 8 * i, w[i]);
+	p.len = 8 * n;
+	return p;
+}
+
+#define WORDS(...)                                                                                 \
+	words(sizeof((uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t), (uint64_t[]){__VA_ARGS__})
+
+/* Feed p one byte at a time through want/advance; returns the first
+ * non-zero code and the bytes consumed up to and including it. */
+static int feed_bytewise(struct tw__sdec *d, const uint8_t *p, size_t n, size_t *used)
+{
+	int rv = 0;
+	for (*used = 0; *used < n && rv == 0; (*used)++) {
+		uint8_t *dst;
+		size_t want;
+		tw__sdec_want(d, &dst, &want);
+		REQUIRE(dst != NULL);
+		REQUIRE(want >= 1);
+		*dst = p[*used];
+		rv = tw__sdec_advance(d, 1);
+	}
+	return rv;
+}
+
+START_TEST(encode_bytes)
+{
+	static const uint8_t expect[] = {
+		/* total = 8 + 8*3 + 5 */ 37, 0, 0, 0, 0, 0, 0, 0,
+		/* N */ 3, 0, 0, 0, 0, 0, 0, 0,
+		/* lengths 2, 0, 3 */ 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+		3, 0, 0, 0, 0, 0, 0, 0};
+	tw_slice f[3] = {{NULL, 0, 2}, {NULL, 0, 0}, {NULL, 0, 3}};
+	uint8_t out[40];
+	ck_assert_uint_eq(tw__stream_prelude_bytes(3), 40);
+	ck_assert_uint_eq(tw__stream_prelude_bytes(1), TW__STREAM_MIN_WIRE);
+	tw__stream_encode_prelude(f, 3, out);
+	ck_assert_mem_eq(out, expect, sizeof(expect));
+}
+END_TEST
+
+/* Encode a prelude, then decode it back with bytes of the frames after it:
+ * the decoder stops at the prelude's end. */
+START_TEST(roundtrip)
+{
+	size_t lens[] = {2, 0, 3, 70000, 1};
+	struct wire w;
+	struct tw__sdec d;
+	size_t used;
+	wire_make(&w, lens, 5);
+	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+	ck_assert_int_eq(tw__sdec_feed(&d, w.bytes, w.len, &used), 1);
+	ck_assert_uint_eq(used, w.prelude);
+	ck_assert_int_eq(d.state, SDEC_DONE);
+	ck_assert_uint_eq(d.total, w.len - 8);
+	ck_assert_uint_eq(d.n, 5);
+	for (size_t i = 0; i < 5; i++)
+		ck_assert_uint_eq(d.lens[i], lens[i]);
+	ck_assert_uint_eq(tw__sdec_payload(&d), 70006);
+	/* Done is sticky too: nothing more is consumed. */
+	ck_assert_int_eq(tw__sdec_feed(&d, w.bytes, 8, &used), 1);
+	ck_assert_uint_eq(used, 0);
+	ck_assert_int_eq(tw__sdec_advance(&d, 0), 1);
+	/* reset: the next prelude decodes the same way. */
+	tw__sdec_reset(&d);
+	ck_assert_int_eq(d.state, SDEC_TOTAL);
+	ck_assert_uint_eq(d.max_message_bytes, MAX_BYTES);
+	ck_assert_uint_eq(d.max_frames, MAX_FRAMES);
+	ck_assert_int_eq(feed_bytewise(&d, w.bytes, w.len, &used), 1);
+	ck_assert_uint_eq(used, w.prelude);
+	ck_assert_uint_eq(d.lens[3], 70000);
+	tw__sdec_fini(&d);
+	wire_free(&w);
+}
+END_TEST
+
+/* The limits themselves are accepted. */
+START_TEST(limits_inclusive)
+{
+	struct tw__sdec d;
+	struct prelude p = WORDS(MAX_BYTES, 1, MAX_BYTES - 16);
+	size_t used;
+	uint8_t *buf;
+	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+	ck_assert_int_eq(tw__sdec_feed(&d, p.bytes, p.len, &used), 1);
+	ck_assert_uint_eq(d.lens[0], MAX_BYTES - 16);
+	tw__sdec_fini(&d);
+	/* N = max_frames empty frames. */
+	buf = calloc(MAX_FRAMES + 2, 8);
+	ck_assert_ptr_nonnull(buf);
+	put_le64(buf, 8 + 8 * (uint64_t)MAX_FRAMES);
+	put_le64(buf + 8, MAX_FRAMES);
+	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+	ck_assert_int_eq(tw__sdec_feed(&d, buf, 8 * (MAX_FRAMES + 2), &used), 1);
+	ck_assert_uint_eq(d.n, MAX_FRAMES);
+	ck_assert_uint_eq(tw__sdec_payload(&d), 0);
+	tw__sdec_fini(&d);
+	free(buf);
+}
+END_TEST
+
+/* A bad prelude: its bytes, the code, how many bytes are consumed up to
+ * the error, and whether the lengths array may exist by then. */
+struct bad {
+	const char *name;
+	struct prelude p;
+	int code;
+	size_t used;
+	int lens_allocated;
+};
+
+static struct bad bad_case(int i)
+{
+	switch (i) {
+	case 0: return (struct bad){"N = 0", WORDS(8, 0), TW_ENOFRAMES, 16, 0};
+	case 1: return (struct bad){"N = 0, room for 1", WORDS(16, 0, 0), TW_ENOFRAMES, 16, 0};
+	case 2: return (struct bad){"N > max_frames", WORDS(8 + 8 * 1025, 1025), TW_ETOOMANY, 16, 0};
+	case 3: return (struct bad){"N huge", WORDS(MAX_BYTES, UINT64_MAX), TW_ETOOMANY, 16, 0};
+	case 4: /* BH-04: f0 ff ff ff ff ff ff ff */
+		return (struct bad){"total f0ff..ff", WORDS(UINT64_C(0xfffffffffffffff0)), TW_ETOOBIG, 8, 0};
+	case 5: return (struct bad){"total = max + 1", WORDS(MAX_BYTES + 1), TW_ETOOBIG, 8, 0};
+	case 6: /* BH-04: a legal-looking 1 GiB frame */
+		return (struct bad){"1 GiB frame", WORDS(16 + (UINT64_C(1) << 30), 1, UINT64_C(1) << 30),
+				    TW_ETOOBIG, 8, 0};
+	case 7: return (struct bad){"total < 8", WORDS(7), TW_ELENGTH, 8, 0};
+	case 8: return (struct bad){"total too small for N", WORDS(16, 2), TW_ELENGTH, 16, 0};
+	case 9: return (struct bad){"total 8 for N = 1", WORDS(8, 1), TW_ELENGTH, 16, 0};
+	case 10: /* lengths 0x20 + 0xff..f0 wrap to 16, the room total leaves */
+		return (struct bad){"length sum wraps", WORDS(8 + 16 + 16, 2, 0x20, UINT64_C(0xfffffffffffffff0)),
+				    TW_ELENGTH, 24, 1};
+	case 11: /* 8 + (2^64 - 1) + 9 wraps to 16 */
+		return (struct bad){"length sum wraps late",
+				    WORDS(8 + 24 + 16, 3, 8, UINT64_MAX, 9), TW_ELENGTH, 32, 1};
+	case 12: return (struct bad){"sum below total", WORDS(8 + 16 + 10, 2, 3, 4), TW_ELENGTH, 32, 1};
+	case 13: return (struct bad){"sum above total", WORDS(8 + 16 + 10, 2, 6, 5), TW_ELENGTH, 32, 1};
+	default: return (struct bad){"single length too long", WORDS(8 + 8 + 4, 1, 5), TW_ELENGTH, 24, 1};
+	}
+}
+#define N_BAD 15
+
+/* want_used: where the error is seen (a whole feed takes all the lengths
+ * in one piece, so it sees a bad length only at their end). */
+static void check_rejected(struct tw__sdec *d, const struct bad *c, int rv, size_t used,
+			   size_t want_used)
+{
+	ck_assert_msg(rv == c->code, "%s: got %d, want %d", c->name, rv, c->code);
+	ck_assert_msg(used == want_used, "%s: used %zu, want %zu", c->name, used, want_used);
+	ck_assert_int_eq(d->state, SDEC_ERROR);
+	ck_assert_int_eq(d->err, c->code);
+	if (!c->lens_allocated)
+		ck_assert_msg(d->lens == NULL, "%s: allocated before rejecting", c->name);
+}
+
+/* Sticky: more bytes, more advances and wants change nothing. */
+static void check_sticky(struct tw__sdec *d, int code)
+{
+	static const uint8_t more[24] = {24, 0, 0, 0, 0, 0, 0, 0, 1};
+	uint8_t *dst;
+	size_t used = 99, want = 99;
+	ck_assert_int_eq(tw__sdec_feed(d, more, sizeof(more), &used), code);
+	ck_assert_uint_eq(used, 0);
+	ck_assert_int_eq(tw__sdec_advance(d, 0), code);
+	tw__sdec_want(d, &dst, &want);
+	ck_assert_uint_eq(want, 0);
+	ck_assert_int_eq(d->err, code);
+}
+
+START_TEST(rejects_whole)
+{
+	struct bad c = bad_case(_i);
+	struct tw__sdec d;
+	size_t used;
+	int rv;
+	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+	rv = tw__sdec_feed(&d, c.p.bytes, c.p.len, &used);
+	check_rejected(&d, &c, rv, used, c.lens_allocated ? c.p.len : c.used);
+	check_sticky(&d, c.code);
+	tw__sdec_fini(&d);
+}
+END_TEST
+
+START_TEST(rejects_bytewise)
+{
+	struct bad c = bad_case(_i);
+	struct tw__sdec d;
+	size_t used;
+	int rv;
+	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+	rv = feed_bytewise(&d, c.p.bytes, c.p.len, &used);
+	check_rejected(&d, &c, rv, used, c.used);
+	check_sticky(&d, c.code);
+	tw__sdec_fini(&d);
+}
+END_TEST
+
+/* A random valid prelude: up to 60 frames, mostly small lengths, within
+ * MAX_BYTES. */
+static size_t random_lens(uint64_t *seed, size_t *lens)
+{
+	size_t n = rnd_range(seed, 1, 60);
+	for (size_t i = 0; i < n; i++)
+		lens[i] = rnd_range(seed, 0, 3) == 0 ? rnd_range(seed, 0, 15000) : rnd_range(seed, 0, 9);
+	return n;
+}
+
+/* Decode the prelude of w in random pieces (each 1..max_piece bytes). */
+static void decode_split(const struct wire *w, uint64_t *seed, size_t max_piece)
+{
+	struct tw__sdec d;
+	size_t off = 0, used;
+	int rv = 0;
+	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+	while (rv == 0) {
+		size_t piece = rnd_range(seed, 1, max_piece);
+		REQUIRE(off < w->prelude);
+		if (piece > w->len - off)
+			piece = w->len - off;
+		rv = tw__sdec_feed(&d, w->bytes + off, piece, &used);
+		REQUIRE(rv >= 0);
+		REQUIRE(rv == 1 || used == piece);
+		off += used;
+	}
+	ck_assert_uint_eq(off, w->prelude);
+	ck_assert_uint_eq(d.n, w->n);
+	ck_assert_uint_eq(d.total, w->len - 8);
+	for (size_t i = 0; i < w->n; i++)
+		REQUIRE(d.lens[i] == w->lens[i]);
+	tw__sdec_fini(&d);
+}
+
+START_TEST(random_splits)
+{
+	uint64_t seed = 0x5eed0001;
+	size_t lens[60];
+	for (int iter = 0; iter < 2000; iter++) {
+		struct wire w;
+		size_t n = random_lens(&seed, lens);
+		wire_make(&w, lens, n);
+		decode_split(&w, &seed, iter % 2 ? 7 : 200);
+		wire_free(&w);
+	}
+}
+END_TEST
+
+START_TEST(bytewise_valid)
+{
+	uint64_t seed = 0x5eed0002;
+	size_t lens[60], used;
+	for (int iter = 0; iter < 200; iter++) {
+		struct tw__sdec d;
+		struct wire w;
+		size_t n = random_lens(&seed, lens);
+		wire_make(&w, lens, n);
+		tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
+		ck_assert_int_eq(feed_bytewise(&d, w.bytes, w.len, &used), 1);
+		ck_assert_uint_eq(used, w.prelude);
+		for (size_t i = 0; i < n; i++)
+			REQUIRE(d.lens[i] == lens[i]);
+		tw__sdec_fini(&d);
+		wire_free(&w);
+	}
+}
+END_TEST
+
+static Suite *codec_suite(void)
+{
+	Suite *s = suite_create("stream_codec");
+	TCase *tc = tcase_create("prelude"), *bad = tcase_create("rejects");
+	tcase_add_test(tc, encode_bytes);
+	tcase_add_test(tc, roundtrip);
+	tcase_add_test(tc, limits_inclusive);
+	tcase_add_test(tc, random_splits);
+	tcase_add_test(tc, bytewise_valid);
+	tcase_add_loop_test(bad, rejects_whole, 0, N_BAD);
+	tcase_add_loop_test(bad, rejects_bytewise, 0, N_BAD);
+	suite_add_tcase(s, tc);
+	suite_add_tcase(s, bad);
+	return s;
+}
+
+int main(void)
+{
+	return run_suite(codec_suite());
+}

@@ -1,0 +1,25 @@
+/* TCP integration tests on loopback: real sockets, one process playing
+ * both sides on one event_base (and one test on a context's own loop
+ * thread). TW_TEST_QUICK=1 shrinks the 1 GiB tests to 64 MiB (for
+ * valgrind). SIGPIPE keeps its default action: a write to a closed peer
+ * must never raise it. */
+#include <stdlib.h>
+
+#include <check.h>
+
+#include "tests/check_tcp.h"
+
+int main(void)
+{
+	Suite *s = suite_create("tcp");
+	SRunner *sr;
+	int failed;
+	suite_add_tcase(s, tcp_echo_tcase());
+	suite_add_tcase(s, tcp_errors_tcase());
+	suite_add_tcase(s, tcp_flow_tcase());
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

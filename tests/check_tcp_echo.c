@@ -1,0 +1,235 @@
+/* Echo over loopback, many clients, stats. */
+#include <stdlib.h>
+
+#include <check.h>
+
+#include "tests/check_tcp.h"
+#include "tests/tcp_util.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+START_TEST(echo_empty_frame)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[] = {0};
+	tu_echo_check(cli, lens, 1, 0, TU_WAIT_MS);
+	ck_assert_uint_eq(tw_msg_frame(cli->msgs[0], 0)->len, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(echo_one_byte)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[] = {1};
+	tu_echo_check(cli, lens, 1, 5, TU_WAIT_MS);
+	ck_assert_uint_eq(tw_slice_data(tw_msg_frame(cli->msgs[0], 0))[0], (5 * 131 + 7) % 251);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Sizes around the placement thresholds: empty, tiny, up to and past the
+ * 64 KiB small-frame limit and the 256 KiB mapped-block limit. */
+static size_t varied(size_t i)
+{
+	static const size_t edge[] = {0, 1, 7, 8, 65535, 65536, 65537, 262143, 262144, 262145};
+	if (i % 10 == 9)
+		return edge[(i / 10) % 10];
+	return (i * 7919) % 5000;
+}
+
+START_TEST(echo_1000_frames_one_message)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[1000];
+	for (size_t i = 0; i < 1000; i++)
+		lens[i] = varied(i);
+	tu_echo_check(cli, lens, 1000, 11, TU_WAIT_MS);
+	tu_fini(&h);
+}
+END_TEST
+
+/* 1,000 messages in flight at once: all arrive, in order, intact. */
+START_TEST(echo_1000_messages_pipelined)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[1000][2];
+	for (size_t i = 0; i < 1000; i++) {
+		tw_msg *m;
+		lens[i][0] = varied(i);
+		lens[i][1] = i % 3;
+		m = tu_msg_pattern(lens[i], 2, (unsigned)i);
+		ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
+	}
+	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1000, TU_WAIT_MS));
+	for (size_t i = 0; i < 1000; i++)
+		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens[i], 2, (unsigned)i), "message %zu",
+			      i);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(echo_64mib_frame)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[] = {64 * MiB};
+	tu_echo_check(cli, lens, 1, 3, TU_WAIT_MS);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(echo_mixed_frames)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[] = {0, 1, 70000, 5, 3 * MiB, 0, 65536, 65537, 100, 17 * MiB + 3, 2};
+	size_t nf = sizeof(lens) / sizeof(lens[0]);
+	tu_echo_check(cli, lens, nf, 21, TU_WAIT_MS);
+	/* and a small one right behind a large one */
+	tu_echo_check(cli, lens + 4, 2, 22, TU_WAIT_MS);
+	tu_fini(&h);
+}
+END_TEST
+
+/* 1 GiB in one frame, out and back, every byte compared with the pattern
+ * (64 MiB with TW_TEST_QUICK). */
+START_TEST(echo_1gib_frame)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h);
+	size_t lens[] = {tu_quick() ? 64 * MiB : GiB};
+	tu_echo_check(cli, lens, 1, 0, 60000);
+	tu_fini(&h);
+}
+END_TEST
+
+/* 200 clients connect at once, each echoes its own message. */
+#define NCLIENTS 200
+START_TEST(many_clients)
+{
+	struct tu h;
+	static struct tu_peer *cli[NCLIENTS];
+	static int err[NCLIENTS];
+	size_t lens[NCLIENTS][2];
+	tu_init(&h);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	for (int i = 0; i < NCLIENTS; i++)
+		ck_assert_int_eq(tu_connect_async(&h, h.addr, &cli[i], &err[i]), 0);
+	for (int i = 0; i < NCLIENTS; i++) {
+		ck_assert_msg(tu_wait_connected(&h, &err[i], TU_WAIT_MS), "client %d hung", i);
+		ck_assert_msg(err[i] == 0, "client %d: %s", i, tw_strerror(err[i]));
+	}
+	for (int i = 0; i < NCLIENTS; i++) {
+		tw_msg *m;
+		lens[i][0] = (size_t)i * 37 % 5000 + 1;
+		lens[i][1] = (size_t)i * 1000;
+		m = tu_msg_pattern(lens[i], 2, (unsigned)i);
+		cli[i]->keep = 1;
+		ck_assert_int_eq(tw_comm_write(cli[i]->comm, m), 0);
+	}
+	for (int i = 0; i < NCLIENTS; i++) {
+		ck_assert_msg(tu_wait_count(&h, &cli[i]->nmsgs, 1, TU_WAIT_MS), "client %d", i);
+		ck_assert_msg(tu_msg_matches(cli[i]->msgs[0], lens[i], 2, (unsigned)i),
+			      "client %d", i);
+	}
+	ck_assert_uint_eq(h.nsrv, NCLIENTS);
+	for (int i = 0; i < NCLIENTS; i++)
+		ck_assert_int_eq(h.srv[i]->closed, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Stats: per comm and global, each way; nothing copied for messages built
+ * from references. */
+#define NSTAT 10
+static uint8_t small_buf[100];
+static int released;
+static void count_release(void *data, void *arg)
+{
+	(void)data;
+	(void)arg;
+	released++;
+}
+
+static tw_msg *ref_msg(const uint8_t *big, size_t big_len)
+{
+	tw_msg *m;
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_ref(m, small_buf, sizeof(small_buf), count_release, NULL),
+			 0);
+	ck_assert_int_eq(tw_msg_append_ref(m, big, big_len, count_release, NULL), 0);
+	return m;
+}
+
+static void check_comm_stats(tw_comm *c, uint64_t msgs, uint64_t wire)
+{
+	tw_stats st;
+	tw_comm_stats(c, &st);
+	ck_assert_uint_eq(st.msgs_sent, msgs);
+	ck_assert_uint_eq(st.msgs_received, msgs);
+	ck_assert_uint_eq(st.bytes_sent, msgs * wire);
+	ck_assert_uint_eq(st.bytes_received, msgs * wire);
+	ck_assert_uint_eq(st.payload_bytes_copied, 0);
+	ck_assert_uint_eq(st.blocks_allocated, 0);
+}
+
+START_TEST(stats_each_way)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h), *srv = tu_server_peer(&h, 0);
+	size_t big_len = 300000, large_len = 64 * MiB;
+	uint8_t *big = malloc(big_len), *large = malloc(large_len);
+	uint64_t wire = 8 * (2 + 2) + sizeof(small_buf) + big_len;
+	tw_stats g0, g1;
+	tu_fill(small_buf, sizeof(small_buf), 1);
+	tu_fill(big, big_len, 2);
+	tu_fill(large, large_len, 2);
+	tw_stats_global(&g0);
+	for (int i = 0; i < NSTAT; i++)
+		ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(big, big_len)), 0);
+	ck_assert(tu_wait_count(&h, &cli->nmsgs, NSTAT, TU_WAIT_MS));
+	check_comm_stats(cli->comm, NSTAT, wire);
+	check_comm_stats(srv->comm, NSTAT, wire);
+	/* one large message: the receive path and the echo copy nothing */
+	ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(large, large_len)), 0);
+	ck_assert(tu_wait_count(&h, &cli->nmsgs, NSTAT + 1, TU_WAIT_MS));
+	tw_stats_global(&g1);
+	wire = NSTAT * wire + 8 * 4 + sizeof(small_buf) + large_len;
+	ck_assert_uint_eq(g1.msgs_sent - g0.msgs_sent, 2 * (NSTAT + 1));
+	ck_assert_uint_eq(g1.msgs_received - g0.msgs_received, 2 * (NSTAT + 1));
+	ck_assert_uint_eq(g1.bytes_sent - g0.bytes_sent, 2 * wire);
+	ck_assert_uint_eq(g1.bytes_received - g0.bytes_received, 2 * wire);
+	ck_assert_uint_eq(g1.payload_bytes_copied - g0.payload_bytes_copied, 0);
+	/* each reference released once, after it was written */
+	ck_assert_int_eq(released, 2 * (NSTAT + 1));
+	for (int i = 0; i <= NSTAT; i++) {
+		size_t lens[] = {sizeof(small_buf), i < NSTAT ? big_len : large_len};
+		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens, 2, 1), "message %d", i);
+	}
+	tu_fini(&h);
+	free(big);
+	free(large);
+}
+END_TEST
+
+TCase *tcp_echo_tcase(void)
+{
+	TCase *tc = tcase_create("echo");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, echo_empty_frame);
+	tcase_add_test(tc, echo_one_byte);
+	tcase_add_test(tc, echo_1000_frames_one_message);
+	tcase_add_test(tc, echo_1000_messages_pipelined);
+	tcase_add_test(tc, echo_64mib_frame);
+	tcase_add_test(tc, echo_mixed_frames);
+	tcase_add_test(tc, echo_1gib_frame);
+	tcase_add_test(tc, many_clients);
+	tcase_add_test(tc, stats_each_way);
+	return tc;
+}

@@ -1,0 +1,506 @@
+/* Bad peers, connect errors, orderly close and frees from callbacks. */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "tests/check_tcp.h"
+#include "tests/tcp_util.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((uint64_t)1 << 30)
+#define BAD_WAIT_MS 10000
+
+/* Append u64 little-endian words to buf at *len. */
+static void put_u64(uint8_t *buf, size_t *len, uint64_t v)
+{
+	v = htole64(v);
+	memcpy(buf + *len, &v, 8);
+	*len += 8;
+}
+
+/* A healthy established comm keeps working next to the bad one. */
+static void check_good(struct tu_peer *good, unsigned seed)
+{
+	size_t lens[] = {10, 100000};
+	tu_echo_check(good, lens, 2, seed, TU_WAIT_MS);
+	ck_assert_int_eq(good->closed, 0);
+}
+
+/* A raw client sends bytes and closes; the server comm must end with
+ * TW_ETRUNCATED. */
+static void truncated_case(struct tu *h, struct tu_peer *good, const uint8_t *p, size_t n)
+{
+	size_t idx = h->nsrv;
+	int fd = tu_raw_connect(h->addr);
+	struct tu_peer *sp = tu_server_peer(h, idx);
+	ck_assert_ptr_nonnull(sp);
+	ck_assert_uint_eq(tu_raw_send(h, fd, p, n), n);
+	close(fd);
+	ck_assert_msg(tu_wait_flag(h, &sp->closed, BAD_WAIT_MS), "server comm not closed");
+	ck_assert_msg(sp->close_err == TW_ETRUNCATED, "err %s (%s)", tw_strerror(sp->close_err),
+		      sp->last_error);
+	ck_assert_uint_gt(strlen(sp->last_error), 0);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	/* the comm is ended, not freed: its reason stays readable, and
+	 * closing or aborting it now changes nothing */
+	ck_assert_str_eq(tw_comm_last_error(sp->comm), sp->last_error);
+	tw_comm_close(sp->comm);
+	tw_comm_abort(sp->comm);
+	ck_assert_str_eq(tw_comm_last_error(sp->comm), sp->last_error);
+	check_good(good, (unsigned)idx);
+}
+
+START_TEST(peer_closes_mid_message)
+{
+	struct tu h;
+	struct tu_peer *good = tu_setup_echo(&h);
+	static uint8_t buf[64 << 10];
+	size_t n = 0;
+	check_good(good, 0);
+	/* inside the 16-byte head (BH-07: 7 zero bytes then FIN) */
+	truncated_case(&h, good, buf, 7);
+	/* a small message: prelude and half of a 1,000-byte frame */
+	put_u64(buf, &n, 8 + 8 + 1000);
+	put_u64(buf, &n, 1);
+	put_u64(buf, &n, 1000);
+	truncated_case(&h, good, buf, n + 500);
+	/* a large message: prelude and 32 KiB of a 1 MiB frame */
+	n = 0;
+	put_u64(buf, &n, 8 + 8 + MiB);
+	put_u64(buf, &n, 1);
+	put_u64(buf, &n, MiB);
+	truncated_case(&h, good, buf, n + (32 << 10));
+	/* in the middle of the lengths */
+	n = 0;
+	put_u64(buf, &n, 8 + 16 + 300000);
+	put_u64(buf, &n, 2);
+	put_u64(buf, &n, 100000);
+	put_u64(buf, &n, 200000);
+	truncated_case(&h, good, buf, n - 4);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Bad preludes: each bad comm ends with its error and is closed, nothing
+ * is allocated from a declared size, the listener and other comms carry
+ * on. */
+struct bad_case {
+	const char *name;
+	uint8_t bytes[64];
+	size_t len;
+	int err;
+};
+
+static void add_words(struct bad_case *c, const char *name, int err, int nw, const uint64_t *w)
+{
+	c->name = name;
+	c->err = err;
+	c->len = 0;
+	for (int i = 0; i < nw; i++)
+		put_u64(c->bytes, &c->len, w[i]);
+}
+
+static size_t bad_cases(struct bad_case *c)
+{
+	size_t n = 0;
+	static const uint64_t nzero[] = {16, 0};
+	static const uint64_t gib[] = {GiB, 1, GiB - 16};
+	static const uint64_t envelope[] = {1, UINT64_C(0x7fffffffffffffff)};
+	static const uint64_t many[] = {8 + 8 * 17, 17};
+	static const uint64_t huge_n[] = {64 * MiB, UINT64_C(1) << 61};
+	static const uint64_t n_vs_total[] = {24, 3};
+	static const uint64_t small_sum[] = {8 + 16 + 10, 2, 3, 3, 0x0706050403020100, 0x0908};
+	static const uint64_t large_sum[] = {8 + 16 + MiB, 2, MiB, MiB};
+	static const uint64_t len_wrap[] = {8 + 16 + 100000, 2, UINT64_MAX, 100001};
+	add_words(&c[n++], "N = 0", TW_ENOFRAMES, 2, nzero);
+	add_words(&c[n], "BH-04 Dask form, then silence", TW_ETOOBIG, 0, NULL);
+	memcpy(c[n].bytes, "\xf0\xff\xff\xff\xff\xff\xff\xff", 8);
+	c[n++].len = 8;
+	add_words(&c[n++], "BH-04 1 GiB total, limit 64 MiB", TW_ETOOBIG, 3, gib);
+	add_words(&c[n++], "BH-04 envelope form (total 1)", TW_ELENGTH, 2, envelope);
+	add_words(&c[n++], "N above max_frames", TW_ETOOMANY, 2, many);
+	add_words(&c[n++], "N = 2^61", TW_ETOOMANY, 2, huge_n);
+	add_words(&c[n++], "N above what total holds", TW_ELENGTH, 2, n_vs_total);
+	add_words(&c[n], "small message, lengths short of total", TW_ELENGTH, 6, small_sum);
+	c[n++].len -= 6; /* 16 bytes of lengths and 10 bytes of frames */
+	add_words(&c[n++], "large message, lengths past total", TW_ELENGTH, 4, large_sum);
+	add_words(&c[n++], "length overflowing u64", TW_ELENGTH, 4, len_wrap);
+	c[n].name = "HTTP request (BH-07)";
+	c[n].err = TW_ETOOBIG;
+	c[n].len = strlen("GET / HTTP/1.1\r\n\r\n");
+	memcpy(c[n].bytes, "GET / HTTP/1.1\r\n\r\n", c[n].len);
+	return n + 1;
+}
+
+static void bad_case_run(struct tu *h, struct tu_peer *good, const struct bad_case *c,
+			 const uint8_t *extra, size_t extra_len)
+{
+	size_t idx = h->nsrv;
+	tw_stats g0, g1;
+	int fd;
+	struct tu_peer *sp;
+	tw_stats_global(&g0);
+	fd = tu_raw_connect(h->addr);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
+	tu_raw_send(h, fd, c->bytes, c->len);
+	if (extra_len > 0)
+		tu_raw_send(h, fd, extra, extra_len); /* may stop when the server closes */
+	ck_assert_msg(tu_wait_flag(h, &sp->closed, BAD_WAIT_MS), "%s: comm not closed", c->name);
+	ck_assert_msg(sp->close_err == c->err || (c->err == 0 && sp->close_err < 0),
+		      "%s: err %s (%s)", c->name, tw_strerror(sp->close_err), sp->last_error);
+	ck_assert_msg(strlen(sp->last_error) > 0, "%s: no error text", c->name);
+	if (getenv("TU_VERBOSE") != NULL)
+		fprintf(stderr, "%s: %s\n", c->name, sp->last_error);
+	ck_assert_msg(tu_raw_wait_closed(h, fd, BAD_WAIT_MS), "%s: raw client not closed", c->name);
+	close(fd);
+	tw_stats_global(&g1);
+	ck_assert_msg((int64_t)(sp->live_at_close - g0.block_bytes_live) < (int64_t)MiB,
+		      "%s: %llu bytes live", c->name,
+		      (unsigned long long)(sp->live_at_close - g0.block_bytes_live));
+	ck_assert_msg(g1.block_bytes_allocated - g0.block_bytes_allocated < MiB,
+		      "%s: allocated %llu", c->name,
+		      (unsigned long long)(g1.block_bytes_allocated - g0.block_bytes_allocated));
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	check_good(good, (unsigned)idx);
+}
+
+START_TEST(bad_preludes)
+{
+	struct tu h;
+	struct tu_peer *good;
+	struct bad_case cases[16], junk = {"1 MiB of random bytes", {0}, 0, 0};
+	size_t n = bad_cases(cases);
+	static uint8_t noise[MiB];
+	uint64_t x = 88172645463325252ULL;
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_max_message_bytes(h.ctx, 64 * MiB), 0);
+	ck_assert_int_eq(tw_context_set_max_frames(h.ctx, 16), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &good), 0);
+	good->keep = 1;
+	for (size_t i = 0; i < n; i++)
+		bad_case_run(&h, good, &cases[i], NULL, 0);
+	for (size_t i = 0; i < sizeof(noise); i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		noise[i] = (uint8_t)x;
+	}
+	bad_case_run(&h, good, &junk, noise, sizeof(noise));
+	tu_fini(&h);
+}
+END_TEST
+
+/* Connect and listen errors. */
+
+static int connect_cb_runs;
+static void count_connect(tw_comm *c, int err, void *arg)
+{
+	(void)err;
+	(void)arg;
+	tw_comm_free(c);
+	connect_cb_runs++;
+}
+
+static void noop_accept(tw_listener *l, tw_comm *c, void *arg)
+{
+	(void)l;
+	(void)arg;
+	tw_comm_free(c);
+}
+
+START_TEST(connect_refused)
+{
+	struct tu h;
+	struct tu_peer *p = NULL;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	char uri[64];
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	tu_init(&h);
+	/* a bound port with no listener refuses, and nobody else can take it */
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	ck_assert_int_eq(tu_connect(&h, uri, &p), TW_ECONNREFUSED);
+	ck_assert_ptr_null(p);
+	close(fd);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(bad_uris)
+{
+	static const char *const bad[] = {
+		"tcp://127.0.0.1", "127.0.0.1:80",   "tcp://127.0.0.1:99999", "tcp://[::1:80",
+		"tcp://:80",       "tcp://1.2.3.4:8x", "tcp://",              "",
+		"://127.0.0.1:80", "tcp://127.0.0.1:",
+	};
+	struct tu h;
+	tw_listener *l = NULL;
+	tu_init(&h);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = tw_connect(h.ctx, bad[i], count_connect, NULL);
+		int rl = tw_listen(h.ctx, bad[i], noop_accept, NULL, &l);
+		ck_assert_msg(rc == TW_EADDR && rl == TW_EADDR, "%s: %d %d", bad[i], rc, rl);
+		ck_assert_ptr_null(l);
+	}
+	ck_assert_int_eq(tw_connect(h.ctx, "foo://127.0.0.1:1", count_connect, NULL), TW_ESCHEME);
+	ck_assert_int_eq(tw_listen(h.ctx, "foo://127.0.0.1:0", noop_accept, NULL, &l), TW_ESCHEME);
+	ck_assert_ptr_null(l);
+	tu_run_for(&h, 100);
+	ck_assert_int_eq(connect_cb_runs, 0); /* a failed call's callback never runs */
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(listen_in_use)
+{
+	struct tu h;
+	tw_listener *l = NULL;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	char uri[64];
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	tu_init(&h);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_listen(h.ctx, h.addr, noop_accept, NULL, &l), TW_EADDRINUSE);
+	ck_assert_ptr_null(l);
+	/* a port held by a plain listening socket */
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(fd, 1), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	ck_assert_int_eq(tw_listen(h.ctx, uri, noop_accept, NULL, &l), TW_EADDRINUSE);
+	ck_assert_ptr_null(l);
+	close(fd);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(ipv6_echo)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {0, 33, 300000};
+	char a[128];
+	int rv;
+	tu_init(&h);
+	if ((rv = tu_listen(&h, "tcp://[::1]:0")) != 0) {
+		fprintf(stderr, "ipv6_echo: skipped, ::1 unavailable (%s)\n", tw_strerror(rv));
+		tu_fini(&h);
+		return;
+	}
+	ck_assert_msg(strncmp(h.addr, "tcp://[::1]:", 12) == 0, "%s", h.addr);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	tu_echo_check(cli, lens, 3, 9, TU_WAIT_MS);
+	ck_assert_int_eq(tw_comm_peer_address(cli->comm, a, sizeof(a)), 0);
+	ck_assert_str_eq(a, h.addr);
+	ck_assert_int_eq(tw_comm_local_address(cli->comm, a, sizeof(a)), 0);
+	ck_assert_msg(strncmp(a, "tcp://[::1]:", 12) == 0, "%s", a);
+	srv = tu_server_peer(&h, 0);
+	ck_assert_int_eq(tw_comm_peer_address(srv->comm, h.addr, sizeof(h.addr)), 0);
+	ck_assert_str_eq(h.addr, a);
+	ck_assert_int_eq(tw_comm_peer_address(srv->comm, a, 8), TW_ERANGE);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Orderly close: the message written before tw_comm_close arrives whole,
+ * then the server's close callback gets 0. */
+START_TEST(close_after_write)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {10, 5 * MiB, 0};
+	tw_msg *m, *late;
+	tu_init(&h);
+	h.sopts.echo = 0;
+	h.sopts.keep = 1;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
+	m = tu_msg_pattern(lens, 3, 40);
+	ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
+	tw_comm_close(cli->comm);
+	tw_comm_close(cli->comm); /* idempotent */
+	late = tu_msg_pattern(lens, 1, 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, late), TW_ECLOSED);
+	tw_msg_free(late); /* refused: still ours */
+	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
+	ck_assert_msg(srv->close_err == 0, "%s: %s", tw_strerror(srv->close_err), srv->last_error);
+	ck_assert_uint_eq(srv->nmsgs_at_close, 1);
+	ck_assert_uint_eq(srv->nmsgs, 1);
+	ck_assert(tu_msg_matches(srv->msgs[0], lens, 3, 40));
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, 0);
+	ck_assert_uint_eq(cli->nmsgs, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+/* tw_comm_free inside a recv callback: the comm is gone when the callback
+ * returns, its close callback never runs, the peer sees the end. */
+START_TEST(free_in_recv)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {1000, 400000};
+	tu_init(&h);
+	h.sopts.echo = 0;
+	h.sopts.free_in_recv = 1;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	/* the server frees in its recv callback: the client sees an orderly end */
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 1)), 0);
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
+	ck_assert(tu_wait_count(&h, &srv->nmsgs, 1, TU_WAIT_MS));
+	ck_assert_ptr_null(srv->comm);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_msg(cli->close_err == 0, "%s: %s", tw_strerror(cli->close_err), cli->last_error);
+	ck_assert_int_eq(srv->closed, 0);
+	/* ... with a second message behind the first one */
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 1)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 2)), 0);
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 1));
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_uint_eq(srv->nmsgs, 1);
+	ck_assert_int_eq(srv->closed, 0);
+	ck_assert_ptr_null(srv->comm);
+	/* the client frees in its recv callback, on the echo */
+	h.sopts.echo = 1;
+	h.sopts.free_in_recv = 0;
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->free_in_recv = 1;
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 3)), 0);
+	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1, TU_WAIT_MS));
+	ck_assert_ptr_null(cli->comm);
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 2));
+	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
+	ck_assert_int_eq(srv->close_err, 0);
+	ck_assert_int_eq(cli->closed, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+/* tw_comm_free inside a close callback; tw_comm_abort. */
+START_TEST(free_in_close)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {3, 70000};
+	tu_init(&h);
+	h.sopts.free_in_close = 1;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	cli->free_in_close = 1;
+	tu_echo_check(cli, lens, 2, 7, TU_WAIT_MS);
+	tw_comm_close(cli->comm);
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
+	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
+	ck_assert_int_eq(srv->close_err, 0);
+	ck_assert_ptr_null(srv->comm);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, 0);
+	ck_assert_ptr_null(cli->comm);
+	/* abort: our close callback runs with TW_ECANCELED, the peer sees an
+	 * orderly end (no message was in flight) */
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->free_in_close = 1;
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 1));
+	tw_comm_abort(cli->comm);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, TW_ECANCELED);
+	ck_assert_ptr_null(cli->comm);
+	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
+	ck_assert_int_eq(srv->close_err, 0);
+	ck_assert_ptr_null(srv->comm);
+	tu_fini(&h);
+}
+END_TEST
+
+/* tw_comm_close inside a recv callback: no message is delivered after
+ * it, the reply written before it is flushed, both ends close with 0. */
+static void close_after_echo(struct tu_peer *p, tw_msg *m)
+{
+	ck_assert_int_eq(tw_comm_write(p->comm, tw_msg_hold(m)), 0);
+	tw_comm_close(p->comm);
+}
+
+START_TEST(close_in_recv)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {100, 200000};
+	tu_init(&h);
+	h.sopts.echo = 0;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
+	srv->on_recv = close_after_echo;
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, i)), 0);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_msg(cli->close_err == 0, "%s: %s", tw_strerror(cli->close_err), cli->last_error);
+	ck_assert_uint_eq(cli->nmsgs, 1);
+	ck_assert(tu_msg_matches(cli->msgs[0], lens, 2, 0));
+	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
+	ck_assert_int_eq(srv->close_err, 0);
+	ck_assert_uint_eq(srv->nmsgs, 1);
+	tu_fini(&h);
+}
+END_TEST
+
+/* The peer resets while we write: the writer's close callback gets
+ * TW_EIO with the OS reason, and no SIGPIPE. */
+START_TEST(write_to_reset_peer)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {32 * MiB}; /* more than the kernel buffers take */
+	tu_init(&h);
+	h.sopts.no_callbacks = 1;
+	h.sopts.echo = 0;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	tu_run_for(&h, 50); /* the kernel buffers fill; the rest stays queued */
+	ck_assert_uint_gt(tw_comm_queued_bytes(cli->comm), 0);
+	tw_comm_free(srv->comm); /* unread bytes: the kernel sends a reset */
+	srv->comm = NULL;
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_msg(cli->close_err == TW_EIO, "%s", tw_strerror(cli->close_err));
+	ck_assert_uint_gt(strlen(cli->last_error), 0);
+	tu_fini(&h);
+}
+END_TEST
+
+TCase *tcp_errors_tcase(void)
+{
+	TCase *tc = tcase_create("errors");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, peer_closes_mid_message);
+	tcase_add_test(tc, bad_preludes);
+	tcase_add_test(tc, connect_refused);
+	tcase_add_test(tc, bad_uris);
+	tcase_add_test(tc, listen_in_use);
+	tcase_add_test(tc, ipv6_echo);
+	tcase_add_test(tc, close_after_write);
+	tcase_add_test(tc, free_in_recv);
+	tcase_add_test(tc, free_in_close);
+	tcase_add_test(tc, close_in_recv);
+	tcase_add_test(tc, write_to_reset_peer);
+	return tc;
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Write the seed corpus of tests/fuzz/fuzz_stream.c into corpus/stream/.
+
+Each file is a byte stream a peer could send over tcp (DESIGN.md, TCP and
+TLS): u64le total | u64le N | u64le len_0 .. len_N-1 | frames. Valid
+messages of several shapes, and one file per kind of bad prelude (the
+fuzz target runs with 1 MiB and 1,024-frame limits). Run it from anywhere;
+it rewrites the files it owns and leaves others (crash reproducers added
+by hand) alone.
+"""
+import os
+import struct
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "stream")
+
+
+def u64(*vals):
+    return b"".join(struct.pack("<Q", v & 0xFFFFFFFFFFFFFFFF) for v in vals)
+
+
+def msg(*frames):
+    n = len(frames)
+    total = 8 + 8 * n + sum(len(f) for f in frames)
+    return u64(total, n, *(len(f) for f in frames)) + b"".join(frames)
+
+
+def pattern(i, n):
+    return bytes((i * 31 + j) % 251 for j in range(n))
+
+
+CORPUS = {
+    "valid-one-empty-frame": msg(b""),
+    "valid-one-byte": msg(b"x"),
+    "valid-three-frames": msg(b"hi", b"", b"xyz"),
+    "valid-many-frames": msg(*(pattern(i, i % 23) for i in range(100))),
+    "valid-mixed-large": msg(pattern(0, 10), pattern(1, 300), b"", pattern(3, 70), pattern(4, 2)),
+    "valid-back-to-back": msg(b"a", b"") + msg(pattern(1, 200)) + msg(b"", b"", b"z"),
+    "valid-then-truncated": msg(b"ok") + msg(pattern(0, 50), pattern(1, 50))[:70],
+    "bad-zero-frames": u64(8, 0),
+    "bad-zero-frames-room": u64(16, 0, 0),
+    "bad-too-many-frames": u64(8 + 8 * 1025, 1025),
+    "bad-too-big": bytes.fromhex("f0ffffffffffffff"),
+    "bad-too-big-1gib": u64(16 + (1 << 30), 1, 1 << 30),
+    "bad-total-too-small": u64(16, 2, 0, 0),
+    "bad-total-below-8": u64(7, 1),
+    "bad-length-overflow": u64(8 + 16 + 16, 2, 0x20, 0xFFFFFFFFFFFFFFF0) + bytes(16),
+    "bad-length-mismatch": u64(8 + 16 + 10, 2, 3, 4) + bytes(10),
+    "bad-envelope-form": bytes.fromhex("0100000000000000ffffffffffffff7f"),
+    "bad-after-valid": msg(b"first") + u64(8, 0),
+}
+
+
+def main():
+    os.makedirs(HERE, exist_ok=True)
+    for name, data in sorted(CORPUS.items()):
+        with open(os.path.join(HERE, name), "wb") as f:
+            f.write(data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,496 @@
+/* The TCP test harness (tests/tcp_util.h). */
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <event2/event.h>
+
+#include "tests/tcp_util.h"
+
+#define TICK_MS 20
+#define PERIOD 251
+#define CHUNK ((size_t)PERIOD * 256)
+
+/* Every peer, so tu_fini frees the ones a test did not. */
+struct peer_node {
+	struct peer_node *next;
+	struct tu_peer *p;
+};
+static struct peer_node *all_peers;
+
+int tu_quick(void)
+{
+	const char *q = getenv("TW_TEST_QUICK");
+	return q != NULL && *q != '\0' && strcmp(q, "0") != 0;
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+}
+
+void tu_init(struct tu *h)
+{
+	struct timeval tv = {0, TICK_MS * 1000};
+	memset(h, 0, sizeof(*h));
+	h->base = event_base_new();
+	ck_assert_ptr_nonnull(h->base);
+	ck_assert_int_eq(tw_context_new(h->base, &h->ctx), 0);
+	h->tick = event_new(h->base, -1, EV_PERSIST, on_tick, NULL);
+	ck_assert_ptr_nonnull(h->tick);
+	event_add(h->tick, &tv);
+	h->sopts.echo = 1;
+}
+
+void tu_fini(struct tu *h)
+{
+	while (all_peers != NULL)
+		tu_peer_free(all_peers->p);
+	tw_listener_free(h->lis);
+	tw_context_free(h->ctx);
+	event_free(h->tick);
+	event_base_free(h->base);
+	memset(h, 0, sizeof(*h));
+}
+
+/* Loop driving. */
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int tu_run_until(struct tu *h, int (*pred)(void *arg), void *arg, int ms)
+{
+	long long deadline = now_ms() + ms;
+	while (!pred(arg)) {
+		if (now_ms() > deadline)
+			return 0;
+		event_base_loop(h->base, EVLOOP_ONCE);
+	}
+	return 1;
+}
+
+static int never(void *arg)
+{
+	(void)arg;
+	return 0;
+}
+
+void tu_run_for(struct tu *h, int ms)
+{
+	tu_run_until(h, never, NULL, ms);
+}
+
+static int flag_set(void *arg)
+{
+	return *(const int *)arg != 0;
+}
+
+int tu_wait_flag(struct tu *h, const int *p, int ms)
+{
+	return tu_run_until(h, flag_set, (void *)p, ms);
+}
+
+struct count_wait {
+	const size_t *p;
+	size_t n;
+};
+
+static int count_reached(void *arg)
+{
+	struct count_wait *w = arg;
+	return *w->p >= w->n;
+}
+
+int tu_wait_count(struct tu *h, const size_t *p, size_t n, int ms)
+{
+	struct count_wait w = {p, n};
+	return tu_run_until(h, count_reached, &w, ms);
+}
+
+/* Peers. */
+
+static void push_msg(tw_msg ***arr, size_t *n, size_t *cap, tw_msg *m)
+{
+	if (*n == *cap) {
+		*cap = *cap ? 2 * *cap : 16;
+		*arr = realloc(*arr, *cap * sizeof(**arr));
+		ck_assert_ptr_nonnull(*arr);
+	}
+	(*arr)[(*n)++] = m;
+}
+
+/* Write the echo backlog in order until the queue refuses again. */
+static void flush_pending(struct tu_peer *p)
+{
+	size_t done = 0;
+	while (done < p->npending && p->comm != NULL) {
+		int rv = tw_comm_write(p->comm, p->pending[done]);
+		if (rv == TW_EAGAIN)
+			break;
+		ck_assert_msg(rv == 0, "echo write: %s", tw_strerror(rv));
+		done++;
+	}
+	if (done == 0)
+		return;
+	memmove(p->pending, p->pending + done, (p->npending - done) * sizeof(*p->pending));
+	p->npending -= done;
+}
+
+static void echo(struct tu_peer *p, tw_msg *m)
+{
+	push_msg(&p->pending, &p->npending, &p->pcap, tw_msg_hold(m));
+	flush_pending(p);
+}
+
+static void on_recv(tw_comm *c, tw_msg *m, void *arg)
+{
+	struct tu_peer *p = arg;
+	ck_assert_ptr_eq(c, p->comm);
+	p->nmsgs++;
+	p->bytes += tw_msg_bytes(m);
+	if (p->keep)
+		push_msg(&p->msgs, &p->nkept, &p->cap, tw_msg_hold(m));
+	if (p->on_recv != NULL)
+		p->on_recv(p, m);
+	if (p->echo && p->comm != NULL)
+		echo(p, m);
+	if (p->free_in_recv && p->comm != NULL) {
+		tw_comm_free(c);
+		p->comm = NULL;
+	}
+}
+
+static void on_close(tw_comm *c, int err, void *arg)
+{
+	struct tu_peer *p = arg;
+	tw_stats st;
+	ck_assert_ptr_eq(c, p->comm);
+	ck_assert_int_eq(p->closed, 0);
+	tw_stats_global(&st);
+	p->closed = 1;
+	p->close_err = err;
+	p->nmsgs_at_close = p->nmsgs;
+	p->live_at_close = st.block_bytes_live;
+	snprintf(p->last_error, sizeof(p->last_error), "%s", tw_comm_last_error(c));
+	if (p->free_in_close) {
+		tw_comm_free(c);
+		p->comm = NULL;
+	}
+}
+
+static void on_drain(tw_comm *c, void *arg)
+{
+	struct tu_peer *p = arg;
+	ck_assert_ptr_eq(c, p->comm);
+	p->drains++;
+	flush_pending(p);
+}
+
+struct tu_peer *tu_peer_new(struct tu *h)
+{
+	struct tu_peer *p = calloc(1, sizeof(*p));
+	struct peer_node *n = malloc(sizeof(*n));
+	ck_assert(p != NULL && n != NULL);
+	p->h = h;
+	n->p = p;
+	n->next = all_peers;
+	all_peers = n;
+	return p;
+}
+
+void tu_peer_free(struct tu_peer *p)
+{
+	struct peer_node **pp = &all_peers;
+	if (p == NULL)
+		return;
+	while (*pp != NULL && (*pp)->p != p)
+		pp = &(*pp)->next;
+	if (*pp != NULL) {
+		struct peer_node *n = *pp;
+		*pp = n->next;
+		free(n);
+	}
+	for (size_t i = 0; i < p->nkept; i++)
+		tw_msg_free(p->msgs[i]);
+	for (size_t i = 0; i < p->npending; i++)
+		tw_msg_free(p->pending[i]);
+	tw_comm_free(p->comm);
+	free(p->msgs);
+	free(p->pending);
+	free(p);
+}
+
+int tu_peer_start(struct tu_peer *p, tw_comm *c)
+{
+	p->comm = c;
+	return tw_comm_set_callbacks(c, on_recv, on_close, on_drain, p);
+}
+
+/* Server side. */
+
+static void on_accept(tw_listener *l, tw_comm *c, void *arg)
+{
+	struct tu *h = arg;
+	struct tu_peer *p = tu_peer_new(h);
+	(void)l;
+	ck_assert_uint_lt(h->nsrv, TU_MAX_SERVER_COMMS);
+	p->echo = h->sopts.echo;
+	p->keep = h->sopts.keep;
+	p->free_in_recv = h->sopts.free_in_recv;
+	p->free_in_close = h->sopts.free_in_close;
+	if (h->sopts.no_callbacks)
+		p->comm = c;
+	else
+		ck_assert_int_eq(tu_peer_start(p, c), 0);
+	h->srv[h->nsrv++] = p;
+}
+
+int tu_listen(struct tu *h, const char *uri)
+{
+	int rv = tw_listen(h->ctx, uri, on_accept, h, &h->lis);
+	if (rv == 0)
+		ck_assert_int_eq(tw_listener_address(h->lis, h->addr, sizeof(h->addr)), 0);
+	return rv;
+}
+
+struct tu_peer *tu_server_peer(struct tu *h, size_t n)
+{
+	if (!tu_wait_count(h, &h->nsrv, n + 1, TU_WAIT_MS))
+		return NULL;
+	return h->srv[n];
+}
+
+/* Client side. */
+
+struct connect_wait {
+	struct tu *h;
+	struct tu_peer **out;
+	int *err;
+};
+
+static void on_connected(tw_comm *c, int err, void *arg)
+{
+	struct connect_wait *w = arg;
+	if (err == 0) {
+		struct tu_peer *p = tu_peer_new(w->h);
+		ck_assert_ptr_nonnull(c);
+		ck_assert_int_eq(tu_peer_start(p, c), 0);
+		*w->out = p;
+	} else {
+		ck_assert_ptr_null(c);
+	}
+	*w->err = err;
+	free(w);
+}
+
+int tu_connect_async(struct tu *h, const char *uri, struct tu_peer **out, int *err)
+{
+	struct connect_wait *w = malloc(sizeof(*w));
+	int rv;
+	ck_assert_ptr_nonnull(w);
+	*w = (struct connect_wait){h, out, err};
+	*out = NULL;
+	*err = 1;
+	if ((rv = tw_connect(h->ctx, uri, on_connected, w)) != 0)
+		free(w);
+	return rv;
+}
+
+static int connect_done(void *arg)
+{
+	return *(const int *)arg != 1;
+}
+
+int tu_wait_connected(struct tu *h, const int *err, int ms)
+{
+	return tu_run_until(h, connect_done, (void *)err, ms);
+}
+
+int tu_connect(struct tu *h, const char *uri, struct tu_peer **out)
+{
+	int err, rv = tu_connect_async(h, uri, out, &err);
+	if (rv != 0)
+		return rv;
+	ck_assert_msg(tu_run_until(h, connect_done, &err, TU_WAIT_MS), "connect hung");
+	return err;
+}
+
+struct tu_peer *tu_setup_echo(struct tu *h)
+{
+	struct tu_peer *cli;
+	tu_init(h);
+	ck_assert_int_eq(tu_listen(h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(h, h->addr, &cli), 0);
+	cli->keep = 1;
+	return cli;
+}
+
+void tu_echo_check(struct tu_peer *cli, const size_t *lens, size_t nf, unsigned seed, int ms)
+{
+	size_t idx = cli->nmsgs, kidx = cli->nkept;
+	tw_msg *m = tu_msg_pattern(lens, nf, seed);
+	int rv = tw_comm_write(cli->comm, m);
+	ck_assert_msg(rv == 0, "write: %s", tw_strerror(rv));
+	ck_assert_msg(tu_wait_count(cli->h, &cli->nmsgs, idx + 1, ms), "no echo (closed %d: %s)",
+		      cli->closed, cli->last_error);
+	ck_assert(cli->keep && cli->nkept == kidx + 1);
+	ck_assert_msg(tu_msg_matches(cli->msgs[kidx], lens, nf, seed), "echo differs");
+}
+
+/* Pattern. */
+
+static const uint8_t *pattern(void)
+{
+	static uint8_t t[PERIOD + CHUNK];
+	static int ready;
+	if (!ready) {
+		for (size_t k = 0; k < sizeof(t); k++)
+			t[k] = (uint8_t)(((k % PERIOD) * 131 + 7) % PERIOD);
+		ready = 1;
+	}
+	return t;
+}
+
+void tu_fill(uint8_t *p, size_t n, unsigned seed)
+{
+	const uint8_t *t = pattern();
+	size_t start = seed % PERIOD;
+	for (size_t i = 0; i < n; i += CHUNK)
+		memcpy(p + i, t + start, n - i < CHUNK ? n - i : CHUNK);
+}
+
+long long tu_check(const uint8_t *p, size_t n, unsigned seed)
+{
+	const uint8_t *t = pattern();
+	size_t start = seed % PERIOD;
+	for (size_t i = 0; i < n; i += CHUNK) {
+		size_t k = n - i < CHUNK ? n - i : CHUNK;
+		if (memcmp(p + i, t + start, k) == 0)
+			continue;
+		for (size_t j = 0; j < k; j++)
+			if (p[i + j] != t[start + j])
+				return (long long)(i + j);
+	}
+	return -1;
+}
+
+tw_msg *tu_msg_pattern(const size_t *lens, size_t nf, unsigned seed)
+{
+	tw_msg *m;
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	for (size_t i = 0; i < nf; i++) {
+		tw_slice s = {NULL, 0, 0};
+		if (lens[i] > 0) {
+			ck_assert_int_eq(tw_block_new(lens[i], &s.block), 0);
+			s.len = lens[i];
+			tu_fill(tw_block_data(s.block), lens[i], seed + (unsigned)i);
+		}
+		ck_assert_int_eq(tw_msg_append(m, &s), 0);
+		tw_block_free(s.block);
+	}
+	return m;
+}
+
+int tu_msg_matches(const tw_msg *m, const size_t *lens, size_t nf, unsigned seed)
+{
+	if (tw_msg_nframes(m) != nf)
+		return 0;
+	for (size_t i = 0; i < nf; i++) {
+		const tw_slice *f = tw_msg_frame(m, i);
+		if (f->len != lens[i])
+			return 0;
+		if (f->len > 0 && tu_check(tw_slice_data(f), f->len, seed + (unsigned)i) != -1)
+			return 0;
+	}
+	return 1;
+}
+
+/* Raw sockets. */
+
+int tu_raw_connect(const char *uri)
+{
+	char host[64], port[8];
+	struct addrinfo hints, *ai;
+	const char *h = strstr(uri, "://") + 3, *colon = strrchr(uri, ':');
+	int fd;
+	size_t hl = (size_t)(colon - h);
+	if (*h == '[') {
+		h++;
+		hl -= 2;
+	}
+	ck_assert_uint_lt(hl, sizeof(host));
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	snprintf(port, sizeof(port), "%s", colon + 1);
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+	ck_assert_int_eq(getaddrinfo(host, port, &hints, &ai), 0);
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_msg(connect(fd, ai->ai_addr, ai->ai_addrlen) == 0, "connect: %s",
+		      strerror(errno));
+	freeaddrinfo(ai);
+	return fd;
+}
+
+size_t tu_raw_send(struct tu *h, int fd, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	size_t done = 0;
+	long long deadline = now_ms() + TU_WAIT_MS;
+	while (done < n) {
+		ssize_t k = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (k > 0) {
+			done += (size_t)k;
+			continue;
+		}
+		if (k < 0 && (errno == EPIPE || errno == ECONNRESET))
+			break;
+		ck_assert_msg(k < 0 && (errno == EAGAIN || errno == EINTR), "send: %s",
+			      strerror(errno));
+		ck_assert_msg(now_ms() < deadline, "raw send stalled");
+		event_base_loop(h->base, EVLOOP_ONCE);
+	}
+	return done;
+}
+
+static int raw_closed(void *arg)
+{
+	int fd = *(int *)arg;
+	char buf[4096];
+	ssize_t n;
+	while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+		;
+	return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+int tu_raw_wait_closed(struct tu *h, int fd, int ms)
+{
+	return tu_run_until(h, raw_closed, &fd, ms);
+}
+
+uint64_t tu_rss_bytes(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	unsigned long long kb = 0;
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kb * 1024;
+}
