@@ -9,6 +9,7 @@
 
 #include "core/msg.h"
 #include "core/stats.h"
+#include "protocol/builder.h"
 #include "protocol/compress.h"
 
 /* pickle.dumps(bytes, protocol=5): how Python names the `bytes` type in
@@ -181,6 +182,127 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 	return rv;
 }
 
+static int skip_key(const msgpack_object *k)
+{
+	static const char *const keys[] = {"num-sub-frames", "compression", "split-num-sub-frames",
+					   "split-offsets"};
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (tw_obj_str_eq(k, keys[i]))
+			return 1;
+	return 0;
+}
+
+/* Frame i of a re-packed group, compressed when the builder says so;
+ * *codec gets the codec name or NULL. */
+static int group_frame(tw_builder *b, const tw_slice *f, tw_slice *out, const char **codec)
+{
+	*codec = NULL;
+	*out = *f;
+	if (b->codec == TW__CODEC_NONE || f->len == 0)
+		return 0;
+	if (tw__compress(b->codec, tw_slice_data(f), f->len, out) != 0)
+		return TW_ENOMEM;
+	if (out->block == NULL) {
+		*out = *f;
+		return 0;
+	}
+	*codec = tw__codec_name(b->codec);
+	return 1; /* out holds a new reference */
+}
+
+/* Re-emit a received payload group: its sub-header's own keys, its
+ * logical frames (one sub-frame each, no split), new bookkeeping keys. */
+static int pack_group(tw_builder *b, const tw_payload *p)
+{
+	const msgpack_object *h = p->sub_header;
+	int serialized = p->kind == TW_PAYLOAD_SERIALIZED, rv = 0;
+	uint32_t keep = 0;
+	msgpack_sbuffer sub;
+	msgpack_packer pk;
+	tw_msg *frames;
+	for (uint32_t i = 0; i < h->via.map.size; i++)
+		keep += !skip_key(&h->via.map.ptr[i].key);
+	if (tw_msg_new(&frames) != 0)
+		return TW_ENOMEM;
+	msgpack_sbuffer_init(&sub);
+	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, keep + (serialized ? 4 : 2));
+	for (uint32_t i = 0; i < h->via.map.size; i++) {
+		if (skip_key(&h->via.map.ptr[i].key))
+			continue;
+		msgpack_pack_object(&pk, h->via.map.ptr[i].key);
+		msgpack_pack_object(&pk, h->via.map.ptr[i].val);
+	}
+	pack_str(&pk, "num-sub-frames");
+	msgpack_pack_uint64(&pk, p->nframes);
+	pack_str(&pk, "compression");
+	msgpack_pack_array(&pk, p->nframes);
+	for (size_t i = 0; i < p->nframes && rv == 0; i++) {
+		const char *codec;
+		tw_slice f;
+		int owned = group_frame(b, &p->frames[i], &f, &codec);
+		if (owned < 0) {
+			rv = owned;
+			break;
+		}
+		if (codec != NULL)
+			pack_str(&pk, codec);
+		else
+			msgpack_pack_nil(&pk);
+		rv = tw_msg_append(frames, &f);
+		if (owned)
+			tw_block_free(f.block);
+	}
+	if (serialized) {
+		pack_str(&pk, "split-num-sub-frames");
+		msgpack_pack_array(&pk, p->nframes);
+		for (size_t i = 0; i < p->nframes; i++)
+			msgpack_pack_uint8(&pk, 1);
+		pack_str(&pk, "split-offsets");
+		msgpack_pack_array(&pk, p->nframes);
+		for (size_t i = 0; i < p->nframes; i++)
+			msgpack_pack_uint64(&pk, i);
+	}
+	if (rv == 0) {
+		msgpack_pack_map(&b->pk, 1);
+		pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
+		msgpack_pack_uint64(&b->pk, 1 + tw_msg_nframes(b->groups));
+		rv = append_sbuffer(b->groups, &sub);
+	}
+	for (size_t i = 0; rv == 0 && i < tw_msg_nframes(frames); i++)
+		rv = tw_msg_append(b->groups, tw_msg_frame(frames, i));
+	tw_msg_free(frames);
+	msgpack_sbuffer_destroy(&sub);
+	return rv;
+}
+
+int tw_builder_pack_object(tw_builder *b, const tw_decoded *d, const msgpack_object *o)
+{
+	const tw_payload *p = d != NULL ? tw_decoded_payload(d, o) : NULL;
+	int rv = 0;
+	if (b == NULL || o == NULL || b->done)
+		return TW_EINVAL;
+	if (p != NULL)
+		return pack_group(b, p);
+	switch (o->type) {
+	case MSGPACK_OBJECT_ARRAY:
+		msgpack_pack_array(&b->pk, o->via.array.size);
+		for (uint32_t i = 0; i < o->via.array.size && rv == 0; i++)
+			rv = tw_builder_pack_object(b, d, &o->via.array.ptr[i]);
+		return rv;
+	case MSGPACK_OBJECT_MAP:
+		msgpack_pack_map(&b->pk, o->via.map.size);
+		for (uint32_t i = 0; i < o->via.map.size && rv == 0; i++) {
+			rv = tw_builder_pack_object(b, d, &o->via.map.ptr[i].key);
+			if (rv == 0)
+				rv = tw_builder_pack_object(b, d, &o->via.map.ptr[i].val);
+		}
+		return rv;
+	default:
+		return msgpack_pack_object(&b->pk, *o) == 0 ? 0 : TW_ENOMEM;
+	}
+}
+
 int tw_builder_finish(tw_builder *b, tw_msg **out)
 {
 	tw_msg *m;
@@ -198,4 +320,9 @@ int tw_builder_finish(tw_builder *b, tw_msg **out)
 	b->done = 1;
 	*out = m;
 	return 0;
+}
+
+int tw__builder_empty(const tw_builder *b)
+{
+	return b->frame0.size == 0;
 }

@@ -29,6 +29,7 @@ extern "C" {
 /* Building messages. */
 
 typedef struct tw_builder tw_builder;
+typedef struct tw_decoded tw_decoded;
 
 /* tw_builder_new: a builder for one message. `compression` is the codec
  * for payload frames ("zstd", "lz4") or NULL for none; frames of 10,000 B
@@ -55,6 +56,17 @@ int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data);
  * TW_EINVAL. */
 int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len);
 
+/* tw_builder_pack_object: pack `o`, a value inside the decoded message d
+ * (or any msgpack object when d is NULL), at the packer's position. Each
+ * placeholder of d inside o becomes a new payload group of this message
+ * that references the same (merged, decompressed) frames without copying
+ * them, with the original sub-header's keys (serializer, type ...) and
+ * fresh num-sub-frames, compression and split keys. d must outlive the
+ * finished message only until tw_builder_finish (the message then holds
+ * its own references). This is how an echo replies with its argument.
+ * Returns 0, TW_ENOMEM, TW_EINVAL. */
+int tw_builder_pack_object(tw_builder *b, const tw_decoded *d, const msgpack_object *o);
+
 /* tw_builder_finish: the message (frame 0, then every payload group in
  * the order packed), owned by the caller. The builder is spent: only
  * tw_builder_free is valid after. Returns 0, TW_ENOMEM, or TW_EINVAL when
@@ -65,8 +77,6 @@ int tw_builder_finish(tw_builder *b, tw_msg **out);
 void tw_builder_free(tw_builder *b);
 
 /* Reading messages. */
-
-typedef struct tw_decoded tw_decoded;
 
 enum tw_payload_kind { TW_PAYLOAD_SERIALIZED = 1, TW_PAYLOAD_PICKLED = 2 };
 

@@ -12,5 +12,6 @@
 #include <taskwire/merge.h>
 #include <taskwire/serial.h>
 #include <taskwire/handshake.h>
+#include <taskwire/server.h>
 
 #endif

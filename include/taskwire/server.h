@@ -1,0 +1,85 @@
+/* taskwire: servers that answer ops (DESIGN.md, RPC conventions; Dask's
+ * distributed.core.Server.handle_comm).
+ *
+ * A request is a map with `op` (str) and arguments; `reply` (default
+ * true) false means no reply; `close` true closes the comm after replying.
+ * The server runs the op's handler, which replies at once or later
+ * (deferred) with exactly one call of tw_request_reply or
+ * tw_request_reply_error. Requests of one comm are served one at a time,
+ * in order (the next is read after the reply). Built in: `identity`
+ * -> {"type": "taskwire", "id": ...}, `echo(data)` -> data, `close` ->
+ * "OK" then close; an unknown op replies nil; a message that is not a map,
+ * has no str `op`, or cannot be decoded drops the comm. All functions run
+ * on the context's loop thread; handlers run there too. */
+#ifndef TASKWIRE_SERVER_H
+#define TASKWIRE_SERVER_H
+
+#include <taskwire/comm.h>
+#include <taskwire/serial.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+typedef struct tw_server tw_server;
+typedef struct tw_request tw_request;
+
+/* An op handler; `req` stays valid until it is replied to. */
+typedef void (*tw_op_fn)(tw_request *req, void *arg);
+
+/* tw_server_new: a server on ctx with the built-in ops. Returns 0,
+ * TW_ENOMEM or TW_EINVAL. */
+int tw_server_new(tw_context *ctx, tw_server **out);
+
+/* tw_server_add_op: register (or replace, built-ins too) the handler of
+ * op `name` (copied). Returns 0, TW_ENOMEM or TW_EINVAL. */
+int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg);
+
+/* tw_server_listen: listen on uri as well (any transport); the comms it
+ * accepts do the handshake, then serve requests. Returns as tw_listen. */
+int tw_server_listen(tw_server *s, const char *uri);
+
+/* tw_server_address: the bound URI of the i-th listen, into buf of len
+ * bytes. Returns 0, TW_ERANGE (buf too small or no such listener). */
+int tw_server_address(const tw_server *s, size_t i, char *buf, size_t len);
+
+/* tw_server_free: stop listening and abort every comm. Requests still
+ * unanswered stay valid until their handlers reply (the reply is then
+ * dropped). Accepts NULL. */
+void tw_server_free(tw_server *s);
+
+/* The request: its op, its argument `key` (NULL when absent), the whole
+ * decoded message (payloads through tw_decoded_payload), and whether the
+ * caller wants a reply. Valid until the reply. */
+const char *tw_request_op(const tw_request *r);
+const msgpack_object *tw_request_arg(const tw_request *r, const char *key);
+const tw_decoded *tw_request_decoded(const tw_request *r);
+int tw_request_wants_reply(const tw_request *r);
+
+/* tw_request_reply_builder: the builder for the reply, made on first use
+ * with the comm's negotiated compression; pack exactly one value (with
+ * tw_builder_pack_object to return a part of the request with its
+ * payloads). NULL when out of memory. */
+tw_builder *tw_request_reply_builder(tw_request *r);
+
+/* tw_request_reply: send the packed value (nil when nothing was packed),
+ * unless the caller asked for no reply, then read the next request (or
+ * close the comm when the request said `close`). Frees r in every case.
+ * Returns 0, or TW_ENOMEM / TW_ECLOSED (the comm went away: the reply is
+ * dropped). */
+int tw_request_reply(tw_request *r);
+
+/* tw_request_reply_error: reply {"status": "uncaught-error", "exception":
+ * exception_text, "traceback": nil, "exception_text": ...,
+ * "traceback_text": ...} (texts may be NULL: ""), which Python's rpc raises
+ * as an Exception. Frees r. Returns as tw_request_reply. */
+int tw_request_reply_error(tw_request *r, const char *exception_text, const char *traceback_text);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

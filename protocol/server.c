@@ -1,0 +1,393 @@
+/* Servers that answer ops (include/taskwire/server.h), after Dask's
+ * distributed.core.Server.handle_comm. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <taskwire/error.h>
+#include <taskwire/handshake.h>
+#include <taskwire/server.h>
+
+#include "protocol/builder.h"
+#include "transport/transport.h"
+
+struct op {
+	char *name;
+	tw_op_fn fn;
+	void *arg;
+};
+
+/* One served comm. */
+struct sconn {
+	struct sconn *prev, *next;
+	tw_server *srv;
+	tw_comm *comm;
+	tw_request *busy; /* the request being handled */
+	tw_msg *pending;  /* a reply the write queue refused, sent on drain */
+};
+
+struct tw_request {
+	struct sconn *conn; /* NULL once the comm went away */
+	tw_decoded *d;
+	char *op;
+	int reply, close;
+	tw_builder *b;
+};
+
+struct tw_server {
+	tw_context *ctx;
+	struct op *ops;
+	size_t nops;
+	tw_listener **ls;
+	size_t nls;
+	struct sconn conns; /* list head */
+	char id[64];
+};
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	msgpack_pack_str(pk, strlen(s));
+	msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+static void op_identity(tw_request *r, void *arg)
+{
+	tw_server *s = arg;
+	tw_builder *b = tw_request_reply_builder(r);
+	if (b != NULL) {
+		msgpack_pack_map(tw_builder_packer(b), 2);
+		pack_str(tw_builder_packer(b), "type");
+		pack_str(tw_builder_packer(b), "taskwire");
+		pack_str(tw_builder_packer(b), "id");
+		pack_str(tw_builder_packer(b), s->id);
+	}
+	tw_request_reply(r);
+}
+
+static void op_echo(tw_request *r, void *arg)
+{
+	const msgpack_object *data = tw_request_arg(r, "data");
+	tw_builder *b = tw_request_reply_builder(r);
+	(void)arg;
+	if (b != NULL && data != NULL)
+		tw_builder_pack_object(b, tw_request_decoded(r), data);
+	tw_request_reply(r);
+}
+
+int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg)
+{
+	struct op *ops;
+	if (s == NULL || name == NULL || fn == NULL)
+		return TW_EINVAL;
+	for (size_t i = 0; i < s->nops; i++) {
+		if (strcmp(s->ops[i].name, name) == 0) {
+			s->ops[i].fn = fn;
+			s->ops[i].arg = arg;
+			return 0;
+		}
+	}
+	if ((ops = realloc(s->ops, (s->nops + 1) * sizeof(*ops))) == NULL)
+		return TW_ENOMEM;
+	s->ops = ops;
+	if ((ops[s->nops].name = strdup(name)) == NULL)
+		return TW_ENOMEM;
+	ops[s->nops].fn = fn;
+	ops[s->nops].arg = arg;
+	s->nops++;
+	return 0;
+}
+
+int tw_server_new(tw_context *ctx, tw_server **out)
+{
+	tw_server *s;
+	if (ctx == NULL || out == NULL)
+		return TW_EINVAL;
+	if ((s = calloc(1, sizeof(*s))) == NULL)
+		return TW_ENOMEM;
+	s->ctx = ctx;
+	s->conns.next = s->conns.prev = &s->conns;
+	snprintf(s->id, sizeof(s->id), "taskwire-%ld-%p", (long)getpid(), (void *)s);
+	if (tw_server_add_op(s, "identity", op_identity, s) != 0 ||
+	    tw_server_add_op(s, "echo", op_echo, s) != 0) {
+		tw_server_free(s);
+		return TW_ENOMEM;
+	}
+	*out = s;
+	return 0;
+}
+
+static void request_free(tw_request *r)
+{
+	tw_builder_free(r->b);
+	tw_decoded_free(r->d);
+	free(r->op);
+	free(r);
+}
+
+/* Forget a comm: its unanswered request is orphaned, not freed. */
+static void conn_free(struct sconn *sc)
+{
+	if (sc->busy != NULL)
+		sc->busy->conn = NULL;
+	sc->prev->next = sc->next;
+	sc->next->prev = sc->prev;
+	tw_msg_free(sc->pending);
+	tw_comm_free(sc->comm);
+	free(sc);
+}
+
+static void drop(struct sconn *sc, int err, const char *why)
+{
+	tw__comm_seterr(sc->comm, "%s", why);
+	tw__comm_end(sc->comm, err);
+}
+
+static const struct op *find_op(const tw_server *s, const msgpack_object *name)
+{
+	for (size_t i = 0; i < s->nops; i++)
+		if (tw_obj_str_eq(name, s->ops[i].name))
+			return &s->ops[i];
+	return NULL;
+}
+
+static int flag(const msgpack_object *root, const char *key, int dflt)
+{
+	const msgpack_object *v = tw_map_get(root, key);
+	return v != NULL && v->type == MSGPACK_OBJECT_BOOLEAN ? v->via.boolean : dflt;
+}
+
+static int make_request(struct sconn *sc, tw_decoded *d, tw_request **out)
+{
+	const msgpack_object *op = tw_map_get(tw_decoded_root(d), "op");
+	tw_request *r = calloc(1, sizeof(*r));
+	if (r == NULL || (r->op = strndup(op->via.str.ptr, op->via.str.size)) == NULL) {
+		free(r);
+		return TW_ENOMEM;
+	}
+	r->conn = sc;
+	r->d = d;
+	r->reply = flag(tw_decoded_root(d), "reply", 1);
+	r->close = flag(tw_decoded_root(d), "close", 0);
+	*out = r;
+	return 0;
+}
+
+/* A request arrived: serve it; reading pauses until it is answered. */
+static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
+{
+	struct sconn *sc = arg;
+	tw_decode_limits lim = {comm->limits.max_message_bytes};
+	const msgpack_object *op;
+	const struct op *h;
+	tw_request *r;
+	tw_decoded *d;
+	char why[200] = "";
+	int rv = tw_decode(msg, &lim, &d, why, sizeof(why));
+	if (rv != 0)
+		return drop(sc, rv, why);
+	op = tw_map_get(tw_decoded_root(d), "op");
+	if (tw_decoded_root(d)->type != MSGPACK_OBJECT_MAP || op == NULL ||
+	    op->type != MSGPACK_OBJECT_STR) {
+		tw_decoded_free(d);
+		return drop(sc, TW_EPROTO, "request is not a map with a str `op`");
+	}
+	if ((rv = make_request(sc, d, &r)) != 0) {
+		tw_decoded_free(d);
+		return drop(sc, rv, "out of memory");
+	}
+	sc->busy = r;
+	comm->ops->pause(comm);
+	if (strcmp(r->op, "close") == 0) {
+		r->close = 1;
+		if (r->reply)
+			pack_str(tw_builder_packer(tw_request_reply_builder(r)), "OK");
+		tw_request_reply(r);
+		return;
+	}
+	if ((h = find_op(sc->srv, op)) == NULL) {
+		tw_request_reply(r); /* unknown op: nil, as Dask does */
+		return;
+	}
+	h->fn(r, h->arg);
+}
+
+static void resume(struct sconn *sc)
+{
+	if (sc->busy == NULL && sc->pending == NULL)
+		sc->comm->ops->start(sc->comm);
+}
+
+static void on_drain(tw_comm *comm, void *arg)
+{
+	struct sconn *sc = arg;
+	if (sc->pending != NULL && tw_comm_write(comm, sc->pending) == 0)
+		sc->pending = NULL;
+	resume(sc);
+}
+
+static void on_close(tw_comm *comm, int err, void *arg)
+{
+	(void)comm;
+	(void)err;
+	conn_free(arg);
+}
+
+static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
+{
+	tw_server *s = arg;
+	struct sconn *sc;
+	(void)info;
+	if (err != 0 || (sc = calloc(1, sizeof(*sc))) == NULL) {
+		tw_comm_free(comm);
+		return;
+	}
+	sc->srv = s;
+	sc->comm = comm;
+	sc->next = s->conns.next;
+	sc->prev = &s->conns;
+	s->conns.next->prev = sc;
+	s->conns.next = sc;
+	if (tw_comm_set_callbacks(comm, on_recv, on_close, on_drain, sc) != 0)
+		conn_free(sc);
+}
+
+static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	(void)l;
+	if (tw_comm_handshake(comm, 1, on_handshake, arg) != 0)
+		tw_comm_free(comm);
+}
+
+int tw_server_listen(tw_server *s, const char *uri)
+{
+	tw_listener **ls, *l;
+	int rv;
+	if (s == NULL)
+		return TW_EINVAL;
+	if ((ls = realloc(s->ls, (s->nls + 1) * sizeof(*ls))) == NULL)
+		return TW_ENOMEM;
+	s->ls = ls;
+	if ((rv = tw_listen(s->ctx, uri, on_accept, s, &l)) != 0)
+		return rv;
+	s->ls[s->nls++] = l;
+	return 0;
+}
+
+int tw_server_address(const tw_server *s, size_t i, char *buf, size_t len)
+{
+	if (s == NULL || i >= s->nls)
+		return TW_ERANGE;
+	return tw_listener_address(s->ls[i], buf, len);
+}
+
+void tw_server_free(tw_server *s)
+{
+	if (s == NULL)
+		return;
+	for (size_t i = 0; i < s->nls; i++)
+		tw_listener_free(s->ls[i]);
+	while (s->conns.next != &s->conns)
+		conn_free(s->conns.next);
+	for (size_t i = 0; i < s->nops; i++)
+		free(s->ops[i].name);
+	free(s->ops);
+	free(s->ls);
+	free(s);
+}
+
+const char *tw_request_op(const tw_request *r)
+{
+	return r->op;
+}
+
+const msgpack_object *tw_request_arg(const tw_request *r, const char *key)
+{
+	return tw_map_get(tw_decoded_root(r->d), key);
+}
+
+const tw_decoded *tw_request_decoded(const tw_request *r)
+{
+	return r->d;
+}
+
+int tw_request_wants_reply(const tw_request *r)
+{
+	return r->reply;
+}
+
+tw_builder *tw_request_reply_builder(tw_request *r)
+{
+	const char *codec = r->conn != NULL ? tw_comm_compression(r->conn->comm) : NULL;
+	if (r->b == NULL && tw_builder_new(codec, &r->b) != 0)
+		return NULL;
+	return r->b;
+}
+
+/* Send the finished reply; close or read on. */
+static int send_reply(struct sconn *sc, tw_request *r, tw_msg *m)
+{
+	int rv = 0;
+	sc->busy = NULL;
+	if (m != NULL && (rv = tw_comm_write(sc->comm, m)) == TW_EAGAIN) {
+		sc->pending = m;
+		rv = 0;
+	} else if (rv != 0) {
+		tw_msg_free(m);
+	}
+	if (r->close)
+		tw_comm_close(sc->comm);
+	else
+		resume(sc);
+	return rv;
+}
+
+int tw_request_reply(tw_request *r)
+{
+	struct sconn *sc = r->conn;
+	tw_msg *m = NULL;
+	int rv = 0;
+	if (sc == NULL) {
+		request_free(r);
+		return TW_ECLOSED;
+	}
+	if (r->reply) {
+		if (tw_request_reply_builder(r) == NULL)
+			rv = TW_ENOMEM;
+		else if (tw__builder_empty(r->b))
+			msgpack_pack_nil(tw_builder_packer(r->b));
+		if (rv == 0)
+			rv = tw_builder_finish(r->b, &m);
+	}
+	if (rv != 0) {
+		sc->busy = NULL;
+		request_free(r);
+		drop(sc, rv, "out of memory for a reply");
+		return rv;
+	}
+	rv = send_reply(sc, r, m);
+	request_free(r);
+	return rv;
+}
+
+int tw_request_reply_error(tw_request *r, const char *exception_text, const char *traceback_text)
+{
+	tw_builder *b = tw_request_reply_builder(r);
+	msgpack_packer *pk;
+	const char *e = exception_text != NULL ? exception_text : "";
+	if (b == NULL || !tw__builder_empty(b))
+		return tw_request_reply(r); /* reports the same error */
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 5);
+	pack_str(pk, "status");
+	pack_str(pk, "uncaught-error");
+	pack_str(pk, "exception");
+	pack_str(pk, e);
+	pack_str(pk, "traceback");
+	msgpack_pack_nil(pk);
+	pack_str(pk, "exception_text");
+	pack_str(pk, e);
+	pack_str(pk, "traceback_text");
+	pack_str(pk, traceback_text != NULL ? traceback_text : "");
+	return tw_request_reply(r);
+}
