@@ -187,7 +187,12 @@ static uint64_t s_queued(const tw_comm *c)
 /* The peer closed (or errored) while we were reading. */
 static void read_ended(struct stream *s, ssize_t n)
 {
-	if (n == 0 && tw__rx_idle(&s->rx)) {
+	if (n == 0 && tw__rx_idle(&s->rx) && s->qn > 0) {
+		/* A half-close: the peer may still read what we owe it. */
+		s->closing = 1;
+		s->peer_eof = 1;
+		event_del(s->rev);
+	} else if (n == 0 && tw__rx_idle(&s->rx)) {
 		tw__comm_end(&s->base, 0);
 	} else if (n == 0) {
 		tw__comm_seterr(&s->base, "peer closed after %zu of a message's bytes",

@@ -34,7 +34,9 @@ typedef struct tw_context tw_context;
  * before the base. With `base` NULL, the context makes its own base and a
  * loop thread that runs until tw_context_free. Enables libevent's pthread
  * locking (evthread_use_pthreads) so tw_context_call works from any
- * thread. Returns 0 and sets *out, TW_ENOMEM, TW_EIO (thread or base could
+ * thread; libevent only gives locks to bases made after that call, so an
+ * application that calls tw_context_call from other threads must call
+ * evthread_use_pthreads() itself before making its base. Returns 0 and sets *out, TW_ENOMEM, TW_EIO (thread or base could
  * not be made) or TW_EINVAL. */
 int tw_context_new(struct event_base *base, tw_context **out);
 
