@@ -67,12 +67,22 @@ static int finish_small(struct tw__rx *rx)
 	return 1;
 }
 
-/* The 16-byte head (total, N) is in: validate it, then read the rest into
+/* The total field is in: check it at once, so a peer that sends an
+ * oversized total and then nothing is refused now, not when N arrives
+ * (BH-04). */
+static int got_total(struct tw__rx *rx)
+{
+	size_t used;
+	int rv = tw__sdec_feed(&rx->dec, rx->head, 8, &used);
+	return rv < 0 ? fail(rx, rv) : 0;
+}
+
+/* The 16-byte head (total, N) is in: validate N, then read the rest into
  * one block if it is small, else read the lengths on their own. */
 static int got_head(struct tw__rx *rx)
 {
 	size_t used;
-	int rv = tw__sdec_feed(&rx->dec, rx->head, 16, &used);
+	int rv = tw__sdec_feed(&rx->dec, rx->head + 8, 8, &used);
 	if (rv < 0)
 		return fail(rx, rv);
 	rx->have = 0;
@@ -240,6 +250,8 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 	switch (rx->phase) {
 	case RX_HEAD:
 		rx->have += n;
+		if (rx->have >= 8 && rx->have - n < 8 && (rv = got_total(rx)) < 0)
+			return rv;
 		return rx->have < 16 ? 0 : got_head(rx);
 	case RX_SMALL:
 		rx->have += n;

@@ -58,14 +58,15 @@ static uint64_t word(const struct tw__sdec *d)
 	return le64toh(v);
 }
 
-/* The total field: checked against the limit before anything else. The
- * smallest valid remainder is N and one length (16 bytes). */
+/* The total field: checked against the limit before anything else. It
+ * must at least hold N; whether it holds N's lengths is checked when N is
+ * in, so that N = 0 is reported as such. */
 static int got_total(struct tw__sdec *d)
 {
 	d->total = word(d);
 	if (d->total > d->max_message_bytes)
 		return fail(d, TW_ETOOBIG);
-	if (d->total < 16)
+	if (d->total < 8)
 		return fail(d, TW_ELENGTH);
 	d->state = SDEC_COUNT;
 	d->have = 0;

@@ -159,6 +159,12 @@ static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 
 /* Listener. */
 
+/* Accept-queue length. libevent's default (backlog -1) is 128: when more
+ * clients connect at once (a cluster's workers at start-up), the kernel
+ * drops their SYNs and each retries after a second. 2048 is Dask's
+ * distributed.comm.socket-backlog; the kernel caps it at somaxconn. */
+#define LISTEN_BACKLOG 2048
+
 struct tcp_listener {
 	struct tw_listener base;
 	struct evconnlistener *lev;
@@ -212,7 +218,7 @@ static int tcp_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb,
 	l->lev = evconnlistener_new_bind(ctx->base, on_accept, l,
 					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
 						 LEV_OPT_CLOSE_ON_EXEC,
-					 -1, ai->ai_addr, (int)ai->ai_addrlen);
+					 LISTEN_BACKLOG, ai->ai_addr, (int)ai->ai_addrlen);
 	err = errno;
 	evutil_freeaddrinfo(ai);
 	if (l->lev == NULL) {

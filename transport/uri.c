@@ -53,8 +53,9 @@ int tw__uri_parse(const char *s, struct tw__uri *u)
 			return TW_EADDR;
 		port = host_end + 1;
 	}
+	/* Brackets only around the whole host; no path inside it. */
 	if (copy_part(u->host, sizeof(u->host), host, (size_t)(host_end - host)) != 0 ||
-	    memchr(host, '/', (size_t)(host_end - host)) != NULL)
+	    strpbrk(u->host, "[]/") != NULL)
 		return TW_EADDR;
 	end = strchr(port, '/');
 	if (end == NULL)
