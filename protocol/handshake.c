@@ -109,8 +109,10 @@ static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
 	rv = TW_EPROTO;
 	if (root->type != MSGPACK_OBJECT_MAP)
 		tw__comm_seterr(comm, "handshake: not a map");
-	else if (c == NULL || (c->type != MSGPACK_OBJECT_NIL && c->type != MSGPACK_OBJECT_STR))
-		tw__comm_seterr(comm, "handshake: `compression` missing or not a str or nil");
+	else if (c == NULL || (c->type != MSGPACK_OBJECT_NIL && c->type != MSGPACK_OBJECT_STR &&
+			       c->type != MSGPACK_OBJECT_BOOLEAN))
+		/* Python sends False when pinned to no compression. */
+		tw__comm_seterr(comm, "handshake: `compression` missing or not a str, nil or false");
 	else if (p == NULL || p->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
 		tw__comm_seterr(comm, "handshake: `pickle-protocol` missing or not an int");
 	else

@@ -2,7 +2,7 @@
  * distributed/comm/core.py handshake_info and handshake_configuration).
  *
  * Right after the transport is up each side sends one message whose frame
- * 0 is {"compression": str|nil, "python": [3, 11, 2],
+ * 0 is {"compression": str|nil|false, "python": [3, 11, 2],
  * "pickle-protocol": 5}. The listener writes first; the connector reads
  * first, then writes. Negotiated: pickle-protocol = min(local, remote);
  * compression = the local codec if both sides named the same one, else
