@@ -58,7 +58,8 @@ static void set_defaults(struct tw__limits *l)
 	l->connect_timeout_ms = TW_DEFAULT_CONNECT_TIMEOUT_MS;
 	l->write_hwm_bytes = TW_DEFAULT_WRITE_HWM_BYTES;
 	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
-	l->handshake_timeout_ms = 10000; /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
+	l->handshake_timeout_ms = 10000;     /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
+	l->tls_handshake_timeout_ms = 10000; /* TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS */
 	l->compression = NULL;
 }
 
@@ -146,6 +147,8 @@ void tw_context_free(tw_context *ctx)
 	kill_all(ctx);
 	run_calls(-1, 0, ctx);
 	event_free(ctx->call_ev);
+	if (ctx->tls_release != NULL)
+		ctx->tls_release(ctx->tls);
 	if (ctx->own_base)
 		event_base_free(ctx->base);
 	pthread_mutex_destroy(&ctx->lock);
@@ -213,4 +216,9 @@ int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
 		return TW_EINVAL;
 	ctx->limits.small_frame_bytes = bytes;
 	return 0;
+}
+
+const char *tw_context_last_error(const tw_context *ctx)
+{
+	return ctx->error;
 }

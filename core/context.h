@@ -17,6 +17,7 @@ struct tw__limits {
 	size_t write_hwm_bytes;
 	size_t small_frame_bytes;
 	uint32_t handshake_timeout_ms;
+	uint32_t tls_handshake_timeout_ms;
 	const char *compression; /* codec offered in handshakes (static), or NULL */
 };
 
@@ -38,6 +39,11 @@ struct tw_context {
 	struct tw__call *calls, **calls_tail;
 	struct tw__limits limits;
 	struct tw__node objects; /* list head; loop thread only */
+	/* The transport's TLS configuration, released with the context
+	 * (core knows no TLS types). */
+	void *tls;
+	void (*tls_release)(void *tls);
+	char error[512]; /* last connect/accept failure; loop thread */
 };
 
 void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *));

@@ -24,6 +24,7 @@ const char *tw_strerror(int err)
 	case TW_ECANCELED: return "canceled";
 	case TW_ENOTSUP: return "not supported";
 	case TW_ERANGE: return "out of range";
+	case TW_ETLS: return "TLS handshake or certificate verification failed";
 	}
 	return "unknown error";
 }

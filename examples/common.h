@@ -8,6 +8,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <getopt.h>
+
+#include <taskwire/taskwire.h>
+
 /* "64MiB", "1GiB", "3000", "10KiB" -> bytes; exits on garbage. */
 static inline uint64_t tw_ex_parse_size(const char *s)
 {
@@ -52,6 +56,51 @@ static inline uint64_t tw_ex_rss(void)
 static inline uint64_t tw_ex_peak_rss(void)
 {
 	return tw_ex_status_bytes("VmHWM");
+}
+
+/* --tls-ca, --tls-cert, --tls-key: the options every example takes. */
+struct tw_ex_tls {
+	const char *ca, *cert, *key;
+};
+
+#define TW_EX_TLS_OPTIONS                                                                          \
+	{"tls-ca", required_argument, NULL, 1001}, {"tls-cert", required_argument, NULL, 1002},    \
+		{"tls-key", required_argument, NULL, 1003}
+
+#define TW_EX_TLS_USAGE                                                                            \
+	"  --tls-ca FILE --tls-cert FILE --tls-key FILE   PEM files for tls:// (mutual TLS)\n"
+
+/* Take one TLS option; 1 if o was one. */
+static inline int tw_ex_tls_option(struct tw_ex_tls *t, int o, const char *arg)
+{
+	switch (o) {
+	case 1001: t->ca = arg; return 1;
+	case 1002: t->cert = arg; return 1;
+	case 1003: t->key = arg; return 1;
+	default: return 0;
+	}
+}
+
+/* Give ctx the TLS configuration the options name (none given: nothing).
+ * Exits with a message naming the file on error. */
+static inline void tw_ex_tls_setup(tw_context *ctx, const struct tw_ex_tls *t)
+{
+	tw_tls_config *cfg;
+	int rv = 0;
+	if (t->ca == NULL && t->cert == NULL && t->key == NULL)
+		return;
+	if (tw_tls_config_new(&cfg) != 0)
+		exit(1);
+	if (t->ca != NULL)
+		rv = tw_tls_config_set_ca_file(cfg, t->ca);
+	if (rv == 0 && (t->cert != NULL || t->key != NULL))
+		rv = tw_tls_config_set_cert_files(cfg, t->cert ? t->cert : "", t->key ? t->key : "");
+	if (rv != 0) {
+		fprintf(stderr, "TLS: %s\n", tw_tls_config_last_error(cfg));
+		exit(2);
+	}
+	tw_context_set_tls(ctx, cfg);
+	tw_tls_config_free(cfg);
 }
 
 static inline double tw_ex_now(void)

@@ -24,6 +24,7 @@
 
 struct client {
 	struct event_base *base;
+	tw_context *ctx;
 	uint64_t size, frames, count;
 	tw_block *pattern; /* size + frames + 8 bytes; payload j of message k starts at j + k % 8 */
 	uint64_t sent, verified;
@@ -181,7 +182,8 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	if (err == 0)
 		err = tw_comm_handshake(comm, 0, on_handshake, cl);
 	if (err != 0) {
-		fprintf(stderr, "tw-echo-client: connect failed: %s\n", tw_strerror(err));
+		fprintf(stderr, "tw-echo-client: connect failed: %s %s\n", tw_strerror(err),
+			tw_context_last_error(cl->ctx));
 		tw_comm_free(comm);
 		cl->failed = 1;
 		event_base_loopbreak(cl->base);
@@ -191,7 +193,8 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: tw-echo-client URI [--size BYTES] [--frames N] [--count N]\n"
-		   "                      [--compression zstd|lz4]\n"
+		   "                      [--compression zstd|lz4] [TLS options]\n"
+		   TW_EX_TLS_USAGE
 		   "  After the Dask handshake, send COUNT messages carrying FRAMES\n"
 		   "  out-of-band payloads of BYTES bytes each (default 1MiB x 1 x 10;\n"
 		   "  sizes take K, M, G suffixes) to the comm-level echo peer at URI, one\n"
@@ -216,9 +219,11 @@ int main(int argc, char **argv)
 					     {"frames", required_argument, NULL, 'f'},
 					     {"count", required_argument, NULL, 'c'},
 					     {"help", no_argument, NULL, 'h'},
+					     TW_EX_TLS_OPTIONS,
 					     {NULL, 0, NULL, 0}};
 	struct client cl = {.size = 1 << 20, .frames = 1, .count = 10};
 	const char *codec = NULL;
+	struct tw_ex_tls tls = {NULL, NULL, NULL};
 	tw_context *ctx;
 	uint8_t *pattern;
 	int o, rv;
@@ -229,7 +234,11 @@ int main(int argc, char **argv)
 		case 'f': cl.frames = tw_ex_parse_size(optarg); break;
 		case 'c': cl.count = tw_ex_parse_size(optarg); break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default:
+			if (tw_ex_tls_option(&tls, o, optarg))
+				break;
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind != argc - 1 || cl.frames == 0 || cl.count == 0) {
@@ -247,6 +256,8 @@ int main(int argc, char **argv)
 	cl.base = event_base_new();
 	if (cl.base == NULL || tw_context_new(cl.base, &ctx) != 0)
 		return 1;
+	cl.ctx = ctx;
+	tw_ex_tls_setup(ctx, &tls);
 	if (codec != NULL && (rv = tw_context_set_compression(ctx, codec)) != 0) {
 		fprintf(stderr, "tw-echo-client: %s: %s\n", codec, tw_strerror(rv));
 		return 2;

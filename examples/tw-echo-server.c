@@ -129,8 +129,9 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tw-echo-server URI [--max-message BYTES] [--quiet]\n"
-		   "  Listen on URI (e.g. tcp://127.0.0.1:8786; port 0 picks a free port)\n"
+	fprintf(f, "usage: tw-echo-server URI [--max-message BYTES] [--quiet] [TLS options]\n"
+		   TW_EX_TLS_USAGE
+		   "  Listen on URI (e.g. tcp://127.0.0.1:8786 or tls://...; port 0 picks a free port)\n"
 		   "  and write every message back unchanged. Prints the bound address,\n"
 		   "  then one line per comm when it ends. Stops on SIGINT/SIGTERM.\n");
 }
@@ -147,8 +148,10 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {{"max-message", required_argument, NULL, 'm'},
 					     {"quiet", no_argument, NULL, 'q'},
 					     {"help", no_argument, NULL, 'h'},
+					     TW_EX_TLS_OPTIONS,
 					     {NULL, 0, NULL, 0}};
 	uint64_t max_message = 0;
+	struct tw_ex_tls tls = {NULL, NULL, NULL};
 	struct event_base *base;
 	struct event *sigint, *sigterm;
 	tw_context *ctx;
@@ -160,7 +163,11 @@ int main(int argc, char **argv)
 		case 'm': max_message = tw_ex_parse_size(optarg); break;
 		case 'q': quiet = 1; break;
 		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		default:
+			if (tw_ex_tls_option(&tls, o, optarg))
+				break;
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind != argc - 1) {
@@ -175,6 +182,7 @@ int main(int argc, char **argv)
 	}
 	if (max_message > 0)
 		tw_context_set_max_message_bytes(ctx, max_message);
+	tw_ex_tls_setup(ctx, &tls);
 	if ((rv = tw_listen(ctx, argv[optind], on_accept, NULL, &l)) != 0) {
 		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", argv[optind],
 			tw_strerror(rv));

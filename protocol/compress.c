@@ -2,7 +2,7 @@
 #include <endian.h>
 #include <string.h>
 
-/* ZSTD_findDecompressedSize and ZSTD_decompressBound are in the advanced
+/* ZSTD_getFrameHeader and ZSTD_findDecompressedSize are in the advanced
  * API, exported by the shared libzstd since 1.4. */
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
@@ -41,36 +41,135 @@ const char *tw__codec_name(enum tw__codec c)
 	}
 }
 
+/* Windows above 2^27 (zstd's own default decoder limit) are refused:
+ * BH-31 (c). */
+#define ZSTD_WINDOW_MAX ((uint64_t)1 << 27)
+/* lz4 never expands one input byte into more than 255 output bytes. */
+#define LZ4_MAX_RATIO 255
+
+/* What the blocks of the zstd frame at in[off..n) (header already read
+ * into h) can decompress to: a raw or RLE block its exact size, a
+ * compressed one at most the block maximum (RFC 8878, 3.1.1.2). Sets *end
+ * past the frame. Nothing is decompressed. Unlike ZSTD_decompressBound,
+ * this also bounds frames that declare a content size, so a header that
+ * claims more than its blocks hold is refused before allocating (BH-31). */
+static int zstd_blocks(const uint8_t *in, size_t n, size_t off, const ZSTD_frameHeader *h,
+		       uint64_t *bound, size_t *end)
+{
+	int last = 0;
+	*bound = 0;
+	while (!last) {
+		uint32_t bh, size;
+		if (n - off < 3)
+			return TW_EPROTO;
+		bh = in[off] | (uint32_t)in[off + 1] << 8 | (uint32_t)in[off + 2] << 16;
+		off += 3;
+		last = bh & 1;
+		size = bh >> 3;
+		if (size > h->blockSizeMax)
+			return TW_EPROTO; /* Block_Maximum_Size bounds every block */
+		switch ((bh >> 1) & 3) {
+		case 0: /* raw */
+			if (n - off < size)
+				return TW_EPROTO;
+			*bound += size;
+			off += size;
+			break;
+		case 1: /* RLE: one byte repeated size times */
+			if (n - off < 1)
+				return TW_EPROTO;
+			*bound += size;
+			off += 1;
+			break;
+		case 2: /* compressed */
+			if (n - off < size)
+				return TW_EPROTO;
+			*bound += h->blockSizeMax;
+			off += size;
+			break;
+		default:
+			return TW_EPROTO;
+		}
+	}
+	if (h->checksumFlag && n - off < 4)
+		return TW_EPROTO;
+	*end = off + (h->checksumFlag ? 4 : 0);
+	return 0;
+}
+
+/* The size one zstd frame at in[0..n) decompresses to: its declared
+ * content size, which its blocks must be able to produce, or else the bound
+ * of its blocks (a streaming frame, BH-32). Sets *used to the frame's
+ * length. Sizes from the header are checked against max_bytes and the
+ * blocks before anything is allocated (BH-31). */
+static int zstd_frame_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *out,
+			   size_t *used)
+{
+	ZSTD_frameHeader h;
+	uint64_t bound;
+	size_t r = ZSTD_getFrameHeader(&h, in, n);
+	int rv;
+	if (ZSTD_isError(r) || r > 0)
+		return TW_EPROTO;
+	if (h.frameType == ZSTD_skippableFrame) {
+		*used = ZSTD_findFrameCompressedSize(in, n);
+		*out = 0;
+		return ZSTD_isError(*used) ? TW_EPROTO : 0;
+	}
+	if (h.frameContentSize != ZSTD_CONTENTSIZE_UNKNOWN && h.frameContentSize > max_bytes)
+		return TW_ETOOBIG;
+	/* a window descriptor (no Single_Segment_Flag in the descriptor byte) */
+	if ((in[4] & 0x20) == 0 && h.windowSize > ZSTD_WINDOW_MAX)
+		return TW_ETOOBIG;
+	if ((rv = zstd_blocks(in, n, h.headerSize, &h, &bound, used)) != 0)
+		return rv;
+	if (h.frameContentSize == ZSTD_CONTENTSIZE_UNKNOWN)
+		*out = bound;
+	else if (h.frameContentSize > bound)
+		return TW_EPROTO; /* more than its blocks can hold: a lie */
+	else
+		*out = h.frameContentSize;
+	return *out > max_bytes ? TW_ETOOBIG : 0;
+}
+
+/* Every frame of `in` (zstd allows several back to back, BH-32 (d)). */
 static int zstd_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *out)
 {
-	unsigned long long sz = ZSTD_findDecompressedSize(in, n);
-	if (sz == ZSTD_CONTENTSIZE_ERROR)
-		return TW_EPROTO;
-	if (sz == ZSTD_CONTENTSIZE_UNKNOWN) {
-		/* A streaming frame: its blocks bound the output (BH-32). */
-		sz = ZSTD_decompressBound(in, n);
-		if (sz == ZSTD_CONTENTSIZE_ERROR)
-			return TW_EPROTO;
+	uint64_t total = 0, size;
+	size_t used;
+	int rv;
+	while (n > 0) {
+		if ((rv = zstd_frame_size(in, n, max_bytes - total, &size, &used)) != 0)
+			return rv;
+		total += size;
+		in += used;
+		n -= used;
 	}
-	if (sz > max_bytes)
-		return TW_ETOOBIG;
-	*out = sz;
+	*out = total;
 	return 0;
+}
+
+static int lz4_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *out)
+{
+	uint32_t v;
+	if (n < 4)
+		return TW_EPROTO;
+	memcpy(&v, in, 4);
+	*out = le32toh(v);
+	if (*out > max_bytes)
+		return TW_ETOOBIG;
+	/* a prefix its block cannot reach is a lie: refuse it before allocating */
+	return *out > (uint64_t)(n - 4) * LZ4_MAX_RATIO ? TW_EPROTO : 0;
 }
 
 int tw__decompressed_size(enum tw__codec c, const uint8_t *in, size_t n, uint64_t max_bytes,
 			  uint64_t *out)
 {
-	uint32_t v;
 	switch (c) {
 	case TW__CODEC_ZSTD:
 		return zstd_size(in, n, max_bytes, out);
 	case TW__CODEC_LZ4:
-		if (n < 4)
-			return TW_EPROTO;
-		memcpy(&v, in, 4);
-		*out = le32toh(v);
-		return *out > max_bytes ? TW_ETOOBIG : 0;
+		return lz4_size(in, n, max_bytes, out);
 	default:
 		*out = n;
 		return n > max_bytes ? TW_ETOOBIG : 0;

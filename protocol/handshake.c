@@ -155,9 +155,16 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 static void on_close(tw_comm *comm, int err, void *arg)
 {
 	struct hs *h = arg;
+	tw_stats st;
+	tw_comm_stats(comm, &st);
 	if (err == 0) {
 		err = TW_ECLOSED;
 		tw__comm_seterr(comm, "handshake: peer closed the comm");
+	} else if (err == TW_ETIMEDOUT) {
+		tw__comm_seterr(comm, "handshake: %s within %u ms%s",
+				st.bytes_received ? "no complete handshake" : "not a byte from the peer",
+				(unsigned)comm->limits.handshake_timeout_ms,
+				st.bytes_received ? "" : " (a tls:// listener, or not a Dask peer?)");
 	}
 	finish(comm, h, err, NULL);
 }

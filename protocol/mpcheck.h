@@ -11,7 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TW__MP_MAX_DEPTH 64
+/* Containers nested deeper than this are refused: msgpack-c's unpacker
+ * (MSGPACK_EMBED_STACK_SIZE, 32) fails on them with an out-of-memory code,
+ * which would report a bad peer as TW_ENOMEM. */
+#define TW__MP_MAX_DEPTH 32
 
 /* tw__mp_check: 0 when p[0..n) is exactly one well-formed msgpack value,
  * else TW_EPROTO with a reason (static string) in *why. */

@@ -114,6 +114,7 @@ static void consume(struct stream *s, uint64_t n)
 }
 
 static void finish_close(struct stream *s);
+static const char *io_error(struct stream *s);
 
 /* Write as much of the queue as the socket takes. Returns 0, or an error
  * after which the comm has ended. */
@@ -130,9 +131,10 @@ static int flush(struct stream *s)
 			return 0;
 		}
 		if (n < 0) {
-			tw__comm_seterr(&s->base, "write failed: %s", strerror(errno));
-			tw__comm_end(&s->base, TW_EIO);
-			return TW_EIO;
+			int err = errno == EPROTO ? TW_ETLS : TW_EIO;
+			tw__comm_seterr(&s->base, "write failed: %s", io_error(s));
+			tw__comm_end(&s->base, err);
+			return err;
 		}
 		consume(s, (uint64_t)n);
 	}
@@ -184,6 +186,12 @@ static uint64_t s_queued(const tw_comm *c)
 	return ((const struct stream *)c)->queued_bytes;
 }
 
+static const char *io_error(struct stream *s)
+{
+	const char *e = s->io->error != NULL ? s->io->error(s->io_arg) : NULL;
+	return e != NULL ? e : strerror(errno);
+}
+
 /* The peer closed (or errored) while we were reading. */
 static void read_ended(struct stream *s, ssize_t n)
 {
@@ -199,8 +207,9 @@ static void read_ended(struct stream *s, ssize_t n)
 				(size_t)s->rx.have);
 		tw__comm_end(&s->base, TW_ETRUNCATED);
 	} else {
-		tw__comm_seterr(&s->base, "read failed: %s", strerror(errno));
-		tw__comm_end(&s->base, TW_EIO);
+		int err = errno == EPROTO ? TW_ETLS : TW_EIO; /* the TLS layer's errors */
+		tw__comm_seterr(&s->base, "read failed: %s", io_error(s));
+		tw__comm_end(&s->base, err);
 	}
 }
 
@@ -230,6 +239,13 @@ static void drain_input(struct stream *s)
 		return;
 	}
 	finish_close(s);
+}
+
+/* Bytes may wait inside the I/O layer (TLS records already read), where
+ * the socket's readiness does not show them: look again from the loop. */
+static void read_again(struct stream *s)
+{
+	event_active(s->rev, EV_READ, 0);
 }
 
 static void on_readable(evutil_socket_t fd, short what, void *arg)
@@ -272,6 +288,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 				return;
 		}
 	}
+	read_again(s);
 }
 
 static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)
@@ -285,7 +302,7 @@ static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)
 static void start_linger(struct stream *s)
 {
 	struct timeval tv = {LINGER_SECONDS, 0};
-	shutdown(s->fd, SHUT_WR);
+	s->io->shutdown(s->io_arg, s->fd);
 	s->closing = 2;
 	event_add(s->rev, NULL);
 	event_add(s->linger_ev, &tv);
@@ -302,7 +319,10 @@ static int s_start(tw_comm *c)
 {
 	struct stream *s = (struct stream *)c;
 	s->reading = 1;
-	return event_add(s->rev, NULL) == 0 ? 0 : TW_EIO;
+	if (event_add(s->rev, NULL) != 0)
+		return TW_EIO;
+	read_again(s);
+	return 0;
 }
 
 static void s_pause(tw_comm *c)

@@ -37,7 +37,13 @@ static ssize_t tcp_writev(void *io, int fd, const struct iovec *iov, int n)
 	return sendmsg(fd, &mh, MSG_NOSIGNAL);
 }
 
-static const struct tw__stream_io tcp_io = {tcp_readv, tcp_writev, NULL};
+static void tcp_shutdown(void *io, int fd)
+{
+	(void)io;
+	shutdown(fd, SHUT_WR);
+}
+
+static const struct tw__stream_io tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL, NULL};
 
 /* TCP_NODELAY: a message's last segment must not wait for an ACK.
  * Keepalive: find peers that vanished without a FIN. */
@@ -69,8 +75,10 @@ struct connect_req {
 	int fd;
 	int err;
 	struct event *ev;
+	tw__upgrade_fn upgrade;
 	tw_connect_cb cb;
 	void *arg;
+	char host[256];
 };
 
 static void connect_free(struct connect_req *r)
@@ -95,12 +103,11 @@ static int map_errno(int e)
 	}
 }
 
+/* The TCP connection is up (or failed): hand the socket to the
+ * transport's upgrade step, which reports to the application. */
 static void on_connected(evutil_socket_t fd, short what, void *arg)
 {
 	struct connect_req *r = arg;
-	tw_connect_cb cb = r->cb;
-	void *cb_arg = r->arg;
-	tw_comm *c = NULL;
 	int err = r->err, soerr = 0;
 	socklen_t sl = sizeof(soerr);
 	(void)fd;
@@ -109,13 +116,32 @@ static void on_connected(evutil_socket_t fd, short what, void *arg)
 		err = TW_ETIMEDOUT;
 	if (err == 0 && getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
 		err = map_errno(soerr);
-	if (err == 0 && (err = tw__stream_new(r->ctx, r->fd, "tcp", &tcp_io, NULL, &c)) == 0)
+	if (err == 0) {
+		r->upgrade(r->ctx, r->fd, r->host, r->cb, r->arg);
 		r->fd = -1;
+	} else {
+		r->cb(NULL, err, r->arg);
+	}
 	connect_free(r);
-	cb(c, err, cb_arg);
+}
+
+static void plain_upgrade(tw_context *ctx, int fd, const char *host, tw_connect_cb cb, void *arg)
+{
+	tw_comm *c = NULL;
+	int err = tw__stream_new(ctx, fd, "tcp", &tcp_io, NULL, &c);
+	(void)host;
+	if (err != 0)
+		close(fd);
+	cb(c, err, arg);
 }
 
 static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
+{
+	return tw__tcp_connect_with(ctx, u, plain_upgrade, cb, arg);
+}
+
+int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
+			 tw_connect_cb cb, void *arg)
 {
 	struct evutil_addrinfo *ai;
 	struct connect_req *r;
@@ -127,8 +153,10 @@ static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 		return TW_ENOMEM;
 	}
 	r->ctx = ctx;
+	r->upgrade = upgrade;
 	r->cb = cb;
 	r->arg = arg;
+	snprintf(r->host, sizeof(r->host), "%s", u->host);
 	r->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	r->ev = event_new(ctx->base, r->fd, EV_WRITE, on_connected, r);
 	if (r->ev == NULL) {
@@ -168,22 +196,28 @@ static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 struct tcp_listener {
 	struct tw_listener base;
 	struct evconnlistener *lev;
+	tw__accept_fd_fn on_fd;
 };
 
 static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 		      int salen, void *arg)
 {
 	struct tcp_listener *l = arg;
-	tw_comm *c;
 	(void)lev;
 	(void)sa;
 	(void)salen;
 	tune_socket(fd);
-	if (tw__stream_new(l->base.ctx, fd, "tcp", &tcp_io, NULL, &c) != 0) {
+	l->on_fd(&l->base, fd);
+}
+
+static void plain_accept(tw_listener *l, int fd)
+{
+	tw_comm *c;
+	if (tw__stream_new(l->ctx, fd, "tcp", &tcp_io, NULL, &c) != 0) {
 		close(fd);
 		return;
 	}
-	l->base.accept_cb(&l->base, c, l->base.arg);
+	l->accept_cb(l, c, l->arg);
 }
 
 /* accept() failed (EMFILE, ENOBUFS ...): keep listening; the pending
@@ -204,6 +238,12 @@ static void tcp_listener_destroy(tw_listener *base)
 static int tcp_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
 		      tw_listener **out)
 {
+	return tw__tcp_listen_with(ctx, u, "tcp", plain_accept, cb, arg, out);
+}
+
+int tw__tcp_listen_with(tw_context *ctx, const struct tw__uri *u, const char *scheme,
+			tw__accept_fd_fn on_fd, tw_accept_cb cb, void *arg, tw_listener **out)
+{
 	struct evutil_addrinfo *ai;
 	struct tcp_listener *l;
 	struct sockaddr_storage ss;
@@ -215,6 +255,7 @@ static int tcp_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb,
 		evutil_freeaddrinfo(ai);
 		return TW_ENOMEM;
 	}
+	l->on_fd = on_fd;
 	l->lev = evconnlistener_new_bind(ctx->base, on_accept, l,
 					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
 						 LEV_OPT_CLOSE_ON_EXEC,
@@ -227,7 +268,7 @@ static int tcp_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb,
 	}
 	evconnlistener_set_error_cb(l->lev, on_accept_error);
 	getsockname(evconnlistener_get_fd(l->lev), (struct sockaddr *)&ss, &sl);
-	tw__uri_format_sa("tcp", (struct sockaddr *)&ss, l->base.address, sizeof(l->base.address));
+	tw__uri_format_sa(scheme, (struct sockaddr *)&ss, l->base.address, sizeof(l->base.address));
 	tw__listener_init(&l->base, ctx, tcp_listener_destroy, cb, arg);
 	*out = &l->base;
 	return 0;

@@ -23,6 +23,7 @@ struct tw__transport {
 /* The transports, by scheme; NULL when unknown. */
 const struct tw__transport *tw__transport_find(const char *scheme);
 extern const struct tw__transport tw__tcp_transport;
+extern const struct tw__transport tw__tls_transport;
 
 /* Per-comm operations of one transport. */
 struct tw__comm_ops {
@@ -97,6 +98,10 @@ struct tw__stream_io {
 	/* readv/writev semantics: > 0 bytes, 0 EOF (read), -1 with errno. */
 	ssize_t (*readv)(void *io, int fd, const struct iovec *iov, int n);
 	ssize_t (*writev)(void *io, int fd, const struct iovec *iov, int n);
+	/* Orderly end of our side (TLS close_notify, then FIN). */
+	void (*shutdown)(void *io, int fd);
+	/* Text of the last failure when errno alone does not say it, or NULL. */
+	const char *(*error)(void *io);
 	void (*free)(void *io);
 };
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
@@ -104,5 +109,19 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
 
 void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_listener *),
 		       tw_accept_cb cb, void *arg);
+
+/* TCP underneath other transports. tw__tcp_connect_with connects (with the
+ * context's connect timeout) and hands the connected socket to `upgrade`,
+ * which owns it and reports to cb (a failed connect reports to cb
+ * directly); `host` is the URI's host, for TLS names. */
+typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const char *host, tw_connect_cb cb,
+			       void *arg);
+int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
+			 tw_connect_cb cb, void *arg);
+/* tw__tcp_listen_with listens and hands each accepted socket to on_fd,
+ * which owns it; the listener's address uses `scheme`. */
+typedef void (*tw__accept_fd_fn)(tw_listener *l, int fd);
+int tw__tcp_listen_with(tw_context *ctx, const struct tw__uri *u, const char *scheme,
+			tw__accept_fd_fn on_fd, tw_accept_cb cb, void *arg, tw_listener **out);
 
 #endif

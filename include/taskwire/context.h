@@ -56,6 +56,12 @@ struct event_base *tw_context_base(tw_context *ctx);
  * tw_context_free) or TW_ENOMEM (fn never runs). */
 int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
 
+/* tw_context_last_error: why the last connect or accepted connection of
+ * this context failed before it became a comm (a TLS handshake refused,
+ * with OpenSSL's reason), "" if none. Loop thread; valid until the next
+ * failure. */
+const char *tw_context_last_error(const tw_context *ctx);
+
 /* Limits. Each applies to comms made after the call; call on the loop
  * thread (or before the loop starts). Values of 0 are refused with
  * TW_EINVAL unless stated. */

@@ -34,6 +34,7 @@ enum tw_error {
 	TW_ECANCELED = -17,   /* operation canceled */
 	TW_ENOTSUP = -18,     /* feature not built in */
 	TW_ERANGE = -19,      /* index or offset out of range */
+	TW_ETLS = -20,        /* TLS handshake or certificate verification failed */
 };
 
 /* tw_strerror: a constant, human-readable name for `err` (a TW_E* code or

@@ -13,5 +13,6 @@
 #include <taskwire/serial.h>
 #include <taskwire/handshake.h>
 #include <taskwire/server.h>
+#include <taskwire/tls.h>
 
 #endif

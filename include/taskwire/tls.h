@@ -1,0 +1,70 @@
+/* taskwire: TLS configuration for tls:// (and later wss://) comms
+ * (DESIGN.md, Wire protocol: TLS). OpenSSL types never appear here.
+ *
+ * A configuration is refcounted and shared by the comms made with it:
+ * tw_context_set_tls holds a reference, so the caller may free its own
+ * right after. Defaults follow Dask clusters: TLS 1.2 minimum, peers
+ * verified against the CA file, client certificates required by
+ * listeners (mutual TLS), host names checked by clients that connect to a
+ * name (not to an IP address) unless switched off. */
+#ifndef TASKWIRE_TLS_H
+#define TASKWIRE_TLS_H
+
+#include <taskwire/context.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+typedef struct tw_tls_config tw_tls_config;
+
+#define TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS 10000
+
+/* tw_tls_config_new: an empty configuration (one reference, the
+ * caller's). Returns 0, TW_ENOMEM or TW_EINVAL. */
+int tw_tls_config_new(tw_tls_config **out);
+tw_tls_config *tw_tls_config_hold(tw_tls_config *cfg);
+/* Drop one reference; accepts NULL. */
+void tw_tls_config_free(tw_tls_config *cfg);
+
+/* tw_tls_config_set_ca_file: the PEM file of the CAs that sign peers'
+ * certificates. Returns 0, or TW_EINVAL with tw_tls_config_last_error
+ * naming the file and OpenSSL's reason. */
+int tw_tls_config_set_ca_file(tw_tls_config *cfg, const char *path);
+
+/* tw_tls_config_set_cert_files: this side's certificate chain and private
+ * key (PEM files), used by listeners and, for mutual TLS, by connectors.
+ * Returns 0 or TW_EINVAL (unreadable file, key that does not match; see
+ * tw_tls_config_last_error). */
+int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path,
+				 const char *key_path);
+
+/* Listeners require and verify client certificates (default 1). */
+void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, int on);
+/* Connectors to a host name check it against the peer's certificate
+ * (default 1; Dask-compatible mode is 0). */
+void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, int on);
+/* OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites keep OpenSSL's
+ * defaults). Returns 0 or TW_EINVAL. */
+int tw_tls_config_set_ciphers(tw_tls_config *cfg, const char *list);
+
+/* The last configuration error, "" if none. */
+const char *tw_tls_config_last_error(const tw_tls_config *cfg);
+
+/* tw_context_set_tls: the configuration tls:// comms of this context use
+ * (NULL: none, tls:// then fails with TW_EINVAL). Holds a reference.
+ * Returns 0 or TW_EINVAL. */
+int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg);
+
+/* tw_context_set_tls_handshake_timeout_ms: bound on the TLS handshake
+ * (default 10,000 ms); a silent or stalled peer is dropped after it. */
+int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,301 @@
+/* tls:// comms: TCP, then an OpenSSL handshake driven by the loop, then
+ * stream framing with SSL_read decrypting straight into each frame's block
+ * and SSL_write taking pieces of at most INT_MAX bytes (DESIGN.md, Wire
+ * protocol: TLS; bug case BH-01). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <taskwire/error.h>
+
+#include "transport/tls_config.h"
+#include "transport/transport.h"
+
+struct tls_io {
+	SSL *ssl;
+	char error[256];
+};
+
+static ssize_t io_fail(struct tls_io *t, int ret, size_t done)
+{
+	int e = SSL_get_error(t->ssl, ret);
+	unsigned long code;
+	if (done > 0)
+		return (ssize_t)done; /* report the error on the next call */
+	switch (e) {
+	case SSL_ERROR_WANT_READ:
+	case SSL_ERROR_WANT_WRITE:
+		errno = EAGAIN;
+		return -1;
+	case SSL_ERROR_ZERO_RETURN:
+		return 0;
+	case SSL_ERROR_SYSCALL:
+		if (errno == 0)
+			return 0;
+		snprintf(t->error, sizeof(t->error), "%s", strerror(errno));
+		return -1;
+	default:
+		code = ERR_get_error();
+		ERR_error_string_n(code, t->error, sizeof(t->error));
+		ERR_clear_error();
+		errno = EPROTO;
+		return -1;
+	}
+}
+
+/* Decrypt into each iovec in turn; stop at the first short read. */
+static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
+{
+	struct tls_io *t = io;
+	size_t done = 0;
+	(void)fd;
+	for (int i = 0; i < n; i++) {
+		size_t want = iov[i].iov_len < INT_MAX ? iov[i].iov_len : INT_MAX, got = 0;
+		int r = SSL_read_ex(t->ssl, iov[i].iov_base, want, &got);
+		if (r != 1)
+			return io_fail(t, r, done);
+		done += got;
+		if (got < want)
+			break;
+	}
+	return (ssize_t)done;
+}
+
+/* One SSL_write per iovec, each at most INT_MAX bytes; a retry after
+ * WANT_WRITE starts at the same byte with at least as many bytes, as
+ * OpenSSL requires (the queue is rebuilt from the same frames). */
+static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
+{
+	struct tls_io *t = io;
+	size_t done = 0;
+	(void)fd;
+	for (int i = 0; i < n; i++) {
+		size_t want = iov[i].iov_len < INT_MAX ? iov[i].iov_len : INT_MAX, put = 0;
+		int r = SSL_write_ex(t->ssl, iov[i].iov_base, want, &put);
+		if (r != 1)
+			return io_fail(t, r, done);
+		done += put;
+		if (put < want)
+			break;
+	}
+	return (ssize_t)done;
+}
+
+static void tls_shutdown(void *io, int fd)
+{
+	struct tls_io *t = io;
+	SSL_shutdown(t->ssl); /* close_notify; no wait for the peer's */
+	ERR_clear_error();
+	shutdown(fd, SHUT_WR);
+}
+
+static const char *tls_error(void *io)
+{
+	struct tls_io *t = io;
+	return t->error[0] ? t->error : NULL;
+}
+
+static void tls_free(void *io)
+{
+	struct tls_io *t = io;
+	SSL_free(t->ssl);
+	free(t);
+}
+
+static const struct tw__stream_io tls_io_ops = {tls_readv, tls_writev, tls_shutdown, tls_error,
+						tls_free};
+
+/* A TLS handshake in progress, on either side. */
+struct handshake {
+	struct tw__node node;
+	tw_context *ctx;
+	int fd;
+	SSL *ssl;
+	struct event *ev;
+	struct timeval deadline;
+	tw_listener *l;   /* server side */
+	tw_connect_cb cb; /* client side */
+	void *arg;
+};
+
+static void hs_free(struct handshake *h)
+{
+	if (h->ev != NULL)
+		event_free(h->ev);
+	SSL_free(h->ssl);
+	if (h->fd >= 0)
+		close(h->fd);
+	free(h);
+}
+
+static void kill_hs(struct tw__node *n)
+{
+	hs_free((struct handshake *)n);
+}
+
+static void hs_report(struct handshake *h, int err, const char *why)
+{
+	tw__ctx_untrack(&h->node);
+	if (why != NULL)
+		snprintf(h->ctx->error, sizeof(h->ctx->error), "TLS handshake with %s failed: %s",
+			 h->l != NULL ? "a client" : "the server", why);
+	if (h->l == NULL)
+		h->cb(NULL, err, h->arg);
+	hs_free(h);
+}
+
+/* Handshake done: the socket and SSL become a stream comm. */
+static void hs_done(struct handshake *h)
+{
+	struct tls_io *t = calloc(1, sizeof(*t));
+	tw_comm *c = NULL;
+	int err = TW_ENOMEM;
+	tw__ctx_untrack(&h->node);
+	if (t != NULL) {
+		t->ssl = h->ssl;
+		err = tw__stream_new(h->ctx, h->fd, "tls", &tls_io_ops, t, &c);
+		if (err == 0)
+			h->ssl = NULL, h->fd = -1;
+		else
+			free(t);
+	}
+	if (h->l != NULL && c != NULL)
+		h->l->accept_cb(h->l, c, h->l->arg);
+	else if (h->l == NULL)
+		h->cb(c, err, h->arg);
+	hs_free(h);
+}
+
+static int remaining(const struct handshake *h, struct timeval *left)
+{
+	struct timeval now;
+	evutil_gettimeofday(&now, NULL);
+	if (evutil_timercmp(&now, &h->deadline, >=))
+		return 0;
+	evutil_timersub(&h->deadline, &now, left);
+	return 1;
+}
+
+static void hs_step(evutil_socket_t fd, short what, void *arg)
+{
+	struct handshake *h = arg;
+	struct timeval left;
+	char why[256];
+	int r, e;
+	(void)fd;
+	if ((what & EV_TIMEOUT) || !remaining(h, &left))
+		return hs_report(h, TW_ETIMEDOUT, "timed out");
+	ERR_clear_error();
+	if ((r = SSL_do_handshake(h->ssl)) == 1)
+		return hs_done(h);
+	e = SSL_get_error(h->ssl, r);
+	if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+		event_del(h->ev);
+		event_assign(h->ev, h->ctx->base, h->fd, e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE,
+			     hs_step, h);
+		event_add(h->ev, &left);
+		return;
+	}
+	if (ERR_peek_error() != 0)
+		ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+	else
+		snprintf(why, sizeof(why), "%s", r == 0 || errno == 0 ? "peer closed" : strerror(errno));
+	ERR_clear_error();
+	hs_report(h, e == SSL_ERROR_SSL ? TW_ETLS : TW_EIO, why);
+}
+
+/* Names get SNI and, when configured, a host name check; IP addresses
+ * get neither (Dask clusters address each other by IP). */
+static void set_peer_name(SSL *ssl, const tw_tls_config *cfg, const char *host)
+{
+	unsigned char buf[16];
+	if (inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1)
+		return;
+	SSL_set_tlsext_host_name(ssl, host);
+	if (cfg->verify_hostname)
+		SSL_set1_host(ssl, host);
+}
+
+static int hs_start(tw_context *ctx, int fd, SSL_CTX *ssl_ctx, struct handshake **out)
+{
+	struct handshake *h = calloc(1, sizeof(*h));
+	struct timeval tv = {(time_t)(ctx->limits.tls_handshake_timeout_ms / 1000),
+			     (suseconds_t)(ctx->limits.tls_handshake_timeout_ms % 1000) * 1000};
+	struct timeval now;
+	if (h == NULL)
+		return TW_ENOMEM;
+	h->ctx = ctx;
+	h->fd = fd;
+	h->ssl = SSL_new(ssl_ctx);
+	h->ev = event_new(ctx->base, -1, 0, hs_step, h);
+	if (h->ssl == NULL || h->ev == NULL || SSL_set_fd(h->ssl, fd) != 1) {
+		h->fd = -1;
+		hs_free(h);
+		return TW_ENOMEM;
+	}
+	evutil_gettimeofday(&now, NULL);
+	evutil_timeradd(&now, &tv, &h->deadline);
+	*out = h;
+	return 0;
+}
+
+static void hs_go(struct handshake *h)
+{
+	tw__ctx_track(h->ctx, &h->node, kill_hs);
+	event_active(h->ev, EV_WRITE, 0);
+}
+
+static void tls_upgrade(tw_context *ctx, int fd, const char *host, tw_connect_cb cb, void *arg)
+{
+	struct handshake *h;
+	int err = hs_start(ctx, fd, ((tw_tls_config *)ctx->tls)->client, &h);
+	if (err != 0) {
+		close(fd);
+		cb(NULL, err, arg);
+		return;
+	}
+	h->cb = cb;
+	h->arg = arg;
+	SSL_set_connect_state(h->ssl);
+	set_peer_name(h->ssl, ctx->tls, host);
+	hs_go(h);
+}
+
+static void tls_accept(tw_listener *l, int fd)
+{
+	struct handshake *h;
+	if (hs_start(l->ctx, fd, ((tw_tls_config *)l->ctx->tls)->server, &h) != 0) {
+		close(fd);
+		return;
+	}
+	h->l = l;
+	SSL_set_accept_state(h->ssl);
+	hs_go(h);
+}
+
+static int tls_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
+{
+	if (ctx->tls == NULL)
+		return TW_EINVAL;
+	return tw__tcp_connect_with(ctx, u, tls_upgrade, cb, arg);
+}
+
+static int tls_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
+		      tw_listener **out)
+{
+	if (ctx->tls == NULL || !((tw_tls_config *)ctx->tls)->has_cert)
+		return TW_EINVAL;
+	return tw__tcp_listen_with(ctx, u, "tls", tls_accept, cb, arg, out);
+}
+
+const struct tw__transport tw__tls_transport = {"tls", tls_listen, tls_connect};

@@ -1,0 +1,179 @@
+/* TLS configuration objects (include/taskwire/tls.h), on OpenSSL. */
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/err.h>
+
+#include <taskwire/error.h>
+
+#include "core/context.h"
+#include "transport/tls_config.h"
+
+/* Record "what: OpenSSL's reason" and fail. */
+static int ssl_fail(tw_tls_config *cfg, const char *what)
+{
+	char reason[256] = "unknown reason";
+	unsigned long e = ERR_peek_last_error();
+	if (e != 0)
+		ERR_error_string_n(e, reason, sizeof(reason));
+	ERR_clear_error();
+	snprintf(cfg->error, sizeof(cfg->error), "%s: %s", what, reason);
+	return TW_EINVAL;
+}
+
+/* Both sides: TLS 1.2 at least; partial writes, so a large frame goes out
+ * record by record; a retried write may come from a rebuilt iovec. */
+static SSL_CTX *new_ctx(const SSL_METHOD *method)
+{
+	SSL_CTX *c = SSL_CTX_new(method);
+	if (c == NULL)
+		return NULL;
+	SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+	SSL_CTX_set_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	SSL_CTX_set_read_ahead(c, 1);
+	/* A peer that closes without close_notify ends the comm like a TCP
+	 * EOF (a truncated message is still caught by the framing); no
+	 * renegotiation, so reads never wait for writability. */
+	SSL_CTX_set_options(c, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
+	return c;
+}
+
+static void set_verify(tw_tls_config *cfg)
+{
+	int server = SSL_VERIFY_PEER;
+	if (cfg->require_client_cert)
+		server |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+	SSL_CTX_set_verify(cfg->server, cfg->has_ca ? server : SSL_VERIFY_NONE, NULL);
+	SSL_CTX_set_verify(cfg->client, SSL_VERIFY_PEER, NULL);
+}
+
+int tw_tls_config_new(tw_tls_config **out)
+{
+	tw_tls_config *cfg;
+	if (out == NULL)
+		return TW_EINVAL;
+	if ((cfg = calloc(1, sizeof(*cfg))) == NULL)
+		return TW_ENOMEM;
+	atomic_init(&cfg->refs, 1);
+	cfg->require_client_cert = 1;
+	cfg->verify_hostname = 1;
+	cfg->server = new_ctx(TLS_server_method());
+	cfg->client = new_ctx(TLS_client_method());
+	if (cfg->server == NULL || cfg->client == NULL) {
+		tw_tls_config_free(cfg);
+		return TW_ENOMEM;
+	}
+	/* No session tickets: a client that writes its last message and
+	 * closes at once would leave them unread, and its close would reset
+	 * the connection before we read that message. */
+	SSL_CTX_set_num_tickets(cfg->server, 0);
+	set_verify(cfg);
+	*out = cfg;
+	return 0;
+}
+
+tw_tls_config *tw_tls_config_hold(tw_tls_config *cfg)
+{
+	atomic_fetch_add_explicit(&cfg->refs, 1, memory_order_relaxed);
+	return cfg;
+}
+
+void tw_tls_config_free(tw_tls_config *cfg)
+{
+	if (cfg == NULL || atomic_fetch_sub_explicit(&cfg->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	SSL_CTX_free(cfg->server);
+	SSL_CTX_free(cfg->client);
+	free(cfg);
+}
+
+int tw_tls_config_set_ca_file(tw_tls_config *cfg, const char *path)
+{
+	char what[300];
+	if (cfg == NULL || path == NULL)
+		return TW_EINVAL;
+	snprintf(what, sizeof(what), "CA file %s", path);
+	if (SSL_CTX_load_verify_locations(cfg->server, path, NULL) != 1 ||
+	    SSL_CTX_load_verify_locations(cfg->client, path, NULL) != 1)
+		return ssl_fail(cfg, what);
+	cfg->has_ca = 1;
+	set_verify(cfg);
+	return 0;
+}
+
+static int load_pair(tw_tls_config *cfg, SSL_CTX *c, const char *chain, const char *key)
+{
+	char what[600];
+	snprintf(what, sizeof(what), "certificate chain %s", chain);
+	if (SSL_CTX_use_certificate_chain_file(c, chain) != 1)
+		return ssl_fail(cfg, what);
+	snprintf(what, sizeof(what), "private key %s", key);
+	if (SSL_CTX_use_PrivateKey_file(c, key, SSL_FILETYPE_PEM) != 1)
+		return ssl_fail(cfg, what);
+	snprintf(what, sizeof(what), "private key %s does not match %s", key, chain);
+	if (SSL_CTX_check_private_key(c) != 1)
+		return ssl_fail(cfg, what);
+	return 0;
+}
+
+int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path, const char *key_path)
+{
+	int rv;
+	if (cfg == NULL || chain_path == NULL || key_path == NULL)
+		return TW_EINVAL;
+	if ((rv = load_pair(cfg, cfg->server, chain_path, key_path)) != 0 ||
+	    (rv = load_pair(cfg, cfg->client, chain_path, key_path)) != 0)
+		return rv;
+	cfg->has_cert = 1;
+	return 0;
+}
+
+void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, int on)
+{
+	cfg->require_client_cert = on != 0;
+	set_verify(cfg);
+}
+
+void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, int on)
+{
+	cfg->verify_hostname = on != 0;
+}
+
+int tw_tls_config_set_ciphers(tw_tls_config *cfg, const char *list)
+{
+	if (cfg == NULL || list == NULL)
+		return TW_EINVAL;
+	if (SSL_CTX_set_cipher_list(cfg->server, list) != 1 ||
+	    SSL_CTX_set_cipher_list(cfg->client, list) != 1)
+		return ssl_fail(cfg, "cipher list");
+	return 0;
+}
+
+const char *tw_tls_config_last_error(const tw_tls_config *cfg)
+{
+	return cfg->error;
+}
+
+static void release(void *tls)
+{
+	tw_tls_config_free(tls);
+}
+
+int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	if (ctx->tls_release != NULL)
+		ctx->tls_release(ctx->tls);
+	ctx->tls = cfg != NULL ? tw_tls_config_hold(cfg) : NULL;
+	ctx->tls_release = cfg != NULL ? release : NULL;
+	return 0;
+}
+
+int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms)
+{
+	if (ctx == NULL || ms == 0)
+		return TW_EINVAL;
+	ctx->limits.tls_handshake_timeout_ms = ms;
+	return 0;
+}
