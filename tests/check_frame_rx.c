@@ -16,8 +16,8 @@
 #include "tests/unit.h"
 #include "transport/frame_rx.h"
 
-#define KIB ((size_t)1 << 10)
-#define MIB ((size_t)1 << 20)
+#define KIB      ((size_t)1 << 10)
+#define MIB      ((size_t)1 << 20)
 #define MAX_MSGS 8
 
 static struct tw__limits limits(size_t small_frame_bytes)
@@ -91,9 +91,7 @@ static size_t shape(int k, size_t *lens)
 		for (size_t i = 0; i < 1000; i++)
 			lens[i] = i % 13 == 0 ? 0 : i % 50;
 		return 1000;
-	case 3:
-		lens[0] = 10, lens[1] = 300 * KIB, lens[2] = 0, lens[3] = 70 * KIB;
-		return 4;
+	case 3: lens[0] = 10, lens[1] = 300 * KIB, lens[2] = 0, lens[3] = 70 * KIB; return 4;
 	case 4: lens[0] = 100000; return 1;
 	case 5: lens[0] = 64 * KIB - 8; return 1; /* total - 8 = small_frame_bytes */
 	case 6: lens[0] = 64 * KIB - 7; return 1; /* one byte past it */
@@ -361,9 +359,10 @@ static int hook_fn(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n,
 		REQUIRE(lens[k] == h->w->lens[k]);
 	for (size_t k = 0; k < i; k++) {
 		const tw_slice *f = tw_msg_frame(msg, k);
+		const uint8_t *want = h->w->bytes + h->w->offsets[k];
 		REQUIRE(f->len == h->w->lens[k]);
 		if (f->len > 0)
-			REQUIRE(memcmp(tw_slice_data(f), h->w->bytes + h->w->offsets[k], f->len) == 0);
+			REQUIRE(memcmp(tw_slice_data(f), want, f->len) == 0);
 	}
 	return i == h->span_at ? h->span : 0;
 }
@@ -607,34 +606,25 @@ END_TEST
  * too small. The other bad heads are refused before allocating too. */
 struct bad_head {
 	const char *name;
-	uint8_t bytes[24];
-	size_t len;
+	const char *hex;
 	int code;
 	size_t used; /* bytes consumed when the error is seen */
 };
 
 static const struct bad_head bad_heads[] = {
-	{"dask-tcp total f0ff..ff, then silence",
-	 {0xf0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 8, TW_ETOOBIG, 8},
-	{"envelope n=1, len 0x7fff..ff",
-	 {1, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 16, TW_ELENGTH, 8},
-	{"dask-tcp form of it",
-	 {0x0f, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0, 0, 0, 0, 0,
-	  0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 24, TW_ETOOBIG, 8},
-	{"envelope n=1, 1 GiB frame", {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0}, 16,
-	 TW_ELENGTH, 8},
-	{"dask-tcp 1 GiB frame",
-	 {0x10, 0, 0, 0x40, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0}, 24,
-	 TW_ETOOBIG, 8},
-	{"1 GiB total alone", {0, 0, 0, 0x40, 0, 0, 0, 0}, 8, TW_ETOOBIG, 8},
-	{"total at the limit, 1 GiB frame",
-	 {0, 0, 0, 0x04, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0}, 24,
+	{"dask-tcp total f0ff..ff, then silence", "f0ffffffffffffff", TW_ETOOBIG, 8},
+	{"envelope n=1, len 0x7fff..ff", "0100000000000000 ffffffffffffff7f", TW_ELENGTH, 8},
+	{"dask-tcp form of it", "0f00000000000080 0100000000000000 ffffffffffffff7f", TW_ETOOBIG,
+	 8},
+	{"envelope n=1, 1 GiB frame", "0100000000000000 0000004000000000", TW_ELENGTH, 8},
+	{"dask-tcp 1 GiB frame", "1000004000000000 0100000000000000 0000004000000000", TW_ETOOBIG,
+	 8},
+	{"1 GiB total alone", "0000004000000000", TW_ETOOBIG, 8},
+	{"total at the limit, 1 GiB frame", "0000000400000000 0100000000000000 0000004000000000",
 	 TW_ELENGTH, 24},
-	{"N = 0", {8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, 16, TW_ENOFRAMES, 16},
-	{"N above max_frames", {0x10, 0, 8, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0}, 16, TW_ETOOMANY,
-	 16},
-	{"total too small for N", {16, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0}, 16, TW_ELENGTH,
-	 16},
+	{"N = 0", "0800000000000000 0000000000000000", TW_ENOFRAMES, 16},
+	{"N above max_frames", "1000080000000000 0100010000000000", TW_ETOOMANY, 16},
+	{"total too small for N", "1000000000000000 0200000000000000", TW_ELENGTH, 16},
 };
 #define N_BAD_HEADS (sizeof(bad_heads) / sizeof(bad_heads[0]))
 
@@ -645,12 +635,13 @@ static void check_bad_head(const struct bad_head *c, size_t piece)
 	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
 	tw_stats before = stats_now(), st;
 	struct tw__rx rx;
-	size_t off = 0, used;
+	uint8_t bytes[24];
+	size_t len = hex_bytes(c->hex, bytes, sizeof(bytes)), off = 0, used;
 	int rv = 0;
 	tw__rx_init(&rx, &l);
-	while (rv == 0 && off < c->len) {
-		size_t k = piece < c->len - off ? piece : c->len - off;
-		rv = tw__rx_feed(&rx, c->bytes + off, k, &used);
+	while (rv == 0 && off < len) {
+		size_t k = piece < len - off ? piece : len - off;
+		rv = tw__rx_feed(&rx, bytes + off, k, &used);
 		off += used;
 	}
 	ck_assert_msg(rv == c->code, "%s: got %d, want %d", c->name, rv, c->code);
@@ -662,7 +653,7 @@ static void check_bad_head(const struct bad_head *c, size_t piece)
 	st = stats_now();
 	ck_assert_uint_eq(st.blocks_allocated, before.blocks_allocated);
 	ck_assert_uint_eq(st.block_bytes_allocated, before.block_bytes_allocated);
-	ck_assert_int_eq(tw__rx_feed(&rx, c->bytes, c->len, &used), c->code);
+	ck_assert_int_eq(tw__rx_feed(&rx, bytes, len, &used), c->code);
 	ck_assert_uint_eq(used, 0);
 	tw__rx_fini(&rx);
 }

@@ -12,27 +12,8 @@
 #include "tests/unit.h"
 #include "transport/stream_codec.h"
 
-#define MAX_BYTES ((uint64_t)1 << 20)
+#define MAX_BYTES  ((uint64_t)1 << 20)
 #define MAX_FRAMES 1024
-
-/* Prelude bytes from u64 words. */
-struct prelude {
-	uint8_t bytes[8 * 8];
-	size_t len;
-};
-
-static struct prelude words(size_t n, const uint64_t *w)
-{
-	struct prelude p;
-	ck_assert_uint_le(n, 8);
-	for (size_t i = 0; i < n; i++)
-		put_le64(p.bytes + 8 * i, w[i]);
-	p.len = 8 * n;
-	return p;
-}
-
-#define WORDS(...)                                                                                 \
-	words(sizeof((uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t), (uint64_t[]){__VA_ARGS__})
 
 /* Feed p one byte at a time through want/advance; returns the first
  * non-zero code and the bytes consumed up to and including it. */
@@ -53,13 +34,12 @@ static int feed_bytewise(struct tw__sdec *d, const uint8_t *p, size_t n, size_t 
 
 START_TEST(encode_bytes)
 {
-	static const uint8_t expect[] = {
-		/* total = 8 + 8*3 + 5 */ 37, 0, 0, 0, 0, 0, 0, 0,
-		/* N */ 3, 0, 0, 0, 0, 0, 0, 0,
-		/* lengths 2, 0, 3 */ 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-		3, 0, 0, 0, 0, 0, 0, 0};
+	/* total = 8 + 8 * 3 + 5, N = 3, lengths 2, 0, 3 */
+	static const char *hex = "2500000000000000 0300000000000000 0200000000000000"
+				 "0000000000000000 0300000000000000";
 	tw_slice f[3] = {{NULL, 0, 2}, {NULL, 0, 0}, {NULL, 0, 3}};
-	uint8_t out[40];
+	uint8_t out[40], expect[40];
+	ck_assert_uint_eq(hex_bytes(hex, expect, sizeof(expect)), 40);
 	ck_assert_uint_eq(tw__stream_prelude_bytes(3), 40);
 	ck_assert_uint_eq(tw__stream_prelude_bytes(1), TW__STREAM_MIN_WIRE);
 	tw__stream_encode_prelude(f, 3, out);
@@ -106,11 +86,13 @@ END_TEST
 START_TEST(limits_inclusive)
 {
 	struct tw__sdec d;
-	struct prelude p = WORDS(MAX_BYTES, 1, MAX_BYTES - 16);
+	uint8_t p[24], *buf;
 	size_t used;
-	uint8_t *buf;
+	put_le64(p, MAX_BYTES);
+	put_le64(p + 8, 1);
+	put_le64(p + 16, MAX_BYTES - 16);
 	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
-	ck_assert_int_eq(tw__sdec_feed(&d, p.bytes, p.len, &used), 1);
+	ck_assert_int_eq(tw__sdec_feed(&d, p, 24, &used), 1);
 	ck_assert_uint_eq(d.lens[0], MAX_BYTES - 16);
 	tw__sdec_fini(&d);
 	/* N = max_frames empty frames. */
@@ -127,44 +109,49 @@ START_TEST(limits_inclusive)
 }
 END_TEST
 
-/* A bad prelude: its bytes, the code, how many bytes are consumed up to
- * the error, and whether the lengths array may exist by then. */
+/* A bad prelude: its u64 words, the code, how many bytes are consumed up
+ * to the error, and whether the lengths array may exist by then. */
 struct bad {
 	const char *name;
-	struct prelude p;
+	uint64_t w[5];
+	size_t nw;
 	int code;
 	size_t used;
 	int lens_allocated;
 };
 
-static struct bad bad_case(int i)
+#define GIB  (UINT64_C(1) << 30)
+#define WRAP UINT64_C(0xfffffffffffffff0)
+
+static const struct bad bads[] = {
+	{"N = 0", {8, 0}, 2, TW_ENOFRAMES, 16, 0},
+	{"N = 0, room for 1", {16, 0, 0}, 3, TW_ENOFRAMES, 16, 0},
+	{"N > max_frames", {8 + 8 * 1025, 1025}, 2, TW_ETOOMANY, 16, 0},
+	{"N huge", {MAX_BYTES, UINT64_MAX}, 2, TW_ETOOMANY, 16, 0},
+	/* BH-04: f0 ff ff ff ff ff ff ff, and a legal-looking 1 GiB frame */
+	{"total f0ff..ff", {WRAP}, 1, TW_ETOOBIG, 8, 0},
+	{"1 GiB frame", {16 + GIB, 1, GIB}, 3, TW_ETOOBIG, 8, 0},
+	{"total = max + 1", {MAX_BYTES + 1}, 1, TW_ETOOBIG, 8, 0},
+	{"total < 8", {7}, 1, TW_ELENGTH, 8, 0},
+	{"total too small for N", {16, 2}, 2, TW_ELENGTH, 16, 0},
+	{"total 8 for N = 1", {8, 1}, 2, TW_ELENGTH, 16, 0},
+	/* 0x20 + 0xff..f0 wraps to 16, exactly the room total leaves */
+	{"length sum wraps", {8 + 16 + 16, 2, 0x20, WRAP}, 4, TW_ELENGTH, 24, 1},
+	/* 8 + (2^64 - 1) + 9 wraps to 16 */
+	{"length sum wraps late", {8 + 24 + 16, 3, 8, UINT64_MAX, 9}, 5, TW_ELENGTH, 32, 1},
+	{"sum below total", {8 + 16 + 10, 2, 3, 4}, 4, TW_ELENGTH, 32, 1},
+	{"sum above total", {8 + 16 + 10, 2, 6, 5}, 4, TW_ELENGTH, 32, 1},
+	{"single length too long", {8 + 8 + 4, 1, 5}, 3, TW_ELENGTH, 24, 1},
+};
+#define N_BAD ((int)(sizeof(bads) / sizeof(bads[0])))
+
+/* The bytes of a bad prelude. */
+static size_t bad_bytes(const struct bad *c, uint8_t *out)
 {
-	switch (i) {
-	case 0: return (struct bad){"N = 0", WORDS(8, 0), TW_ENOFRAMES, 16, 0};
-	case 1: return (struct bad){"N = 0, room for 1", WORDS(16, 0, 0), TW_ENOFRAMES, 16, 0};
-	case 2: return (struct bad){"N > max_frames", WORDS(8 + 8 * 1025, 1025), TW_ETOOMANY, 16, 0};
-	case 3: return (struct bad){"N huge", WORDS(MAX_BYTES, UINT64_MAX), TW_ETOOMANY, 16, 0};
-	case 4: /* BH-04: f0 ff ff ff ff ff ff ff */
-		return (struct bad){"total f0ff..ff", WORDS(UINT64_C(0xfffffffffffffff0)), TW_ETOOBIG, 8, 0};
-	case 5: return (struct bad){"total = max + 1", WORDS(MAX_BYTES + 1), TW_ETOOBIG, 8, 0};
-	case 6: /* BH-04: a legal-looking 1 GiB frame */
-		return (struct bad){"1 GiB frame", WORDS(16 + (UINT64_C(1) << 30), 1, UINT64_C(1) << 30),
-				    TW_ETOOBIG, 8, 0};
-	case 7: return (struct bad){"total < 8", WORDS(7), TW_ELENGTH, 8, 0};
-	case 8: return (struct bad){"total too small for N", WORDS(16, 2), TW_ELENGTH, 16, 0};
-	case 9: return (struct bad){"total 8 for N = 1", WORDS(8, 1), TW_ELENGTH, 16, 0};
-	case 10: /* lengths 0x20 + 0xff..f0 wrap to 16, the room total leaves */
-		return (struct bad){"length sum wraps", WORDS(8 + 16 + 16, 2, 0x20, UINT64_C(0xfffffffffffffff0)),
-				    TW_ELENGTH, 24, 1};
-	case 11: /* 8 + (2^64 - 1) + 9 wraps to 16 */
-		return (struct bad){"length sum wraps late",
-				    WORDS(8 + 24 + 16, 3, 8, UINT64_MAX, 9), TW_ELENGTH, 32, 1};
-	case 12: return (struct bad){"sum below total", WORDS(8 + 16 + 10, 2, 3, 4), TW_ELENGTH, 32, 1};
-	case 13: return (struct bad){"sum above total", WORDS(8 + 16 + 10, 2, 6, 5), TW_ELENGTH, 32, 1};
-	default: return (struct bad){"single length too long", WORDS(8 + 8 + 4, 1, 5), TW_ELENGTH, 24, 1};
-	}
+	for (size_t i = 0; i < c->nw; i++)
+		put_le64(out + 8 * i, c->w[i]);
+	return 8 * c->nw;
 }
-#define N_BAD 15
 
 /* want_used: where the error is seen (a whole feed takes all the lengths
  * in one piece, so it sees a bad length only at their end). */
@@ -195,28 +182,30 @@ static void check_sticky(struct tw__sdec *d, int code)
 
 START_TEST(rejects_whole)
 {
-	struct bad c = bad_case(_i);
+	const struct bad *c = &bads[_i];
+	uint8_t p[40];
+	size_t len = bad_bytes(c, p), used;
 	struct tw__sdec d;
-	size_t used;
 	int rv;
 	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
-	rv = tw__sdec_feed(&d, c.p.bytes, c.p.len, &used);
-	check_rejected(&d, &c, rv, used, c.lens_allocated ? c.p.len : c.used);
-	check_sticky(&d, c.code);
+	rv = tw__sdec_feed(&d, p, len, &used);
+	check_rejected(&d, c, rv, used, c->lens_allocated ? len : c->used);
+	check_sticky(&d, c->code);
 	tw__sdec_fini(&d);
 }
 END_TEST
 
 START_TEST(rejects_bytewise)
 {
-	struct bad c = bad_case(_i);
+	const struct bad *c = &bads[_i];
+	uint8_t p[40];
+	size_t len = bad_bytes(c, p), used;
 	struct tw__sdec d;
-	size_t used;
 	int rv;
 	tw__sdec_init(&d, MAX_BYTES, MAX_FRAMES);
-	rv = feed_bytewise(&d, c.p.bytes, c.p.len, &used);
-	check_rejected(&d, &c, rv, used, c.used);
-	check_sticky(&d, c.code);
+	rv = feed_bytewise(&d, p, len, &used);
+	check_rejected(&d, c, rv, used, c->used);
+	check_sticky(&d, c->code);
 	tw__sdec_fini(&d);
 }
 END_TEST
@@ -227,7 +216,8 @@ static size_t random_lens(uint64_t *seed, size_t *lens)
 {
 	size_t n = rnd_range(seed, 1, 60);
 	for (size_t i = 0; i < n; i++)
-		lens[i] = rnd_range(seed, 0, 3) == 0 ? rnd_range(seed, 0, 15000) : rnd_range(seed, 0, 9);
+		lens[i] = rnd_range(seed, 0, 3) == 0 ? rnd_range(seed, 0, 15000)
+						     : rnd_range(seed, 0, 9);
 	return n;
 }
 

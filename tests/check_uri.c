@@ -143,7 +143,8 @@ START_TEST(roundtrip)
 	for (size_t i = 0; i < 4; i++) {
 		char buf[128];
 		struct tw__uri u;
-		ck_assert_int_eq(tw__uri_format("tcp", hosts[i], (uint16_t)(1000 + i), buf, sizeof(buf)), 0);
+		uint16_t port = (uint16_t)(1000 + i);
+		ck_assert_int_eq(tw__uri_format("tcp", hosts[i], port, buf, sizeof(buf)), 0);
 		ck_assert_int_eq(tw__uri_parse(buf, &u), 0);
 		ck_assert_str_eq(u.host, hosts[i]);
 		ck_assert_uint_eq(u.port, 1000 + i);
@@ -173,7 +174,8 @@ START_TEST(format_sockaddr)
 	ck_assert_int_eq(tw__uri_format_sa("tcp", (struct sockaddr *)&s4, buf, 10), TW_ERANGE);
 	memset(&su, 0, sizeof(su));
 	su.sun_family = AF_UNIX;
-	ck_assert_int_eq(tw__uri_format_sa("tcp", (struct sockaddr *)&su, buf, sizeof(buf)), TW_EADDR);
+	ck_assert_int_eq(tw__uri_format_sa("tcp", (struct sockaddr *)&su, buf, sizeof(buf)),
+			 TW_EADDR);
 }
 END_TEST
 

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <endian.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +96,23 @@ static inline void wire_free(struct wire *w)
 	free(w->offsets);
 	free(w->lens);
 	memset(w, 0, sizeof(*w));
+}
+
+/* Bytes from hex digits (spaces allowed, as bug-cases.md writes them)
+ * into out of cap bytes; returns the count. */
+static inline size_t hex_bytes(const char *hex, uint8_t *out, size_t cap)
+{
+	size_t n = 0;
+	for (const char *p = hex; *p != '\0'; p++) {
+		unsigned v;
+		if (*p == ' ')
+			continue;
+		ck_assert(n < 2 * cap && sscanf(p, "%1x", &v) == 1);
+		out[n / 2] = (uint8_t)(n % 2 ? (out[n / 2] << 4) | v : v);
+		n++;
+	}
+	ck_assert(n % 2 == 0);
+	return n / 2;
 }
 
 static inline tw_stats stats_now(void)

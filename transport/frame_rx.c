@@ -288,7 +288,7 @@ int tw__rx_idle(const struct tw__rx *rx)
 int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used)
 {
 	struct iovec iov[16];
-	int rv = rx->phase == RX_DONE ? 1 : 0;
+	int rv = rx->phase == RX_DONE ? 1 : rx->phase == RX_ERROR ? rx->err : 0;
 	*used = 0;
 	while (rv == 0 && *used < n) {
 		int k = tw__rx_want(rx, iov, 16);

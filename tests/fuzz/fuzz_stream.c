@@ -27,7 +27,7 @@
 #include "transport/frame_rx.h"
 
 #define FNV_OFFSET UINT64_C(0xcbf29ce484222325)
-#define FNV_PRIME UINT64_C(0x100000001b3)
+#define FNV_PRIME  UINT64_C(0x100000001b3)
 
 struct outcome {
 	size_t msgs;
