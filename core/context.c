@@ -1,6 +1,8 @@
 /* Contexts: limits, the event loop, cross-thread calls
  * (include/taskwire/context.h). */
 #include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -9,12 +11,6 @@
 
 #include "core/block.h"
 #include "core/context.h"
-
-struct tw__call {
-	struct tw__call *next;
-	void (*fn)(void *arg);
-	void *arg;
-};
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int threads_rv;
@@ -29,8 +25,10 @@ static void run_calls(evutil_socket_t fd, short what, void *arg)
 {
 	tw_context *ctx = arg;
 	struct tw__call *c;
-	(void)fd;
+	uint64_t n;
 	(void)what;
+	if (fd >= 0 && read(fd, &n, sizeof(n)) < 0)
+		(void)0; /* EAGAIN: another wakeup already drained it */
 	pthread_mutex_lock(&ctx->lock);
 	c = ctx->calls;
 	ctx->calls = NULL;
@@ -38,8 +36,10 @@ static void run_calls(evutil_socket_t fd, short what, void *arg)
 	pthread_mutex_unlock(&ctx->lock);
 	while (c != NULL) {
 		struct tw__call *next = c->next;
+		int owned = c->owned;
 		c->fn(c->arg);
-		free(c);
+		if (owned)
+			free(c);
 		c = next;
 	}
 }
@@ -63,6 +63,12 @@ static void set_defaults(struct tw__limits *l)
 	l->compression = NULL;
 }
 
+static unsigned default_offload_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 2 ? (unsigned)(n - 1) : 1;
+}
+
 int tw_context_new(struct event_base *base, tw_context **out)
 {
 	tw_context *ctx;
@@ -73,16 +79,26 @@ int tw_context_new(struct event_base *base, tw_context **out)
 		return TW_EIO;
 	if ((ctx = calloc(1, sizeof(*ctx))) == NULL)
 		return TW_ENOMEM;
+	ctx->wake_fd = -1;
 	pthread_mutex_init(&ctx->lock, NULL);
 	ctx->calls_tail = &ctx->calls;
 	ctx->objects.next = ctx->objects.prev = &ctx->objects;
 	set_defaults(&ctx->limits);
+	ctx->offload_threads = default_offload_threads();
+	ctx->offload_threshold = (uint64_t)10 << 20; /* TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES */
 	ctx->own_base = base == NULL;
 	ctx->base = base != NULL ? base : event_base_new();
 	if (ctx->base == NULL)
 		goto fail;
-	ctx->call_ev = event_new(ctx->base, -1, 0, run_calls, ctx);
-	if (ctx->call_ev == NULL)
+	/* Other threads wake the loop through an eventfd that the loop
+	 * watches like any socket, so this works on a base made before
+	 * libevent's locking was on (an application's own base), where
+	 * event_active from another thread would be a data race. */
+	ctx->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (ctx->wake_fd < 0)
+		goto fail;
+	ctx->call_ev = event_new(ctx->base, ctx->wake_fd, EV_READ | EV_PERSIST, run_calls, ctx);
+	if (ctx->call_ev == NULL || event_add(ctx->call_ev, NULL) != 0)
 		goto fail;
 	if (ctx->own_base) {
 		if (pthread_create(&ctx->thread, NULL, loop_main, ctx) != 0)
@@ -94,6 +110,8 @@ int tw_context_new(struct event_base *base, tw_context **out)
 fail:
 	if (ctx->call_ev != NULL)
 		event_free(ctx->call_ev);
+	if (ctx->wake_fd >= 0)
+		close(ctx->wake_fd);
 	if (ctx->own_base && ctx->base != NULL)
 		event_base_free(ctx->base);
 	pthread_mutex_destroy(&ctx->lock);
@@ -101,19 +119,29 @@ fail:
 	return TW_EIO;
 }
 
+void tw__context_post(tw_context *ctx, struct tw__call *c)
+{
+	c->next = NULL;
+	uint64_t one = 1;
+	int first;
+	pthread_mutex_lock(&ctx->lock);
+	first = ctx->calls == NULL;
+	*ctx->calls_tail = c;
+	ctx->calls_tail = &c->next;
+	pthread_mutex_unlock(&ctx->lock);
+	if (first && write(ctx->wake_fd, &one, sizeof(one)) < 0)
+		(void)0; /* the counter is already non-zero: a wakeup is pending */
+}
+
 int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg)
 {
 	struct tw__call *c = malloc(sizeof(*c));
 	if (c == NULL)
 		return TW_ENOMEM;
-	c->next = NULL;
 	c->fn = fn;
 	c->arg = arg;
-	pthread_mutex_lock(&ctx->lock);
-	*ctx->calls_tail = c;
-	ctx->calls_tail = &c->next;
-	pthread_mutex_unlock(&ctx->lock);
-	event_active(ctx->call_ev, 0, 0);
+	c->owned = 1;
+	tw__context_post(ctx, c);
 	return 0;
 }
 
@@ -145,8 +173,11 @@ void tw_context_free(tw_context *ctx)
 		pthread_join(ctx->thread, NULL);
 	}
 	kill_all(ctx);
+	if (ctx->offload_release != NULL)
+		ctx->offload_release(ctx->offload);
 	run_calls(-1, 0, ctx);
 	event_free(ctx->call_ev);
+	close(ctx->wake_fd);
 	if (ctx->tls_release != NULL)
 		ctx->tls_release(ctx->tls);
 	if (ctx->own_base)

@@ -27,14 +27,26 @@ struct tw__node {
 	void (*kill)(struct tw__node *n); /* free without callbacks */
 };
 
-struct tw__call;
+/* A call to run on the loop thread; embed one to post without allocating. */
+struct tw__call {
+	struct tw__call *next;
+	void (*fn)(void *arg);
+	void *arg;
+	int owned; /* freed after running (tw_context_call) */
+};
+
+/* tw__context_post: run c->fn(c->arg) on the loop thread; any thread;
+ * cannot fail. The caller owns c (unless owned is set) and must keep it
+ * until fn runs. */
+void tw__context_post(tw_context *ctx, struct tw__call *c);
 
 struct tw_context {
 	struct event_base *base;
 	int own_base;
 	pthread_t thread;
 	int has_thread;
-	struct event *call_ev;
+	struct event *call_ev; /* watches wake_fd */
+	int wake_fd;           /* eventfd that other threads write to */
 	pthread_mutex_t lock; /* guards calls */
 	struct tw__call *calls, **calls_tail;
 	struct tw__limits limits;
@@ -44,6 +56,11 @@ struct tw_context {
 	void *tls;
 	void (*tls_release)(void *tls);
 	char error[512]; /* last connect/accept failure; loop thread */
+	/* The offload pool (protocol/), stopped before pending calls run. */
+	void *offload;
+	void (*offload_release)(void *offload);
+	unsigned offload_threads;
+	uint64_t offload_threshold;
 };
 
 void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *));

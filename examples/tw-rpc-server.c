@@ -117,17 +117,22 @@ int main(int argc, char **argv)
 	tw_context *ctx;
 	tw_server *srv;
 	char addr[128];
+	const char *offload = getenv("TW_OFFLOAD_THRESHOLD");
 	if (argc < 2 || strcmp(argv[1], "--help") == 0) {
 		fprintf(argc < 2 ? stderr : stdout,
 			"usage: tw-rpc-server URI [URI ...]\n"
 			"  Serve the ops identity, echo(data), sum(data), slow(delay) and fail()\n"
-			"  on each URI (port 0 picks a free port); prints each bound address.\n");
+			"  on each URI (port 0 picks a free port); prints each bound address.\n"
+			"  TW_OFFLOAD_THRESHOLD=BYTES|off in the environment sets the offload threshold.\n");
 		return argc < 2 ? 2 : 0;
 	}
 	signal(SIGPIPE, SIG_IGN);
 	if ((base = event_base_new()) == NULL || tw_context_new(base, &ctx) != 0 ||
 	    tw_server_new(ctx, &srv) != 0)
 		return 1;
+	if (offload != NULL)
+		tw_context_set_offload_threshold_bytes(
+			ctx, strcmp(offload, "off") == 0 ? TW_OFFLOAD_NEVER : strtoull(offload, NULL, 10));
 	tw_server_add_op(srv, "sum", op_sum, NULL);
 	tw_server_add_op(srv, "slow", op_slow, base);
 	tw_server_add_op(srv, "fail", op_fail, NULL);

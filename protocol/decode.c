@@ -108,7 +108,7 @@ static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *c
 					   d->budget - total, &size);
 		if (rv != 0)
 			return fail(d, rv, "frame %zu: %s", first + i,
-				    rv == TW_ETOOBIG ? "decompressed size above the message limit"
+				    rv == TW_ETOOBIG ? "decompressed size or zstd window above the limit"
 						     : "corrupt compressed data");
 		total += size;
 	}
@@ -296,8 +296,12 @@ static int decode(tw_decoded *d)
 	for (size_t i = 0; i < d->n; i++)
 		if ((rv = load_group(d, &d->payloads[i])) != 0)
 			return rv;
+	/* indices become pointers; no slices at all (every group empty) leaves
+	 * d->slices NULL, and NULL + 0 is undefined */
 	for (size_t i = 0; i < d->n; i++)
-		d->payloads[i].frames = d->slices + (uintptr_t)d->payloads[i].frames;
+		d->payloads[i].frames = d->slices != NULL
+						? d->slices + (uintptr_t)d->payloads[i].frames
+						: NULL;
 	return 0;
 }
 

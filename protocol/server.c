@@ -7,6 +7,7 @@
 
 #include <taskwire/error.h>
 #include <taskwire/handshake.h>
+#include <taskwire/offload.h>
 #include <taskwire/server.h>
 
 #include "protocol/builder.h"
@@ -173,19 +174,17 @@ static int make_request(struct sconn *sc, tw_decoded *d, tw_request **out)
 	return 0;
 }
 
-/* A request arrived: serve it; reading pauses until it is answered. */
-static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
+/* A request arrived (decoded, on the offload pool when large): serve it;
+ * delivery pauses until it is answered. */
+static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail, void *arg)
 {
 	struct sconn *sc = arg;
-	tw_decode_limits lim = {comm->limits.max_message_bytes};
 	const msgpack_object *op;
 	const struct op *h;
 	tw_request *r;
-	tw_decoded *d;
-	char why[200] = "";
-	int rv = tw_decode(msg, &lim, &d, why, sizeof(why));
-	if (rv != 0)
-		return drop(sc, rv, why);
+	int rv;
+	if (err != 0)
+		return drop(sc, err, detail);
 	op = tw_map_get(tw_decoded_root(d), "op");
 	if (tw_decoded_root(d)->type != MSGPACK_OBJECT_MAP || op == NULL ||
 	    op->type != MSGPACK_OBJECT_STR) {
@@ -197,7 +196,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 		return drop(sc, rv, "out of memory");
 	}
 	sc->busy = r;
-	comm->ops->pause(comm);
+	tw_comm_pause(comm);
 	if (strcmp(r->op, "close") == 0) {
 		r->close = 1;
 		if (r->reply)
@@ -215,7 +214,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 static void resume(struct sconn *sc)
 {
 	if (sc->busy == NULL && sc->pending == NULL)
-		sc->comm->ops->start(sc->comm);
+		tw_comm_resume(sc->comm);
 }
 
 static void on_drain(tw_comm *comm, void *arg)
@@ -248,7 +247,7 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 	sc->prev = &s->conns;
 	s->conns.next->prev = sc;
 	s->conns.next = sc;
-	if (tw_comm_set_callbacks(comm, on_recv, on_close, on_drain, sc) != 0)
+	if (tw_comm_set_decoded_callbacks(comm, on_decoded, on_close, on_drain, sc) != 0)
 		conn_free(sc);
 }
 

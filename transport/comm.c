@@ -17,6 +17,8 @@ static void destroy_comm(tw_comm *c)
 		event_free(c->timeout_ev);
 	if (c->proto_free != NULL)
 		c->proto_free(c->proto);
+	if (c->deliver_free != NULL)
+		c->deliver_free(c->deliver);
 	c->ops->destroy(c);
 }
 
@@ -60,6 +62,31 @@ int tw__comm_deliver(tw_comm *c, tw_msg *m)
 	c->depth++;
 	c->recv_cb(c, m, c->arg);
 	return after_callback(c);
+}
+
+int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg)
+{
+	c->depth++;
+	fn(c, arg);
+	return after_callback(c);
+}
+
+void tw_comm_pause(tw_comm *c)
+{
+	c->app_paused = 1;
+	if (!c->ended)
+		c->ops->pause(c);
+}
+
+void tw_comm_resume(tw_comm *c)
+{
+	c->app_paused = 0;
+	if (c->ended || c->recv_cb == NULL)
+		return;
+	if (c->deliver_resume != NULL)
+		c->deliver_resume(c);
+	else
+		c->ops->start(c);
 }
 
 int tw__comm_drained(tw_comm *c)

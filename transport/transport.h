@@ -58,6 +58,11 @@ struct tw_comm {
 	void *proto;                  /* the protocol layer's state (placement) */
 	void (*proto_free)(void *p);
 	struct event *timeout_ev;     /* tw__comm_arm_timeout */
+	int app_paused;               /* tw_comm_pause */
+	/* The decoded-delivery layer (protocol/delivery.c), if used. */
+	void *deliver;
+	void (*deliver_free)(void *d);
+	void (*deliver_resume)(tw_comm *c);
 };
 
 struct tw_listener {
@@ -88,6 +93,9 @@ void tw__comm_detach(tw_comm *c);
 /* End the comm with TW_ETIMEDOUT unless disarmed within ms milliseconds. */
 int tw__comm_arm_timeout(tw_comm *c, uint32_t ms);
 void tw__comm_disarm_timeout(tw_comm *c);
+/* Run fn(c, arg) as a callback of c: a tw_comm_free inside is deferred.
+ * Returns 1 when c may still be used, 0 when it ended or was freed. */
+int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);
 /* Hand the protocol layer's per-comm state to the comm, freed with it. */
 void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *));
 /* Record an error text on the comm (printf style). */

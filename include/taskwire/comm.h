@@ -87,6 +87,13 @@ int tw_comm_set_callbacks(tw_comm *comm, tw_recv_cb recv_cb, tw_close_cb close_c
  * (more frames than the limit), TW_ECLOSED (comm closed or closing). */
 int tw_comm_write(tw_comm *comm, tw_msg *msg);
 
+/* tw_comm_pause / tw_comm_resume: stop and restart delivering messages;
+ * while paused nothing more is read, so the kernel's buffers fill and the
+ * peer's writes block (read-side backpressure). Messages already received
+ * but not delivered stay queued. Idempotent. */
+void tw_comm_pause(tw_comm *comm);
+void tw_comm_resume(tw_comm *comm);
+
 /* tw_comm_queued_bytes: bytes queued and not yet written to the kernel. */
 uint64_t tw_comm_queued_bytes(const tw_comm *comm);
 

@@ -32,11 +32,10 @@ typedef struct tw_context tw_context;
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
  * before the base. With `base` NULL, the context makes its own base and a
- * loop thread that runs until tw_context_free. Enables libevent's pthread
- * locking (evthread_use_pthreads) so tw_context_call works from any
- * thread; libevent only gives locks to bases made after that call, so an
- * application that calls tw_context_call from other threads must call
- * evthread_use_pthreads() itself before making its base. Returns 0 and sets *out, TW_ENOMEM, TW_EIO (thread or base could
+ * loop thread that runs until tw_context_free. Other threads reach the
+ * loop through an eventfd the loop watches (tw_context_call, offload
+ * results), so an application's base needs no libevent locking; libevent's
+ * pthread locking is enabled all the same (evthread_use_pthreads). Returns 0 and sets *out, TW_ENOMEM, TW_EIO (thread or base could
  * not be made) or TW_EINVAL. */
 int tw_context_new(struct event_base *base, tw_context **out);
 

@@ -1,0 +1,59 @@
+/* taskwire: decoding received messages off the loop thread.
+ *
+ * Decompressing, merging and parsing a 256 MiB message takes long enough
+ * to stall every other comm of the loop (Dask issues #1214, #7589). With
+ * decoded delivery, each message is decoded (tw_decode) on the loop thread
+ * when it is small, or on a worker of the context's offload pool when its
+ * frames add up to the threshold or more; either way the result reaches
+ * the application on the loop thread, in the order the messages arrived on
+ * that comm. Different comms never wait for each other. */
+#ifndef TASKWIRE_OFFLOAD_H
+#define TASKWIRE_OFFLOAD_H
+
+#include <taskwire/comm.h>
+#include <taskwire/serial.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* Messages of at least this many bytes (sum of frames) are decoded on the
+ * pool (Dask offloads above 10 MB too). */
+#define TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES ((uint64_t)10 << 20)
+/* A threshold that no message reaches: offload off. */
+#define TW_OFFLOAD_NEVER UINT64_MAX
+
+/* tw_context_set_offload_threads: worker threads of the pool, started on
+ * first use (default: the number of online CPUs minus one, at least 1, so
+ * the loop keeps a core and large decodes still run in parallel with it).
+ * Call before the first decoded delivery. Returns 0 or TW_EINVAL (0
+ * threads, or the pool already started). */
+int tw_context_set_offload_threads(tw_context *ctx, unsigned threads);
+
+/* tw_context_set_offload_threshold_bytes: 0 offloads every message,
+ * TW_OFFLOAD_NEVER none. Default 10 MiB. Returns 0 or TW_EINVAL. */
+int tw_context_set_offload_threshold_bytes(tw_context *ctx, uint64_t bytes);
+
+/* A decoded message: on success err is 0 and the callee owns d (free it
+ * with tw_decoded_free, now or later); on a decode error d is NULL, err is
+ * the tw_decode code and detail says why; the comm stays open (close it if
+ * the protocol says so). Runs on the loop thread, never after the comm's
+ * close callback and never after tw_comm_free. */
+typedef void (*tw_decoded_cb)(tw_comm *comm, tw_decoded *d, int err, const char *detail,
+			      void *arg);
+
+/* tw_comm_set_decoded_callbacks: like tw_comm_set_callbacks, but messages
+ * arrive decoded, large ones decoded on the offload pool, in order. While
+ * 8 or more messages of the comm wait for delivery, reading pauses.
+ * Returns as tw_comm_set_callbacks, or TW_ENOMEM. */
+int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_close_cb close_cb,
+				  tw_drain_cb drain_cb, void *arg);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

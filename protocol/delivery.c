@@ -1,0 +1,226 @@
+/* Decoded delivery (include/taskwire/offload.h): each received message is
+ * decoded inline or on the offload pool, and delivered in arrival order. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <taskwire/error.h>
+#include <taskwire/offload.h>
+
+#include "protocol/offload.h"
+#include "transport/transport.h"
+
+/* Reading pauses while this many messages of a comm wait for delivery. */
+#define MAX_WAITING 8
+
+struct queue;
+
+struct item {
+	struct item *next;
+	struct queue *q;
+	tw_msg *msg;
+	tw_decoded *d;
+	int err;
+	int done; /* decoded; loop thread only */
+	uint64_t max_bytes;
+	struct tw__job job;
+	char detail[200];
+};
+
+/* Per comm. Touched only on the loop thread; items in a worker keep it
+ * alive through refs after the comm is gone. */
+struct queue {
+	tw_comm *comm; /* NULL once the comm is gone */
+	int refs;      /* the comm's, plus one per item in a worker */
+	struct item *head, **tail;
+	unsigned n;
+	int paused; /* we stopped reading */
+	tw_decoded_cb cb;
+	tw_close_cb close_cb;
+	tw_drain_cb drain_cb;
+	void *arg;
+};
+
+static void item_free(struct item *it)
+{
+	tw_msg_free(it->msg);
+	tw_decoded_free(it->d);
+	free(it);
+}
+
+static void queue_unref(struct queue *q)
+{
+	if (--q->refs > 0)
+		return;
+	while (q->head != NULL) {
+		struct item *it = q->head;
+		q->head = it->next;
+		item_free(it);
+	}
+	free(q);
+}
+
+static void decode(struct item *it)
+{
+	tw_decode_limits lim = {it->max_bytes};
+	it->err = tw_decode(it->msg, &lim, &it->d, it->detail, sizeof(it->detail));
+	tw_msg_free(it->msg); /* frames now live in the decoded message */
+	it->msg = NULL;
+}
+
+static int may_read(const struct queue *q)
+{
+	return !q->comm->app_paused && q->n < MAX_WAITING;
+}
+
+static void deliver_one(tw_comm *comm, void *arg)
+{
+	struct item *it = arg;
+	struct queue *q = it->q;
+	tw_decoded *d = it->d;
+	it->d = NULL;
+	q->cb(comm, d, it->err, it->err ? it->detail : NULL, q->arg);
+}
+
+/* Deliver the decoded messages at the head, in order. */
+static void deliver(struct queue *q)
+{
+	while (q->comm != NULL && q->head != NULL && q->head->done && !q->comm->app_paused &&
+	       !q->comm->ended) {
+		struct item *it = q->head;
+		tw_comm *comm = q->comm;
+		int alive;
+		if ((q->head = it->next) == NULL)
+			q->tail = &q->head;
+		q->n--;
+		q->refs++; /* the callback may free the comm, and with it its ref */
+		alive = tw__comm_call(comm, deliver_one, it);
+		item_free(it);
+		if (!alive || q->comm == NULL) {
+			queue_unref(q);
+			return;
+		}
+		queue_unref(q);
+	}
+	if (q->paused && q->comm != NULL && !q->comm->ended && may_read(q)) {
+		q->paused = 0;
+		q->comm->ops->start(q->comm);
+	}
+}
+
+static void pause_if_full(struct queue *q)
+{
+	if (!may_read(q) && !q->paused) {
+		q->paused = 1;
+		q->comm->ops->pause(q->comm);
+	}
+}
+
+static void job_run(struct tw__job *job)
+{
+	decode((struct item *)((char *)job - offsetof(struct item, job)));
+}
+
+static void job_done(struct tw__job *job)
+{
+	struct item *it = (struct item *)((char *)job - offsetof(struct item, job));
+	struct queue *q = it->q;
+	if (job->canceled) {
+		it->err = TW_ECANCELED;
+		strcpy(it->detail, "offload pool stopped");
+	}
+	it->done = 1;
+	if (q->comm != NULL)
+		deliver(q);
+	queue_unref(q);
+}
+
+static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
+{
+	struct queue *q = arg;
+	struct item *it = calloc(1, sizeof(*it));
+	if (it == NULL) {
+		tw__comm_seterr(comm, "out of memory queueing a message");
+		tw__comm_end(comm, TW_ENOMEM);
+		return;
+	}
+	it->q = q;
+	it->msg = tw_msg_hold(msg);
+	it->max_bytes = comm->limits.max_message_bytes;
+	*q->tail = it;
+	q->tail = &it->next;
+	q->n++;
+	if (tw_msg_bytes(msg) >= comm->ctx->offload_threshold) {
+		it->job.run = job_run;
+		it->job.done = job_done;
+		q->refs++;
+		if (tw__offload_submit(comm->ctx, &it->job) == 0) {
+			pause_if_full(q);
+			return;
+		}
+		q->refs--; /* no pool: decode here */
+	}
+	decode(it);
+	it->done = 1;
+	pause_if_full(q);
+	deliver(q);
+}
+
+/* The comm ends: undelivered messages are dropped, then the close
+ * callback runs; nothing is delivered after it. */
+static void on_close(tw_comm *comm, int err, void *arg)
+{
+	struct queue *q = arg;
+	q->close_cb(comm, err, q->arg); /* comm->ended stops delivery */
+}
+
+static void on_drain(tw_comm *comm, void *arg)
+{
+	struct queue *q = arg;
+	if (q->drain_cb != NULL)
+		q->drain_cb(comm, q->arg);
+}
+
+static void on_resume(tw_comm *comm)
+{
+	struct queue *q = comm->deliver;
+	q->paused = 1; /* tw_comm_pause stopped reading */
+	deliver(q);
+}
+
+/* The comm is being freed: forget it; workers still holding items keep
+ * the queue until their results come back. */
+static void detach(void *arg)
+{
+	struct queue *q = arg;
+	q->comm = NULL;
+	queue_unref(q);
+}
+
+int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_close_cb close_cb,
+				  tw_drain_cb drain_cb, void *arg)
+{
+	struct queue *q;
+	int rv;
+	if (comm == NULL || decoded_cb == NULL || close_cb == NULL || comm->recv_cb != NULL)
+		return TW_EINVAL;
+	if ((q = calloc(1, sizeof(*q))) == NULL)
+		return TW_ENOMEM;
+	q->comm = comm;
+	q->refs = 1;
+	q->tail = &q->head;
+	q->cb = decoded_cb;
+	q->close_cb = close_cb;
+	q->drain_cb = drain_cb;
+	q->arg = arg;
+	comm->deliver = q;
+	comm->deliver_free = detach;
+	comm->deliver_resume = on_resume;
+	rv = tw_comm_set_callbacks(comm, on_recv, on_close, on_drain, q);
+	if (rv != 0) {
+		comm->deliver = NULL;
+		comm->deliver_free = NULL;
+		comm->deliver_resume = NULL;
+		free(q);
+	}
+	return rv;
+}
