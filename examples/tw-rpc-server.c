@@ -6,7 +6,8 @@
  * Ops: identity, echo(data) (built in); sum(data): the sum of `data` read
  * as little-endian float64 values (out-of-band or inline bytes); slow(delay):
  * replies "done" after `delay` seconds without blocking other comms (a
- * deferred reply); fail(): replies with an uncaught-error. */
+ * deferred reply); nbytes(data): the length of `data`; fail(): replies
+ * with an uncaught-error. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -97,6 +98,21 @@ static void op_slow(tw_request *r, void *arg)
 	evtimer_add(s->ev, &tv);
 }
 
+static void op_nbytes(tw_request *r, void *arg)
+{
+	const uint8_t *p;
+	size_t n;
+	tw_builder *b;
+	(void)arg;
+	if (arg_bytes(r, "data", &p, &n) != 0) {
+		tw_request_reply_error(r, "nbytes: `data` must be bytes", NULL);
+		return;
+	}
+	if ((b = tw_request_reply_builder(r)) != NULL)
+		msgpack_pack_uint64(tw_builder_packer(b), n);
+	tw_request_reply(r);
+}
+
 static void op_fail(tw_request *r, void *arg)
 {
 	(void)arg;
@@ -121,7 +137,8 @@ int main(int argc, char **argv)
 	if (argc < 2 || strcmp(argv[1], "--help") == 0) {
 		fprintf(argc < 2 ? stderr : stdout,
 			"usage: tw-rpc-server URI [URI ...]\n"
-			"  Serve the ops identity, echo(data), sum(data), slow(delay) and fail()\n"
+			"  Serve the ops identity, echo(data), sum(data), slow(delay), nbytes(data)\n"
+			"  and fail()\n"
 			"  on each URI (port 0 picks a free port); prints each bound address.\n"
 			"  TW_OFFLOAD_THRESHOLD=BYTES|off in the environment sets the offload threshold.\n");
 		return argc < 2 ? 2 : 0;
@@ -136,6 +153,7 @@ int main(int argc, char **argv)
 	tw_server_add_op(srv, "sum", op_sum, NULL);
 	tw_server_add_op(srv, "slow", op_slow, base);
 	tw_server_add_op(srv, "fail", op_fail, NULL);
+	tw_server_add_op(srv, "nbytes", op_nbytes, NULL);
 	for (int i = 1; i < argc; i++) {
 		int rv = tw_server_listen(srv, argv[i]);
 		if (rv != 0) {

@@ -13,6 +13,7 @@
 
 #include "core/stats.h"
 #include "protocol/compress.h"
+#include "protocol/decode.h"
 #include "protocol/mpcheck.h"
 #include "protocol/placeholder.h"
 
@@ -303,6 +304,56 @@ static int decode(tw_decoded *d)
 						? d->slices + (uintptr_t)d->payloads[i].frames
 						: NULL;
 	return 0;
+}
+
+struct cost {
+	tw_decoded *d;
+	uint64_t bytes;
+};
+
+/* Add the declared decompressed sizes of group k's compressed sub-frames. */
+static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payload_kind kind,
+			 uint64_t k)
+{
+	struct cost *c = arg;
+	msgpack_object sub;
+	enum tw__codec *codecs = NULL;
+	uint64_t num, size;
+	size_t n = tw_msg_nframes(c->d->msg);
+	(void)holder;
+	(void)kind;
+	if (k >= n || unpack_frame(c->d, (size_t)k, &sub) != 0 ||
+	    get_uint(tw_map_get(&sub, "num-sub-frames"), &num) != 0 || num > n - k - 1 ||
+	    codecs_of(c->d, &sub, num, (size_t)k, &codecs) != 0) {
+		free(codecs);
+		return 0;
+	}
+	for (uint64_t i = 0; i < num; i++) {
+		const tw_slice *f = tw_msg_frame(c->d->msg, (size_t)(k + 1 + i));
+		if (codecs[i] != TW__CODEC_NONE &&
+		    tw__decompressed_size(codecs[i], tw_slice_data(f), f->len, UINT64_MAX, &size) == 0)
+			c->bytes += size < UINT64_MAX - c->bytes ? size : 0;
+	}
+	free(codecs);
+	return 0;
+}
+
+uint64_t tw__decode_cost(const tw_msg *msg)
+{
+	tw_decoded d;
+	struct cost c = {&d, tw_msg_bytes(msg)};
+	msgpack_object root;
+	const char *why;
+	if (tw_msg_nframes(msg) < 2)
+		return c.bytes;
+	memset(&d, 0, sizeof(d));
+	d.msg = (tw_msg *)msg;
+	if ((d.zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE)) == NULL)
+		return c.bytes;
+	if (unpack_frame(&d, 0, &root) == 0)
+		tw__walk_placeholders(&root, cost_of_group, &c, &why);
+	msgpack_zone_free(d.zone);
+	return c.bytes;
 }
 
 int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out,

@@ -6,6 +6,7 @@
 #include <taskwire/error.h>
 #include <taskwire/offload.h>
 
+#include "protocol/decode.h"
 #include "protocol/offload.h"
 #include "transport/transport.h"
 
@@ -149,7 +150,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	*q->tail = it;
 	q->tail = &it->next;
 	q->n++;
-	if (tw_msg_bytes(msg) >= comm->ctx->offload_threshold) {
+	if (tw__decode_cost(msg) >= comm->ctx->offload_threshold) {
 		it->job.run = job_run;
 		it->job.done = job_done;
 		q->refs++;

@@ -17,8 +17,13 @@
 #include "transport/transport.h"
 
 #define IOV_BATCH 64
-/* Bytes read per wakeup before yielding to the other comms of the loop. */
-#define READ_BUDGET ((size_t)16 << 20)
+/* Bytes read per wakeup before yielding to the other comms of the loop:
+ * about a millisecond of copying, so a large message never holds the loop
+ * for long. */
+#define READ_BUDGET ((size_t)4 << 20)
+/* The same for writes: a fast reader must not keep one large send going
+ * while the loop's other comms wait. */
+#define WRITE_BUDGET ((size_t)4 << 20)
 /* How long an orderly close waits for the peer's EOF after our FIN. */
 #define LINGER_SECONDS 2
 
@@ -121,7 +126,13 @@ static const char *io_error(struct stream *s);
 static int flush(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
+	size_t budget = WRITE_BUDGET;
 	while (s->qn > 0) {
+		if (budget == 0) {
+			/* Let the loop's other comms run; go on next turn. */
+			event_active(s->wev, EV_WRITE, 0);
+			return 0;
+		}
 		int k = gather(s, iov, IOV_BATCH);
 		ssize_t n = s->io->writev(s->io_arg, s->fd, iov, k);
 		if (n < 0 && errno == EINTR)
@@ -137,6 +148,7 @@ static int flush(struct stream *s)
 			return err;
 		}
 		consume(s, (uint64_t)n);
+		budget = (size_t)n < budget ? budget - (size_t)n : 0;
 	}
 	event_del(s->wev);
 	if (s->closing) {

@@ -1,0 +1,16 @@
+/* Internal decoder helpers. */
+#ifndef TW_PROTOCOL_DECODE_H
+#define TW_PROTOCOL_DECODE_H
+
+#include <stdint.h>
+
+#include <taskwire/msg.h>
+
+/* tw__decode_cost: what decoding msg will touch, in bytes: its frames plus
+ * the declared decompressed size of every compressed sub-frame. Reads only
+ * frame 0 and the sub-headers (a malformed message just costs its frames;
+ * tw_decode reports the error). Decides what goes to the offload pool, so
+ * a small message that inflates to gigabytes is not decoded on the loop. */
+uint64_t tw__decode_cost(const tw_msg *msg);
+
+#endif
