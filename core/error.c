@@ -25,6 +25,8 @@ const char *tw_strerror(int err)
 	case TW_ENOTSUP: return "not supported";
 	case TW_ERANGE: return "out of range";
 	case TW_ETLS: return "TLS handshake or certificate verification failed";
+	case TW_EHANDSHAKE: return "the peer did not complete the Dask handshake";
+	case TW_EREMOTE: return "the remote op failed";
 	}
 	return "unknown error";
 }

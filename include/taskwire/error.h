@@ -35,6 +35,8 @@ enum tw_error {
 	TW_ENOTSUP = -18,     /* feature not built in */
 	TW_ERANGE = -19,      /* index or offset out of range */
 	TW_ETLS = -20,        /* TLS handshake or certificate verification failed */
+	TW_EHANDSHAKE = -21,  /* the peer did not complete the Dask handshake */
+	TW_EREMOTE = -22,     /* the remote op failed (uncaught-error reply) */
 };
 
 /* tw_strerror: a constant, human-readable name for `err` (a TW_E* code or

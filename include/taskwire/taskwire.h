@@ -13,6 +13,7 @@
 #include <taskwire/serial.h>
 #include <taskwire/handshake.h>
 #include <taskwire/server.h>
+#include <taskwire/rpc.h>
 #include <taskwire/offload.h>
 #include <taskwire/tls.h>
 

@@ -1,0 +1,86 @@
+/* taskwire: calling ops on remote servers (DESIGN.md, RPC conventions;
+ * Dask's distributed.core.rpc and ConnectionPool).
+ *
+ * A pool keeps comms per address: a call takes an idle comm of its
+ * address, or connects a new one (Dask handshake included) while the
+ * address has fewer than the limit open, or waits for one. One request at
+ * a time per comm; replies come back decoded (large ones decoded on the
+ * offload pool). A comm whose call timed out or was canceled is aborted,
+ * never reused, so a late reply is never taken for another call's. All
+ * functions run on the context's loop thread, except tw_rpc_call_sync. */
+#ifndef TASKWIRE_RPC_H
+#define TASKWIRE_RPC_H
+
+#include <taskwire/comm.h>
+#include <taskwire/serial.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+typedef struct tw_pool tw_pool;
+typedef struct tw_call tw_call;
+
+#define TW_DEFAULT_POOL_LIMIT 512          /* open comms per address (Dask: 512 in all) */
+#define TW_DEFAULT_POOL_MAX_IDLE 16        /* idle comms kept per address */
+#define TW_DEFAULT_POOL_IDLE_TIMEOUT_MS 60000
+
+/* The call finished. err is 0 with the reply (owned by the callee: free it
+ * with tw_decoded_free); TW_EREMOTE when the server replied with an
+ * uncaught-error map (reply holds it: read `exception_text` and
+ * `traceback_text`); or, with reply NULL: TW_ETIMEDOUT, TW_ECANCELED,
+ * TW_ECONNREFUSED (nothing listens there), TW_EHANDSHAKE (no Dask handshake),
+ * TW_ETLS (the TLS handshake failed), TW_ECLOSED or TW_EIO (the comm failed during the
+ * call), a decode error, or TW_EADDR/TW_ESCHEME. Runs once, on the loop
+ * thread, never from inside tw_pool_call. */
+typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg);
+
+/* tw_pool_new: a pool on ctx. Returns 0, TW_ENOMEM or TW_EINVAL. */
+int tw_pool_new(tw_context *ctx, tw_pool **out);
+
+/* tw_pool_set_limit: comms open (or connecting) per address, at least 1
+ * (default 512). tw_pool_set_idle: idle comms kept per address (default
+ * 16) and how long one may stay idle, ms (default 60,000). Return 0 or
+ * TW_EINVAL. */
+int tw_pool_set_limit(tw_pool *p, size_t comms_per_address);
+int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_timeout_ms);
+
+/* tw_pool_call: send `request` (a message whose frame 0 is a map with
+ * `op`, e.g. from tw_builder) to the server at uri, and call cb with the
+ * reply within timeout_ms milliseconds (0: no timeout). The pool takes the
+ * request on success; on error the caller keeps it. *out (may be NULL) is
+ * a handle for tw_call_cancel, valid until cb runs.
+ * Returns 0 (cb will run exactly once), TW_EINVAL, TW_ENOMEM. */
+int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
+		 tw_reply_cb cb, void *arg, tw_call **out);
+
+/* tw_call_cancel: cb runs now with TW_ECANCELED; the call's comm, if its
+ * request was sent, is aborted. */
+void tw_call_cancel(tw_call *call);
+
+/* tw_pool_open_comms: comms open or connecting to uri (for tests and
+ * monitoring). */
+size_t tw_pool_open_comms(const tw_pool *p, const char *uri);
+
+/* tw_pool_free: cancel every call (callbacks run with TW_ECANCELED),
+ * abort every comm, free. Free pools before their context; not from
+ * inside one of the pool's reply callbacks. Accepts NULL. */
+void tw_pool_free(tw_pool *p);
+
+/* tw_rpc_call_sync: a blocking call for simple programs: runs the
+ * context's loop until the reply comes (ctx must be on a base that is not
+ * being dispatched, on the calling thread), or, for a context with its own
+ * loop thread, waits for it. Same errors as tw_reply_cb; *reply is set
+ * when the result is 0 or TW_EREMOTE. The request is taken on success
+ * (return 0 or any error after sending). */
+int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t timeout_ms,
+		     tw_decoded **reply);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,534 @@
+/* Calls to remote ops over pooled comms (include/taskwire/rpc.h). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include <taskwire/error.h>
+#include <taskwire/handshake.h>
+#include <taskwire/offload.h>
+#include <taskwire/rpc.h>
+
+#include "transport/transport.h"
+
+struct dest;
+
+/* One pooled comm; connecting until `comm` is set. */
+struct pcomm {
+	struct tw__node node; /* tracked by the context while connecting */
+	struct pcomm *next;
+	struct dest *dest;    /* NULL once the pool is gone */
+	tw_comm *comm;
+	tw_call *busy;
+	struct timeval idle_since;
+};
+
+struct dest {
+	struct dest *next;
+	tw_pool *pool;
+	char uri[256];
+	struct pcomm *comms;
+	size_t open;       /* comms, connecting ones included */
+	size_t connecting;
+	tw_call *wait_head, **wait_tail;
+};
+
+struct tw_call {
+	tw_call *next; /* waiting list */
+	struct dest *dest;
+	struct pcomm *pc; /* the comm carrying it, once sent */
+	tw_msg *req;      /* until written */
+	tw_reply_cb cb;
+	void *arg;
+	struct event *timer;
+	int waiting;
+};
+
+struct tw_pool {
+	tw_context *ctx;
+	struct dest *dests;
+	size_t limit, max_idle;
+	uint32_t idle_timeout_ms;
+	struct event *sweep;
+	struct event *kick; /* dispatch from the loop */
+	int closing;
+};
+
+static void dispatch(struct dest *d);
+
+static void finish(tw_call *c, int err, tw_decoded *reply)
+{
+	event_free(c->timer);
+	tw_msg_free(c->req);
+	c->cb(c, err, reply, c->arg);
+	free(c);
+}
+
+static void unwait(tw_call *c)
+{
+	tw_call **pp = &c->dest->wait_head;
+	while (*pp != c)
+		pp = &(*pp)->next;
+	if ((*pp = c->next) == NULL)
+		c->dest->wait_tail = pp;
+	c->waiting = 0;
+}
+
+/* Forget a comm (aborting it); it may be inside its own callback. */
+static void drop_comm(struct pcomm *pc)
+{
+	struct dest *d = pc->dest;
+	struct pcomm **pp = &d->comms;
+	while (*pp != pc)
+		pp = &(*pp)->next;
+	*pp = pc->next;
+	d->open--;
+	tw_comm_free(pc->comm);
+	free(pc);
+}
+
+/* A call fails: if its request went out, its comm can never be reused. */
+static void fail(tw_call *c, int err)
+{
+	struct dest *d = c->dest;
+	if (c->waiting)
+		unwait(c);
+	if (c->pc != NULL) {
+		c->pc->busy = NULL;
+		drop_comm(c->pc);
+	}
+	finish(c, err, NULL);
+	dispatch(d);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	tw_call *c = arg;
+	(void)fd;
+	(void)what;
+	fail(c, TW_ETIMEDOUT);
+}
+
+void tw_call_cancel(tw_call *c)
+{
+	fail(c, TW_ECANCELED);
+}
+
+static int is_error_reply(const tw_decoded *reply)
+{
+	return tw_obj_str_eq(tw_map_get(tw_decoded_root(reply), "status"), "uncaught-error");
+}
+
+static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *detail, void *arg)
+{
+	struct pcomm *pc = arg;
+	tw_call *c = pc->busy;
+	struct dest *d = pc->dest;
+	(void)comm;
+	(void)detail;
+	if (c == NULL) { /* a message nobody asked for */
+		tw_decoded_free(reply);
+		drop_comm(pc);
+		dispatch(d);
+		return;
+	}
+	pc->busy = NULL;
+	c->pc = NULL;
+	evutil_gettimeofday(&pc->idle_since, NULL);
+	if (err != 0)
+		drop_comm(pc);
+	finish(c, err != 0 ? err : is_error_reply(reply) ? TW_EREMOTE : 0, reply);
+	dispatch(d);
+}
+
+static void on_close(tw_comm *comm, int err, void *arg)
+{
+	struct pcomm *pc = arg;
+	tw_call *c = pc->busy;
+	struct dest *d = pc->dest;
+	(void)comm;
+	pc->busy = NULL;
+	drop_comm(pc);
+	if (c != NULL) {
+		c->pc = NULL;
+		finish(c, err != 0 ? err : TW_ECLOSED, NULL);
+	}
+	dispatch(d);
+}
+
+/* The connect (or its handshake) failed: the waiting calls fail too when
+ * no other comm of the address can take them. */
+static void connect_failed(struct dest *d, int err)
+{
+	while (d->comms == NULL && d->connecting == 0 && d->wait_head != NULL)
+		fail(d->wait_head, err);
+}
+
+static void pc_forget(struct pcomm *pc, int err)
+{
+	struct dest *d = pc->dest;
+	tw__ctx_untrack(&pc->node);
+	if (d == NULL) { /* the pool went away meanwhile */
+		tw_comm_free(pc->comm);
+		free(pc);
+		return;
+	}
+	d->connecting--;
+	if (err != 0) {
+		drop_comm(pc);
+		connect_failed(d, err);
+		return;
+	}
+}
+
+static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
+{
+	struct pcomm *pc = arg;
+	struct dest *d = pc->dest;
+	(void)info;
+	(void)comm;
+	if (err == 0 && d != NULL &&
+	    tw_comm_set_decoded_callbacks(comm, on_reply, on_close, NULL, pc) != 0)
+		err = TW_ENOMEM;
+	if (err != 0 && err != TW_ENOMEM)
+		err = err == TW_ETLS ? TW_ETLS : TW_EHANDSHAKE;
+	evutil_gettimeofday(&pc->idle_since, NULL);
+	pc_forget(pc, err);
+	if (err == 0 && d != NULL)
+		dispatch(d);
+}
+
+static void on_connect(tw_comm *comm, int err, void *arg)
+{
+	struct pcomm *pc = arg;
+	pc->comm = comm;
+	if (err == 0 && pc->dest != NULL && (err = tw_comm_handshake(comm, 0, on_handshake, pc)) == 0)
+		return;
+	pc_forget(pc, err != 0 ? err : TW_ECANCELED);
+}
+
+/* The context is freed while pc connects: the context aborts the comm
+ * itself, so only pc goes (pools should be freed before their context). */
+static void kill_pc(struct tw__node *n)
+{
+	struct pcomm *pc = (struct pcomm *)n;
+	if (pc->dest != NULL) {
+		struct pcomm **pp = &pc->dest->comms;
+		while (*pp != pc)
+			pp = &(*pp)->next;
+		*pp = pc->next;
+		pc->dest->open--;
+		pc->dest->connecting--;
+	}
+	free(pc);
+}
+
+static int connect_one(struct dest *d)
+{
+	struct pcomm *pc = calloc(1, sizeof(*pc));
+	int rv;
+	if (pc == NULL)
+		return TW_ENOMEM;
+	pc->dest = d;
+	pc->next = d->comms;
+	d->comms = pc;
+	d->open++;
+	d->connecting++;
+	tw__ctx_track(d->pool->ctx, &pc->node, kill_pc);
+	if ((rv = tw_connect(d->pool->ctx, d->uri, on_connect, pc)) != 0) {
+		tw__ctx_untrack(&pc->node);
+		d->connecting--;
+		drop_comm(pc);
+	}
+	return rv;
+}
+
+static struct pcomm *idle_comm(struct dest *d)
+{
+	for (struct pcomm *pc = d->comms; pc != NULL; pc = pc->next)
+		if (pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
+		    pc->comm->recv_cb != NULL)
+			return pc;
+	return NULL;
+}
+
+static size_t waiting(const struct dest *d)
+{
+	size_t n = 0;
+	for (const tw_call *c = d->wait_head; c != NULL; c = c->next)
+		n++;
+	return n;
+}
+
+/* Give waiting calls to idle comms; connect more while under the limit. */
+static void dispatch(struct dest *d)
+{
+	struct pcomm *pc;
+	int rv;
+	if (d == NULL || d->pool->closing)
+		return;
+	while (d->wait_head != NULL && (pc = idle_comm(d)) != NULL) {
+		tw_call *c = d->wait_head;
+		unwait(c);
+		c->pc = pc;
+		pc->busy = c;
+		if ((rv = tw_comm_write(pc->comm, c->req)) != 0) {
+			fail(c, rv);
+			return;
+		}
+		c->req = NULL;
+	}
+	while (d->wait_head != NULL && d->open < d->pool->limit && d->connecting < waiting(d)) {
+		if ((rv = connect_one(d)) != 0) {
+			connect_failed(d, rv);
+			return;
+		}
+	}
+}
+
+static struct dest *find_dest(tw_pool *p, const char *uri)
+{
+	struct dest *d;
+	for (d = p->dests; d != NULL; d = d->next)
+		if (strcmp(d->uri, uri) == 0)
+			return d;
+	if (strlen(uri) >= sizeof(d->uri) || (d = calloc(1, sizeof(*d))) == NULL)
+		return NULL;
+	snprintf(d->uri, sizeof(d->uri), "%s", uri);
+	d->pool = p;
+	d->wait_tail = &d->wait_head;
+	d->next = p->dests;
+	p->dests = d;
+	return d;
+}
+
+int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
+		 tw_reply_cb cb, void *arg, tw_call **out)
+{
+	struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+	struct dest *d;
+	tw_call *c;
+	if (p == NULL || uri == NULL || request == NULL || cb == NULL)
+		return TW_EINVAL;
+	if ((d = find_dest(p, uri)) == NULL || (c = calloc(1, sizeof(*c))) == NULL)
+		return TW_ENOMEM;
+	if ((c->timer = evtimer_new(p->ctx->base, on_timer, c)) == NULL) {
+		free(c);
+		return TW_ENOMEM;
+	}
+	c->dest = d;
+	c->req = request;
+	c->cb = cb;
+	c->arg = arg;
+	c->waiting = 1;
+	*d->wait_tail = c;
+	d->wait_tail = &c->next;
+	if (timeout_ms > 0)
+		evtimer_add(c->timer, &tv);
+	if (out != NULL)
+		*out = c;
+	/* Dispatch from the loop, so no callback runs inside this call. */
+	event_active(p->kick, EV_TIMEOUT, 0);
+	return 0;
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+	tw_pool *p = arg;
+	(void)fd;
+	(void)what;
+	for (struct dest *d = p->dests; d != NULL; d = d->next)
+		dispatch(d);
+}
+
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+	tw_pool *p = arg;
+	struct timeval now, age;
+	(void)fd;
+	(void)what;
+	evutil_gettimeofday(&now, NULL);
+	for (struct dest *d = p->dests; d != NULL; d = d->next) {
+		size_t idle = 0;
+		struct pcomm *pc = d->comms, *next;
+		for (; pc != NULL; pc = next) {
+			next = pc->next;
+			if (pc->node.next != NULL || pc->comm == NULL || pc->busy != NULL)
+				continue;
+			evutil_timersub(&now, &pc->idle_since, &age);
+			if (++idle > p->max_idle ||
+			    (uint64_t)age.tv_sec * 1000 + (uint64_t)age.tv_usec / 1000 >= p->idle_timeout_ms)
+				drop_comm(pc);
+		}
+	}
+}
+
+int tw_pool_new(tw_context *ctx, tw_pool **out)
+{
+	struct timeval tv = {1, 0};
+	tw_pool *p;
+	if (ctx == NULL || out == NULL)
+		return TW_EINVAL;
+	if ((p = calloc(1, sizeof(*p))) == NULL)
+		return TW_ENOMEM;
+	p->ctx = ctx;
+	p->limit = TW_DEFAULT_POOL_LIMIT;
+	p->max_idle = TW_DEFAULT_POOL_MAX_IDLE;
+	p->idle_timeout_ms = TW_DEFAULT_POOL_IDLE_TIMEOUT_MS;
+	p->sweep = event_new(ctx->base, -1, EV_PERSIST, on_sweep, p);
+	p->kick = event_new(ctx->base, -1, 0, on_kick, p);
+	if (p->sweep == NULL || p->kick == NULL) {
+		if (p->sweep != NULL)
+			event_free(p->sweep);
+		if (p->kick != NULL)
+			event_free(p->kick);
+		free(p);
+		return TW_ENOMEM;
+	}
+	event_add(p->sweep, &tv);
+	*out = p;
+	return 0;
+}
+
+int tw_pool_set_limit(tw_pool *p, size_t n)
+{
+	if (p == NULL || n == 0)
+		return TW_EINVAL;
+	p->limit = n;
+	return 0;
+}
+
+int tw_pool_set_idle(tw_pool *p, size_t max_idle, uint32_t idle_timeout_ms)
+{
+	if (p == NULL)
+		return TW_EINVAL;
+	p->max_idle = max_idle;
+	p->idle_timeout_ms = idle_timeout_ms;
+	return 0;
+}
+
+size_t tw_pool_open_comms(const tw_pool *p, const char *uri)
+{
+	for (const struct dest *d = p->dests; d != NULL; d = d->next)
+		if (strcmp(d->uri, uri) == 0)
+			return d->open;
+	return 0;
+}
+
+void tw_pool_free(tw_pool *p)
+{
+	if (p == NULL)
+		return;
+	p->closing = 1;
+	event_free(p->sweep);
+	event_free(p->kick);
+	while (p->dests != NULL) {
+		struct dest *d = p->dests;
+		while (d->wait_head != NULL)
+			fail(d->wait_head, TW_ECANCELED);
+		while (d->comms != NULL) {
+			struct pcomm *pc = d->comms;
+			if (pc->busy != NULL) {
+				fail(pc->busy, TW_ECANCELED);
+				continue;
+			}
+			if (pc->node.next != NULL) { /* connecting: its callback frees it */
+				d->comms = pc->next;
+				pc->dest = NULL;
+				continue;
+			}
+			drop_comm(pc);
+		}
+		p->dests = d->next;
+		free(d);
+	}
+	free(p);
+}
+
+struct sync {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	tw_context *ctx;
+	const char *uri;
+	tw_msg *req;
+	uint32_t timeout_ms;
+	tw_pool *pool;
+	int done, err;
+	tw_decoded *reply;
+};
+
+static void sync_done(tw_call *c, int err, tw_decoded *reply, void *arg)
+{
+	struct sync *s = arg;
+	(void)c;
+	pthread_mutex_lock(&s->lock);
+	s->err = err;
+	s->reply = reply;
+	s->done = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* On the loop thread: start the call (or record why it could not start). */
+static void sync_start(void *arg)
+{
+	struct sync *s = arg;
+	int rv = tw_pool_new(s->ctx, &s->pool);
+	if (rv == 0)
+		rv = tw_pool_call(s->pool, s->uri, s->req, s->timeout_ms, sync_done, s, NULL);
+	if (rv != 0) {
+		tw_msg_free(s->req);
+		sync_done(NULL, rv, NULL, s);
+	}
+}
+
+static void sync_stop(void *arg)
+{
+	struct sync *s = arg;
+	tw_pool_free(s->pool);
+	pthread_mutex_lock(&s->lock);
+	s->pool = NULL;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t timeout_ms,
+		     tw_decoded **reply)
+{
+	struct sync s;
+	if (ctx == NULL || uri == NULL || request == NULL || reply == NULL)
+		return TW_EINVAL;
+	memset(&s, 0, sizeof(s));
+	pthread_mutex_init(&s.lock, NULL);
+	pthread_cond_init(&s.cv, NULL);
+	s.ctx = ctx;
+	s.uri = uri;
+	s.req = request;
+	s.timeout_ms = timeout_ms;
+	if (ctx->has_thread) {
+		pthread_mutex_lock(&s.lock);
+		if (tw_context_call(ctx, sync_start, &s) != 0) {
+			pthread_mutex_unlock(&s.lock);
+			return TW_ENOMEM;
+		}
+		while (!s.done)
+			pthread_cond_wait(&s.cv, &s.lock);
+		pthread_mutex_unlock(&s.lock);
+		tw_context_call(ctx, sync_stop, &s);
+		pthread_mutex_lock(&s.lock);
+		while (s.pool != NULL)
+			pthread_cond_wait(&s.cv, &s.lock);
+		pthread_mutex_unlock(&s.lock);
+	} else {
+		sync_start(&s);
+		while (!s.done)
+			event_base_loop(ctx->base, EVLOOP_ONCE);
+		tw_pool_free(s.pool);
+	}
+	pthread_cond_destroy(&s.cv);
+	pthread_mutex_destroy(&s.lock);
+	*reply = s.reply;
+	return s.err;
+}
