@@ -9,6 +9,7 @@
 #include <taskwire/handshake.h>
 #include <taskwire/offload.h>
 #include <taskwire/server.h>
+#include <taskwire/stream.h>
 
 #include "protocol/builder.h"
 #include "transport/transport.h"
@@ -26,6 +27,7 @@ struct sconn {
 	tw_comm *comm;
 	tw_request *busy; /* the request being handled */
 	tw_msg *pending;  /* a reply the write queue refused, sent on drain */
+	int stream;       /* after connection_stream: one-way maps */
 };
 
 struct tw_request {
@@ -40,6 +42,8 @@ struct tw_server {
 	tw_context *ctx;
 	struct op *ops;
 	size_t nops;
+	struct op *sops; /* stream ops */
+	size_t nsops;
 	tw_listener **ls;
 	size_t nls;
 	struct sconn conns; /* list head */
@@ -76,27 +80,38 @@ static void op_echo(tw_request *r, void *arg)
 	tw_request_reply(r);
 }
 
-int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg)
+/* Register or replace name -> fn in a table of ops. */
+static int table_add(struct op **tab, size_t *n, const char *name, void (*fn)(void), void *arg)
 {
 	struct op *ops;
-	if (s == NULL || name == NULL || fn == NULL)
+	if (name == NULL || fn == NULL)
 		return TW_EINVAL;
-	for (size_t i = 0; i < s->nops; i++) {
-		if (strcmp(s->ops[i].name, name) == 0) {
-			s->ops[i].fn = fn;
-			s->ops[i].arg = arg;
+	for (size_t i = 0; i < *n; i++) {
+		if (strcmp((*tab)[i].name, name) == 0) {
+			(*tab)[i].fn = (tw_op_fn)fn;
+			(*tab)[i].arg = arg;
 			return 0;
 		}
 	}
-	if ((ops = realloc(s->ops, (s->nops + 1) * sizeof(*ops))) == NULL)
+	if ((ops = realloc(*tab, (*n + 1) * sizeof(*ops))) == NULL)
 		return TW_ENOMEM;
-	s->ops = ops;
-	if ((ops[s->nops].name = strdup(name)) == NULL)
+	*tab = ops;
+	if ((ops[*n].name = strdup(name)) == NULL)
 		return TW_ENOMEM;
-	ops[s->nops].fn = fn;
-	ops[s->nops].arg = arg;
-	s->nops++;
+	ops[*n].fn = (tw_op_fn)fn;
+	ops[*n].arg = arg;
+	(*n)++;
 	return 0;
+}
+
+int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg)
+{
+	return s == NULL ? TW_EINVAL : table_add(&s->ops, &s->nops, name, (void (*)(void))fn, arg);
+}
+
+int tw_server_add_stream_op(tw_server *s, const char *name, tw_stream_fn fn, void *arg)
+{
+	return s == NULL ? TW_EINVAL : table_add(&s->sops, &s->nsops, name, (void (*)(void))fn, arg);
 }
 
 int tw_server_new(tw_context *ctx, tw_server **out)
@@ -144,12 +159,45 @@ static void drop(struct sconn *sc, int err, const char *why)
 	tw__comm_end(sc->comm, err);
 }
 
-static const struct op *find_op(const tw_server *s, const msgpack_object *name)
+static const struct op *find_op(const struct op *tab, size_t n, const msgpack_object *name)
 {
-	for (size_t i = 0; i < s->nops; i++)
-		if (tw_obj_str_eq(name, s->ops[i].name))
-			return &s->ops[i];
+	for (size_t i = 0; i < n; i++)
+		if (tw_obj_str_eq(name, tab[i].name))
+			return &tab[i];
 	return NULL;
+}
+
+/* One map of a stream: its op's handler, or the end of the stream. */
+static int stream_map(struct sconn *sc, const tw_decoded *d, const msgpack_object *m)
+{
+	const msgpack_object *op = tw_map_get(m, "op");
+	const struct op *h;
+	if (op == NULL)
+		return 0;
+	if (tw_obj_str_eq(op, "close-stream")) {
+		tw_comm_close(sc->comm);
+		return 1;
+	}
+	if ((h = find_op(sc->srv->sops, sc->srv->nsops, op)) != NULL)
+		((tw_stream_fn)(void (*)(void))h->fn)(sc->comm, d, m, h->arg);
+	return 0;
+}
+
+/* A stream message: a map or an array of maps, no replies. */
+static void stream_message(struct sconn *sc, tw_decoded *d)
+{
+	const msgpack_object *root = tw_decoded_root(d);
+	if (root->type == MSGPACK_OBJECT_MAP) {
+		stream_map(sc, d, root);
+	} else if (root->type == MSGPACK_OBJECT_ARRAY) {
+		for (uint32_t i = 0; i < root->via.array.size; i++)
+			if (stream_map(sc, d, &root->via.array.ptr[i]))
+				break;
+	} else {
+		tw_decoded_free(d);
+		return drop(sc, TW_EPROTO, "stream message is not a map or a list of maps");
+	}
+	tw_decoded_free(d);
 }
 
 static int flag(const msgpack_object *root, const char *key, int dflt)
@@ -185,6 +233,8 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 	int rv;
 	if (err != 0)
 		return drop(sc, err, detail);
+	if (sc->stream)
+		return stream_message(sc, d);
 	op = tw_map_get(tw_decoded_root(d), "op");
 	if (tw_decoded_root(d)->type != MSGPACK_OBJECT_MAP || op == NULL ||
 	    op->type != MSGPACK_OBJECT_STR) {
@@ -195,6 +245,11 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw_decoded_free(d);
 		return drop(sc, rv, "out of memory");
 	}
+	if (strcmp(r->op, "connection_stream") == 0) {
+		sc->stream = 1; /* no reply: from now on, one-way maps */
+		request_free(r);
+		return;
+	}
 	sc->busy = r;
 	tw_comm_pause(comm);
 	if (strcmp(r->op, "close") == 0) {
@@ -204,7 +259,7 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw_request_reply(r);
 		return;
 	}
-	if ((h = find_op(sc->srv, op)) == NULL) {
+	if ((h = find_op(sc->srv->ops, sc->srv->nops, op)) == NULL) {
 		tw_request_reply(r); /* unknown op: nil, as Dask does */
 		return;
 	}
@@ -290,7 +345,10 @@ void tw_server_free(tw_server *s)
 		conn_free(s->conns.next);
 	for (size_t i = 0; i < s->nops; i++)
 		free(s->ops[i].name);
+	for (size_t i = 0; i < s->nsops; i++)
+		free(s->sops[i].name);
 	free(s->ops);
+	free(s->sops);
 	free(s->ls);
 	free(s);
 }

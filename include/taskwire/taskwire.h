@@ -14,6 +14,7 @@
 #include <taskwire/handshake.h>
 #include <taskwire/server.h>
 #include <taskwire/rpc.h>
+#include <taskwire/stream.h>
 #include <taskwire/offload.h>
 #include <taskwire/tls.h>
 

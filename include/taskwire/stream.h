@@ -1,0 +1,59 @@
+/* taskwire: streams: comms that carry one-way messages in batches
+ * (DESIGN.md, RPC conventions: Streams; Dask's Server.handle_stream and
+ * BatchedSend).
+ *
+ * After {"op": "connection_stream", "reply": false} a server comm is a
+ * stream: each message is a map, or an array of maps, and each map goes
+ * to the stream handler of its `op`, with no reply; {"op":
+ * "close-stream"} ends it. A batched sender coalesces the maps written
+ * within one interval into one array message. */
+#ifndef TASKWIRE_STREAM_H
+#define TASKWIRE_STREAM_H
+
+#include <taskwire/comm.h>
+#include <taskwire/serial.h>
+#include <taskwire/server.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* A stream message: `msg` is one map of the decoded message d (both valid
+ * during the call). */
+typedef void (*tw_stream_fn)(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg,
+			     void *arg);
+
+/* tw_server_add_stream_op: register the handler of stream op `name`.
+ * Maps with an unknown op are skipped. Returns 0, TW_ENOMEM, TW_EINVAL. */
+int tw_server_add_stream_op(tw_server *s, const char *name, tw_stream_fn fn, void *arg);
+
+typedef struct tw_batched tw_batched;
+
+#define TW_DEFAULT_BATCH_INTERVAL_MS 2 /* Dask's BatchedSend: 2 ms */
+
+/* tw_batched_new: a batched sender on comm (which the caller keeps
+ * owning; free the sender before the comm). interval_ms 0 means the
+ * default. Returns 0, TW_ENOMEM, TW_EINVAL. Loop thread. */
+int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
+
+/* tw_batched_send: queue one msgpack map (`packed`, len bytes, copied; it
+ * must not hold out-of-band placeholders) for the next batch. Returns 0,
+ * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack value), TW_ECLOSED. */
+int tw_batched_send(tw_batched *b, const void *packed, size_t len);
+
+/* tw_batched_flush: write what is queued now, as one array message.
+ * Returns 0 or the tw_comm_write error (the batch is kept on TW_EAGAIN and
+ * retried at the next interval). */
+int tw_batched_flush(tw_batched *b);
+
+/* tw_batched_free: flush what is queued, then free. Accepts NULL. */
+void tw_batched_free(tw_batched *b);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

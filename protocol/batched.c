@@ -1,0 +1,118 @@
+/* The batched sender (include/taskwire/stream.h): maps written within one
+ * interval leave as one array message, like Dask's BatchedSend. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include <taskwire/error.h>
+#include <taskwire/stream.h>
+
+#include "core/msg.h"
+#include "protocol/mpcheck.h"
+#include "transport/transport.h"
+
+struct tw_batched {
+	tw_comm *comm;
+	struct event *timer;
+	struct timeval interval;
+	msgpack_sbuffer body; /* the queued maps, packed back to back */
+	uint32_t n;
+};
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	tw_batched_flush(arg);
+}
+
+int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
+{
+	tw_batched *b;
+	if (comm == NULL || out == NULL)
+		return TW_EINVAL;
+	if (interval_ms == 0)
+		interval_ms = TW_DEFAULT_BATCH_INTERVAL_MS;
+	if ((b = calloc(1, sizeof(*b))) == NULL)
+		return TW_ENOMEM;
+	if ((b->timer = evtimer_new(comm->ctx->base, on_timer, b)) == NULL) {
+		free(b);
+		return TW_ENOMEM;
+	}
+	b->comm = comm;
+	b->interval.tv_sec = (time_t)(interval_ms / 1000);
+	b->interval.tv_usec = (suseconds_t)(interval_ms % 1000) * 1000;
+	msgpack_sbuffer_init(&b->body);
+	*out = b;
+	return 0;
+}
+
+int tw_batched_send(tw_batched *b, const void *packed, size_t len)
+{
+	const char *why;
+	if (b == NULL || packed == NULL || tw__mp_check(packed, len, &why) != 0)
+		return TW_EINVAL;
+	if (b->comm->ended)
+		return TW_ECLOSED;
+	if (msgpack_sbuffer_write(&b->body, packed, len) != 0)
+		return TW_ENOMEM;
+	b->n++;
+	if (!evtimer_pending(b->timer, NULL))
+		evtimer_add(b->timer, &b->interval);
+	return 0;
+}
+
+static void release_malloc(void *data, void *arg)
+{
+	(void)arg;
+	free(data);
+}
+
+int tw_batched_flush(tw_batched *b)
+{
+	msgpack_sbuffer head;
+	msgpack_packer pk;
+	tw_msg *m;
+	size_t len;
+	char *body;
+	int rv;
+	if (b->n == 0)
+		return 0;
+	msgpack_sbuffer_init(&head);
+	msgpack_packer_init(&pk, &head, msgpack_sbuffer_write);
+	msgpack_pack_array(&pk, b->n);
+	/* Frame 0 is the array header then the maps: one buffer, so the
+	 * header goes in front of the body once. */
+	if (msgpack_sbuffer_write(&head, b->body.data, b->body.size) != 0 || tw_msg_new(&m) != 0) {
+		msgpack_sbuffer_destroy(&head);
+		return TW_ENOMEM;
+	}
+	len = head.size;
+	body = msgpack_sbuffer_release(&head);
+	if (tw_msg_append_ref(m, body, len, release_malloc, NULL) != 0) {
+		free(body);
+		tw_msg_free(m);
+		return TW_ENOMEM;
+	}
+	if ((rv = tw_comm_write(b->comm, m)) != 0) {
+		tw_msg_free(m);
+		if (rv == TW_EAGAIN)
+			evtimer_add(b->timer, &b->interval);
+		return rv;
+	}
+	msgpack_sbuffer_clear(&b->body);
+	b->n = 0;
+	return 0;
+}
+
+void tw_batched_free(tw_batched *b)
+{
+	if (b == NULL)
+		return;
+	if (!b->comm->ended)
+		tw_batched_flush(b);
+	event_free(b->timer);
+	msgpack_sbuffer_destroy(&b->body);
+	free(b);
+}
