@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side echo throughput: taskwire over tcp against raw blocking
-# sockets doing the same exchange, in one run, as a ratio; plus the
+# sockets doing the same exchange, in one run, as a ratio; then taskwire
+# over tls:// against blocking OpenSSL (bench/tls-echo, TLS 1.3, mutual
+# TLS, certificates from scripts/make-test-certs.sh); plus the
 # taskwire server's peak RSS and copied bytes for one 1 GiB message.
 #   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT]
 set -euo pipefail
@@ -31,5 +33,28 @@ for round in 1 2; do
 	"$build/bench/raw-echo" --connect "$rport" --size "$size" --count "$count" >"$tmp/c2"
 	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2")
 	printf 'round %d: taskwire %8.1f MB/s   raw sockets %8.1f MB/s   ratio %.2f\n' \
+		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
+done
+
+# --- tls round: tw-echo-client/-server over tls:// beside tls-echo ---
+src=$(cd "$(dirname "$0")/.." && pwd)
+sh "$src/scripts/make-test-certs.sh" "$tmp/certs" >/dev/null
+tlsopt=(--tls-ca "$tmp/certs/ca.pem" --tls-cert "$tmp/certs/cert.pem" --tls-key "$tmp/certs/key.pem")
+"$build/examples/tw-echo-server" tls://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/twtls.log" &
+pids+=($!)
+tport=$(free_port)
+"$build/bench/tls-echo" --serve "$tport" "${tlsopt[@]}" >"$tmp/tls.log" &
+pids+=($!)
+wait_line "$tmp/twtls.log"
+wait_line "$tmp/tls.log"
+taddr=$(awk '{print $3}' "$tmp/twtls.log")
+
+echo "== echo of $count messages of $size, one at a time, over loopback tls (TLS 1.3, mutual)"
+for round in 1 2; do
+	"$build/examples/tw-echo-client" "$taddr" --size "$size" --count "$count" "${tlsopt[@]}" |
+		tail -1 >"$tmp/c1"
+	"$build/bench/tls-echo" --connect "$tport" --size "$size" --count "$count" "${tlsopt[@]}" >"$tmp/c2"
+	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2")
+	printf 'round %d: taskwire %8.1f MB/s   blocking OpenSSL %8.1f MB/s   ratio %.2f\n' \
 		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
 done

@@ -348,7 +348,7 @@ uint64_t tw__decode_cost(const tw_msg *msg)
 		return c.bytes;
 	memset(&d, 0, sizeof(d));
 	d.msg = (tw_msg *)msg;
-	if ((d.zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE)) == NULL)
+	if ((d.zone = msgpack_zone_new(1024)) == NULL)
 		return c.bytes;
 	if (unpack_frame(&d, 0, &root) == 0)
 		tw__walk_placeholders(&root, cost_of_group, &c, &why);
@@ -370,7 +370,8 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 	d->detail_len = detail_len;
 	d->budget = limits != NULL && limits->max_message_bytes > 0 ? limits->max_message_bytes
 								      : UINT64_C(4) << 30;
-	if ((d->zone = msgpack_zone_new(MSGPACK_ZONE_CHUNK_SIZE)) == NULL) {
+	/* Most frames 0 are small: start the zone small too. */
+	if ((d->zone = msgpack_zone_new(1024)) == NULL) {
 		tw_decoded_free(d);
 		return TW_ENOMEM;
 	}

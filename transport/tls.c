@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,16 @@ static ssize_t io_fail(struct tls_io *t, int ret, size_t done)
 	}
 }
 
+/* SSL_get_error reads the thread's error queue, which the application
+ * and other comms share: an error left there would turn a plain "would
+ * block" into a failure. Start each call with an empty queue (and errno,
+ * which SSL_ERROR_SYSCALL reports). */
+static void io_begin(void)
+{
+	ERR_clear_error();
+	errno = 0;
+}
+
 /* Decrypt into each iovec in turn; stop at the first short read. */
 static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 {
@@ -61,7 +72,9 @@ static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 	(void)fd;
 	for (int i = 0; i < n; i++) {
 		size_t want = iov[i].iov_len < INT_MAX ? iov[i].iov_len : INT_MAX, got = 0;
-		int r = SSL_read_ex(t->ssl, iov[i].iov_base, want, &got);
+		int r;
+		io_begin();
+		r = SSL_read_ex(t->ssl, iov[i].iov_base, want, &got);
 		if (r != 1)
 			return io_fail(t, r, done);
 		done += got;
@@ -81,7 +94,9 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 	(void)fd;
 	for (int i = 0; i < n; i++) {
 		size_t want = iov[i].iov_len < INT_MAX ? iov[i].iov_len : INT_MAX, put = 0;
-		int r = SSL_write_ex(t->ssl, iov[i].iov_base, want, &put);
+		int r;
+		io_begin();
+		r = SSL_write_ex(t->ssl, iov[i].iov_base, want, &put);
 		if (r != 1)
 			return io_fail(t, r, done);
 		done += put;
@@ -94,6 +109,7 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 static void tls_shutdown(void *io, int fd)
 {
 	struct tls_io *t = io;
+	io_begin();
 	SSL_shutdown(t->ssl); /* close_notify; no wait for the peer's */
 	ERR_clear_error();
 	shutdown(fd, SHUT_WR);
@@ -112,8 +128,13 @@ static void tls_free(void *io)
 	free(t);
 }
 
+static int tls_pending(void *io)
+{
+	return SSL_has_pending(((struct tls_io *)io)->ssl);
+}
+
 static const struct tw__stream_io tls_io_ops = {tls_readv, tls_writev, tls_shutdown, tls_error,
-						tls_free};
+						tls_pending, tls_free};
 
 /* A TLS handshake in progress, on either side. */
 struct handshake {
@@ -186,6 +207,22 @@ static int remaining(const struct handshake *h, struct timeval *left)
 	return 1;
 }
 
+/* OpenSSL's reason, with the certificate check's own ("certificate has
+ * expired", "unable to get local issuer certificate") when that failed. */
+static void hs_reason(SSL *ssl, int r, char *why, size_t len)
+{
+	long v = SSL_get_verify_result(ssl);
+	size_t n;
+	if (ERR_peek_error() != 0)
+		ERR_error_string_n(ERR_get_error(), why, len);
+	else
+		snprintf(why, len, "%s", r == 0 || errno == 0 ? "peer closed" : strerror(errno));
+	ERR_clear_error();
+	n = strlen(why);
+	if (v != X509_V_OK && n < len)
+		snprintf(why + n, len - n, " (%s)", X509_verify_cert_error_string(v));
+}
+
 static void hs_step(evutil_socket_t fd, short what, void *arg)
 {
 	struct handshake *h = arg;
@@ -195,7 +232,7 @@ static void hs_step(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	if ((what & EV_TIMEOUT) || !remaining(h, &left))
 		return hs_report(h, TW_ETIMEDOUT, "timed out");
-	ERR_clear_error();
+	io_begin();
 	if ((r = SSL_do_handshake(h->ssl)) == 1)
 		return hs_done(h);
 	e = SSL_get_error(h->ssl, r);
@@ -206,11 +243,7 @@ static void hs_step(evutil_socket_t fd, short what, void *arg)
 		event_add(h->ev, &left);
 		return;
 	}
-	if (ERR_peek_error() != 0)
-		ERR_error_string_n(ERR_get_error(), why, sizeof(why));
-	else
-		snprintf(why, sizeof(why), "%s", r == 0 || errno == 0 ? "peer closed" : strerror(errno));
-	ERR_clear_error();
+	hs_reason(h->ssl, r, why, sizeof(why));
 	hs_report(h, e == SSL_ERROR_SSL ? TW_ETLS : TW_EIO, why);
 }
 
@@ -290,12 +323,41 @@ static int tls_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 	return tw__tcp_connect_with(ctx, u, tls_upgrade, cb, arg);
 }
 
+/* A freed listener must not be reached by the handshakes it started:
+ * the TLS listener's destroy drops them (they have no one to be handed
+ * to), then runs the TCP listener's own destroy (the same function for
+ * every listener; kept atomic as loops of other contexts store it too). */
+static void (*_Atomic tcp_destroy)(tw_listener *l);
+
+static void drop_handshakes(tw_listener *l)
+{
+	struct tw__node *head = &l->ctx->objects, *n, *next;
+	for (n = head->next; n != head; n = next) {
+		next = n->next;
+		if (n->kill == kill_hs && ((struct handshake *)n)->l == l) {
+			tw__ctx_untrack(n);
+			hs_free((struct handshake *)n);
+		}
+	}
+}
+
+static void tls_listener_destroy(tw_listener *l)
+{
+	drop_handshakes(l);
+	atomic_load_explicit(&tcp_destroy, memory_order_relaxed)(l);
+}
+
 static int tls_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
 		      tw_listener **out)
 {
+	int err;
 	if (ctx->tls == NULL || !((tw_tls_config *)ctx->tls)->has_cert)
 		return TW_EINVAL;
-	return tw__tcp_listen_with(ctx, u, "tls", tls_accept, cb, arg, out);
+	if ((err = tw__tcp_listen_with(ctx, u, "tls", tls_accept, cb, arg, out)) != 0)
+		return err;
+	atomic_store_explicit(&tcp_destroy, (*out)->destroy, memory_order_relaxed);
+	(*out)->destroy = tls_listener_destroy;
+	return 0;
 }
 
 const struct tw__transport tw__tls_transport = {"tls", tls_listen, tls_connect};

@@ -110,6 +110,9 @@ struct tw__stream_io {
 	void (*shutdown)(void *io, int fd);
 	/* Text of the last failure when errno alone does not say it, or NULL. */
 	const char *(*error)(void *io);
+	/* 1 when the layer holds bytes already read from the socket (TLS
+	 * records), which the socket's readiness will not announce; or NULL. */
+	int (*pending)(void *io);
 	void (*free)(void *io);
 };
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme,

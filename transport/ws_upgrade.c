@@ -38,10 +38,12 @@ static int head_reserve(struct tw__ws_head *h, size_t need)
 	char *buf;
 	if (need <= h->cap)
 		return 0;
-	while (cap < need && cap < h->max_bytes)
+	if (need > h->max_bytes) /* head_feed never asks for it */
+		return TW_ENOMEM;
+	while (cap < need)
 		cap = cap > h->max_bytes / 2 ? h->max_bytes : 2 * cap;
-	if (cap < need)
-		cap = need;
+	if (cap > h->max_bytes)
+		cap = h->max_bytes;
 	if ((buf = realloc(h->buf, cap)) == NULL)
 		return TW_ENOMEM;
 	h->buf = buf;

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Dask's side of bench/rpc-bench.sh: COUNT sequential rpc echo calls of a
+10-byte payload against a distributed.core.Server.
+  dask_rpc.py server        print "listening on ADDR", serve
+  dask_rpc.py client ADDR COUNT
+"""
+import asyncio
+import sys
+import time
+
+from distributed.core import Server, rpc
+
+
+async def serve():
+    s = Server({})
+    await s.listen("tcp://127.0.0.1:0")
+    print("listening on", s.address, flush=True)
+    await asyncio.Event().wait()
+
+
+async def client(addr, count):
+    lat = []
+    async with rpc(addr) as r:
+        await r.echo(data=b"0123456789")
+        t0 = time.perf_counter()
+        for _ in range(count):
+            t = time.perf_counter()
+            await r.echo(data=b"0123456789")
+            lat.append((time.perf_counter() - t) * 1e6)
+        secs = time.perf_counter() - t0
+    lat.sort()
+    print("dask rpc: %.0f round trips/s, p50 %.1f us, p99 %.1f us"
+          % (count / secs, lat[len(lat) // 2], lat[len(lat) * 99 // 100]), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "server":
+        asyncio.run(serve())
+    else:
+        asyncio.run(client(sys.argv[2], int(sys.argv[3])))

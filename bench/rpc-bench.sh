@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Small-RPC round trips over loopback tcp, side by side in one run:
+# taskwire (tw_pool -> tw-rpc-server), ZeroMQ REQ/REP, NNG req/rep and
+# Dask's Python rpc, each echoing a 10-byte payload sequentially.
+#   bench/rpc-bench.sh BUILD_DIR [COUNT]
+set -euo pipefail
+build=${1:?build dir}
+count=${2:-20000}
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+addr_of() { for _ in $(seq 200); do a=$(awk '/listening on/ {print $3}' "$1"); [ -n "$a" ] && { echo "$a"; return; }; sleep 0.05; done; exit 1; }
+rate() { sed -n 's/.*: \([0-9]*\) round trips.*/\1/p' "$1"; }
+
+"$build/examples/tw-rpc-server" tcp://127.0.0.1:0 >"$tmp/tw.log" &
+zp=$(port); "$build/bench/rpc-peers" zmq-server "$zp" &
+np=$(port); "$build/bench/rpc-peers" nng-server "$np" &
+$py "$here/dask_rpc.py" server >"$tmp/dask.log" 2>&1 &
+tw=$(addr_of "$tmp/tw.log"); dask=$(addr_of "$tmp/dask.log")
+sleep 0.3
+echo "== $count sequential echo calls of 10 bytes over loopback tcp"
+"$build/bench/rpc-client" "$tw" "$count" | tee "$tmp/r.tw"
+"$build/bench/rpc-peers" zmq-client "$zp" "$count" | tee "$tmp/r.zmq"
+"$build/bench/rpc-peers" nng-client "$np" "$count" | tee "$tmp/r.nng"
+$py "$here/dask_rpc.py" client "$dask" $((count / 4)) | tee "$tmp/r.dask"
+awk -v t="$(rate "$tmp/r.tw")" -v z="$(rate "$tmp/r.zmq")" -v n="$(rate "$tmp/r.nng")" \
+	-v d="$(rate "$tmp/r.dask")" 'BEGIN { printf "taskwire / zeromq %.2fx, / nng %.2fx, / dask %.1fx (round trips per second)\n", t / z, t / n, t / d }'

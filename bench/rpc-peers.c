@@ -1,0 +1,113 @@
+/* rpc-peers: the small-RPC baselines for bench/rpc-bench.sh: a 10-byte
+ * echo over loopback tcp with ZeroMQ REQ/REP and NNG req/rep.
+ *
+ *   rpc-peers zmq-server PORT | zmq-client PORT COUNT
+ *   rpc-peers nng-server PORT | nng-client PORT COUNT
+ * Clients print "<name>: N round trips/s, p50 X us, p99 Y us".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <zmq.h>
+
+#include "examples/common.h"
+
+static int cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void report(const char *name, double *lat, size_t n, double secs)
+{
+	qsort(lat, n, sizeof(double), cmp);
+	printf("%s: %.0f round trips/s, p50 %.1f us, p99 %.1f us\n", name, (double)n / secs,
+	       lat[n / 2], lat[n * 99 / 100]);
+}
+
+static int zmq_server(const char *port)
+{
+	void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_REP);
+	char addr[64], buf[64];
+	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
+	if (zmq_bind(s, addr) != 0)
+		return 1;
+	for (;;) {
+		int n = zmq_recv(s, buf, sizeof(buf), 0);
+		if (n < 0 || zmq_send(s, buf, (size_t)n, 0) < 0)
+			return 1;
+	}
+}
+
+static int zmq_client(const char *port, long count)
+{
+	void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_REQ);
+	char addr[64], buf[64];
+	double *lat = malloc((size_t)count * sizeof(double)), t0;
+	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
+	if (lat == NULL || zmq_connect(s, addr) != 0)
+		return 1;
+	t0 = tw_ex_now();
+	for (long i = 0; i < count; i++) {
+		double t = tw_ex_now();
+		if (zmq_send(s, "0123456789", 10, 0) != 10 || zmq_recv(s, buf, sizeof(buf), 0) != 10)
+			return 1;
+		lat[i] = (tw_ex_now() - t) * 1e6;
+	}
+	report("zeromq req/rep", lat, (size_t)count, tw_ex_now() - t0);
+	return 0;
+}
+
+static int nng_server(const char *port)
+{
+	nng_socket s;
+	char addr[64];
+	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
+	if (nng_rep0_open(&s) != 0 || nng_listen(s, addr, NULL, 0) != 0)
+		return 1;
+	for (;;) {
+		nng_msg *m;
+		if (nng_recvmsg(s, &m, 0) != 0 || nng_sendmsg(s, m, 0) != 0)
+			return 1;
+	}
+}
+
+static int nng_client(const char *port, long count)
+{
+	nng_socket s;
+	char addr[64];
+	double *lat = malloc((size_t)count * sizeof(double)), t0;
+	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
+	if (lat == NULL || nng_req0_open(&s) != 0 || nng_dial(s, addr, NULL, 0) != 0)
+		return 1;
+	t0 = tw_ex_now();
+	for (long i = 0; i < count; i++) {
+		double t = tw_ex_now();
+		char *buf;
+		size_t n;
+		if (nng_send(s, "0123456789", 10, 0) != 0 || nng_recv(s, &buf, &n, NNG_FLAG_ALLOC) != 0)
+			return 1;
+		nng_free(buf, n);
+		lat[i] = (tw_ex_now() - t) * 1e6;
+	}
+	report("nng req/rep", lat, (size_t)count, tw_ex_now() - t0);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "zmq-server") == 0)
+		return zmq_server(argv[2]);
+	if (argc == 4 && strcmp(argv[1], "zmq-client") == 0)
+		return zmq_client(argv[2], atol(argv[3]));
+	if (argc == 3 && strcmp(argv[1], "nng-server") == 0)
+		return nng_server(argv[2]);
+	if (argc == 4 && strcmp(argv[1], "nng-client") == 0)
+		return nng_client(argv[2], atol(argv[3]));
+	fprintf(stderr, "usage: rpc-peers {zmq,nng}-server PORT | {zmq,nng}-client PORT COUNT\n");
+	return 2;
+}
