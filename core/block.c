@@ -26,6 +26,7 @@ struct tw_block {
 	size_t size;
 	size_t map_len; /* KIND_MAP: bytes mapped (page multiple) */
 	enum kind kind;
+	int uncached; /* trimmed reservations: odd sizes the cache would never reuse */
 	void (*release)(void *data, void *arg);
 	void *arg;
 };
@@ -141,6 +142,7 @@ static int new_mapped(size_t size, tw_block **out)
 	b->size = size;
 	b->map_len = len;
 	b->kind = KIND_MAP;
+	b->uncached = 0;
 	b->release = NULL;
 	b->arg = NULL;
 	*out = b;
@@ -167,11 +169,53 @@ int tw_block_new(size_t size, tw_block **out)
 	b->size = size;
 	b->map_len = 0;
 	b->kind = KIND_HEAP;
+	b->uncached = 0;
 	b->release = NULL;
 	b->arg = NULL;
 	count_new(size);
 	*out = b;
 	return 0;
+}
+
+int tw__block_reserve(size_t capacity, tw_block **out)
+{
+	struct tw_block *b = malloc(sizeof(*b));
+	size_t len = page_round(capacity ? capacity : 1);
+	void *p;
+	if (b == NULL)
+		return TW_ENOMEM;
+	/* Address space only: pages are committed as bytes land in them. */
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+		 0);
+	if (p == MAP_FAILED) {
+		free(b);
+		return TW_ENOMEM;
+	}
+	atomic_init(&b->refs, 1);
+	b->data = p;
+	b->size = capacity;
+	b->map_len = len;
+	b->kind = KIND_MAP;
+	b->uncached = 1;
+	b->release = NULL;
+	b->arg = NULL;
+	count_new(capacity);
+	*out = b;
+	return 0;
+}
+
+void tw__block_trim(tw_block *b, size_t size)
+{
+	size_t keep = page_round(size ? size : 1);
+	if (b->kind != KIND_MAP || size > b->size)
+		return;
+	if (keep < b->map_len) {
+		munmap(b->data + keep, b->map_len - keep);
+		b->map_len = keep;
+	}
+	TW__SUB(&tw__global_stats, block_bytes_live, b->size - size);
+	TW__SUB(&tw__global_stats, block_bytes_allocated, b->size - size);
+	b->size = size;
 }
 
 int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void *arg,
@@ -187,6 +231,7 @@ int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void
 	b->size = size;
 	b->map_len = 0;
 	b->kind = KIND_WRAP;
+	b->uncached = 0;
 	b->release = release;
 	b->arg = arg;
 	*out = b;
@@ -210,7 +255,10 @@ void tw_block_free(tw_block *b)
 		free(b);
 		return;
 	case KIND_MAP:
-		cache_put(b->data, b->map_len);
+		if (b->uncached)
+			munmap(b->data, b->map_len);
+		else
+			cache_put(b->data, b->map_len);
 		break;
 	case KIND_HEAP:
 		break;

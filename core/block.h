@@ -14,6 +14,14 @@ static inline tw_slice tw__slice(tw_block *b, size_t off, size_t len)
 	return s;
 }
 
+/* tw__block_reserve: a block of `capacity` bytes of address space whose
+ * pages are committed only as they are written (receiving a message of
+ * unknown size, e.g. a fragmented WebSocket message); tw__block_trim then
+ * sets its size to what was used (<= capacity) and returns the rest. Only
+ * the owner of the single reference may trim, before sharing it. */
+int tw__block_reserve(size_t capacity, tw_block **out);
+void tw__block_trim(tw_block *b, size_t size);
+
 /* Release every cached mapping (context teardown, tests). */
 void tw__block_cache_drain(void);
 

@@ -60,6 +60,8 @@ static void set_defaults(struct tw__limits *l)
 	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
 	l->handshake_timeout_ms = 10000;     /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
 	l->tls_handshake_timeout_ms = 10000; /* TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS */
+	l->ws_shard_bytes = TW_DEFAULT_WS_SHARD_BYTES;
+	l->ws_max_fragments = TW_DEFAULT_WS_MAX_FRAGMENTS;
 	l->compression = NULL;
 }
 
@@ -252,4 +254,20 @@ int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
 const char *tw_context_last_error(const tw_context *ctx)
 {
 	return ctx->error;
+}
+
+int tw_context_set_ws_shard_bytes(tw_context *ctx, size_t bytes)
+{
+	if (ctx == NULL || bytes == 0)
+		return TW_EINVAL;
+	ctx->limits.ws_shard_bytes = bytes;
+	return 0;
+}
+
+int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments)
+{
+	if (ctx == NULL || fragments == 0)
+		return TW_EINVAL;
+	ctx->limits.ws_max_fragments = fragments;
+	return 0;
 }

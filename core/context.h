@@ -18,6 +18,8 @@ struct tw__limits {
 	size_t small_frame_bytes;
 	uint32_t handshake_timeout_ms;
 	uint32_t tls_handshake_timeout_ms;
+	size_t ws_shard_bytes;     /* WebSocket fragments we send */
+	uint64_t ws_max_fragments; /* WebSocket fragments of one received message */
 	const char *compression; /* codec offered in handshakes (static), or NULL */
 };
 

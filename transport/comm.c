@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <event2/event.h>
 
@@ -30,12 +31,28 @@ static void kill_comm(struct tw__node *n)
 	destroy_comm(c);
 }
 
+tw_comm *tw__node_comm(struct tw__node *n)
+{
+	return n->kill == kill_comm ? (tw_comm *)((char *)n - offsetof(tw_comm, node)) : NULL;
+}
+
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 {
 	c->ops = ops;
 	c->ctx = ctx;
 	c->limits = ctx->limits;
 	tw__ctx_track(ctx, &c->node, kill_comm);
+}
+
+void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
+		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+	sl = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
+		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, c->local, sizeof(c->local));
 }
 
 void tw__comm_seterr(tw_comm *c, const char *fmt, ...)
@@ -312,8 +329,8 @@ int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg)
 
 const struct tw__transport *tw__transport_find(const char *scheme)
 {
-	static const struct tw__transport *const table[] = {&tw__tcp_transport,
-								   &tw__tls_transport};
+	static const struct tw__transport *const table[] = {
+		&tw__tcp_transport, &tw__tls_transport, &tw__ws_transport, &tw__wss_transport};
 	for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
 		if (strcmp(table[i]->scheme, scheme) == 0)
 			return table[i];

@@ -404,8 +404,6 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
 		   const struct tw__stream_io *io, void *io_arg, tw_comm **out)
 {
 	struct stream *s = calloc(1, sizeof(*s));
-	struct sockaddr_storage ss;
-	socklen_t sl;
 	if (s == NULL)
 		return TW_ENOMEM;
 	s->fd = fd;
@@ -426,12 +424,7 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
 	}
 	tw__comm_init(&s->base, &stream_ops, ctx);
 	tw__rx_init(&s->rx, &s->base.limits);
-	sl = sizeof(ss);
-	if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
-		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, s->base.peer, sizeof(s->base.peer));
-	sl = sizeof(ss);
-	if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, s->base.local, sizeof(s->base.local));
+	tw__comm_set_addresses(&s->base, fd, scheme);
 	*out = &s->base;
 	return 0;
 }

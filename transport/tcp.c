@@ -43,7 +43,7 @@ static void tcp_shutdown(void *io, int fd)
 	shutdown(fd, SHUT_WR);
 }
 
-static const struct tw__stream_io tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL, NULL,
+const struct tw__stream_io tw__tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL, NULL,
 					    NULL};
 
 /* TCP_NODELAY: a message's last segment must not wait for an ACK.
@@ -77,9 +77,10 @@ struct connect_req {
 	int err;
 	struct event *ev;
 	tw__upgrade_fn upgrade;
+	void *up_arg;
 	tw_connect_cb cb;
 	void *arg;
-	char host[256];
+	struct tw__uri uri;
 };
 
 static void connect_free(struct connect_req *r)
@@ -118,7 +119,7 @@ static void on_connected(evutil_socket_t fd, short what, void *arg)
 	if (err == 0 && getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
 		err = map_errno(soerr);
 	if (err == 0) {
-		r->upgrade(r->ctx, r->fd, r->host, r->cb, r->arg);
+		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg);
 		r->fd = -1;
 	} else {
 		r->cb(NULL, err, r->arg);
@@ -126,11 +127,13 @@ static void on_connected(evutil_socket_t fd, short what, void *arg)
 	connect_free(r);
 }
 
-static void plain_upgrade(tw_context *ctx, int fd, const char *host, tw_connect_cb cb, void *arg)
+static void plain_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
+			  void *arg, void *up_arg)
 {
 	tw_comm *c = NULL;
-	int err = tw__stream_new(ctx, fd, "tcp", &tcp_io, NULL, &c);
-	(void)host;
+	int err = tw__stream_new(ctx, fd, "tcp", &tw__tcp_io, NULL, &c);
+	(void)u;
+	(void)up_arg;
 	if (err != 0)
 		close(fd);
 	cb(c, err, arg);
@@ -138,11 +141,11 @@ static void plain_upgrade(tw_context *ctx, int fd, const char *host, tw_connect_
 
 static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
-	return tw__tcp_connect_with(ctx, u, plain_upgrade, cb, arg);
+	return tw__tcp_connect_with(ctx, u, plain_upgrade, NULL, cb, arg);
 }
 
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
-			 tw_connect_cb cb, void *arg)
+			 void *up_arg, tw_connect_cb cb, void *arg)
 {
 	struct evutil_addrinfo *ai;
 	struct connect_req *r;
@@ -155,9 +158,10 @@ int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_f
 	}
 	r->ctx = ctx;
 	r->upgrade = upgrade;
+	r->up_arg = up_arg;
 	r->cb = cb;
 	r->arg = arg;
-	snprintf(r->host, sizeof(r->host), "%s", u->host);
+	r->uri = *u;
 	r->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	r->ev = event_new(ctx->base, r->fd, EV_WRITE, on_connected, r);
 	if (r->ev == NULL) {
@@ -214,7 +218,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 static void plain_accept(tw_listener *l, int fd)
 {
 	tw_comm *c;
-	if (tw__stream_new(l->ctx, fd, "tcp", &tcp_io, NULL, &c) != 0) {
+	if (tw__stream_new(l->ctx, fd, "tcp", &tw__tcp_io, NULL, &c) != 0) {
 		close(fd);
 		return;
 	}

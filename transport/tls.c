@@ -147,6 +147,8 @@ struct handshake {
 	tw_listener *l;   /* server side */
 	tw_connect_cb cb; /* client side */
 	void *arg;
+	tw__then_fn then; /* the layer above (ws), or NULL for a tls comm */
+	struct tw__uri uri;
 };
 
 static void hs_free(struct handshake *h)
@@ -182,6 +184,16 @@ static void hs_done(struct handshake *h)
 	tw_comm *c = NULL;
 	int err = TW_ENOMEM;
 	tw__ctx_untrack(&h->node);
+	if (t != NULL && h->then != NULL) {
+		tw__then_fn then = h->then;
+		tw_context *ctx = h->ctx;
+		int fd = h->fd;
+		t->ssl = h->ssl;
+		h->ssl = NULL, h->fd = -1;
+		then(ctx, fd, &tls_io_ops, t, &h->uri, h->cb, h->arg, h->l);
+		hs_free(h);
+		return;
+	}
 	if (t != NULL) {
 		t->ssl = h->ssl;
 		err = tw__stream_new(h->ctx, h->fd, "tls", &tls_io_ops, t, &c);
@@ -288,7 +300,8 @@ static void hs_go(struct handshake *h)
 	event_active(h->ev, EV_WRITE, 0);
 }
 
-static void tls_upgrade(tw_context *ctx, int fd, const char *host, tw_connect_cb cb, void *arg)
+static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
+			void *arg, void *then)
 {
 	struct handshake *h;
 	int err = hs_start(ctx, fd, ((tw_tls_config *)ctx->tls)->client, &h);
@@ -299,8 +312,10 @@ static void tls_upgrade(tw_context *ctx, int fd, const char *host, tw_connect_cb
 	}
 	h->cb = cb;
 	h->arg = arg;
+	h->then = (tw__then_fn)then;
+	h->uri = *u;
 	SSL_set_connect_state(h->ssl);
-	set_peer_name(h->ssl, ctx->tls, host);
+	set_peer_name(h->ssl, ctx->tls, u->host);
 	hs_go(h);
 }
 
@@ -312,6 +327,7 @@ static void tls_accept(tw_listener *l, int fd)
 		return;
 	}
 	h->l = l;
+	h->then = l->then;
 	SSL_set_accept_state(h->ssl);
 	hs_go(h);
 }
@@ -320,7 +336,15 @@ static int tls_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 {
 	if (ctx->tls == NULL)
 		return TW_EINVAL;
-	return tw__tcp_connect_with(ctx, u, tls_upgrade, cb, arg);
+	return tw__tcp_connect_with(ctx, u, tls_upgrade, NULL, cb, arg);
+}
+
+int tw__tls_connect_then(tw_context *ctx, const struct tw__uri *u, tw__then_fn then,
+			 tw_connect_cb cb, void *arg)
+{
+	if (ctx->tls == NULL)
+		return TW_EINVAL;
+	return tw__tcp_connect_with(ctx, u, tls_upgrade, (void *)then, cb, arg);
 }
 
 /* A freed listener must not be reached by the handshakes it started:
@@ -347,17 +371,24 @@ static void tls_listener_destroy(tw_listener *l)
 	atomic_load_explicit(&tcp_destroy, memory_order_relaxed)(l);
 }
 
-static int tls_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
-		      tw_listener **out)
+int tw__tls_listen_then(tw_context *ctx, const struct tw__uri *u, const char *scheme,
+			tw__then_fn then, tw_accept_cb cb, void *arg, tw_listener **out)
 {
 	int err;
 	if (ctx->tls == NULL || !((tw_tls_config *)ctx->tls)->has_cert)
 		return TW_EINVAL;
-	if ((err = tw__tcp_listen_with(ctx, u, "tls", tls_accept, cb, arg, out)) != 0)
+	if ((err = tw__tcp_listen_with(ctx, u, scheme, tls_accept, cb, arg, out)) != 0)
 		return err;
+	(*out)->then = then;
 	atomic_store_explicit(&tcp_destroy, (*out)->destroy, memory_order_relaxed);
 	(*out)->destroy = tls_listener_destroy;
 	return 0;
+}
+
+static int tls_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
+		      tw_listener **out)
+{
+	return tw__tls_listen_then(ctx, u, "tls", NULL, cb, arg, out);
 }
 
 const struct tw__transport tw__tls_transport = {"tls", tls_listen, tls_connect};

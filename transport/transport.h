@@ -24,6 +24,8 @@ struct tw__transport {
 const struct tw__transport *tw__transport_find(const char *scheme);
 extern const struct tw__transport tw__tcp_transport;
 extern const struct tw__transport tw__tls_transport;
+extern const struct tw__transport tw__ws_transport;
+extern const struct tw__transport tw__wss_transport;
 
 /* Per-comm operations of one transport. */
 struct tw__comm_ops {
@@ -65,6 +67,13 @@ struct tw_comm {
 	void (*deliver_resume)(tw_comm *c);
 };
 
+struct tw__stream_io;
+
+/* The step after TCP (and TLS) for transports layered on them (ws, wss):
+ * it owns fd and io_arg. Client side: u, cb and arg; server side: l. */
+typedef void (*tw__then_fn)(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
+			    const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l);
+
 struct tw_listener {
 	struct tw__node node;
 	tw_context *ctx;
@@ -72,8 +81,11 @@ struct tw_listener {
 	tw_accept_cb accept_cb;
 	void *arg;
 	char address[128];
+	tw__then_fn then; /* after TLS, for wss */
 };
 
+/* The comm a context node belongs to, or NULL when it is no comm. */
+tw_comm *tw__node_comm(struct tw__node *n);
 /* Set up the common part (tracked by the context). */
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx);
 /* Deliver a received message (borrowed by the callback). Returns 1 when
@@ -98,6 +110,8 @@ void tw__comm_disarm_timeout(tw_comm *c);
 int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);
 /* Hand the protocol layer's per-comm state to the comm, freed with it. */
 void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *));
+/* Fill c->peer and c->local from the socket, as scheme:// URIs. */
+void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme);
 /* Record an error text on the comm (printf style). */
 void tw__comm_seterr(tw_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -125,10 +139,17 @@ void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_liste
  * context's connect timeout) and hands the connected socket to `upgrade`,
  * which owns it and reports to cb (a failed connect reports to cb
  * directly); `host` is the URI's host, for TLS names. */
-typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const char *host, tw_connect_cb cb,
-			       void *arg);
+typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u,
+			       tw_connect_cb cb, void *arg, void *up_arg);
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
+			 void *up_arg, tw_connect_cb cb, void *arg);
+/* TLS underneath ws: after the TLS handshake, `then` continues on the TLS
+ * io (the connect or accept is reported by it, not by tls.c). */
+int tw__tls_connect_then(tw_context *ctx, const struct tw__uri *u, tw__then_fn then,
 			 tw_connect_cb cb, void *arg);
+int tw__tls_listen_then(tw_context *ctx, const struct tw__uri *u, const char *scheme,
+			tw__then_fn then, tw_accept_cb cb, void *arg, tw_listener **out);
+extern const struct tw__stream_io tw__tcp_io;
 /* tw__tcp_listen_with listens and hands each accepted socket to on_fd,
  * which owns it; the listener's address uses `scheme`. */
 typedef void (*tw__accept_fd_fn)(tw_listener *l, int fd);

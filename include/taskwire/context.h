@@ -28,6 +28,8 @@ typedef struct tw_context tw_context;
 #define TW_DEFAULT_CONNECT_TIMEOUT_MS 10000
 #define TW_DEFAULT_WRITE_HWM_BYTES ((size_t)64 << 20) /* 64 MiB */
 #define TW_DEFAULT_SMALL_FRAME_BYTES ((size_t)64 << 10) /* 64 KiB */
+#define TW_DEFAULT_WS_SHARD_BYTES ((size_t)8 << 20)      /* 8 MiB, as Dask */
+#define TW_DEFAULT_WS_MAX_FRAGMENTS 4096
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
@@ -79,6 +81,14 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
 /* Frames up to this size share a slab block with the prelude; larger frames
  * get exact-size blocks of their own. Default 64 KiB. */
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes);
+/* ws:// and wss://: a frame larger than this many bytes is sent as one
+ * WebSocket message in fragments of at most this size (the transport
+ * splits, never serialization). Default 8 MiB, Dask's default. */
+int tw_context_set_ws_shard_bytes(tw_context *ctx, size_t bytes);
+/* ws:// and wss://: most fragments one received WebSocket message may
+ * have (RFC 6455 section 5.4); more ends the comm with close code 1009.
+ * Default 4,096. */
+int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments);
 
 #pragma GCC visibility pop
 

@@ -1,0 +1,1110 @@
+/* ws:// and wss:// comms (DESIGN.md, Wire protocol: WebSocket): the HTTP
+ * upgrade (ws_upgrade.c), then a message of N frames as N + 1 binary
+ * WebSocket messages: 8 bytes holding N, then one message per frame.
+ *
+ * Receive: the frame decoder (ws_codec.c) says where payload bytes go, and
+ * they are read straight into their final block. A frame whose size is
+ * known from its first fragment gets an exact-size block; a fragmented one
+ * gets reserved address space that is trimmed when it ends; consecutive
+ * frames the placement hook groups (the shards of one split payload, each
+ * its own WebSocket message from Python) share one reserved block, so
+ * merging them is a view.
+ *
+ * Send: the transport splits: a frame larger than the shard size goes out
+ * as one message in several fragments. A server writes headers and the
+ * frames' own memory with scatter-gather writes; a client must mask (RFC
+ * 6455 section 5.3), so it masks into a scratch buffer, chunk by chunk,
+ * with a fresh key per fragment. */
+#include <endian.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include <taskwire/error.h>
+
+#include "core/block.h"
+#include "core/msg.h"
+#include "transport/transport.h"
+#include "transport/ws_codec.h"
+#include "transport/ws_upgrade.h"
+
+#define IOV_BATCH 64
+#define SCRATCH_BYTES ((size_t)64 << 10)
+#define IO_BUDGET ((size_t)4 << 20)
+#define LINGER_SECONDS 2
+
+/* One WebSocket frame to send: header, then len payload bytes at p. */
+struct seg {
+	const uint8_t *p;
+	uint64_t len;
+	uint8_t hdr[TW__WS_MAX_HEADER];
+	uint8_t hlen;
+	uint8_t key[4];
+};
+
+struct out_msg {
+	tw_msg *msg;
+	uint8_t count[8]; /* the first message: u64 N */
+	struct seg *segs;
+	size_t nsegs;
+};
+
+enum ws_state { WS_UPGRADE, WS_OPEN, WS_CLOSING, WS_DONE };
+
+struct ws {
+	struct tw_comm base;
+	int fd;
+	const struct tw__stream_io *io;
+	void *io_arg;
+	int client;
+	enum ws_state state;
+	struct event *rev, *wev, *timer;
+	/* upgrade */
+	struct tw__ws_req req;
+	struct tw__ws_client hs;
+	char hs_out[TW__WS_REQUEST_MAX];
+	size_t hs_len, hs_sent;
+	int refuse; /* server: a non-101 verdict is being written */
+	uint8_t pre[1024]; /* bytes read with the upgrade that belong to frames */
+	size_t pre_len, pre_off;
+	tw_connect_cb cb;
+	void *cb_arg;
+	tw_listener *l;
+	/* receive */
+	struct tw__ws_dec dec;
+	int reading;
+	uint8_t count[8];
+	size_t count_have;
+	uint64_t nframes; /* 0 until the count message of a message arrived */
+	tw_msg *msg;      /* frames so far */
+	uint64_t msg_bytes;
+	tw_block *blk; /* block of the current frame (or span of frames) */
+	size_t blk_off, frame_start;
+	size_t span_left; /* frames still to land in blk */
+	int reserved;     /* blk is reserved address space, trimmed at the end */
+	tw__place_fn place;
+	void *place_arg;
+	/* send */
+	struct out_msg *q;
+	size_t qhead, qn, qcap;
+	size_t seg, seg_off; /* cursor: segment of q[qhead], bytes of it sent */
+	uint64_t queued_bytes;
+	uint8_t ctrl[TW__WS_MAX_CONTROL_FRAME];
+	size_t ctrl_len, ctrl_sent;
+	uint8_t *scratch; /* client: masked bytes being written */
+	size_t scratch_len, scratch_sent;
+	int close_sent, close_rcvd, err_after_close;
+};
+
+static ssize_t io_read(struct ws *w, void *p, size_t n)
+{
+	struct iovec iov = {p, n};
+	if (w->pre_off < w->pre_len) {
+		size_t k = w->pre_len - w->pre_off < n ? w->pre_len - w->pre_off : n;
+		memcpy(p, w->pre + w->pre_off, k);
+		w->pre_off += k;
+		return (ssize_t)k;
+	}
+	return w->io->readv(w->io_arg, w->fd, &iov, 1);
+}
+
+static const char *io_error(struct ws *w)
+{
+	const char *e = w->io->error != NULL ? w->io->error(w->io_arg) : NULL;
+	return e != NULL ? e : strerror(errno);
+}
+
+/* Sending. */
+
+static size_t shard_bytes(const struct ws *w)
+{
+	return w->base.limits.ws_shard_bytes;
+}
+
+static int add_seg(struct ws *w, struct out_msg *m, size_t *n, int fin, unsigned op,
+		   const uint8_t *p, uint64_t len)
+{
+	struct seg *s = &m->segs[(*n)++];
+	uint8_t *key = NULL;
+	int h;
+	s->p = p;
+	s->len = len;
+	if (w->client) {
+		if (tw__ws_mask_key(s->key) != 0)
+			return TW_EIO;
+		key = s->key;
+	}
+	if ((h = tw__ws_encode_header(s->hdr, fin, op, len, key)) < 0)
+		return h;
+	s->hlen = (uint8_t)h;
+	return 0;
+}
+
+/* The WebSocket frames of one message: the count, then each frame as one
+ * message, split into fragments of at most the shard size. */
+static int build_segs(struct ws *w, struct out_msg *m)
+{
+	const tw_slice *f = tw__msg_frames(m->msg);
+	size_t nf = tw_msg_nframes(m->msg), shard = shard_bytes(w), n = 0, total = 1;
+	uint64_t v = htole64((uint64_t)nf);
+	int rv;
+	for (size_t i = 0; i < nf; i++)
+		total += f[i].len == 0 ? 1 : (f[i].len + shard - 1) / shard;
+	if ((m->segs = calloc(total, sizeof(*m->segs))) == NULL)
+		return TW_ENOMEM;
+	memcpy(m->count, &v, 8);
+	if ((rv = add_seg(w, m, &n, 1, TW__WS_BINARY, m->count, 8)) != 0)
+		return rv;
+	for (size_t i = 0; i < nf; i++) {
+		const uint8_t *p = tw_slice_data(&f[i]);
+		uint64_t left = f[i].len;
+		unsigned op = TW__WS_BINARY;
+		do {
+			uint64_t k = left < shard ? left : shard;
+			if ((rv = add_seg(w, m, &n, k == left, op, p, k)) != 0)
+				return rv;
+			p += k;
+			left -= k;
+			op = TW__WS_CONT;
+		} while (left > 0);
+	}
+	m->nsegs = n;
+	return 0;
+}
+
+static uint64_t seg_bytes(const struct seg *s)
+{
+	return s->hlen + s->len;
+}
+
+static uint64_t msg_wire(const struct out_msg *m)
+{
+	uint64_t n = 0;
+	for (size_t i = 0; i < m->nsegs; i++)
+		n += seg_bytes(&m->segs[i]);
+	return n;
+}
+
+static void out_free(struct out_msg *m)
+{
+	tw_msg_free(m->msg);
+	free(m->segs);
+}
+
+/* n bytes of segments went out: move the cursor, retire messages. */
+static void consume(struct ws *w, uint64_t n)
+{
+	TW__COUNT(&w->base.stats, bytes_sent, n);
+	w->queued_bytes -= n;
+	while (n > 0) {
+		struct out_msg *m = &w->q[w->qhead];
+		uint64_t left = seg_bytes(&m->segs[w->seg]) - w->seg_off;
+		uint64_t k = n < left ? n : left;
+		w->seg_off += k;
+		n -= k;
+		if (w->seg_off < seg_bytes(&m->segs[w->seg]))
+			break;
+		w->seg_off = 0;
+		if (++w->seg < m->nsegs)
+			continue;
+		out_free(m);
+		w->seg = 0;
+		w->qhead = (w->qhead + 1) % w->qcap;
+		w->qn--;
+		TW__COUNT(&w->base.stats, msgs_sent, 1);
+	}
+	/* Empty messages and segments at the cursor: nothing to write. */
+}
+
+/* Server: headers and payload straight from the frames' memory. */
+static int gather(struct ws *w, struct iovec *iov, int max)
+{
+	size_t seg = w->seg;
+	uint64_t skip = w->seg_off;
+	int k = 0;
+	for (size_t i = 0; i < w->qn && k < max - 1; i++) {
+		struct out_msg *m = &w->q[(w->qhead + i) % w->qcap];
+		for (; seg < m->nsegs && k < max - 1; seg++) {
+			struct seg *s = &m->segs[seg];
+			if (skip < s->hlen) {
+				iov[k].iov_base = s->hdr + skip;
+				iov[k++].iov_len = s->hlen - skip;
+				skip = 0;
+			} else {
+				skip -= s->hlen;
+			}
+			if (s->len > skip) {
+				iov[k].iov_base = (uint8_t *)s->p + skip;
+				iov[k++].iov_len = s->len - skip;
+			}
+			skip = 0;
+		}
+		seg = 0;
+	}
+	return k;
+}
+
+/* Client: headers and masked payload copied into the scratch buffer,
+ * from the cursor on, as much as fits. */
+static void fill_scratch(struct ws *w)
+{
+	size_t seg = w->seg, pos = 0;
+	uint64_t skip = w->seg_off;
+	for (size_t i = 0; i < w->qn && pos < SCRATCH_BYTES; i++) {
+		struct out_msg *m = &w->q[(w->qhead + i) % w->qcap];
+		for (; seg < m->nsegs && pos < SCRATCH_BYTES; seg++) {
+			struct seg *s = &m->segs[seg];
+			size_t k;
+			if (skip < s->hlen) {
+				k = s->hlen - skip < SCRATCH_BYTES - pos ? s->hlen - skip
+									  : SCRATCH_BYTES - pos;
+				memcpy(w->scratch + pos, s->hdr + skip, k);
+				pos += k;
+				skip += k;
+			}
+			if (skip < s->hlen)
+				break;
+			skip -= s->hlen;
+			k = s->len - skip < SCRATCH_BYTES - pos ? s->len - skip : SCRATCH_BYTES - pos;
+			tw__ws_mask_copy(w->scratch + pos, s->p + skip, k, s->key, skip);
+			pos += k;
+			if (skip + k < s->len)
+				break;
+			skip = 0;
+		}
+		seg = 0;
+	}
+	w->scratch_len = pos;
+	w->scratch_sent = 0;
+}
+
+static void end_after_close(struct ws *w);
+
+/* Write a pending control frame, whole, before any more segments. */
+static int write_ctrl(struct ws *w)
+{
+	struct iovec iov = {w->ctrl + w->ctrl_sent, w->ctrl_len - w->ctrl_sent};
+	ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
+	w->ctrl_sent += (size_t)n;
+	if (w->ctrl_sent < w->ctrl_len)
+		return 1;
+	w->ctrl_len = w->ctrl_sent = 0;
+	return 0;
+}
+
+static int at_boundary(const struct ws *w)
+{
+	return w->seg_off == 0 && w->scratch_sent == w->scratch_len;
+}
+
+static void write_failed(struct ws *w)
+{
+	int err = errno == EPROTO ? TW_ETLS : TW_EIO;
+	tw__comm_seterr(&w->base, "write failed: %s", io_error(w));
+	tw__comm_end(&w->base, err);
+}
+
+/* Write segments until the socket is full or the budget is spent. */
+static ssize_t write_some(struct ws *w)
+{
+	struct iovec iov[IOV_BATCH];
+	int k;
+	if (!w->client) {
+		k = gather(w, iov, IOV_BATCH);
+		return w->io->writev(w->io_arg, w->fd, iov, k);
+	}
+	if (w->scratch_sent == w->scratch_len)
+		fill_scratch(w);
+	iov[0].iov_base = w->scratch + w->scratch_sent;
+	iov[0].iov_len = w->scratch_len - w->scratch_sent;
+	return w->io->writev(w->io_arg, w->fd, iov, 1);
+}
+
+static void flush(struct ws *w)
+{
+	size_t budget = IO_BUDGET;
+	for (;;) {
+		ssize_t n;
+		if (w->ctrl_len > 0 && at_boundary(w)) {
+			int r = write_ctrl(w);
+			if (r < 0)
+				return write_failed(w);
+			if (r > 0)
+				goto wait;
+			if (w->close_sent && w->close_rcvd)
+				return end_after_close(w);
+			continue;
+		}
+		if (w->qn == 0)
+			break;
+		if (budget == 0) {
+			event_active(w->wev, EV_WRITE, 0);
+			return;
+		}
+		n = write_some(w);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			goto wait;
+		if (n < 0)
+			return write_failed(w);
+		if (w->client)
+			w->scratch_sent += (size_t)n;
+		consume(w, (uint64_t)n);
+		budget = (size_t)n < budget ? budget - (size_t)n : 0;
+	}
+	event_del(w->wev);
+	if (w->state == WS_CLOSING && !w->close_sent) {
+		uint8_t key[4];
+		int len;
+		if (w->client)
+			tw__ws_mask_key(key);
+		len = tw__ws_encode_close(w->ctrl, TW__WS_CLOSE_NORMAL, NULL, 0, w->client ? key : NULL);
+		w->ctrl_len = len > 0 ? (size_t)len : 0;
+		w->close_sent = 1;
+		event_active(w->wev, EV_WRITE, 0);
+		return;
+	}
+	if (w->state == WS_OPEN)
+		tw__comm_drained(&w->base);
+	return;
+wait:
+	event_add(w->wev, NULL);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	struct ws *w = arg;
+	(void)fd;
+	(void)what;
+	if (w->state == WS_UPGRADE)
+		return; /* the upgrade has its own writer */
+	flush(w);
+}
+
+static int grow_queue(struct ws *w)
+{
+	size_t cap = w->qcap ? 2 * w->qcap : 8;
+	struct out_msg *q = malloc(cap * sizeof(*q));
+	if (q == NULL)
+		return TW_ENOMEM;
+	for (size_t i = 0; i < w->qn; i++)
+		q[i] = w->q[(w->qhead + i) % w->qcap];
+	free(w->q);
+	w->q = q;
+	w->qcap = cap;
+	w->qhead = 0;
+	return 0;
+}
+
+static int w_write(tw_comm *c, tw_msg *msg)
+{
+	struct ws *w = (struct ws *)c;
+	struct out_msg m = {msg, {0}, NULL, 0};
+	int rv;
+	if (w->state != WS_OPEN)
+		return TW_ECLOSED;
+	if (w->queued_bytes >= c->limits.write_hwm_bytes)
+		return TW_EAGAIN;
+	if (w->qn == w->qcap && grow_queue(w) != 0)
+		return TW_ENOMEM;
+	if ((rv = build_segs(w, &m)) != 0) {
+		free(m.segs);
+		return rv;
+	}
+	w->q[(w->qhead + w->qn) % w->qcap] = m;
+	/* the segments point into the queue's copy of the count */
+	w->q[(w->qhead + w->qn) % w->qcap].segs[0].p = w->q[(w->qhead + w->qn) % w->qcap].count;
+	w->qn++;
+	w->queued_bytes += msg_wire(&m);
+	if (!event_pending(w->wev, EV_WRITE, NULL))
+		event_active(w->wev, EV_WRITE, 0);
+	return 0;
+}
+
+static uint64_t w_queued(const tw_comm *c)
+{
+	return ((const struct ws *)c)->queued_bytes;
+}
+
+/* Queue a control frame (pong, close); a pending one is replaced only by a
+ * close. */
+static void queue_ctrl(struct ws *w, int len)
+{
+	if (len > 0) {
+		w->ctrl_len = (size_t)len;
+		w->ctrl_sent = 0;
+		event_active(w->wev, EV_WRITE, 0);
+	}
+}
+
+/* Receiving. */
+
+static void reset_rx(struct ws *w)
+{
+	tw_msg_free(w->msg);
+	tw_block_free(w->blk);
+	w->msg = NULL;
+	w->blk = NULL;
+	w->nframes = 0;
+	w->count_have = 0;
+	w->msg_bytes = 0;
+	w->span_left = 0;
+	w->reserved = 0;
+}
+
+/* Fail the comm: send the close code, then end with err. */
+static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
+{
+	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
+	if (!w->close_sent && w->ctrl_len == 0) {
+		uint8_t key[4];
+		int len;
+		if (w->client)
+			tw__ws_mask_key(key);
+		len = tw__ws_encode_close(w->ctrl, code, why, strlen(why) < 123 ? strlen(why) : 0,
+					  w->client ? key : NULL);
+		/* Best effort: one write, then the socket closes. */
+		if (len > 0) {
+			struct iovec iov = {w->ctrl, (size_t)len};
+			w->io->writev(w->io_arg, w->fd, &iov, 1);
+		}
+		w->close_sent = 1;
+	}
+	tw__comm_end(&w->base, err);
+}
+
+static uint64_t limit_left(const struct ws *w)
+{
+	return w->base.limits.max_message_bytes - w->msg_bytes;
+}
+
+/* Frame i starts: choose its block (see the file comment). */
+static int place_frame(struct ws *w, const struct tw__ws_event *ev)
+{
+	size_t i = tw_msg_nframes(w->msg);
+	int span = 0;
+	if (w->span_left > 0) {
+		w->frame_start = w->blk_off;
+		return 0;
+	}
+	if (w->place != NULL && (span = w->place(w->place_arg, w->msg, NULL, w->nframes, i)) < 0)
+		return span;
+	if ((uint64_t)span > w->nframes - i)
+		span = (int)(w->nframes - i);
+	w->blk_off = w->frame_start = 0;
+	if (span <= 1 && ev->fin) {
+		w->span_left = 1;
+		w->reserved = 0;
+		return ev->length == 0 ? 0 : tw_block_new(ev->length, &w->blk);
+	}
+	w->span_left = span > 1 ? (size_t)span : 1;
+	w->reserved = 1;
+	return tw__block_reserve(limit_left(w), &w->blk);
+}
+
+/* The count message arrived: N frames follow. */
+static int got_count(struct ws *w)
+{
+	uint64_t n;
+	memcpy(&n, w->count, 8);
+	n = le64toh(n);
+	if (n == 0 || n > w->base.limits.max_frames) {
+		fail_proto(w, n == 0 ? TW_ENOFRAMES : TW_ETOOMANY, TW__WS_CLOSE_POLICY,
+			   n == 0 ? "message of zero frames" : "more frames than the limit");
+		return -1;
+	}
+	if (tw_msg_new(&w->msg) != 0 || tw__msg_reserve(w->msg, n) != 0)
+		return TW_ENOMEM;
+	w->nframes = n;
+	tw__ws_dec_set_max_message_bytes(&w->dec, limit_left(w));
+	return 0;
+}
+
+/* A frame (WebSocket message) ended: it is a slice of the current block. */
+static int frame_done(struct ws *w, uint64_t len)
+{
+	tw_slice s = {NULL, 0, 0};
+	if (w->blk != NULL && len > 0)
+		s = (tw_slice){tw_block_hold(w->blk), w->frame_start, len};
+	tw__msg_append_owned(w->msg, s);
+	w->msg_bytes += len;
+	if (--w->span_left == 0) {
+		if (w->reserved && w->blk != NULL)
+			tw__block_trim(w->blk, w->blk_off);
+		tw_block_free(w->blk);
+		w->blk = NULL;
+		w->reserved = 0;
+	}
+	tw__ws_dec_set_max_message_bytes(&w->dec, limit_left(w) ? limit_left(w) : 1);
+	return tw_msg_nframes(w->msg) == w->nframes;
+}
+
+static int deliver(struct ws *w)
+{
+	tw_msg *m = w->msg;
+	int alive;
+	w->msg = NULL;
+	reset_rx(w);
+	tw__ws_dec_set_max_message_bytes(&w->dec, 8);
+	TW__COUNT(&w->base.stats, msgs_received, 1);
+	alive = tw__comm_deliver(&w->base, m);
+	tw_msg_free(m);
+	return alive;
+}
+
+static void got_close(struct ws *w, const struct tw__ws_event *ev)
+{
+	uint8_t key[4];
+	w->close_rcvd = 1;
+	if (ev->code == TW__WS_CLOSE_NORMAL || ev->code == TW__WS_CLOSE_GOING_AWAY ||
+	    ev->code == TW__WS_CLOSE_NO_STATUS)
+		w->err_after_close = w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED;
+	else
+		w->err_after_close = ev->code == TW__WS_CLOSE_TOO_BIG ? TW_ETOOBIG : TW_ECLOSED;
+	tw__comm_seterr(&w->base, "closed by peer (code %u: %.*s)", ev->code, (int)ev->payload_len,
+			(const char *)ev->payload);
+	if (!w->close_sent) {
+		if (w->client)
+			tw__ws_mask_key(key);
+		queue_ctrl(w, tw__ws_encode_close(w->ctrl, ev->code, NULL, 0, w->client ? key : NULL));
+		w->close_sent = 1;
+		w->state = WS_CLOSING;
+		w->qn = w->qn; /* queued data after a close is dropped by end */
+		return;
+	}
+	end_after_close(w);
+}
+
+/* Handle one decoder event; 0 to go on, -1 when the comm ended or was
+ * freed. */
+static int on_event(struct ws *w, const struct tw__ws_event *ev)
+{
+	uint8_t key[4];
+	switch (ev->type) {
+	case TW__WS_EV_DATA:
+		if (w->nframes == 0) {
+			if (!ev->fin || ev->length != 8) {
+				fail_proto(w, TW_EPROTO, TW__WS_CLOSE_PROTOCOL,
+					   "a message must start with 8 bytes of frame count");
+				return -1;
+			}
+			return 0;
+		}
+		if (ev->first && place_frame(w, ev) != 0) {
+			fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
+			return -1;
+		}
+		return 0;
+	case TW__WS_EV_MESSAGE_END:
+		if (w->nframes == 0)
+			return got_count(w) == 0 ? 0 : (fail_proto(w, TW_ENOMEM, 1011, "no memory"), -1);
+		if (frame_done(w, ev->length))
+			return deliver(w) ? 0 : -1;
+		return 0;
+	case TW__WS_EV_PING:
+		if (w->client)
+			tw__ws_mask_key(key);
+		if (w->ctrl_len == 0)
+			queue_ctrl(w, tw__ws_encode_pong(w->ctrl, ev->payload, ev->payload_len,
+							 w->client ? key : NULL));
+		return 0;
+	case TW__WS_EV_CLOSE:
+		got_close(w, ev);
+		return -1;
+	default:
+		return 0;
+	}
+}
+
+static void decode_error(struct ws *w, int rv)
+{
+	fail_proto(w, rv == TW_ENOTSUP ? TW_EPROTO : rv, tw__ws_dec_close_code(&w->dec),
+		   tw__ws_dec_error(&w->dec));
+}
+
+/* Where the next payload bytes go. */
+static uint8_t *payload_dst(struct ws *w)
+{
+	if (w->nframes == 0)
+		return w->count + w->count_have;
+	return w->blk != NULL ? tw_block_data(w->blk) + w->blk_off : NULL;
+}
+
+static void peer_gone(struct ws *w, ssize_t n)
+{
+	if (w->close_rcvd || w->state == WS_CLOSING)
+		return end_after_close(w);
+	if (n == 0) {
+		tw__comm_seterr(&w->base, "peer closed the connection without a close frame");
+		return tw__comm_end(&w->base, w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED);
+	}
+	tw__comm_seterr(&w->base, "read failed: %s", io_error(w));
+	tw__comm_end(&w->base, errno == EPROTO ? TW_ETLS : TW_EIO);
+}
+
+/* One read into the decoder; 1 to go on, 0 to wait, -1 when ended. */
+static int read_once(struct ws *w, size_t *budget)
+{
+	struct tw__ws_event ev = {0};
+	enum tw__ws_dec_phase ph = tw__ws_dec_phase(&w->dec);
+	ssize_t n;
+	int rv;
+	if (ph == TW__WS_DEC_BYTES) {
+		uint8_t *dst;
+		size_t want = tw__ws_dec_want(&w->dec, &dst);
+		if ((n = io_read(w, dst, want)) <= 0)
+			goto io;
+		rv = tw__ws_dec_advance(&w->dec, (size_t)n, &ev);
+	} else if (ph == TW__WS_DEC_PAYLOAD) {
+		uint64_t room = tw__ws_dec_payload_room(&w->dec);
+		uint8_t *dst = payload_dst(w);
+		size_t want = room < *budget ? (size_t)room : *budget;
+		n = 0;
+		if (want > 0 && (n = io_read(w, dst, want)) <= 0)
+			goto io;
+		rv = tw__ws_dec_payload_done(&w->dec, dst, (size_t)n, &ev);
+		if (w->nframes == 0)
+			w->count_have += (size_t)n;
+		else
+			w->blk_off += (size_t)n;
+	} else {
+		return 0;
+	}
+	TW__COUNT(&w->base.stats, bytes_received, (uint64_t)n);
+	*budget = (size_t)n < *budget ? *budget - (size_t)n : 0;
+	if (rv < 0) {
+		decode_error(w, rv);
+		return -1;
+	}
+	if (rv == 1 && on_event(w, &ev) < 0)
+		return -1;
+	return 1;
+io:
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return 0;
+	peer_gone(w, n);
+	return -1;
+}
+
+static void read_frames(struct ws *w)
+{
+	size_t budget = IO_BUDGET;
+	while (budget > 0 && w->reading && !w->base.ended) {
+		int r = read_once(w, &budget);
+		if (r <= 0)
+			return;
+	}
+	if (budget == 0)
+		event_active(w->rev, EV_READ, 0);
+}
+
+/* After a close was sent and received (or the peer vanished): close TCP
+ * and end the comm. */
+static void end_after_close(struct ws *w)
+{
+	w->state = WS_DONE;
+	tw__comm_end(&w->base, w->err_after_close);
+}
+
+static void on_linger(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	end_after_close(arg);
+}
+
+/* Closing: drop data, look only for the peer's close frame or EOF. */
+static void read_closing(struct ws *w)
+{
+	size_t budget = IO_BUDGET;
+	while (!w->base.ended) {
+		struct tw__ws_event ev = {0};
+		enum tw__ws_dec_phase ph = tw__ws_dec_phase(&w->dec);
+		uint8_t sink[16384], *dst;
+		ssize_t n;
+		int rv;
+		if (ph == TW__WS_DEC_BYTES) {
+			size_t want = tw__ws_dec_want(&w->dec, &dst);
+			if ((n = io_read(w, dst, want)) <= 0)
+				break;
+			rv = tw__ws_dec_advance(&w->dec, (size_t)n, &ev);
+		} else if (ph == TW__WS_DEC_PAYLOAD) {
+			uint64_t room = tw__ws_dec_payload_room(&w->dec);
+			size_t want = room < sizeof(sink) ? (size_t)room : sizeof(sink);
+			n = 0;
+			if (want > 0 && (n = io_read(w, sink, want)) <= 0)
+				break;
+			rv = tw__ws_dec_payload_done(&w->dec, sink, (size_t)n, &ev);
+		} else {
+			return end_after_close(w);
+		}
+		if (rv < 0 || (rv == 1 && ev.type == TW__WS_EV_CLOSE)) {
+			w->close_rcvd = 1;
+			if (w->ctrl_len == 0)
+				return end_after_close(w);
+			return;
+		}
+		if ((budget -= budget < (size_t)n ? budget : (size_t)n) == 0)
+			return;
+	}
+	if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+		end_after_close(w);
+}
+
+static void upgrade_read(struct ws *w);
+static void upgrade_write(struct ws *w);
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct ws *w = arg;
+	(void)fd;
+	(void)what;
+	if (w->state == WS_UPGRADE)
+		return upgrade_read(w);
+	if (w->state == WS_CLOSING)
+		return read_closing(w);
+	if (!w->reading) {
+		event_del(w->rev);
+		return;
+	}
+	read_frames(w);
+}
+
+/* Comm operations. */
+
+static int w_start(tw_comm *c)
+{
+	struct ws *w = (struct ws *)c;
+	w->reading = 1;
+	if (!event_pending(w->rev, EV_READ, NULL) && event_add(w->rev, NULL) != 0)
+		return TW_EIO;
+	event_active(w->rev, EV_READ, 0); /* bytes may wait in pre or TLS */
+	return 0;
+}
+
+static void w_pause(tw_comm *c)
+{
+	((struct ws *)c)->reading = 0;
+}
+
+static void w_close(tw_comm *c)
+{
+	struct ws *w = (struct ws *)c;
+	struct timeval tv = {LINGER_SECONDS, 0};
+	if (w->state != WS_OPEN)
+		return;
+	w->state = WS_CLOSING;
+	w->err_after_close = 0;
+	event_add(w->rev, NULL);
+	evtimer_add(w->timer, &tv);
+	event_active(w->wev, EV_WRITE, 0);
+}
+
+static void w_stop(tw_comm *c)
+{
+	struct ws *w = (struct ws *)c;
+	if (w->fd < 0)
+		return;
+	event_del(w->rev);
+	event_del(w->wev);
+	event_del(w->timer);
+	for (size_t i = 0; i < w->qn; i++)
+		out_free(&w->q[(w->qhead + i) % w->qcap]);
+	w->qn = 0;
+	if (w->io->free != NULL)
+		w->io->free(w->io_arg);
+	close(w->fd);
+	w->fd = -1;
+}
+
+static void w_destroy(tw_comm *c)
+{
+	struct ws *w = (struct ws *)c;
+	w_stop(c);
+	event_free(w->rev);
+	event_free(w->wev);
+	event_free(w->timer);
+	reset_rx(w);
+	tw__ws_req_fini(&w->req);
+	tw__ws_client_fini(&w->hs);
+	free(w->q);
+	free(w->scratch);
+	free(w);
+}
+
+static void w_set_place(tw_comm *c, tw__place_fn fn, void *arg)
+{
+	((struct ws *)c)->place = fn;
+	((struct ws *)c)->place_arg = arg;
+}
+
+static const struct tw__comm_ops ws_ops = {
+	w_start, w_write, w_queued, w_close, w_stop, w_destroy, w_set_place, w_pause,
+};
+
+/* The upgrade. */
+
+/* The upgrade failed or timed out: report (client) and free. */
+static void upgrade_failed(struct ws *w, int err, const char *why)
+{
+	tw_connect_cb cb = w->cb;
+	void *arg = w->cb_arg;
+	snprintf(w->base.ctx->error, sizeof(w->base.ctx->error), "WebSocket upgrade %s: %s",
+		 w->client ? "refused by the server" : "of a client failed", why);
+	tw_comm_free(&w->base);
+	if (cb != NULL)
+		cb(NULL, err, arg);
+}
+
+static void upgrade_done(struct ws *w)
+{
+	tw_connect_cb cb = w->cb;
+	event_del(w->timer);
+	w->state = WS_OPEN;
+	event_del(w->rev);
+	event_del(w->wev);
+	if (cb != NULL)
+		cb(&w->base, 0, w->cb_arg);
+	else
+		w->l->accept_cb(w->l, &w->base, w->l->arg);
+}
+
+static void upgrade_write(struct ws *w)
+{
+	while (w->hs_sent < w->hs_len) {
+		struct iovec iov = {w->hs_out + w->hs_sent, w->hs_len - w->hs_sent};
+		ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+			event_assign(w->wev, w->base.ctx->base, w->fd, EV_WRITE, on_writable, w);
+			return; /* rare: a 300-byte write on a fresh socket */
+		}
+		if (n < 0)
+			return upgrade_failed(w, TW_EIO, io_error(w));
+		w->hs_sent += (size_t)n;
+	}
+	if (w->refuse)
+		return upgrade_failed(w, TW_EPROTO, tw__ws_req_error(&w->req));
+	if (!w->client)
+		upgrade_done(w);
+}
+
+/* Bytes read past the header block belong to the frame decoder. */
+static void keep_rest(struct ws *w, const uint8_t *p, size_t n)
+{
+	if (n > sizeof(w->pre))
+		n = sizeof(w->pre);
+	memcpy(w->pre, p, n);
+	w->pre_len = n;
+	w->pre_off = 0;
+}
+
+static void upgrade_read(struct ws *w)
+{
+	uint8_t buf[1024];
+	struct iovec iov = {buf, sizeof(buf)};
+	ssize_t n = w->io->readv(w->io_arg, w->fd, &iov, 1);
+	size_t used = 0;
+	int rv;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n <= 0)
+		return upgrade_failed(w, n == 0 ? TW_ECLOSED : TW_EIO,
+				      n == 0 ? "connection closed during the upgrade" : io_error(w));
+	if (w->client) {
+		rv = tw__ws_client_feed(&w->hs, buf, (size_t)n, &used);
+		if (rv < 0)
+			return upgrade_failed(w, TW_EPROTO, tw__ws_client_error(&w->hs));
+		if (rv == 1) {
+			keep_rest(w, buf + used, (size_t)n - used);
+			upgrade_done(w);
+		}
+		return;
+	}
+	rv = tw__ws_req_feed(&w->req, buf, (size_t)n, &used);
+	if (rv < 0)
+		return upgrade_failed(w, rv, "out of memory");
+	if (rv == 0)
+		return;
+	event_del(w->rev);
+	keep_rest(w, buf + used, (size_t)n - used);
+	w->refuse = tw__ws_req_status(&w->req) != 101;
+	rv = tw__ws_req_response(&w->req, w->hs_out, sizeof(w->hs_out));
+	w->hs_len = rv > 0 ? (size_t)rv : 0;
+	upgrade_write(w);
+}
+
+static void on_upgrade_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct ws *w = arg;
+	(void)fd;
+	(void)what;
+	if (w->state == WS_UPGRADE)
+		upgrade_failed(w, TW_ETIMEDOUT, "timed out");
+	else
+		on_linger(fd, what, arg);
+}
+
+static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
+		  int client, struct ws **out)
+{
+	struct ws *w = calloc(1, sizeof(*w));
+	struct timeval tv;
+	if (w == NULL)
+		return TW_ENOMEM;
+	w->fd = fd;
+	w->io = io;
+	w->io_arg = io_arg;
+	w->client = client;
+	w->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, w);
+	w->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, w);
+	w->timer = evtimer_new(ctx->base, on_upgrade_timeout, w);
+	if (w->rev == NULL || w->wev == NULL || w->timer == NULL ||
+	    (client && (w->scratch = malloc(SCRATCH_BYTES)) == NULL)) {
+		if (w->rev)
+			event_free(w->rev);
+		if (w->wev)
+			event_free(w->wev);
+		if (w->timer)
+			event_free(w->timer);
+		free(w->scratch);
+		free(w);
+		return TW_ENOMEM;
+	}
+	tw__comm_init(&w->base, &ws_ops, ctx);
+	tw__comm_set_addresses(&w->base, fd, io == &tw__tcp_io ? "ws" : "wss");
+	tw__ws_dec_init(&w->dec, client ? TW__WS_CLIENT : TW__WS_SERVER, 8,
+			ctx->limits.ws_max_fragments);
+	tw__ws_req_init(&w->req, 0, 0);
+	tv.tv_sec = (time_t)(ctx->limits.handshake_timeout_ms / 1000);
+	tv.tv_usec = (suseconds_t)(ctx->limits.handshake_timeout_ms % 1000) * 1000;
+	evtimer_add(w->timer, &tv);
+	*out = w;
+	return 0;
+}
+
+/* Entry points: after TCP (ws) or TLS (wss). */
+
+static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
+			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l)
+{
+	struct ws *w;
+	int rv, len;
+	(void)l;
+	if ((rv = ws_new(ctx, fd, io, io_arg, 1, &w)) != 0) {
+		if (io->free != NULL)
+			io->free(io_arg);
+		close(fd);
+		cb(NULL, rv, arg);
+		return;
+	}
+	w->cb = cb;
+	w->cb_arg = arg;
+	if ((rv = tw__ws_client_init(&w->hs, 0, 0)) != 0 ||
+	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, sizeof(w->hs_out))) < 0)
+		return upgrade_failed(w, rv != 0 ? rv : TW_EADDR, "cannot build the upgrade request");
+	w->hs_len = (size_t)len;
+	event_add(w->rev, NULL);
+	upgrade_write(w);
+}
+
+static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
+			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l)
+{
+	struct ws *w;
+	(void)u;
+	(void)cb;
+	(void)arg;
+	if (ws_new(ctx, fd, io, io_arg, 0, &w) != 0) {
+		if (io->free != NULL)
+			io->free(io_arg);
+		close(fd);
+		return;
+	}
+	w->l = l;
+	event_add(w->rev, NULL);
+}
+
+static void plain_client(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
+			 void *arg, void *up_arg)
+{
+	(void)up_arg;
+	client_then(ctx, fd, &tw__tcp_io, NULL, u, cb, arg, NULL);
+}
+
+static void plain_accept(tw_listener *l, int fd)
+{
+	server_then(l->ctx, fd, &tw__tcp_io, NULL, NULL, NULL, NULL, l);
+}
+
+/* A freed listener must not be reached by upgrades it started. */
+static void (*_Atomic tcp_destroy)(tw_listener *l);
+static void (*_Atomic tls_destroy)(tw_listener *l);
+
+static void drop_upgrades(tw_listener *l)
+{
+	struct tw__node *head = &l->ctx->objects, *n, *next;
+	for (n = head->next; n != head; n = next) {
+		tw_comm *c = tw__node_comm(n);
+		next = n->next;
+		if (c != NULL && c->ops == &ws_ops && ((struct ws *)c)->l == l &&
+		    ((struct ws *)c)->state == WS_UPGRADE)
+			tw_comm_free(c);
+	}
+}
+
+static void ws_listener_destroy(tw_listener *l)
+{
+	drop_upgrades(l);
+	atomic_load_explicit(&tcp_destroy, memory_order_relaxed)(l);
+}
+
+static void wss_listener_destroy(tw_listener *l)
+{
+	drop_upgrades(l);
+	atomic_load_explicit(&tls_destroy, memory_order_relaxed)(l);
+}
+
+static int ws_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
+		     tw_listener **out)
+{
+	int rv;
+	if (strcmp(u->path, "/") != 0)
+		return TW_EADDR;
+	if ((rv = tw__tcp_listen_with(ctx, u, "ws", plain_accept, cb, arg, out)) != 0)
+		return rv;
+	atomic_store_explicit(&tcp_destroy, (*out)->destroy, memory_order_relaxed);
+	(*out)->destroy = ws_listener_destroy;
+	return 0;
+}
+
+static int wss_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
+		      tw_listener **out)
+{
+	int rv;
+	if (strcmp(u->path, "/") != 0)
+		return TW_EADDR;
+	if ((rv = tw__tls_listen_then(ctx, u, "wss", server_then, cb, arg, out)) != 0)
+		return rv;
+	atomic_store_explicit(&tls_destroy, (*out)->destroy, memory_order_relaxed);
+	(*out)->destroy = wss_listener_destroy;
+	return 0;
+}
+
+static int ws_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
+{
+	return tw__tcp_connect_with(ctx, u, plain_client, NULL, cb, arg);
+}
+
+static int wss_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
+{
+	return tw__tls_connect_then(ctx, u, client_then, cb, arg);
+}
+
+const struct tw__transport tw__ws_transport = {"ws", ws_listen, ws_connect};
+const struct tw__transport tw__wss_transport = {"wss", wss_listen, wss_connect};
