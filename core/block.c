@@ -120,6 +120,23 @@ static void count_new(size_t size)
 	TW__ADD(&tw__global_stats, block_bytes_live, size);
 }
 
+/* One reference, the caller's; counted unless it wraps caller memory. */
+static tw_block *init(struct tw_block *b, uint8_t *data, size_t size, size_t map_len,
+		      enum kind kind)
+{
+	atomic_init(&b->refs, 1);
+	b->data = data;
+	b->size = size;
+	b->map_len = map_len;
+	b->kind = kind;
+	b->uncached = 0;
+	b->release = NULL;
+	b->arg = NULL;
+	if (kind != KIND_WRAP)
+		count_new(size);
+	return b;
+}
+
 static int new_mapped(size_t size, tw_block **out)
 {
 	struct tw_block *b = malloc(sizeof(*b));
@@ -137,43 +154,20 @@ static int new_mapped(size_t size, tw_block **out)
 			return TW_ENOMEM;
 		}
 	}
-	atomic_init(&b->refs, 1);
-	b->data = p;
-	b->size = size;
-	b->map_len = len;
-	b->kind = KIND_MAP;
-	b->uncached = 0;
-	b->release = NULL;
-	b->arg = NULL;
-	*out = b;
+	*out = init(b, p, size, len, KIND_MAP);
 	return 0;
 }
 
 int tw_block_new(size_t size, tw_block **out)
 {
 	struct tw_block *b;
-	int rv;
 	if (out == NULL)
 		return TW_EINVAL;
-	if (size >= TW__MAP_MIN_BYTES) {
-		if ((rv = new_mapped(size, out)) != 0)
-			return rv;
-		count_new(size);
-		return 0;
-	}
-	b = malloc(HDR_BYTES + size);
-	if (b == NULL)
+	if (size >= TW__MAP_MIN_BYTES)
+		return new_mapped(size, out);
+	if ((b = malloc(HDR_BYTES + size)) == NULL)
 		return TW_ENOMEM;
-	atomic_init(&b->refs, 1);
-	b->data = (uint8_t *)b + HDR_BYTES;
-	b->size = size;
-	b->map_len = 0;
-	b->kind = KIND_HEAP;
-	b->uncached = 0;
-	b->release = NULL;
-	b->arg = NULL;
-	count_new(size);
-	*out = b;
+	*out = init(b, (uint8_t *)b + HDR_BYTES, size, 0, KIND_HEAP);
 	return 0;
 }
 
@@ -191,16 +185,8 @@ int tw__block_reserve(size_t capacity, tw_block **out)
 		free(b);
 		return TW_ENOMEM;
 	}
-	atomic_init(&b->refs, 1);
-	b->data = p;
-	b->size = capacity;
-	b->map_len = len;
-	b->kind = KIND_MAP;
+	*out = init(b, p, capacity, len, KIND_MAP);
 	b->uncached = 1;
-	b->release = NULL;
-	b->arg = NULL;
-	count_new(capacity);
-	*out = b;
 	return 0;
 }
 
@@ -226,15 +212,9 @@ int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void
 		return TW_EINVAL;
 	if ((b = malloc(sizeof(*b))) == NULL)
 		return TW_ENOMEM;
-	atomic_init(&b->refs, 1);
-	b->data = data;
-	b->size = size;
-	b->map_len = 0;
-	b->kind = KIND_WRAP;
-	b->uncached = 0;
+	*out = init(b, data, size, 0, KIND_WRAP);
 	b->release = release;
 	b->arg = arg;
-	*out = b;
 	return 0;
 }
 
