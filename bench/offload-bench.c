@@ -42,12 +42,9 @@ static tw_msg *small_echo(void)
 		return NULL;
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	msgpack_pack_str(pk, 2);
-	msgpack_pack_str_body(pk, "op", 2);
-	msgpack_pack_str(pk, 4);
-	msgpack_pack_str_body(pk, "echo", 4);
-	msgpack_pack_str(pk, 4);
-	msgpack_pack_str_body(pk, "data", 4);
+	tw_pack_str(pk, "op");
+	tw_pack_str(pk, "echo");
+	tw_pack_str(pk, "data");
 	msgpack_pack_bin(pk, 10);
 	msgpack_pack_bin_body(pk, "0123456789", 10);
 	tw_builder_finish(b, &m);
@@ -72,12 +69,9 @@ static tw_msg *big_message(uint64_t mib)
 	}
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	msgpack_pack_str(pk, 2);
-	msgpack_pack_str_body(pk, "op", 2);
-	msgpack_pack_str(pk, 6);
-	msgpack_pack_str_body(pk, "nbytes", 6);
-	msgpack_pack_str(pk, 4);
-	msgpack_pack_str_body(pk, "data", 4);
+	tw_pack_str(pk, "op");
+	tw_pack_str(pk, "nbytes");
+	tw_pack_str(pk, "data");
 	tw_builder_pack_bytes(b, &(tw_slice){blk, 0, n});
 	tw_builder_finish(b, &m);
 	tw_builder_free(b);

@@ -32,12 +32,6 @@ struct client {
 	double t0, t1;
 };
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-	msgpack_pack_str(pk, strlen(s));
-	msgpack_pack_str_body(pk, s, strlen(s));
-}
-
 static int send_next(tw_comm *comm, struct client *cl)
 {
 	size_t shift = (size_t)(cl->sent % 8);
@@ -48,11 +42,11 @@ static int send_next(tw_comm *comm, struct client *cl)
 	if (rv == 0) {
 		pk = tw_builder_packer(b);
 		msgpack_pack_map(pk, 3);
-		pack_str(pk, "op");
-		pack_str(pk, "echo");
-		pack_str(pk, "seq");
+		tw_pack_str(pk, "op");
+		tw_pack_str(pk, "echo");
+		tw_pack_str(pk, "seq");
 		msgpack_pack_uint64(pk, cl->sent);
-		pack_str(pk, "payload");
+		tw_pack_str(pk, "payload");
 		msgpack_pack_array(pk, (size_t)cl->frames);
 		for (uint64_t j = 0; rv == 0 && j < cl->frames; j++)
 			rv = tw_builder_pack_bytes(b, &(tw_slice){cl->pattern, j + shift, cl->size});

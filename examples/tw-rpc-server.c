@@ -68,8 +68,7 @@ static void slow_done(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	if (b != NULL) {
-		msgpack_pack_str(tw_builder_packer(b), 4);
-		msgpack_pack_str_body(tw_builder_packer(b), "done", 4);
+		tw_pack_str(tw_builder_packer(b), "done");
 	}
 	tw_request_reply(s->req);
 	event_free(s->ev);

@@ -80,29 +80,28 @@ static int append_sbuffer(tw_msg *m, msgpack_sbuffer *sb)
 	return 0;
 }
 
-static void pack_str(msgpack_packer *pk, const char *s)
+int tw_pack_str(msgpack_packer *pk, const char *s)
 {
 	size_t n = strlen(s);
-	msgpack_pack_str(pk, n);
-	msgpack_pack_str_body(pk, s, n);
+	return msgpack_pack_str(pk, n) == 0 ? msgpack_pack_str_body(pk, s, n) : -1;
 }
 
 static void pack_placeholder(tw_builder *b)
 {
 	msgpack_pack_map(&b->pk, 1);
-	pack_str(&b->pk, "__Serialized__");
+	tw_pack_str(&b->pk, "__Serialized__");
 	msgpack_pack_uint64(&b->pk, 1 + tw_msg_nframes(b->groups));
 }
 
 /* Sub-header keys shared by every group of one frame. */
 static void pack_common(msgpack_packer *pk, const char *codec)
 {
-	pack_str(pk, "num-sub-frames");
+	tw_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 1);
-	pack_str(pk, "compression");
+	tw_pack_str(pk, "compression");
 	msgpack_pack_array(pk, 1);
 	if (codec != NULL)
-		pack_str(pk, codec);
+		tw_pack_str(pk, codec);
 	else
 		msgpack_pack_nil(pk);
 }
@@ -134,19 +133,19 @@ int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data)
 	msgpack_sbuffer_init(&sub);
 	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 8);
-	pack_str(&pk, "serializer");
-	pack_str(&pk, "dask");
-	pack_str(&pk, "type");
-	pack_str(&pk, "bytes");
-	pack_str(&pk, "type-serialized");
+	tw_pack_str(&pk, "serializer");
+	tw_pack_str(&pk, "dask");
+	tw_pack_str(&pk, "type");
+	tw_pack_str(&pk, "bytes");
+	tw_pack_str(&pk, "type-serialized");
 	msgpack_pack_bin(&pk, sizeof(bytes_type_pickle));
 	msgpack_pack_bin_body(&pk, bytes_type_pickle, sizeof(bytes_type_pickle));
-	pack_str(&pk, "sub-header");
+	tw_pack_str(&pk, "sub-header");
 	msgpack_pack_map(&pk, 0);
-	pack_str(&pk, "split-num-sub-frames");
+	tw_pack_str(&pk, "split-num-sub-frames");
 	msgpack_pack_array(&pk, 1);
 	msgpack_pack_uint8(&pk, 1);
-	pack_str(&pk, "split-offsets");
+	tw_pack_str(&pk, "split-offsets");
 	msgpack_pack_array(&pk, 1);
 	msgpack_pack_uint8(&pk, 0);
 	pack_common(&pk, codec);
@@ -172,8 +171,8 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 	msgpack_sbuffer_init(&sub);
 	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 3);
-	pack_str(&pk, "serializer");
-	pack_str(&pk, "msgpack");
+	tw_pack_str(&pk, "serializer");
+	tw_pack_str(&pk, "msgpack");
 	pack_common(&pk, NULL);
 	pack_placeholder(b);
 	rv = append_group(b, &sub, &(tw_slice){blk, 0, len});
@@ -233,9 +232,9 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 		msgpack_pack_object(&pk, h->via.map.ptr[i].key);
 		msgpack_pack_object(&pk, h->via.map.ptr[i].val);
 	}
-	pack_str(&pk, "num-sub-frames");
+	tw_pack_str(&pk, "num-sub-frames");
 	msgpack_pack_uint64(&pk, p->nframes);
-	pack_str(&pk, "compression");
+	tw_pack_str(&pk, "compression");
 	msgpack_pack_array(&pk, p->nframes);
 	for (size_t i = 0; i < p->nframes && rv == 0; i++) {
 		const char *codec;
@@ -246,7 +245,7 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 			break;
 		}
 		if (codec != NULL)
-			pack_str(&pk, codec);
+			tw_pack_str(&pk, codec);
 		else
 			msgpack_pack_nil(&pk);
 		rv = tw_msg_append(frames, &f);
@@ -254,18 +253,18 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 			tw_block_free(f.block);
 	}
 	if (serialized) {
-		pack_str(&pk, "split-num-sub-frames");
+		tw_pack_str(&pk, "split-num-sub-frames");
 		msgpack_pack_array(&pk, p->nframes);
 		for (size_t i = 0; i < p->nframes; i++)
 			msgpack_pack_uint8(&pk, 1);
-		pack_str(&pk, "split-offsets");
+		tw_pack_str(&pk, "split-offsets");
 		msgpack_pack_array(&pk, p->nframes);
 		for (size_t i = 0; i < p->nframes; i++)
 			msgpack_pack_uint64(&pk, i);
 	}
 	if (rv == 0) {
 		msgpack_pack_map(&b->pk, 1);
-		pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
+		tw_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
 		msgpack_pack_uint64(&b->pk, 1 + tw_msg_nframes(b->groups));
 		rv = append_sbuffer(b->groups, &sub);
 	}

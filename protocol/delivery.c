@@ -35,6 +35,10 @@ struct queue {
 	struct item *head, **tail;
 	unsigned n;
 	int paused; /* we stopped reading */
+	/* The comm ended with messages still owed: the close callback waits
+	 * until they are delivered. */
+	int close_pending;
+	int close_err;
 	tw_decoded_cb cb;
 	tw_close_cb close_cb;
 	tw_drain_cb drain_cb;
@@ -82,30 +86,42 @@ static void deliver_one(tw_comm *comm, void *arg)
 	q->cb(comm, d, it->err, it->err ? it->detail : NULL, q->arg);
 }
 
-/* Deliver the decoded messages at the head, in order. */
+/* The comm is there (not freed), not paused by the application, and
+ * open or owing messages received before it ended. */
+static int can_deliver(const struct queue *q)
+{
+	return q->comm != NULL && !q->comm->app_paused && (!q->comm->ended || q->close_pending);
+}
+
+static void run_close(tw_comm *comm, void *arg)
+{
+	struct queue *q = arg;
+	q->close_cb(comm, q->close_err, q->arg);
+}
+
+/* Deliver the decoded messages at the head, in order; then run a pending
+ * close callback once nothing is owed, or at once when the application
+ * paused the ended comm (tw_comm_resume cannot restart an ended comm, so
+ * the rest is dropped). */
 static void deliver(struct queue *q)
 {
-	while (q->comm != NULL && q->head != NULL && q->head->done && !q->comm->app_paused &&
-	       !q->comm->ended) {
+	q->refs++; /* a callback may free the comm, and with it its ref */
+	while (can_deliver(q) && q->head != NULL && q->head->done) {
 		struct item *it = q->head;
-		tw_comm *comm = q->comm;
-		int alive;
 		if ((q->head = it->next) == NULL)
 			q->tail = &q->head;
 		q->n--;
-		q->refs++; /* the callback may free the comm, and with it its ref */
-		alive = tw__comm_call(comm, deliver_one, it);
+		tw__comm_call(q->comm, deliver_one, it);
 		item_free(it);
-		if (!alive || q->comm == NULL) {
-			queue_unref(q);
-			return;
-		}
-		queue_unref(q);
 	}
-	if (q->paused && q->comm != NULL && !q->comm->ended && may_read(q)) {
+	if (q->comm != NULL && q->close_pending && (q->head == NULL || q->comm->app_paused)) {
+		q->close_pending = 0;
+		tw__comm_call(q->comm, run_close, q);
+	} else if (q->paused && q->comm != NULL && !q->comm->ended && may_read(q)) {
 		q->paused = 0;
 		q->comm->ops->start(q->comm);
 	}
+	queue_unref(q);
 }
 
 static void pause_if_full(struct queue *q)
@@ -166,12 +182,21 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	deliver(q);
 }
 
-/* The comm ends: undelivered messages are dropped, then the close
- * callback runs; nothing is delivered after it. */
+/* The comm ended. As with tw_comm_set_callbacks, the messages received
+ * before are delivered first (some may still be in the pool), then the
+ * close callback runs. After tw_comm_abort (TW_ECANCELED), or while the
+ * application has the comm paused, they are dropped and the close
+ * callback runs now. Nothing is delivered after it (comm->ended). */
 static void on_close(tw_comm *comm, int err, void *arg)
 {
 	struct queue *q = arg;
-	q->close_cb(comm, err, q->arg); /* comm->ended stops delivery */
+	if (err == TW_ECANCELED || comm->app_paused) {
+		q->close_cb(comm, err, q->arg);
+		return;
+	}
+	q->close_pending = 1;
+	q->close_err = err;
+	deliver(q);
 }
 
 static void on_drain(tw_comm *comm, void *arg)

@@ -44,12 +44,6 @@ const char *tw_comm_compression(const tw_comm *comm)
 	return comm->compression;
 }
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-	msgpack_pack_str(pk, strlen(s));
-	msgpack_pack_str_body(pk, s, strlen(s));
-}
-
 /* {"compression": ..., "python": [3, 11, 2], "pickle-protocol": 5} */
 static int write_info(tw_comm *comm)
 {
@@ -62,17 +56,17 @@ static int write_info(tw_comm *comm)
 		return TW_ENOMEM;
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 3);
-	pack_str(pk, "compression");
+	tw_pack_str(pk, "compression");
 	if (codec != NULL)
-		pack_str(pk, codec);
+		tw_pack_str(pk, codec);
 	else
 		msgpack_pack_nil(pk);
-	pack_str(pk, "python");
+	tw_pack_str(pk, "python");
 	msgpack_pack_array(pk, 3);
 	msgpack_pack_uint8(pk, 3);
 	msgpack_pack_uint8(pk, 11);
 	msgpack_pack_uint8(pk, 2);
-	pack_str(pk, "pickle-protocol");
+	tw_pack_str(pk, "pickle-protocol");
 	msgpack_pack_uint8(pk, TW_PICKLE_PROTOCOL);
 	rv = tw_builder_finish(b, &m);
 	tw_builder_free(b);

@@ -33,7 +33,8 @@ static void *worker(void *arg)
 		pthread_mutex_lock(&p->lock);
 		while (p->head == NULL && !p->stopping)
 			pthread_cond_wait(&p->more, &p->lock);
-		if (p->head == NULL) {
+		if (p->stopping) {
+			/* queued jobs are pool_free's to cancel, not ours to run */
 			pthread_mutex_unlock(&p->lock);
 			return NULL;
 		}

@@ -50,22 +50,16 @@ struct tw_server {
 	char id[64];
 };
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-	msgpack_pack_str(pk, strlen(s));
-	msgpack_pack_str_body(pk, s, strlen(s));
-}
-
 static void op_identity(tw_request *r, void *arg)
 {
 	tw_server *s = arg;
 	tw_builder *b = tw_request_reply_builder(r);
 	if (b != NULL) {
 		msgpack_pack_map(tw_builder_packer(b), 2);
-		pack_str(tw_builder_packer(b), "type");
-		pack_str(tw_builder_packer(b), "taskwire");
-		pack_str(tw_builder_packer(b), "id");
-		pack_str(tw_builder_packer(b), s->id);
+		tw_pack_str(tw_builder_packer(b), "type");
+		tw_pack_str(tw_builder_packer(b), "taskwire");
+		tw_pack_str(tw_builder_packer(b), "id");
+		tw_pack_str(tw_builder_packer(b), s->id);
 	}
 	tw_request_reply(r);
 }
@@ -255,7 +249,7 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 	if (strcmp(r->op, "close") == 0) {
 		r->close = 1;
 		if (r->reply)
-			pack_str(tw_builder_packer(tw_request_reply_builder(r)), "OK");
+			tw_pack_str(tw_builder_packer(tw_request_reply_builder(r)), "OK");
 		tw_request_reply(r);
 		return;
 	}
@@ -436,15 +430,15 @@ int tw_request_reply_error(tw_request *r, const char *exception_text, const char
 		return tw_request_reply(r); /* reports the same error */
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 5);
-	pack_str(pk, "status");
-	pack_str(pk, "uncaught-error");
-	pack_str(pk, "exception");
-	pack_str(pk, e);
-	pack_str(pk, "traceback");
+	tw_pack_str(pk, "status");
+	tw_pack_str(pk, "uncaught-error");
+	tw_pack_str(pk, "exception");
+	tw_pack_str(pk, e);
+	tw_pack_str(pk, "traceback");
 	msgpack_pack_nil(pk);
-	pack_str(pk, "exception_text");
-	pack_str(pk, e);
-	pack_str(pk, "traceback_text");
-	pack_str(pk, traceback_text != NULL ? traceback_text : "");
+	tw_pack_str(pk, "exception_text");
+	tw_pack_str(pk, e);
+	tw_pack_str(pk, "traceback_text");
+	tw_pack_str(pk, traceback_text != NULL ? traceback_text : "");
 	return tw_request_reply(r);
 }

@@ -43,6 +43,11 @@ int tw_builder_new(const char *compression, tw_builder **out);
  * builder is freed. */
 msgpack_packer *tw_builder_packer(tw_builder *b);
 
+/* tw_pack_str: pack the NUL-terminated UTF-8 string s as a msgpack str
+ * (msgpack-c has no one-call form). Returns msgpack-c's result: 0 or -1
+ * when out of memory. */
+int tw_pack_str(msgpack_packer *pk, const char *s);
+
 /* tw_builder_pack_bytes: at the packer's current position, pack a
  * placeholder for `data` as raw bytes (serializer "dask", type "bytes";
  * Python receives `bytes`). The frame is referenced, not copied (one more
