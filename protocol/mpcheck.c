@@ -4,6 +4,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/utf8.h"
 #include "protocol/mpcheck.h"
 
 struct cursor {
@@ -11,39 +12,6 @@ struct cursor {
 	size_t n, off;
 	const char *why;
 };
-
-int tw__utf8_valid(const uint8_t *s, size_t n)
-{
-	size_t i = 0;
-	while (i < n) {
-		uint8_t c = s[i];
-		size_t len;
-		uint32_t cp, min;
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if ((c & 0xe0) == 0xc0)
-			len = 2, cp = c & 0x1f, min = 0x80;
-		else if ((c & 0xf0) == 0xe0)
-			len = 3, cp = c & 0x0f, min = 0x800;
-		else if ((c & 0xf8) == 0xf0)
-			len = 4, cp = c & 0x07, min = 0x10000;
-		else
-			return 0;
-		if (n - i < len)
-			return 0;
-		for (size_t k = 1; k < len; k++) {
-			if ((s[i + k] & 0xc0) != 0x80)
-				return 0;
-			cp = (cp << 6) | (s[i + k] & 0x3f);
-		}
-		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-			return 0;
-		i += len;
-	}
-	return 1;
-}
 
 static int fail(struct cursor *c, const char *why)
 {

@@ -20,8 +20,4 @@
  * else TW_EPROTO with a reason (static string) in *why. */
 int tw__mp_check(const uint8_t *p, size_t n, const char **why);
 
-/* tw__utf8_valid: 1 when s[0..n) is valid UTF-8 (no overlongs, no
- * surrogates, nothing above U+10FFFF). */
-int tw__utf8_valid(const uint8_t *s, size_t n);
-
 #endif

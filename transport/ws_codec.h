@@ -89,6 +89,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/utf8.h"
+
 /* Opcodes (RFC 6455 section 5.2). */
 #define TW__WS_CONT   0x0
 #define TW__WS_TEXT   0x1
@@ -245,7 +247,8 @@ size_t tw__ws_dec_want(struct tw__ws_dec *d, uint8_t **dst);
  *   TW_ETOOMANY  1009, message over max_fragments;
  *   TW_EINVAL    n larger than the want (programmer error; not sticky).
  * Errors other than TW_EINVAL are sticky: every later call returns them.
- * In phases CLOSED: returns 0; FAILED: the sticky error. */
+ * In phase PAYLOAD it takes nothing (n = 0 returns 0, more is TW_EINVAL);
+ * in CLOSED it returns 0; in FAILED the sticky error. */
 int tw__ws_dec_advance(struct tw__ws_dec *d, size_t n, struct tw__ws_event *ev);
 
 /* tw__ws_dec_payload_room: in phase TW__WS_DEC_PAYLOAD, the payload bytes
@@ -350,8 +353,7 @@ int tw__ws_encode_close(uint8_t *out, unsigned code, const char *reason, size_t 
  * 1004, 1005, 1006, 1015, 1016-2999 and 5000-65535. */
 int tw__ws_close_code_valid(unsigned code);
 
-/* tw__ws_utf8_valid: 1 when p[0..n) is well-formed UTF-8 (RFC 3629: no
- * overlong forms, no surrogates, nothing above U+10FFFF), else 0. */
-int tw__ws_utf8_valid(const uint8_t *p, size_t n);
+/* tw__ws_utf8_valid: close reasons must be UTF-8 (core/utf8.h). */
+#define tw__ws_utf8_valid tw__utf8_valid
 
 #endif

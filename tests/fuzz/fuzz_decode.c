@@ -53,11 +53,13 @@ static tw_msg *make_msg(const uint8_t *data, size_t size)
 	}
 	at = off;
 	for (size_t i = 0; i < n; i++) {
-		size_t len = 1 + 2 * i + 1 < size ? data[1 + 2 * i] | (size_t)data[2 + 2 * i] << 8 : 0;
+		size_t len =
+			1 + 2 * i + 1 < size ? data[1 + 2 * i] | (size_t)data[2 + 2 * i] << 8 : 0;
 		if (len > size - at)
 			len = size - at;
 		if (one_block)
-			check(tw_msg_append(m, &(tw_slice){len ? store : NULL, at - off, len}) == 0);
+			check(tw_msg_append(m, &(tw_slice){len ? store : NULL, at - off, len}) ==
+			      0);
 		else
 			check(tw_msg_append_copy(m, data + at, len) == 0);
 		at += len;
@@ -102,7 +104,8 @@ static void check_decoded(const tw_msg *m, const tw_decoded *d)
 		for (size_t j = 0; j < pl->nframes; j++) {
 			sum += touch(&pl->frames[j]);
 			if (pl->frames[j].block != NULL && !in_msg(m, pl->frames[j].block))
-				check(pl->frames[j].len <= LIMIT || pl->frames[j].len <= tw_msg_bytes(m));
+				check(pl->frames[j].len <= LIMIT ||
+				      pl->frames[j].len <= tw_msg_bytes(m));
 		}
 	}
 	check(tw_decoded_payload_at(d, tw_decoded_npayloads(d)) == NULL);

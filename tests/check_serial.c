@@ -1,0 +1,1347 @@
+/* Dask messages: tw_builder -> tw_decode round trips, bad input, and the
+ * zstd inputs of bug cases BH-31 and BH-32 (/work/shared/cases), all
+ * without sockets; then the bad inputs again over loopback comms
+ * (TCase over_comm): a server that decodes each message aborts the comm
+ * that sent a bad one, and its other comms keep working. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <zstd.h>
+#ifdef TW_HAVE_LZ4
+#include <lz4.h>
+#endif
+
+#include "tests/dask_util.h"
+
+#define KB 1000
+
+/* Building frames by hand. */
+
+struct mp {
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+};
+
+static msgpack_packer *mp_start(struct mp *m)
+{
+	msgpack_sbuffer_init(&m->sb);
+	msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
+	return &m->pk;
+}
+
+/* Append what was packed as the next frame. */
+static void mp_append(struct mp *m, tw_msg *msg)
+{
+	ck_assert_int_eq(tw_msg_append_copy(msg, m->sb.data, m->sb.size), 0);
+	msgpack_sbuffer_destroy(&m->sb);
+}
+
+static void pstr(msgpack_packer *pk, const char *s)
+{
+	msgpack_pack_str(pk, strlen(s));
+	msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+static tw_msg *new_msg(void)
+{
+	tw_msg *m;
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	return m;
+}
+
+static void append(tw_msg *m, const void *p, size_t n)
+{
+	ck_assert_int_eq(tw_msg_append_copy(m, p, n), 0);
+}
+
+/* Frame 0: {"op": "echo", "data": {key: k}}. */
+static void frame0_holder(tw_msg *m, const char *key, uint64_t k)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	msgpack_pack_map(pk, 2);
+	pstr(pk, "op");
+	pstr(pk, "echo");
+	pstr(pk, "data");
+	msgpack_pack_map(pk, 1);
+	pstr(pk, key);
+	msgpack_pack_uint64(pk, k);
+	mp_append(&f, m);
+}
+
+static void frame0_one(tw_msg *m)
+{
+	frame0_holder(m, "__Serialized__", 1);
+}
+
+/* A sub-header: serializer "dask", num-sub-frames, a compression entry per
+ * sub-frame (codecs NULL: no key; codecs[i] NULL: nil), and with split set
+ * one logical frame made of all the sub-frames. */
+static void sub_header(tw_msg *m, uint64_t num, const char *const *codecs, int split)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	msgpack_pack_map(pk, 2 + (codecs != NULL) + 2 * (split != 0));
+	pstr(pk, "serializer");
+	pstr(pk, "dask");
+	pstr(pk, "num-sub-frames");
+	msgpack_pack_uint64(pk, num);
+	if (codecs != NULL) {
+		pstr(pk, "compression");
+		msgpack_pack_array(pk, num);
+		for (uint64_t i = 0; i < num; i++) {
+			if (codecs[i] != NULL)
+				pstr(pk, codecs[i]);
+			else
+				msgpack_pack_nil(pk);
+		}
+	}
+	if (split) {
+		pstr(pk, "split-num-sub-frames");
+		msgpack_pack_array(pk, 1);
+		msgpack_pack_uint64(pk, num);
+		pstr(pk, "split-offsets");
+		msgpack_pack_array(pk, 1);
+		msgpack_pack_uint64(pk, 0);
+	}
+	mp_append(&f, m);
+}
+
+/* frame 0, a sub-header naming `codec` (NULL: nil) and one frame. */
+static tw_msg *msg_with(const char *codec, const void *frame, size_t len)
+{
+	const char *codecs[1] = {codec};
+	tw_msg *m = new_msg();
+	frame0_one(m);
+	sub_header(m, 1, codecs, 0);
+	append(m, frame, len);
+	return m;
+}
+
+static tw_block *pattern_block(size_t n, unsigned seed)
+{
+	tw_block *b;
+	ck_assert_int_eq(tw_block_new(n, &b), 0);
+	du_fill(tw_block_data(b), n, seed);
+	return b;
+}
+
+static void check_pattern(const tw_slice *s, size_t n, unsigned seed)
+{
+	long long at;
+	ck_assert_uint_eq(s->len, n);
+	at = n > 0 ? du_check(tw_slice_data(s), n, seed) : -1;
+	ck_assert_msg(at == -1, "byte %lld of %zu differs", at, n);
+}
+
+/* "28 b5 2f fd ..." -> bytes; returns the count. */
+static size_t unhex(const char *s, uint8_t *out)
+{
+	size_t n = 0;
+	unsigned v;
+	while (*s != '\0') {
+		if (*s == ' ') {
+			s++;
+			continue;
+		}
+		ck_assert_int_eq(sscanf(s, "%2x", &v), 1);
+		out[n++] = (uint8_t)v;
+		s += 2;
+	}
+	return n;
+}
+
+/* Compressed frames. */
+
+static uint8_t *zstd_of(const void *p, size_t n, size_t *len)
+{
+	size_t cap = ZSTD_compressBound(n);
+	uint8_t *z = malloc(cap);
+	ck_assert_ptr_nonnull(z);
+	*len = ZSTD_compress(z, cap, p, n, 3);
+	ck_assert(!ZSTD_isError(*len));
+	return z;
+}
+
+/* A single-segment zstd frame declaring `declared` bytes (8-byte content
+ * size field) with one raw block of content[0..n). */
+static uint8_t *zstd_raw(const void *content, size_t n, uint64_t declared, size_t *len)
+{
+	uint8_t *z = malloc(4 + 1 + 8 + 3 + n);
+	uint32_t bh = (uint32_t)(n << 3) | 1; /* raw block, last */
+	ck_assert_ptr_nonnull(z);
+	memcpy(z, "\x28\xb5\x2f\xfd\xe0", 5);
+	for (int i = 0; i < 8; i++)
+		z[5 + i] = (uint8_t)(declared >> (8 * i));
+	z[13] = (uint8_t)bh;
+	z[14] = (uint8_t)(bh >> 8);
+	z[15] = (uint8_t)(bh >> 16);
+	if (n > 0)
+		memcpy(z + 16, content, n);
+	*len = 16 + n;
+	return z;
+}
+
+#ifdef TW_HAVE_LZ4
+/* Dask's lz4: u32 LE size prefix (here `prefix`, whatever the data) and a
+ * raw LZ4 block. */
+static uint8_t *lz4_of(const void *p, size_t n, uint32_t prefix, size_t *len)
+{
+	int cap = LZ4_compressBound((int)n);
+	uint8_t *z = malloc(4 + (size_t)cap);
+	int got;
+	ck_assert_ptr_nonnull(z);
+	for (int i = 0; i < 4; i++)
+		z[i] = (uint8_t)(prefix >> (8 * i));
+	got = LZ4_compress_default(p, (char *)z + 4, (int)n, cap);
+	ck_assert_int_gt(got, 0);
+	*len = 4 + (size_t)got;
+	return z;
+}
+#endif
+
+/* Decoding. */
+
+static tw_decoded *decode_ok(const tw_msg *m)
+{
+	char why[256] = "";
+	tw_decoded *d = NULL;
+	int rv = tw_decode(m, NULL, &d, why, sizeof(why));
+	ck_assert_msg(rv == 0, "decode: %s: %s", tw_strerror(rv), why);
+	return d;
+}
+
+static const tw_payload *data_payload(const tw_decoded *d)
+{
+	const tw_payload *pl = tw_decoded_payload(d, tw_map_get(tw_decoded_root(d), "data"));
+	ck_assert_ptr_nonnull(pl);
+	return pl;
+}
+
+/* The codec named for sub-frame 0 of pl ("" for nil). */
+static void codec0(const tw_payload *pl, char *buf, size_t len)
+{
+	const msgpack_object *c = tw_map_get(pl->sub_header, "compression");
+	ck_assert(c != NULL && c->type == MSGPACK_OBJECT_ARRAY && c->via.array.size >= 1);
+	c = &c->via.array.ptr[0];
+	buf[0] = '\0';
+	if (c->type == MSGPACK_OBJECT_STR)
+		snprintf(buf, len, "%.*s", (int)c->via.str.size, c->via.str.ptr);
+	else
+		ck_assert_int_eq(c->type, MSGPACK_OBJECT_NIL);
+}
+
+/* A message carrying `data` as bytes, built with `codec`. */
+static tw_msg *build_bytes(const char *codec, const tw_slice *data)
+{
+	tw_builder *b;
+	tw_msg *m;
+	ck_assert_int_eq(tw_builder_new(codec, &b), 0);
+	msgpack_pack_map(tw_builder_packer(b), 2);
+	pstr(tw_builder_packer(b), "op");
+	pstr(tw_builder_packer(b), "echo");
+	pstr(tw_builder_packer(b), "data");
+	ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	return m;
+}
+
+static const char *const codecs[] = {
+	"zstd",
+#ifdef TW_HAVE_LZ4
+	"lz4",
+#endif
+};
+#define NCODECS ((int)(sizeof(codecs) / sizeof(codecs[0])))
+
+/* Round trips. */
+
+START_TEST(rt_bytes)
+{
+	tw_block *pat = pattern_block(1000, 4);
+	tw_msg *m = build_bytes(NULL, &(tw_slice){pat, 0, 1000});
+	tw_decoded *d = decode_ok(m);
+	const tw_payload *pl = data_payload(d);
+	const msgpack_object *ts;
+	ck_assert_uint_eq(tw_msg_nframes(m), 3);
+	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "op"), "echo"));
+	ck_assert_int_eq(pl->kind, TW_PAYLOAD_SERIALIZED);
+	ck_assert_uint_eq(pl->index, 1);
+	ck_assert_str_eq(pl->serializer, "dask");
+	ck_assert(tw_obj_str_eq(tw_map_get(pl->sub_header, "type"), "bytes"));
+	ts = tw_map_get(pl->sub_header, "type-serialized");
+	ck_assert(ts != NULL && ts->type == MSGPACK_OBJECT_BIN && ts->via.bin.size == 33);
+	ck_assert_mem_eq(ts->via.bin.ptr, "\x80\x05\x95\x16", 4);
+	ck_assert_uint_eq(pl->nframes, 1);
+	check_pattern(&pl->frames[0], 1000, 4);
+	ck_assert_ptr_eq(pl->frames[0].block, pat); /* referenced, never copied */
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+}
+END_TEST
+
+START_TEST(rt_msgpack)
+{
+	struct mp v;
+	msgpack_packer *pk = mp_start(&v);
+	tw_builder *b;
+	tw_msg *m;
+	tw_decoded *d;
+	const tw_payload *pl;
+	msgpack_pack_array(pk, 3);
+	msgpack_pack_int(pk, 1);
+	pstr(pk, "two");
+	msgpack_pack_map(pk, 1);
+	pstr(pk, "k");
+	msgpack_pack_nil(pk);
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	msgpack_pack_map(tw_builder_packer(b), 1);
+	pstr(tw_builder_packer(b), "data");
+	ck_assert_int_eq(tw_builder_pack_msgpack(b, v.sb.data, v.sb.size), 0);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	ck_assert_str_eq(pl->serializer, "msgpack");
+	ck_assert_uint_eq(pl->nframes, 1);
+	ck_assert_uint_eq(pl->frames[0].len, v.sb.size);
+	ck_assert_mem_eq(tw_slice_data(&pl->frames[0]), v.sb.data, v.sb.size);
+	msgpack_sbuffer_destroy(&v.sb);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* {"a": [P1, {"b": P3}], "c": {"d": M5}, "e": [P7]}: payload groups in
+ * the order packed, each found from its placeholder. */
+START_TEST(rt_nested)
+{
+	tw_block *pat = pattern_block(20000, 1);
+	msgpack_packer *pk;
+	const msgpack_object *root, *a, *holders[4];
+	tw_builder *b;
+	tw_msg *m;
+	tw_decoded *d;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 3);
+	pstr(pk, "a");
+	msgpack_pack_array(pk, 2);
+	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 0, 3}), 0);
+	msgpack_pack_map(pk, 1);
+	pstr(pk, "b");
+	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 0, 20000}), 0);
+	pstr(pk, "c");
+	msgpack_pack_map(pk, 1);
+	pstr(pk, "d");
+	ck_assert_int_eq(tw_builder_pack_msgpack(b, "\x93\x01\x02\x03", 4), 0);
+	pstr(pk, "e");
+	msgpack_pack_array(pk, 1);
+	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){NULL, 0, 0}), 0);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	ck_assert_uint_eq(tw_msg_nframes(m), 9);
+	d = decode_ok(m);
+	root = tw_decoded_root(d);
+	a = tw_map_get(root, "a");
+	holders[0] = &a->via.array.ptr[0];
+	holders[1] = tw_map_get(&a->via.array.ptr[1], "b");
+	holders[2] = tw_map_get(tw_map_get(root, "c"), "d");
+	holders[3] = &tw_map_get(root, "e")->via.array.ptr[0];
+	ck_assert_uint_eq(tw_decoded_npayloads(d), 4);
+	for (size_t i = 0; i < 4; i++) {
+		ck_assert_ptr_eq(tw_decoded_payload(d, holders[i]), tw_decoded_payload_at(d, i));
+		ck_assert_uint_eq(tw_decoded_payload_at(d, i)->index, 1 + 2 * i);
+		ck_assert_uint_eq(tw_decoded_payload_at(d, i)->nframes, 1);
+	}
+	ck_assert_ptr_null(tw_decoded_payload(d, root));
+	check_pattern(&tw_decoded_payload_at(d, 0)->frames[0], 3, 1);
+	check_pattern(&tw_decoded_payload_at(d, 1)->frames[0], 20000, 1);
+	ck_assert_mem_eq(tw_slice_data(&tw_decoded_payload_at(d, 2)->frames[0]), "\x93\x01\x02\x03",
+			 4);
+	ck_assert_str_eq(tw_decoded_payload_at(d, 2)->serializer, "msgpack");
+	ck_assert_uint_eq(tw_decoded_payload_at(d, 3)->frames[0].len, 0);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+}
+END_TEST
+
+/* Zero-length payloads, with and without a codec: never compressed. */
+START_TEST(rt_zero_length)
+{
+	const char *codec = _i == 0 ? NULL : codecs[_i - 1];
+	tw_msg *m = build_bytes(codec, &(tw_slice){NULL, 0, 0});
+	tw_decoded *d = decode_ok(m);
+	const tw_payload *pl = data_payload(d);
+	char c[16];
+	ck_assert_uint_eq(tw_msg_frame(m, 2)->len, 0);
+	ck_assert_uint_eq(pl->nframes, 1);
+	ck_assert_uint_eq(pl->frames[0].len, 0);
+	codec0(pl, c, sizeof(c));
+	ck_assert_str_eq(c, "");
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* 100 KB of compressible bytes: compressed on the wire, decoded back. */
+START_TEST(rt_compressed)
+{
+	tw_block *pat = pattern_block(100 * KB, 8);
+	tw_msg *m = build_bytes(codecs[_i], &(tw_slice){pat, 0, 100 * KB});
+	tw_decoded *d;
+	const tw_payload *pl;
+	char c[16];
+	ck_assert_uint_lt(tw_msg_frame(m, 2)->len, 100 * KB * 9 / 10);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	codec0(pl, c, sizeof(c));
+	ck_assert_str_eq(c, codecs[_i]);
+	check_pattern(&pl->frames[0], 100 * KB, 8);
+	ck_assert_ptr_ne(pl->frames[0].block, pat);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+}
+END_TEST
+
+/* 1 MiB of zeros: the highest ratio either codec reaches. */
+START_TEST(rt_compressed_zeros)
+{
+	tw_block *z;
+	tw_msg *m;
+	tw_decoded *d;
+	const tw_payload *pl;
+	ck_assert_int_eq(tw_block_new(1 << 20, &z), 0);
+	memset(tw_block_data(z), 0, 1 << 20);
+	m = build_bytes(codecs[_i], &(tw_slice){z, 0, 1 << 20});
+	ck_assert_uint_lt(tw_msg_frame(m, 2)->len, 1 << 14);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	ck_assert_uint_eq(pl->frames[0].len, 1 << 20);
+	ck_assert_mem_eq(tw_slice_data(&pl->frames[0]), tw_block_data(z), 1 << 20);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(z);
+}
+END_TEST
+
+/* Random bytes do not compress: sent as they are, referenced. */
+START_TEST(rt_incompressible)
+{
+	tw_block *r;
+	uint64_t seed = 42;
+	tw_msg *m;
+	tw_decoded *d;
+	const tw_payload *pl;
+	char c[16];
+	ck_assert_int_eq(tw_block_new(100 * KB, &r), 0);
+	for (size_t i = 0; i < 100 * KB; i += 8) {
+		uint64_t z = (seed += UINT64_C(0x9e3779b97f4a7c15));
+		z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+		z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+		memcpy(tw_block_data(r) + i, &z, 8);
+	}
+	m = build_bytes(codecs[_i], &(tw_slice){r, 0, 100 * KB});
+	ck_assert_ptr_eq(tw_msg_frame(m, 2)->block, r);
+	ck_assert_uint_eq(tw_msg_frame(m, 2)->len, 100 * KB);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	codec0(pl, c, sizeof(c));
+	ck_assert_str_eq(c, "");
+	ck_assert_ptr_eq(pl->frames[0].block, r);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(r);
+}
+END_TEST
+
+/* Frames below 10,000 bytes stay uncompressed; from 10,000 they do not. */
+START_TEST(rt_threshold)
+{
+	tw_block *pat = pattern_block(10000, 0);
+	for (size_t n = 9999; n <= 10000; n++) {
+		tw_msg *m = build_bytes(codecs[_i], &(tw_slice){pat, 0, n});
+		tw_decoded *d = decode_ok(m);
+		const tw_payload *pl = data_payload(d);
+		char c[16];
+		codec0(pl, c, sizeof(c));
+		ck_assert_str_eq(c, n < 10000 ? "" : codecs[_i]);
+		check_pattern(&pl->frames[0], n, 0);
+		tw_decoded_free(d);
+		tw_msg_free(m);
+	}
+	tw_block_free(pat);
+}
+END_TEST
+
+/* A payload split into three sub-frames, as Python splits shards. */
+static tw_msg *split_msg(tw_block *const blocks[3], const size_t offs[3], const size_t lens[3])
+{
+	const char *none[3] = {NULL, NULL, NULL};
+	tw_msg *m = new_msg();
+	frame0_one(m);
+	sub_header(m, 3, none, 1);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(tw_msg_append(m, &(tw_slice){blocks[i], offs[i], lens[i]}), 0);
+	return m;
+}
+
+/* Adjacent sub-frames of one block: one view, no copy. */
+START_TEST(rt_split_adjacent)
+{
+	tw_block *pat = pattern_block(350, 2);
+	tw_block *blocks[3] = {pat, pat, pat};
+	size_t offs[3] = {0, 100, 300}, lens[3] = {100, 200, 50};
+	tw_msg *m = split_msg(blocks, offs, lens);
+	tw_stats before, after;
+	tw_decoded *d;
+	const tw_payload *pl;
+	tw_stats_global(&before);
+	d = decode_ok(m);
+	tw_stats_global(&after);
+	pl = data_payload(d);
+	ck_assert_uint_eq(pl->nframes, 1);
+	check_pattern(&pl->frames[0], 350, 2);
+	ck_assert_ptr_eq(pl->frames[0].block, pat);
+	ck_assert_uint_eq(after.merges_zero_copy - before.merges_zero_copy, 1);
+	ck_assert_uint_eq(after.merges_copied, before.merges_copied);
+	ck_assert_uint_eq(after.payload_bytes_copied, before.payload_bytes_copied);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+}
+END_TEST
+
+/* Sub-frames in separate blocks: one copy. */
+START_TEST(rt_split_copied)
+{
+	tw_block *pat = pattern_block(350, 2), *other;
+	tw_block *blocks[3];
+	size_t offs[3] = {0, 0, 300}, lens[3] = {100, 200, 50};
+	tw_msg *m;
+	tw_stats before, after;
+	tw_decoded *d;
+	const tw_payload *pl;
+	ck_assert_int_eq(tw_block_new(200, &other), 0);
+	memcpy(tw_block_data(other), tw_block_data(pat) + 100, 200);
+	blocks[0] = pat, blocks[1] = other, blocks[2] = pat;
+	m = split_msg(blocks, offs, lens);
+	tw_stats_global(&before);
+	d = decode_ok(m);
+	tw_stats_global(&after);
+	pl = data_payload(d);
+	ck_assert_uint_eq(pl->nframes, 1);
+	check_pattern(&pl->frames[0], 350, 2);
+	ck_assert_uint_eq(after.merges_copied - before.merges_copied, 1);
+	ck_assert_uint_eq(after.payload_bytes_copied - before.payload_bytes_copied, 350);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(other);
+	tw_block_free(pat);
+}
+END_TEST
+
+/* Split sub-frames, one compressed with zstd, one plain. */
+START_TEST(rt_split_compressed)
+{
+	const char *mixed[2] = {"zstd", NULL};
+	tw_block *pat = pattern_block(25000, 6);
+	size_t zlen;
+	uint8_t *z = zstd_of(tw_block_data(pat), 20000, &zlen);
+	tw_msg *m = new_msg();
+	tw_decoded *d;
+	const tw_payload *pl;
+	frame0_one(m);
+	sub_header(m, 2, mixed, 1);
+	append(m, z, zlen);
+	append(m, tw_block_data(pat) + 20000, 5000);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	ck_assert_uint_eq(pl->nframes, 1);
+	check_pattern(&pl->frames[0], 25000, 6);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+	free(z);
+}
+END_TEST
+
+/* {"__Pickled__": 1}: the same shape, kind PICKLED. */
+START_TEST(rt_pickled)
+{
+	struct mp f;
+	msgpack_packer *pk;
+	tw_msg *m = new_msg();
+	tw_decoded *d;
+	const tw_payload *pl;
+	frame0_holder(m, "__Pickled__", 1);
+	pk = mp_start(&f);
+	msgpack_pack_map(pk, 2);
+	pstr(pk, "pickled-obj");
+	msgpack_pack_bin(pk, 3);
+	msgpack_pack_bin_body(pk, "\x80\x05N", 3);
+	pstr(pk, "num-sub-frames");
+	msgpack_pack_uint8(pk, 1);
+	mp_append(&f, m);
+	append(m, "0123456789", 10);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	ck_assert_int_eq(pl->kind, TW_PAYLOAD_PICKLED);
+	ck_assert_str_eq(pl->serializer, "");
+	ck_assert_uint_eq(pl->nframes, 1);
+	ck_assert_mem_eq(tw_slice_data(&pl->frames[0]), "0123456789", 10);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* A group with no sub-frames (a pickle without buffers): no frames. */
+START_TEST(rt_no_sub_frames)
+{
+	struct mp f;
+	msgpack_packer *pk;
+	tw_msg *m = new_msg();
+	tw_decoded *d;
+	const tw_payload *pl;
+	frame0_holder(m, "__Pickled__", 1);
+	pk = mp_start(&f);
+	msgpack_pack_map(pk, 2);
+	pstr(pk, "pickled-obj");
+	msgpack_pack_bin(pk, 3);
+	msgpack_pack_bin_body(pk, "\x80\x05N", 3);
+	pstr(pk, "num-sub-frames");
+	msgpack_pack_uint8(pk, 0);
+	mp_append(&f, m);
+	d = decode_ok(m);
+	pl = data_payload(d);
+	ck_assert_int_eq(pl->kind, TW_PAYLOAD_PICKLED);
+	ck_assert_uint_eq(pl->nframes, 0);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* Bad input: each case is a message, the code and words of its detail. */
+
+struct bad {
+	const char *name;
+	int err;
+	const char *why; /* a substring of the detail */
+	void (*make)(tw_msg *m);
+	uint64_t limit; /* tw_decode_limits.max_message_bytes; 0: default */
+	int no_alloc;   /* no block may be allocated while decoding */
+};
+
+static void bad_empty(tw_msg *m)
+{
+	append(m, NULL, 0);
+}
+
+static void bad_truncated(tw_msg *m)
+{
+	append(m, "\x82\xa2op\xa1x", 6); /* a map of 2 with 1 entry */
+}
+
+static void bad_trailing(tw_msg *m)
+{
+	append(m, "\x81\xa2op\xa1x\xc0", 7);
+}
+
+static void bad_utf8(tw_msg *m)
+{
+	append(m, "\x81\xa2op\xa2\xc3\x28", 7);
+}
+
+static void bad_index(tw_msg *m)
+{
+	frame0_holder(m, "__Serialized__", 3);
+	sub_header(m, 1, NULL, 0);
+	append(m, "abc", 3);
+}
+
+/* {"data": {"__Serialized__": "1"}} */
+static void bad_index_type(tw_msg *m)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	msgpack_pack_map(pk, 1);
+	pstr(pk, "data");
+	msgpack_pack_map(pk, 1);
+	pstr(pk, "__Serialized__");
+	pstr(pk, "1");
+	mp_append(&f, m);
+}
+
+static void bad_num_sub_frames(tw_msg *m)
+{
+	frame0_one(m);
+	sub_header(m, 3, NULL, 0);
+	append(m, "abc", 3);
+}
+
+static void bad_num_sub_frames_huge(tw_msg *m)
+{
+	frame0_one(m);
+	sub_header(m, UINT64_MAX, NULL, 0);
+	append(m, "abc", 3);
+}
+
+static void bad_sub_not_map(tw_msg *m)
+{
+	frame0_one(m);
+	append(m, "\x92\x01\x02", 3);
+	append(m, "abc", 3);
+}
+
+static void bad_sub_msgpack(tw_msg *m)
+{
+	frame0_one(m);
+	append(m, "\xc1", 1);
+	append(m, "abc", 3);
+}
+
+static void bad_sub_no_num(tw_msg *m)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	frame0_one(m);
+	msgpack_pack_map(pk, 1);
+	pstr(pk, "serializer");
+	pstr(pk, "dask");
+	mp_append(&f, m);
+	append(m, "abc", 3);
+}
+
+/* {"num-sub-frames": 1, "compression": ["zstd", nil]} */
+static void bad_compression_len(tw_msg *m)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	frame0_one(m);
+	msgpack_pack_map(pk, 2);
+	pstr(pk, "num-sub-frames");
+	msgpack_pack_uint8(pk, 1);
+	pstr(pk, "compression");
+	msgpack_pack_array(pk, 2);
+	pstr(pk, "zstd");
+	msgpack_pack_nil(pk);
+	mp_append(&f, m);
+	append(m, "abc", 3);
+}
+
+/* {"num-sub-frames": 1, "split-num-sub-frames": [2], "split-offsets": [0]} */
+static void bad_split_range(tw_msg *m)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	frame0_one(m);
+	msgpack_pack_map(pk, 3);
+	pstr(pk, "num-sub-frames");
+	msgpack_pack_uint8(pk, 1);
+	pstr(pk, "split-num-sub-frames");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_uint8(pk, 2);
+	pstr(pk, "split-offsets");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_uint8(pk, 0);
+	mp_append(&f, m);
+	append(m, "abc", 3);
+}
+
+static void bad_codec(tw_msg *m)
+{
+	const char *c[1] = {"brotli"};
+	frame0_one(m);
+	sub_header(m, 1, c, 0);
+	append(m, "abc", 3);
+}
+
+/* {"num-sub-frames": 1, "compression": [5]} */
+static void bad_codec_type(tw_msg *m)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	frame0_one(m);
+	msgpack_pack_map(pk, 2);
+	pstr(pk, "num-sub-frames");
+	msgpack_pack_uint8(pk, 1);
+	pstr(pk, "compression");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_uint8(pk, 5);
+	mp_append(&f, m);
+	append(m, "abc", 3);
+}
+
+/* Copy frames of src into m, then free src. */
+static void take_frames(tw_msg *m, tw_msg *src)
+{
+	for (size_t i = 0; i < tw_msg_nframes(src); i++)
+		ck_assert_int_eq(tw_msg_append(m, tw_msg_frame(src, i)), 0);
+	tw_msg_free(src);
+}
+
+#ifdef TW_HAVE_LZ4
+/* lz4 whose prefix is `prefix` over 1,000 pattern bytes. */
+static void lz4_case(tw_msg *m, uint32_t prefix)
+{
+	uint8_t plain[1000];
+	size_t len;
+	uint8_t *z;
+	du_fill(plain, sizeof(plain), 0);
+	z = lz4_of(plain, sizeof(plain), prefix, &len);
+	take_frames(m, msg_with("lz4", z, len));
+	free(z);
+}
+
+static void bad_lz4_more(tw_msg *m)
+{
+	lz4_case(m, 2000);
+}
+
+static void bad_lz4_less(tw_msg *m)
+{
+	lz4_case(m, 500);
+}
+
+static void bad_lz4_huge(tw_msg *m)
+{
+	lz4_case(m, UINT32_MAX);
+}
+
+static void bad_lz4_short(tw_msg *m)
+{
+	take_frames(m, msg_with("lz4", "\x01\x00\x00", 3));
+}
+#endif
+
+static void zstd_raw_case(tw_msg *m, size_t n, uint64_t declared)
+{
+	uint8_t plain[1000];
+	size_t len;
+	uint8_t *z;
+	du_fill(plain, sizeof(plain), 0);
+	z = zstd_raw(plain, n, declared, &len);
+	take_frames(m, msg_with("zstd", z, len));
+	free(z);
+}
+
+static void bad_zstd_more(tw_msg *m)
+{
+	zstd_raw_case(m, 1000, 2000);
+}
+
+static void bad_zstd_less(tw_msg *m)
+{
+	zstd_raw_case(m, 1000, 500);
+}
+
+static void bad_zstd_4gib(tw_msg *m)
+{
+	zstd_raw_case(m, 1, UINT64_C(4) << 30);
+}
+
+static void bad_zstd_5gib(tw_msg *m)
+{
+	zstd_raw_case(m, 1, UINT64_C(5) << 30);
+}
+
+static void bad_zstd_truncated(tw_msg *m)
+{
+	uint8_t plain[20000];
+	size_t len;
+	uint8_t *z;
+	du_fill(plain, sizeof(plain), 0);
+	z = zstd_of(plain, sizeof(plain), &len);
+	take_frames(m, msg_with("zstd", z, len - 5));
+	free(z);
+}
+
+static void bad_zstd_limit(tw_msg *m)
+{
+	uint8_t plain[100000];
+	size_t len;
+	uint8_t *z;
+	du_fill(plain, sizeof(plain), 0);
+	z = zstd_of(plain, sizeof(plain), &len);
+	take_frames(m, msg_with("zstd", z, len));
+	free(z);
+}
+
+static void bad_zstd_garbage(tw_msg *m)
+{
+	take_frames(m, msg_with("zstd", "not zstd at all", 15));
+}
+
+/* msgpack headers that declare more than the frame holds. */
+static void bad_array_huge(tw_msg *m)
+{
+	append(m, "\xdd\xff\xff\xff\xff\x01\x02\x03\x04\x05", 10);
+}
+
+static void bad_map_huge(tw_msg *m)
+{
+	append(m, "\xdf\xff\xff\xff\xff\x01\x02\x03\x04\x05", 10);
+}
+
+static void bad_str_huge(tw_msg *m)
+{
+	append(m, "\xdb\xff\xff\xff\xff\x61\x62\x63\x64\x65", 10);
+}
+
+static void bad_bin_huge(tw_msg *m)
+{
+	append(m, "\xc6\xff\xff\xff\xff\x61\x62\x63\x64\x65", 10);
+}
+
+/* 33 nested arrays: deeper than msgpack-c unpacks. */
+static void bad_nesting(tw_msg *m)
+{
+	uint8_t b[34];
+	memset(b, 0x91, 33);
+	b[33] = 0x01;
+	append(m, b, sizeof(b));
+}
+
+static void bad_c1(tw_msg *m)
+{
+	append(m, "\xc1", 1);
+}
+
+static void bad_no_frames(tw_msg *m)
+{
+	(void)m;
+}
+
+static const struct bad bad_cases[] = {
+	{"empty frame 0", TW_EPROTO, "empty", bad_empty, 0, 1},
+	{"truncated frame 0", TW_EPROTO, "truncated", bad_truncated, 0, 1},
+	{"trailing bytes", TW_EPROTO, "trailing", bad_trailing, 0, 1},
+	{"invalid UTF-8", TW_EPROTO, "UTF-8", bad_utf8, 0, 1},
+	{"placeholder past the last frame", TW_EPROTO, "past the last frame", bad_index, 0, 1},
+	{"placeholder not an int", TW_EPROTO, "not a frame index", bad_index_type, 0, 1},
+	{"num-sub-frames overflow", TW_EPROTO, "overflows", bad_num_sub_frames, 0, 1},
+	{"num-sub-frames 2^64-1", TW_EPROTO, "overflows", bad_num_sub_frames_huge, 0, 1},
+	{"sub-header not a map", TW_EPROTO, "not a map", bad_sub_not_map, 0, 1},
+	{"sub-header not msgpack", TW_EPROTO, "frame 1", bad_sub_msgpack, 0, 1},
+	{"sub-header without num-sub-frames", TW_EPROTO, "num-sub-frames", bad_sub_no_num, 0, 1},
+	{"compression list too long", TW_EPROTO, "compression", bad_compression_len, 0, 1},
+	{"split past the sub-frames", TW_EPROTO, "split", bad_split_range, 0, 1},
+	{"unknown codec", TW_ENOTSUP, "unknown codec brotli", bad_codec, 0, 1},
+	{"codec not a str", TW_ENOTSUP, "unknown codec", bad_codec_type, 0, 1},
+#ifdef TW_HAVE_LZ4
+	{"lz4 prefix above its data", TW_EPROTO, "frame 2", bad_lz4_more, 0, 0},
+	{"lz4 prefix below its data", TW_EPROTO, "frame 2", bad_lz4_less, 0, 0},
+	{"lz4 prefix 4 GiB", TW_EPROTO, "frame 2", bad_lz4_huge, 0, 1},
+	{"lz4 shorter than its prefix", TW_EPROTO, "frame 2", bad_lz4_short, 0, 1},
+#endif
+	{"zstd size above its data", TW_EPROTO, "frame 2", bad_zstd_more, 0, 1},
+	{"zstd size below its data", TW_EPROTO, "frame 2", bad_zstd_less, 0, 1},
+	{"zstd declares 4 GiB, 1 MiB limit", TW_ETOOBIG, "limit", bad_zstd_4gib, 1 << 20, 1},
+	{"zstd declares 5 GiB, default limit", TW_ETOOBIG, "limit", bad_zstd_5gib, 0, 1},
+	{"zstd truncated", TW_EPROTO, "frame 2", bad_zstd_truncated, 0, 1},
+	{"zstd above the limit", TW_ETOOBIG, "limit", bad_zstd_limit, 50000, 1},
+	{"zstd garbage", TW_EPROTO, "frame 2", bad_zstd_garbage, 0, 1},
+	{"array of 2^32-1 in 10 bytes", TW_EPROTO, "larger than its frame", bad_array_huge, 0, 1},
+	{"map of 2^32-1 in 10 bytes", TW_EPROTO, "larger than its frame", bad_map_huge, 0, 1},
+	{"str of 2^32-1 in 10 bytes", TW_EPROTO, "truncated", bad_str_huge, 0, 1},
+	{"bin of 2^32-1 in 10 bytes", TW_EPROTO, "truncated", bad_bin_huge, 0, 1},
+	{"33 nested arrays", TW_EPROTO, "nesting", bad_nesting, 0, 1},
+	{"byte 0xc1", TW_EPROTO, "0xc1", bad_c1, 0, 1},
+	{"no frames", TW_EPROTO, "no frames", bad_no_frames, 0, 1},
+};
+#define NBAD ((int)(sizeof(bad_cases) / sizeof(bad_cases[0])))
+
+static tw_msg *make_bad(const struct bad *c)
+{
+	tw_msg *m = new_msg();
+	c->make(m);
+	return m;
+}
+
+/* Decode a bad message: its code, a detail, and with no_alloc no block
+ * allocated (nothing sized from a declared length). */
+START_TEST(bad_input)
+{
+	const struct bad *c = &bad_cases[_i];
+	tw_decode_limits lim = {c->limit};
+	char why[256] = "";
+	tw_decoded *d = NULL;
+	tw_msg *m = make_bad(c);
+	tw_stats before, after;
+	int rv;
+	tw_stats_global(&before);
+	rv = tw_decode(m, &lim, &d, why, sizeof(why));
+	tw_stats_global(&after);
+	ck_assert_msg(rv == c->err, "%s: got %s (%s), want %s", c->name, tw_strerror(rv), why,
+		      tw_strerror(c->err));
+	ck_assert_ptr_null(d);
+	ck_assert_msg(strstr(why, c->why) != NULL, "%s: detail \"%s\" lacks \"%s\"", c->name, why,
+		      c->why);
+	if (c->no_alloc)
+		ck_assert_msg(after.block_bytes_allocated == before.block_bytes_allocated,
+			      "%s: %llu block bytes allocated", c->name,
+			      (unsigned long long)(after.block_bytes_allocated -
+						   before.block_bytes_allocated));
+	ck_assert_uint_eq(after.block_bytes_live, before.block_bytes_live);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* 32 nested arrays are the most msgpack-c unpacks: accepted. */
+START_TEST(nesting_32)
+{
+	uint8_t b[33];
+	tw_msg *m = new_msg();
+	tw_decoded *d;
+	const msgpack_object *o;
+	memset(b, 0x91, 32);
+	b[32] = 0x07;
+	append(m, b, sizeof(b));
+	d = decode_ok(m);
+	o = tw_decoded_root(d);
+	for (int i = 0; i < 32; i++) {
+		ck_assert_int_eq(o->type, MSGPACK_OBJECT_ARRAY);
+		o = &o->via.array.ptr[0];
+	}
+	ck_assert_uint_eq(o->via.u64, 7);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* BH-31 and BH-32: zstd inputs through tw_decode, in hand-built messages
+ * whose sub-header names "zstd" for every sub-frame. */
+
+#define BH31A     "28 b5 2f fd e0 00 00 40 06 00 00 00 00 09 00 00 41"
+#define BH31B     "28 b5 2f fd e0 00 00 00 00 00 01 00 00 09 00 00 41"
+#define BH31C     "28 b5 2f fd 00 a8 03 00 10 00"
+#define BH32A     "28 b5 2f fd 04 58 29 00 00 68 65 6c 6c 6f a3 6d 9f 88"
+#define BH32B     "28 b5 2f fd 20 00 01 00 00"
+#define BH32B_SUM "28 b5 2f fd 24 00 01 00 00 99 e9 d8 51"
+
+/* A message of `count` zstd sub-frames, each the bytes of `hex`; split
+ * makes them one logical frame, else one logical frame each. */
+static tw_msg *zstd_msg(const char *hex, size_t count, int split)
+{
+	const char **zs = malloc(count * sizeof(*zs));
+	uint8_t z[64];
+	size_t n = unhex(hex, z);
+	tw_msg *m = new_msg();
+	ck_assert_ptr_nonnull(zs);
+	for (size_t i = 0; i < count; i++)
+		zs[i] = "zstd";
+	frame0_one(m);
+	sub_header(m, count, zs, split);
+	for (size_t i = 0; i < count; i++)
+		append(m, z, n);
+	free(zs);
+	return m;
+}
+
+/* Decode; expect err; no block allocated. */
+static void zstd_rejected(tw_msg *m, int err)
+{
+	char why[256] = "";
+	tw_decoded *d = NULL;
+	tw_stats before, after;
+	int rv;
+	tw_stats_global(&before);
+	rv = tw_decode(m, NULL, &d, why, sizeof(why));
+	tw_stats_global(&after);
+	ck_assert_msg(rv == err, "got %s (%s), want %s", tw_strerror(rv), why, tw_strerror(err));
+	ck_assert_ptr_null(d);
+	ck_assert(strstr(why, "frame 2") != NULL);
+	ck_assert_uint_eq(after.block_bytes_allocated, before.block_bytes_allocated);
+	tw_msg_free(m);
+}
+
+/* (a) 1,000 frames that each claim 100 MiB and carry 1 byte: corrupt,
+ * found before any 100 MiB allocation; as 1,000 logical frames or as one. */
+START_TEST(bh31a_claims_100mib)
+{
+	zstd_rejected(zstd_msg(BH31A, 1000, _i), TW_EPROTO);
+}
+END_TEST
+
+/* (b) a frame claiming 1 TiB: above the limit. */
+START_TEST(bh31b_claims_1tib)
+{
+	zstd_rejected(zstd_msg(BH31B, 1, 0), TW_ETOOBIG);
+}
+END_TEST
+
+/* (c) a 2 GiB window (streaming frame, RLE block): above windowLog 27. */
+START_TEST(bh31c_window_2gib)
+{
+	zstd_rejected(zstd_msg(BH31C, 1, 0), TW_ETOOBIG);
+}
+END_TEST
+
+static const tw_payload *decoded_one(const tw_msg *m, tw_decoded **d)
+{
+	const tw_payload *pl;
+	*d = decode_ok(m);
+	pl = data_payload(*d);
+	ck_assert_uint_eq(pl->nframes, 1);
+	return pl;
+}
+
+/* (a) a streaming frame without a content size decodes to "hello", into a
+ * block no larger than its blocks say. */
+START_TEST(bh32a_no_content_size)
+{
+	tw_msg *m = zstd_msg(BH32A, 1, 0);
+	tw_decoded *d;
+	const tw_payload *pl = decoded_one(m, &d);
+	ck_assert_uint_eq(pl->frames[0].len, 5);
+	ck_assert_mem_eq(tw_slice_data(&pl->frames[0]), "hello", 5);
+	ck_assert_uint_eq(tw_block_size(pl->frames[0].block), 5);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* (b) empty frames, with and without a checksum: 0 bytes. */
+START_TEST(bh32b_empty_frames)
+{
+	tw_msg *m = zstd_msg(_i == 0 ? BH32B : BH32B_SUM, 1, 0);
+	tw_decoded *d;
+	const tw_payload *pl = decoded_one(m, &d);
+	ck_assert_uint_eq(pl->frames[0].len, 0);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* (c) a zero-length sub-frame flagged as zstd: 0 bytes. */
+START_TEST(bh32c_zero_length)
+{
+	tw_msg *m = zstd_msg("", 1, 0);
+	tw_decoded *d;
+	const tw_payload *pl = decoded_one(m, &d);
+	ck_assert_uint_eq(tw_msg_frame(m, 2)->len, 0);
+	ck_assert_uint_eq(pl->frames[0].len, 0);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* (d) two zstd frames in one sub-frame: both decoded, in order. First a
+ * streaming frame and a sized one, then two sized ones. */
+START_TEST(bh32d_two_frames)
+{
+	uint8_t buf[256];
+	size_t n = _i == 0 ? unhex(BH32A, buf) : 0, zlen;
+	uint8_t *z = zstd_of("world", 5, &zlen);
+	tw_msg *m;
+	tw_decoded *d;
+	const tw_payload *pl;
+	if (_i == 1) {
+		uint8_t *h = zstd_of("hello", 5, &n);
+		memcpy(buf, h, n);
+		free(h);
+	}
+	memcpy(buf + n, z, zlen);
+	m = msg_with("zstd", buf, n + zlen);
+	pl = decoded_one(m, &d);
+	ck_assert_uint_eq(pl->frames[0].len, 10);
+	ck_assert_mem_eq(tw_slice_data(&pl->frames[0]), "helloworld", 10);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	free(z);
+}
+END_TEST
+
+/* over_comm: a server that decodes each message it gets, echoes the good
+ * ones and aborts the comm of a bad one. */
+
+struct dec_srv {
+	tw_listener *lis;
+	char addr[128];
+	tw_comm *comms[8];
+	size_t ncomms;
+	int decode_err; /* the last decode error */
+	char why[256];
+	int aborted; /* comms closed with TW_ECANCELED */
+	int other_closes;
+};
+
+static void dec_recv(tw_comm *comm, tw_msg *m, void *arg)
+{
+	struct dec_srv *s = arg;
+	tw_decoded *d;
+	int rv = tw_decode(m, NULL, &d, s->why, sizeof(s->why));
+	if (rv != 0) {
+		s->decode_err = rv;
+		tw_comm_abort(comm);
+		return;
+	}
+	tw_decoded_free(d);
+	tw_msg_hold(m);
+	if (tw_comm_write(comm, m) != 0)
+		tw_msg_free(m);
+}
+
+static void dec_close(tw_comm *comm, int err, void *arg)
+{
+	struct dec_srv *s = arg;
+	(void)comm;
+	if (err == TW_ECANCELED)
+		s->aborted++;
+	else
+		s->other_closes++;
+}
+
+static void dec_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
+{
+	(void)info;
+	if (err == 0)
+		tw_comm_set_callbacks(comm, dec_recv, dec_close, NULL, arg);
+}
+
+static void dec_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	struct dec_srv *s = arg;
+	(void)l;
+	if (s->ncomms == 8 || tw_comm_handshake(comm, 1, dec_handshake, s) != 0) {
+		tw_comm_free(comm);
+		return;
+	}
+	s->comms[s->ncomms++] = comm;
+}
+
+/* A good request on cli, and its echo. */
+static void echo_ok(struct du_client *cli, size_t k)
+{
+	tw_block *pat = pattern_block(3000, (unsigned)k);
+	tw_msg *m = build_bytes(NULL, &(tw_slice){pat, 0, 3000}), *got;
+	tw_decoded *d;
+	ck_assert_int_eq(du_client_write(cli, m), 0);
+	got = du_client_msg(cli, k, DU_WAIT_MS);
+	ck_assert_msg(got != NULL, "no echo %zu: %s", k, cli->last_error);
+	d = decode_ok(got);
+	check_pattern(&data_payload(d)->frames[0], 3000, (unsigned)k);
+	tw_decoded_free(d);
+	tw_block_free(pat);
+}
+
+/* A raw peer: read the server's handshake, send ours, then `bad`. */
+static int raw_send_bad(struct du_loop *l, const char *addr, const tw_msg *bad)
+{
+	tw_msg *theirs = NULL, *ours = new_msg();
+	struct mp hs;
+	msgpack_packer *pk = mp_start(&hs);
+	uint8_t *wire;
+	size_t len;
+	int fd = du_raw_connect(addr), eof;
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(du_raw_recv_msg(l, fd, &theirs, DU_WAIT_MS), 0);
+	tw_msg_free(theirs);
+	msgpack_pack_map(pk, 3);
+	pstr(pk, "compression");
+	msgpack_pack_nil(pk);
+	pstr(pk, "python");
+	msgpack_pack_array(pk, 3);
+	msgpack_pack_uint8(pk, 3);
+	msgpack_pack_uint8(pk, 11);
+	msgpack_pack_uint8(pk, 2);
+	pstr(pk, "pickle-protocol");
+	msgpack_pack_uint8(pk, 5);
+	mp_append(&hs, ours);
+	wire = du_encode(ours, &len);
+	ck_assert_int_eq(du_raw_send(l, fd, wire, len), 0);
+	free(wire);
+	tw_msg_free(ours);
+	wire = du_encode(bad, &len);
+	du_raw_send(l, fd, wire, len); /* the server may close before the end */
+	free(wire);
+	eof = du_raw_wait_eof(l, fd, DU_WAIT_MS);
+	close(fd);
+	return eof;
+}
+
+START_TEST(bad_over_comm)
+{
+	const struct bad *c = &bad_cases[_i];
+	struct dec_srv s = {0};
+	struct du_loop l;
+	struct du_client *cli;
+	tw_msg *bad = make_bad(c);
+	if (c->limit != 0 || tw_msg_nframes(bad) == 0) { /* decode limits only; no wire form */
+		tw_msg_free(bad);
+		return;
+	}
+	du_loop_init(&l);
+	ck_assert_int_eq(tw_listen(l.ctx, "tcp://127.0.0.1:0", dec_accept, &s, &s.lis), 0);
+	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
+	ck_assert_int_eq(du_client_open(&l, s.addr, &cli), 0);
+	echo_ok(cli, 0);
+	ck_assert_msg(raw_send_bad(&l, s.addr, bad), "%s: no EOF for the bad peer", c->name);
+	ck_assert_msg(s.decode_err == c->err, "%s: server saw %s (%s)", c->name,
+		      tw_strerror(s.decode_err), s.why);
+	ck_assert_int_eq(s.aborted, 1);
+	echo_ok(cli, 1);
+	ck_assert_int_eq(cli->closed, 0);
+	ck_assert_int_eq(s.other_closes, 0);
+	du_client_free(cli);
+	for (size_t i = 0; i < s.ncomms; i++)
+		tw_comm_free(s.comms[i]);
+	tw_listener_free(s.lis);
+	du_loop_fini(&l);
+	tw_msg_free(bad);
+}
+END_TEST
+
+static Suite *serial_suite(void)
+{
+	Suite *s = suite_create("serial");
+	TCase *tc = tcase_create("roundtrip");
+	tcase_add_test(tc, rt_bytes);
+	tcase_add_test(tc, rt_msgpack);
+	tcase_add_test(tc, rt_nested);
+	tcase_add_loop_test(tc, rt_zero_length, 0, 1 + NCODECS);
+	tcase_add_loop_test(tc, rt_compressed, 0, NCODECS);
+	tcase_add_loop_test(tc, rt_compressed_zeros, 0, NCODECS);
+	tcase_add_loop_test(tc, rt_incompressible, 0, NCODECS);
+	tcase_add_loop_test(tc, rt_threshold, 0, NCODECS);
+	tcase_add_test(tc, rt_split_adjacent);
+	tcase_add_test(tc, rt_split_copied);
+	tcase_add_test(tc, rt_split_compressed);
+	tcase_add_test(tc, rt_pickled);
+	tcase_add_test(tc, rt_no_sub_frames);
+	tcase_add_test(tc, nesting_32);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("bad_input");
+	tcase_add_loop_test(tc, bad_input, 0, NBAD);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("zstd_cases");
+	tcase_add_loop_test(tc, bh31a_claims_100mib, 0, 2);
+	tcase_add_test(tc, bh31b_claims_1tib);
+	tcase_add_test(tc, bh31c_window_2gib);
+	tcase_add_test(tc, bh32a_no_content_size);
+	tcase_add_loop_test(tc, bh32b_empty_frames, 0, 2);
+	tcase_add_test(tc, bh32c_zero_length);
+	tcase_add_loop_test(tc, bh32d_two_frames, 0, 2);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("over_comm");
+	tcase_add_loop_test(tc, bad_over_comm, 0, NBAD);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(serial_suite());
+	int failed;
+	srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

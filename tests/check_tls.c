@@ -1,0 +1,32 @@
+/* tls:// integration tests on loopback (DESIGN.md, Wire protocol: TLS;
+ * bug cases BH-01, BH-07, BH-11, BH-14), with real Dask peers over TLS.
+ * Certificates are made at start into a temporary directory by
+ * $TW_TOP_SRCDIR/scripts/make-test-certs.sh. TW_TEST_QUICK=1 (valgrind
+ * runs) leaves out the 3 GiB case and shrinks the loops. */
+#include <stdlib.h>
+
+#include <check.h>
+
+#include "tests/check_tls.h"
+#include "tests/tls_util.h"
+
+int main(void)
+{
+	Suite *s = suite_create("tls");
+	SRunner *sr;
+	int failed;
+	tt_make_certs();
+	suite_add_tcase(s, tls_echo_tcase());
+	if (!tu_quick())
+		suite_add_tcase(s, tls_big_tcase());
+	suite_add_tcase(s, tls_reject_tcase());
+	suite_add_tcase(s, tls_config_tcase());
+	suite_add_tcase(s, tls_close_tcase());
+	suite_add_tcase(s, tls_dask_tcase());
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	tt_remove_certs();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

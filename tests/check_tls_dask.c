@@ -1,0 +1,197 @@
+/* Interop with real Dask (Debian's python3-distributed) over TLS, mutual
+ * TLS with the test certificates, host names unchecked (Dask-compatible):
+ * a taskwire client against `dask scheduler --protocol tls`, and a Python
+ * Dask client against a taskwire echo listener. Every process started is
+ * stopped, also when an assertion fails (the fixture's teardown and an
+ * atexit handler). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <check.h>
+
+#include "tests/check_tls.h"
+#include "tests/tls_util.h"
+
+#define MiB ((size_t)1 << 20)
+#define START_MS 60000
+#define ECHO_MS 120000
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	msgpack_pack_str(pk, strlen(s));
+	msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* {"op": op} or {"op": op, "data": <data as out-of-band bytes>} */
+static tw_msg *request(const char *op, const tw_slice *data)
+{
+	tw_builder *b;
+	msgpack_packer *pk;
+	tw_msg *m;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, data ? 2 : 1);
+	pack_str(pk, "op");
+	pack_str(pk, op);
+	if (data != NULL) {
+		pack_str(pk, "data");
+		ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
+	}
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	return m;
+}
+
+/* Write m and decode the reply. */
+static tw_decoded *call(struct tu *h, struct tu_peer *p, tw_msg *m)
+{
+	size_t idx = p->nkept;
+	char why[256] = "";
+	tw_decoded *d;
+	int rv;
+	ck_assert_int_eq(tw_comm_write(p->comm, m), 0);
+	ck_assert_msg(tu_wait_count(h, &p->nkept, idx + 1, ECHO_MS), "no reply (closed %d: %s)",
+		      p->closed, p->last_error);
+	rv = tw_decode(p->msgs[idx], NULL, &d, why, sizeof(why));
+	ck_assert_msg(rv == 0, "reply: %s: %s", tw_strerror(rv), why);
+	return d;
+}
+
+/* The bytes of an echoed payload: out of band, or inline bin (as
+ * examples/tw-echo-client.c accepts). */
+static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p,
+			 size_t *n)
+{
+	const tw_payload *pl = tw_decoded_payload(d, o);
+	if (pl != NULL && pl->nframes == 1) {
+		*p = tw_slice_data(&pl->frames[0]);
+		*n = pl->frames[0].len;
+		return 0;
+	}
+	if (pl == NULL && o->type == MSGPACK_OBJECT_BIN) {
+		*p = (const uint8_t *)o->via.bin.ptr;
+		*n = o->via.bin.size;
+		return 0;
+	}
+	return -1;
+}
+
+static void dask_mode(tw_context *ctx)
+{
+	tw_tls_config *cfg = tt_config("ca.pem", "cert.pem", "key.pem");
+	tw_tls_config_set_verify_hostname(cfg, 0);
+	ck_assert_int_eq(tw_context_set_tls(ctx, cfg), 0);
+	tw_tls_config_free(cfg);
+}
+
+static void start_scheduler(struct tu *h, struct tt_proc *sched, char *addr, size_t len)
+{
+	char ca[320], cert[320], key[320], tail[2048];
+	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
+	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+	char *argv[] = {TT_PYTHON, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls",
+			"--host", "127.0.0.1", "--port", "0", "--dashboard-address",
+			"127.0.0.1:0", "--no-show", "--tls-ca-file", ca, "--tls-cert", cert,
+			"--tls-key", key, NULL};
+	ck_assert_int_eq(tt_spawn(sched, argv), 0);
+	ck_assert_msg(tt_wait_log(h, sched, "Scheduler at:", addr, len, START_MS),
+		      "scheduler did not start: %s", tt_log_tail(sched, tail, sizeof(tail)));
+	ck_assert_msg(strncmp(addr, "tls://127.0.0.1:", 16) == 0, "address %s", addr);
+}
+
+/* A taskwire client: Dask handshake, identity, echo of 100 MiB. */
+START_TEST(taskwire_client_to_dask_scheduler)
+{
+	struct tu h;
+	static struct tt_proc sched;
+	struct tu_peer *p;
+	size_t size = tu_quick() ? 8 * MiB : 100 * MiB;
+	char addr[128], why[512];
+	const msgpack_object *root;
+	const uint8_t *got;
+	size_t n;
+	tw_block *data;
+	tw_decoded *d;
+	tw_comm *c;
+	int rv;
+	tu_init(&h);
+	dask_mode(h.ctx);
+	start_scheduler(&h, &sched, addr, sizeof(addr));
+	rv = tt_connect_bare(&h, h.ctx, addr, &c, why, sizeof(why));
+	ck_assert_msg(rv == 0, "connect %s: %s: %s", addr, tw_strerror(rv), why);
+	rv = tt_handshake(&h, c, 0, why, sizeof(why));
+	ck_assert_msg(rv == 0, "handshake: %s: %s", tw_strerror(rv), why);
+	p = tt_peer(&h, c);
+	p->keep = 1;
+	d = call(&h, p, request("identity", NULL));
+	root = tw_decoded_root(d);
+	ck_assert_int_eq(root->type, MSGPACK_OBJECT_MAP);
+	ck_assert_ptr_nonnull(tw_map_get(root, "id"));
+	ck_assert_msg(tw_obj_str_eq(tw_map_get(root, "type"), "Scheduler"), "no type Scheduler");
+	tw_decoded_free(d);
+	ck_assert_int_eq(tw_block_new(size, &data), 0);
+	tu_fill(tw_block_data(data), size, 77);
+	d = call(&h, p, request("echo", &(tw_slice){data, 0, size}));
+	ck_assert_msg(payload_bytes(d, tw_decoded_root(d), &got, &n) == 0, "reply is not bytes");
+	ck_assert_uint_eq(n, size);
+	ck_assert_msg(memcmp(got, tw_block_data(data), size) == 0, "echo differs");
+	tw_decoded_free(d);
+	tw_block_free(data);
+	ck_assert_int_eq(p->closed, 0);
+	tt_stop(&sched);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A Python Dask client (distributed.comm.connect, Security) against a
+ * taskwire tls listener that does the handshake and echoes. */
+START_TEST(dask_client_to_taskwire_server)
+{
+	struct tu h;
+	static struct tt_proc py;
+	const char *top = getenv("TW_TOP_SRCDIR");
+	char addr[128], script[512], ca[320], cert[320], key[320], tail[2048];
+	struct tu_peer *sp;
+	int failed = 0;
+	tt_init(&h);
+	dask_mode(h.ctx);
+	tt_listen(&h, h.ctx, "tls://127.0.0.1:0", 1, &failed, addr, sizeof(addr));
+	snprintf(script, sizeof(script), "%s/tests/tls_dask_peer.py", top ? top : ".");
+	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
+	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+	char *argv[] = {TT_PYTHON, script, addr, ca, cert, key, NULL};
+	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	ck_assert_msg(tt_wait_exit(&h, &py, ECHO_MS), "client still running: %s",
+		      tt_log_tail(&py, tail, sizeof(tail)));
+	ck_assert_msg(WIFEXITED(py.status) && WEXITSTATUS(py.status) == 0, "client failed: %s",
+		      tt_log_tail(&py, tail, sizeof(tail)));
+	ck_assert_msg(strstr(tt_log_tail(&py, tail, sizeof(tail)), "OK 5") != NULL, "%s", tail);
+	ck_assert_int_eq(failed, 0);
+	ck_assert_uint_eq(h.nsrv, 1);
+	sp = h.srv[0];
+	ck_assert_uint_eq(sp->nmsgs, 5);
+	ck_assert(tu_wait_flag(&h, &sp->closed, ECHO_MS));
+	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
+	tt_stop(&py);
+	tt_fini(&h);
+}
+END_TEST
+
+static void stop_children(void)
+{
+	tt_stop_all();
+}
+
+TCase *tls_dask_tcase(void)
+{
+	TCase *tc = tcase_create("dask");
+	tcase_set_timeout(tc, 300);
+	tcase_add_checked_fixture(tc, NULL, stop_children);
+	tcase_add_test(tc, taskwire_client_to_dask_scheduler);
+	tcase_add_test(tc, dask_client_to_taskwire_server);
+	return tc;
+}

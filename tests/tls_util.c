@@ -1,0 +1,576 @@
+/* Helpers for the tls:// suites (tests/tls_util.h). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <event2/event.h>
+#include <openssl/evp.h>
+
+#include "tests/tls_util.h"
+
+#define MAX_EXTRA 8
+#define MAX_PROCS 8
+
+static char cert_dir[128];
+static tw_context *extra[MAX_EXTRA];
+static size_t nextra;
+struct listen_arg {
+	struct tu *h;
+	int dask;
+	int *failed;
+};
+static struct listen_arg largs[MAX_EXTRA];
+static size_t nlargs;
+
+/* Peers made here (they may live on extra contexts): freed before them. */
+static struct tu_peer **mine;
+static size_t nmine, capmine;
+
+/* Certificates. */
+
+void tt_make_certs(void)
+{
+	const char *top = getenv("TW_TOP_SRCDIR");
+	char cmd[1024];
+	snprintf(cert_dir, sizeof(cert_dir), "/tmp/tw-tls-certs.XXXXXX");
+	if (mkdtemp(cert_dir) == NULL) {
+		perror("mkdtemp");
+		exit(1);
+	}
+	snprintf(cmd, sizeof(cmd), "sh '%s/scripts/make-test-certs.sh' '%s'", top ? top : ".",
+		 cert_dir);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "make-test-certs.sh failed (TW_TOP_SRCDIR=%s)\n", top ? top : "");
+		exit(1);
+	}
+}
+
+void tt_remove_certs(void)
+{
+	char cmd[512];
+	if (cert_dir[0] == '\0')
+		return;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cert_dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", cert_dir);
+	cert_dir[0] = '\0';
+}
+
+const char *tt_cert(const char *name)
+{
+	static char buf[8][320];
+	static unsigned next;
+	char *b = buf[next++ % 8];
+	snprintf(b, sizeof(buf[0]), "%s/%s", cert_dir, name);
+	return b;
+}
+
+tw_tls_config *tt_config(const char *ca, const char *cert, const char *key)
+{
+	tw_tls_config *cfg;
+	ck_assert_int_eq(tw_tls_config_new(&cfg), 0);
+	if (ca != NULL)
+		ck_assert_msg(tw_tls_config_set_ca_file(cfg, tt_cert(ca)) == 0, "%s",
+			      tw_tls_config_last_error(cfg));
+	if (cert != NULL)
+		ck_assert_msg(tw_tls_config_set_cert_files(cfg, tt_cert(cert), tt_cert(key)) == 0,
+			      "%s", tw_tls_config_last_error(cfg));
+	return cfg;
+}
+
+void tt_use_tls(tw_context *ctx, const char *ca, const char *cert, const char *key)
+{
+	tw_tls_config *cfg = tt_config(ca, cert, key);
+	ck_assert_int_eq(tw_context_set_tls(ctx, cfg), 0);
+	tw_tls_config_free(cfg); /* the context holds its own reference */
+}
+
+/* Harness. */
+
+void tt_init(struct tu *h)
+{
+	tu_init(h);
+	tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+}
+
+struct tu_peer *tt_setup_echo(struct tu *h)
+{
+	struct tu_peer *cli;
+	char why[512] = "";
+	int rv;
+	tt_init(h);
+	ck_assert_int_eq(tu_listen(h, "tls://127.0.0.1:0"), 0);
+	rv = tt_connect(h, h->ctx, h->addr, &cli, why, sizeof(why));
+	ck_assert_msg(rv == 0, "tls connect: %s: %s", tw_strerror(rv), why);
+	cli->keep = 1;
+	return cli;
+}
+
+static struct tu_peer *my_peer(struct tu *h)
+{
+	struct tu_peer *p = tu_peer_new(h);
+	if (nmine == capmine) {
+		capmine = capmine ? 2 * capmine : 64;
+		mine = realloc(mine, capmine * sizeof(*mine));
+		ck_assert_ptr_nonnull(mine);
+	}
+	mine[nmine++] = p;
+	return p;
+}
+
+struct tu_peer *tt_peer(struct tu *h, tw_comm *c)
+{
+	struct tu_peer *p = my_peer(h);
+	ck_assert_int_eq(tu_peer_start(p, c), 0);
+	return p;
+}
+
+void tt_peer_free(struct tu_peer *p)
+{
+	for (size_t i = 0; i < nmine; i++)
+		if (mine[i] == p) {
+			mine[i] = mine[--nmine];
+			break;
+		}
+	tu_peer_free(p);
+}
+
+void tt_fini(struct tu *h)
+{
+	for (size_t i = 0; i < nmine; i++)
+		tu_peer_free(mine[i]);
+	free(mine);
+	mine = NULL;
+	nmine = capmine = 0;
+	for (size_t i = 0; i < nextra; i++)
+		tw_context_free(extra[i]);
+	nextra = 0;
+	nlargs = 0;
+	tu_fini(h);
+}
+
+tw_context *tt_context(struct tu *h, const char *ca, const char *cert, const char *key)
+{
+	tw_context *ctx;
+	ck_assert_uint_lt(nextra, MAX_EXTRA);
+	ck_assert_int_eq(tw_context_new(h->base, &ctx), 0);
+	if (ca != NULL || cert != NULL)
+		tt_use_tls(ctx, ca, cert, key);
+	extra[nextra++] = ctx;
+	return ctx;
+}
+
+/* Connects. */
+
+struct conn_wait {
+	struct tu *h;
+	tw_context *ctx;
+	int start;
+	struct tu_peer *peer;
+	tw_comm *comm;
+	int err; /* 1 until the callback ran */
+	char why[512];
+};
+
+static void on_connected(tw_comm *c, int err, void *arg)
+{
+	struct conn_wait *w = arg;
+	w->err = err;
+	w->comm = c;
+	if (err != 0) {
+		ck_assert_ptr_null(c);
+		snprintf(w->why, sizeof(w->why), "%s", tw_context_last_error(w->ctx));
+		return;
+	}
+	if (!w->start)
+		return;
+	w->peer = my_peer(w->h);
+	ck_assert_int_eq(tu_peer_start(w->peer, c), 0);
+}
+
+static int connect_done(void *arg)
+{
+	return ((struct conn_wait *)arg)->err != 1;
+}
+
+static int connect_wait(struct conn_wait *w, const char *uri, char *why, size_t why_len)
+{
+	int rv = tw_connect(w->ctx, uri, on_connected, w);
+	if (rv != 0)
+		return rv;
+	ck_assert_msg(tu_run_until(w->h, connect_done, w, TU_WAIT_MS), "connect hung");
+	if (why != NULL)
+		snprintf(why, why_len, "%s", w->why);
+	return w->err;
+}
+
+int tt_connect(struct tu *h, tw_context *ctx, const char *uri, struct tu_peer **out,
+	       char *why, size_t why_len)
+{
+	struct conn_wait w = {.h = h, .ctx = ctx, .start = 1, .err = 1};
+	int rv = connect_wait(&w, uri, why, why_len);
+	*out = w.peer;
+	return rv;
+}
+
+int tt_connect_bare(struct tu *h, tw_context *ctx, const char *uri, tw_comm **out, char *why,
+		    size_t why_len)
+{
+	struct conn_wait w = {.h = h, .ctx = ctx, .start = 0, .err = 1};
+	int rv = connect_wait(&w, uri, why, why_len);
+	*out = w.comm;
+	return rv;
+}
+
+int tt_refused(struct tu *h, tw_context *ctx, const char *uri, int write, int ms, int *stage,
+	       char *why, size_t why_len)
+{
+	struct tu_peer *p;
+	int rv = tt_connect(h, ctx, uri, &p, why, why_len);
+	*stage = 0;
+	if (rv != 0)
+		return rv;
+	*stage = 1;
+	if (write) {
+		size_t lens[] = {100};
+		ck_assert_int_eq(tw_comm_write(p->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	}
+	tu_wait_flag(h, &p->closed, ms);
+	rv = p->closed ? p->close_err : 0;
+	snprintf(why, why_len, "%s", p->last_error);
+	tt_peer_free(p);
+	return rv;
+}
+
+/* The Dask handshake. */
+
+struct hs_wait {
+	int done, err;
+	char why[512];
+};
+
+static void on_handshake(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	struct hs_wait *w = arg;
+	(void)info;
+	w->done = 1;
+	w->err = err;
+	if (err != 0) {
+		snprintf(w->why, sizeof(w->why), "%s", tw_comm_last_error(c));
+		tw_comm_free(c);
+	}
+}
+
+int tt_handshake(struct tu *h, tw_comm *c, int listener_side, char *why, size_t why_len)
+{
+	struct hs_wait w = {0, 0, ""};
+	int rv = tw_comm_handshake(c, listener_side, on_handshake, &w);
+	if (rv != 0)
+		return rv;
+	ck_assert_msg(tu_wait_flag(h, &w.done, TU_WAIT_MS), "handshake hung");
+	if (why != NULL)
+		snprintf(why, why_len, "%s", w.why);
+	return w.err;
+}
+
+/* Listeners. */
+
+static void start_server_peer(struct tu *h, tw_comm *c)
+{
+	struct tu_peer *p;
+	ck_assert_uint_lt(h->nsrv, TU_MAX_SERVER_COMMS);
+	p = my_peer(h);
+	p->echo = 1;
+	ck_assert_int_eq(tu_peer_start(p, c), 0);
+	h->srv[h->nsrv++] = p;
+}
+
+static void on_server_handshake(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	struct listen_arg *la = arg;
+	(void)info;
+	if (err != 0) {
+		if (la->failed != NULL)
+			(*la->failed)++;
+		tw_comm_free(c);
+		return;
+	}
+	start_server_peer(la->h, c);
+}
+
+static void on_accept(tw_listener *l, tw_comm *c, void *arg)
+{
+	struct listen_arg *la = arg;
+	(void)l;
+	if (!la->dask)
+		start_server_peer(la->h, c);
+	else if (tw_comm_handshake(c, 1, on_server_handshake, la) != 0)
+		tw_comm_free(c);
+}
+
+tw_listener *tt_listen(struct tu *h, tw_context *ctx, const char *uri, int dask, int *failed,
+		       char *addr, size_t addr_len)
+{
+	struct listen_arg *la;
+	tw_listener *l;
+	ck_assert_uint_lt(nlargs, MAX_EXTRA);
+	la = &largs[nlargs++];
+	*la = (struct listen_arg){h, dask, failed};
+	ck_assert_int_eq(tw_listen(ctx, uri, on_accept, la, &l), 0);
+	ck_assert_int_eq(tw_listener_address(l, addr, addr_len), 0);
+	return l;
+}
+
+const char *tt_uri_as(const char *uri, const char *scheme, char *buf, size_t len)
+{
+	const char *rest = strstr(uri, "://");
+	ck_assert_ptr_nonnull(rest);
+	snprintf(buf, len, "%s%s", scheme, rest);
+	return buf;
+}
+
+void tt_canary(struct tu_peer *cli, unsigned seed)
+{
+	size_t lens[] = {10, 100000};
+	tu_echo_check(cli, lens, 2, seed, TU_WAIT_MS);
+	ck_assert_int_eq(cli->closed, 0);
+}
+
+/* Counting, hashing. */
+
+int tt_fd_count(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+	ck_assert_ptr_nonnull(d);
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1; /* the directory's own fd */
+}
+
+static int close_wait_in(const char *path, unsigned port)
+{
+	FILE *f = fopen(path, "r");
+	char line[512];
+	int n = 0;
+	if (f == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL) {
+		char local[64], remote[64];
+		unsigned st;
+		const char *lp, *rp;
+		if (sscanf(line, " %*d: %63s %63s %x", local, remote, &st) != 3)
+			continue;
+		lp = strrchr(local, ':');
+		rp = strrchr(remote, ':');
+		if (st == 8 && lp && rp &&
+		    (strtoul(lp + 1, NULL, 16) == port || strtoul(rp + 1, NULL, 16) == port))
+			n++;
+	}
+	fclose(f);
+	return n;
+}
+
+int tt_close_wait_count(unsigned port)
+{
+	return close_wait_in("/proc/net/tcp", port) + close_wait_in("/proc/net/tcp6", port);
+}
+
+unsigned tt_uri_port(const char *uri)
+{
+	const char *colon = strrchr(uri, ':');
+	ck_assert_ptr_nonnull(colon);
+	return (unsigned)strtoul(colon + 1, NULL, 10);
+}
+
+void tt_sha256(const void *p, size_t n, uint8_t out[32])
+{
+	unsigned int len = 32;
+	ck_assert_int_eq(EVP_Digest(p, n, out, &len, EVP_sha256(), NULL), 1);
+}
+
+/* Child processes. */
+
+static struct tt_proc *procs[MAX_PROCS];
+static pid_t procs_owner;
+
+static void forget(struct tt_proc *p)
+{
+	for (int i = 0; i < MAX_PROCS; i++)
+		if (procs[i] == p)
+			procs[i] = NULL;
+}
+
+static void stop_all_at_exit(void)
+{
+	if (getpid() == procs_owner)
+		tt_stop_all();
+}
+
+static void remember(struct tt_proc *p)
+{
+	static int registered;
+	if (!registered || procs_owner != getpid()) {
+		procs_owner = getpid();
+		if (!registered)
+			atexit(stop_all_at_exit);
+		registered = 1;
+	}
+	for (int i = 0; i < MAX_PROCS; i++)
+		if (procs[i] == NULL) {
+			procs[i] = p;
+			return;
+		}
+	ck_abort_msg("too many child processes");
+}
+
+static void child(const char *log, char *const argv[], pid_t parent)
+{
+	int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600), nul = open("/dev/null", O_RDONLY);
+	setpgid(0, 0);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(127);
+	if (fd < 0 || nul < 0)
+		_exit(127);
+	dup2(nul, 0);
+	dup2(fd, 1);
+	dup2(fd, 2);
+	execv(argv[0], argv);
+	_exit(127);
+}
+
+int tt_spawn(struct tt_proc *p, char *const argv[])
+{
+	static unsigned seq;
+	pid_t parent = getpid();
+	memset(p, 0, sizeof(*p));
+	snprintf(p->log, sizeof(p->log), "%s/proc-%d-%u.log", cert_dir, (int)parent, seq++);
+	p->pid = fork();
+	if (p->pid < 0) {
+		p->pid = 0;
+		return -1;
+	}
+	if (p->pid == 0)
+		child(p->log, argv, parent);
+	setpgid(p->pid, p->pid); /* also here: no race with kill(-pid) */
+	remember(p);
+	return 0;
+}
+
+static int reaped(struct tt_proc *p)
+{
+	if (p->pid > 0 && !p->exited && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
+		p->exited = 1;
+	return p->exited;
+}
+
+/* The word after marker in the log, if the line is there. */
+static int find_marker(const struct tt_proc *p, const char *marker, char *out, size_t len)
+{
+	FILE *f = fopen(p->log, "r");
+	char line[1024];
+	int found = 0;
+	if (f == NULL)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f) != NULL) {
+		char *m = strstr(line, marker);
+		if (m != NULL && strchr(line, '\n') != NULL) {
+			found = sscanf(m + strlen(marker), " %1023s", line) == 1;
+			if (found)
+				snprintf(out, len, "%s", line);
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+struct log_wait {
+	struct tt_proc *p;
+	const char *marker;
+	char *out;
+	size_t len;
+	int found;
+};
+
+static int log_ready(void *arg)
+{
+	struct log_wait *w = arg;
+	w->found = find_marker(w->p, w->marker, w->out, w->len);
+	return w->found || reaped(w->p);
+}
+
+int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len,
+		int ms)
+{
+	struct log_wait w = {p, marker, out, len, 0};
+	tu_run_until(h, log_ready, &w, ms);
+	return w.found;
+}
+
+static int exited(void *arg)
+{
+	return reaped(arg);
+}
+
+int tt_wait_exit(struct tu *h, struct tt_proc *p, int ms)
+{
+	return tu_run_until(h, exited, p, ms);
+}
+
+void tt_stop(struct tt_proc *p)
+{
+	struct timespec ts = {0, 20 * 1000 * 1000};
+	if (p->pid > 0) {
+		if (!reaped(p)) {
+			kill(-p->pid, SIGTERM);
+			for (int i = 0; i < 100 && !reaped(p); i++)
+				nanosleep(&ts, NULL);
+		}
+		kill(-p->pid, SIGKILL); /* what it left in its group */
+		if (!p->exited && waitpid(p->pid, &p->status, 0) == p->pid)
+			p->exited = 1;
+		p->pid = 0;
+	}
+	if (p->log[0] != '\0')
+		unlink(p->log);
+	p->log[0] = '\0';
+	forget(p);
+}
+
+void tt_stop_all(void)
+{
+	for (int i = 0; i < MAX_PROCS; i++)
+		if (procs[i] != NULL)
+			tt_stop(procs[i]);
+}
+
+const char *tt_log_tail(const struct tt_proc *p, char *buf, size_t len)
+{
+	FILE *f = fopen(p->log, "r");
+	long size;
+	size_t n = 0;
+	buf[0] = '\0';
+	if (f == NULL)
+		return buf;
+	fseek(f, 0, SEEK_END);
+	size = ftell(f);
+	fseek(f, size > (long)len - 1 ? size - (long)len + 1 : 0, SEEK_SET);
+	n = fread(buf, 1, len - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
