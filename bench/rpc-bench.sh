@@ -3,7 +3,10 @@
 # taskwire (tw_pool -> tw-rpc-server), ZeroMQ REQ/REP, NNG req/rep and
 # Dask's Python rpc, each echoing a 10-byte payload sequentially.
 #   bench/rpc-bench.sh BUILD_DIR [COUNT]
+# PIN="taskset -c 0" runs every server and client on one CPU,
+# as DESIGN.md's reference numbers were taken; PIN= lets them spread.
 set -euo pipefail
+PIN=${PIN-}
 build=${1:?build dir}
 count=${2:-20000}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,16 +17,16 @@ port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); prin
 addr_of() { for _ in $(seq 200); do a=$(awk '/listening on/ {print $3}' "$1"); [ -n "$a" ] && { echo "$a"; return; }; sleep 0.05; done; exit 1; }
 rate() { sed -n 's/.*: \([0-9]*\) round trips.*/\1/p' "$1"; }
 
-"$build/examples/tw-rpc-server" tcp://127.0.0.1:0 >"$tmp/tw.log" &
-zp=$(port); "$build/bench/rpc-peers" zmq-server "$zp" &
-np=$(port); "$build/bench/rpc-peers" nng-server "$np" &
-$py "$here/dask_rpc.py" server >"$tmp/dask.log" 2>&1 &
+$PIN "$build/examples/tw-rpc-server" tcp://127.0.0.1:0 >"$tmp/tw.log" &
+zp=$(port); $PIN "$build/bench/rpc-peers" zmq-server "$zp" &
+np=$(port); $PIN "$build/bench/rpc-peers" nng-server "$np" &
+$PIN $py "$here/dask_rpc.py" server >"$tmp/dask.log" 2>&1 &
 tw=$(addr_of "$tmp/tw.log"); dask=$(addr_of "$tmp/dask.log")
 sleep 0.3
-echo "== $count sequential echo calls of 10 bytes over loopback tcp"
-"$build/bench/rpc-client" "$tw" "$count" | tee "$tmp/r.tw"
-"$build/bench/rpc-peers" zmq-client "$zp" "$count" | tee "$tmp/r.zmq"
-"$build/bench/rpc-peers" nng-client "$np" "$count" | tee "$tmp/r.nng"
-$py "$here/dask_rpc.py" client "$dask" $((count / 4)) | tee "$tmp/r.dask"
+echo "== $count sequential echo calls of 10 bytes over loopback tcp${PIN:+ (all peers on one CPU: $PIN)}"
+$PIN "$build/bench/rpc-client" "$tw" "$count" | tee "$tmp/r.tw"
+$PIN "$build/bench/rpc-peers" zmq-client "$zp" "$count" | tee "$tmp/r.zmq"
+$PIN "$build/bench/rpc-peers" nng-client "$np" "$count" | tee "$tmp/r.nng"
+$PIN $py "$here/dask_rpc.py" client "$dask" $((count / 4)) | tee "$tmp/r.dask"
 awk -v t="$(rate "$tmp/r.tw")" -v z="$(rate "$tmp/r.zmq")" -v n="$(rate "$tmp/r.nng")" \
 	-v d="$(rate "$tmp/r.dask")" 'BEGIN { printf "taskwire / zeromq %.2fx, / nng %.2fx, / dask %.1fx (round trips per second)\n", t / z, t / n, t / d }'

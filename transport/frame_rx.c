@@ -212,7 +212,11 @@ int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 	case RX_SMALL:
 		iov[0].iov_base = tw_block_data(rx->body) + rx->have;
 		iov[0].iov_len = tw_block_size(rx->body) - rx->have;
-		return 1;
+		if (max < 2)
+			return 1;
+		iov[1].iov_base = rx->next + rx->next_have;
+		iov[1].iov_len = sizeof(rx->next) - rx->next_have;
+		return 2;
 	case RX_LENGTHS:
 		tw__sdec_want(&rx->dec, &dst, &len);
 		iov[0].iov_base = dst;
@@ -253,9 +257,15 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 		if (rx->have >= 8 && rx->have - n < 8 && (rv = got_total(rx)) < 0)
 			return rv;
 		return rx->have < 16 ? 0 : got_head(rx);
-	case RX_SMALL:
+	case RX_SMALL: {
+		size_t left = tw_block_size(rx->body) - rx->have;
+		if (n > left) { /* the rest is the next message's head */
+			rx->next_have += n - left;
+			n = left;
+		}
 		rx->have += n;
 		return rx->have < tw_block_size(rx->body) ? 0 : finish_small(rx);
+	}
 	case RX_LENGTHS:
 		rv = tw__sdec_advance(&rx->dec, n);
 		if (rv < 0)
@@ -273,10 +283,20 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 tw_msg *tw__rx_take(struct tw__rx *rx)
 {
 	tw_msg *m = rx->msg;
+	size_t carried = rx->next_have;
 	if (rx->phase != RX_DONE)
 		return NULL;
 	rx->msg = NULL;
 	reset(rx);
+	/* Head bytes read along with the body start the next message; its
+	 * checks run now, and an error surfaces at the next want. */
+	rx->next_have = 0;
+	if (carried > 0) {
+		memcpy(rx->head, rx->next, carried);
+		rx->have = carried;
+		if (carried >= 8 && got_total(rx) == 0 && carried == 16)
+			got_head(rx);
+	}
 	return m;
 }
 
@@ -291,7 +311,9 @@ int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used)
 	int rv = rx->phase == RX_DONE ? 1 : rx->phase == RX_ERROR ? rx->err : 0;
 	*used = 0;
 	while (rv == 0 && *used < n) {
-		int k = tw__rx_want(rx, iov, 16);
+		/* One iovec for a small body: feeding stops exactly at the end
+		 * of the message, as its callers expect. */
+		int k = tw__rx_want(rx, iov, rx->phase == RX_SMALL ? 1 : 16);
 		size_t moved = 0;
 		if (k < 0)
 			return k;

@@ -40,6 +40,8 @@ struct tw__rx {
 	int err;
 	uint8_t head[16];
 	size_t have;     /* bytes of head (RX_HEAD) or body (RX_SMALL) */
+	uint8_t next[16]; /* RX_SMALL: the next message's head, read along */
+	size_t next_have;
 	tw_block *body;  /* RX_SMALL: lengths and frames */
 	tw_msg *msg;     /* frames placed so far */
 	size_t cur;      /* frame being filled */
@@ -54,7 +56,10 @@ void tw__rx_fini(struct tw__rx *rx);
 void tw__rx_set_place(struct tw__rx *rx, tw__place_fn fn, void *arg);
 
 /* tw__rx_want: fill iov[0..max-1] with where the next bytes go; returns the
- * number of iovecs (>= 1), or the sticky error. */
+ * number of iovecs (>= 1), or the sticky error. While a small message's
+ * body is read, a second iovec takes the next message's 16-byte head too:
+ * then a read that comes back short tells the socket is drained, and a
+ * second read that would only say EAGAIN is saved. */
 int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max);
 /* tw__rx_advance: n bytes landed in the iovecs of the last want. Returns 1
  * when a message is complete (take it), 0 when more is needed, or a

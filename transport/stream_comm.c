@@ -277,9 +277,12 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	}
 	while (budget > 0) {
 		int k = tw__rx_want(&s->rx, iov, IOV_BATCH), rv;
+		size_t asked = 0;
 		ssize_t n;
 		if (k < 0)
 			return protocol_error(s, k);
+		for (int i = 0; i < k; i++)
+			asked += iov[i].iov_len;
 		n = s->io->readv(s->io_arg, s->fd, iov, k);
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -303,6 +306,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 			if (!alive || s->closing || !s->reading)
 				return;
 		}
+		/* A short read drained the socket: wait for epoll rather than
+		 * spend a read on EAGAIN (unless TLS holds decrypted bytes). */
+		if ((size_t)n < asked && (s->io->pending == NULL || !s->io->pending(s->io_arg)))
+			return;
 	}
 	read_again(s);
 }
