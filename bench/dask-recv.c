@@ -90,7 +90,8 @@ int main(int argc, char **argv)
 	if (tw_context_new(base, &ctx) != 0 || tw_listen(ctx, argv[1], on_accept, NULL, &l) != 0)
 		return 1;
 	/* Offer what the Python peer is pinned to, or it sends uncompressed. */
-	if (codec != NULL && strcmp(codec, "False") != 0 && tw_context_set_compression(ctx, codec) != 0)
+	if (codec != NULL && strcmp(codec, "False") != 0 &&
+	    tw_context_set_compression(ctx, codec) != 0)
 		return 2;
 	tw_listener_address(l, addr, sizeof(addr));
 	tw_stats_global(&st);

@@ -54,7 +54,8 @@ static int zmq_client(const char *port, long count)
 	t0 = tw_ex_now();
 	for (long i = 0; i < count; i++) {
 		double t = tw_ex_now();
-		if (zmq_send(s, "0123456789", 10, 0) != 10 || zmq_recv(s, buf, sizeof(buf), 0) != 10)
+		if (zmq_send(s, "0123456789", 10, 0) != 10 ||
+		    zmq_recv(s, buf, sizeof(buf), 0) != 10)
 			return 1;
 		lat[i] = (tw_ex_now() - t) * 1e6;
 	}
@@ -89,7 +90,8 @@ static int nng_client(const char *port, long count)
 		double t = tw_ex_now();
 		char *buf;
 		size_t n;
-		if (nng_send(s, "0123456789", 10, 0) != 0 || nng_recv(s, &buf, &n, NNG_FLAG_ALLOC) != 0)
+		if (nng_send(s, "0123456789", 10, 0) != 0 ||
+		    nng_recv(s, &buf, &n, NNG_FLAG_ALLOC) != 0)
 			return 1;
 		nng_free(buf, n);
 		lat[i] = (tw_ex_now() - t) * 1e6;

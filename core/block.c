@@ -31,7 +31,7 @@ struct tw_block {
 	void *arg;
 };
 
-#define HDR_BYTES ((sizeof(struct tw_block) + 63) & ~(size_t)63)
+#define HDR_BYTES   ((sizeof(struct tw_block) + 63) & ~(size_t)63)
 #define CACHE_SLOTS 16
 
 static struct {
@@ -240,8 +240,7 @@ void tw_block_free(tw_block *b)
 		else
 			cache_put(b->data, b->map_len);
 		break;
-	case KIND_HEAP:
-		break;
+	case KIND_HEAP: break;
 	}
 	TW__SUB(&tw__global_stats, blocks_live, 1);
 	TW__SUB(&tw__global_stats, block_bytes_live, b->size);

@@ -20,7 +20,7 @@ struct tw__limits {
 	uint32_t tls_handshake_timeout_ms;
 	size_t ws_shard_bytes;     /* WebSocket fragments we send */
 	uint64_t ws_max_fragments; /* WebSocket fragments of one received message */
-	const char *compression; /* codec offered in handshakes (static), or NULL */
+	const char *compression;   /* codec offered in handshakes (static), or NULL */
 };
 
 /* An object the context frees at teardown (comms, listeners, connects). */
@@ -49,7 +49,7 @@ struct tw_context {
 	int has_thread;
 	struct event *call_ev; /* watches wake_fd */
 	int wake_fd;           /* eventfd that other threads write to */
-	pthread_mutex_t lock; /* guards calls */
+	pthread_mutex_t lock;  /* guards calls */
 	struct tw__call *calls, **calls_tail;
 	struct tw__limits limits;
 	struct tw__node objects; /* list head; loop thread only */

@@ -23,11 +23,11 @@ extern struct tw__stats tw__global_stats;
 #define TW__SUB(st, field, n) atomic_fetch_sub_explicit(&(st)->field, (n), memory_order_relaxed)
 
 /* Count in the global stats and, when `comm` is not NULL, in a comm's. */
-#define TW__COUNT(comm_st, field, n)                                                   \
-	do {                                                                           \
-		TW__ADD(&tw__global_stats, field, (n));                                \
-		if (comm_st)                                                           \
-			TW__ADD((comm_st), field, (n));                                \
+#define TW__COUNT(comm_st, field, n)                                                               \
+	do {                                                                                       \
+		TW__ADD(&tw__global_stats, field, (n));                                            \
+		if (comm_st)                                                                       \
+			TW__ADD((comm_st), field, (n));                                            \
 	} while (0)
 
 void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out);

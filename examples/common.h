@@ -65,7 +65,9 @@ struct tw_ex_tls {
 
 #define TW_EX_TLS_OPTIONS                                                                          \
 	{"tls-ca", required_argument, NULL, 1001}, {"tls-cert", required_argument, NULL, 1002},    \
-		{"tls-key", required_argument, NULL, 1003}
+	{                                                                                          \
+		"tls-key", required_argument, NULL, 1003                                           \
+	}
 
 #define TW_EX_TLS_USAGE                                                                            \
 	"  --tls-ca FILE --tls-cert FILE --tls-key FILE   PEM files for tls:// (mutual TLS)\n"
@@ -94,7 +96,8 @@ static inline void tw_ex_tls_setup(tw_context *ctx, const struct tw_ex_tls *t)
 	if (t->ca != NULL)
 		rv = tw_tls_config_set_ca_file(cfg, t->ca);
 	if (rv == 0 && (t->cert != NULL || t->key != NULL))
-		rv = tw_tls_config_set_cert_files(cfg, t->cert ? t->cert : "", t->key ? t->key : "");
+		rv = tw_tls_config_set_cert_files(cfg, t->cert ? t->cert : "",
+						  t->key ? t->key : "");
 	if (rv != 0) {
 		fprintf(stderr, "TLS: %s\n", tw_tls_config_last_error(cfg));
 		exit(2);

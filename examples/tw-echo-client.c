@@ -49,7 +49,8 @@ static int send_next(tw_comm *comm, struct client *cl)
 		tw_pack_str(pk, "payload");
 		msgpack_pack_array(pk, (size_t)cl->frames);
 		for (uint64_t j = 0; rv == 0 && j < cl->frames; j++)
-			rv = tw_builder_pack_bytes(b, &(tw_slice){cl->pattern, j + shift, cl->size});
+			rv = tw_builder_pack_bytes(b,
+						   &(tw_slice){cl->pattern, j + shift, cl->size});
 		if (rv == 0)
 			rv = tw_builder_finish(b, &m);
 		tw_builder_free(b);
@@ -65,8 +66,7 @@ static int send_next(tw_comm *comm, struct client *cl)
 }
 
 /* The bytes of one echoed payload: out of band, or inline bin. */
-static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p,
-			 size_t *n)
+static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
 {
 	const tw_payload *pl = tw_decoded_payload(d, o);
 	if (pl != NULL && pl->nframes == 1) {
@@ -187,8 +187,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: tw-echo-client URI [--size BYTES] [--frames N] [--count N]\n"
-		   "                      [--compression zstd|lz4] [TLS options]\n"
-		   TW_EX_TLS_USAGE
+		   "                      [--compression zstd|lz4] [TLS options]\n" TW_EX_TLS_USAGE
 		   "  After the Dask handshake, send COUNT messages carrying FRAMES\n"
 		   "  out-of-band payloads of BYTES bytes each (default 1MiB x 1 x 10;\n"
 		   "  sizes take K, M, G suffixes) to the comm-level echo peer at URI, one\n"

@@ -87,8 +87,7 @@ static int zstd_blocks(const uint8_t *in, size_t n, size_t off, const ZSTD_frame
 			*bound += h->blockSizeMax;
 			off += size;
 			break;
-		default:
-			return TW_EPROTO;
+		default: return TW_EPROTO;
 		}
 	}
 	if (h->checksumFlag && n - off < 4)
@@ -166,13 +165,9 @@ int tw__decompressed_size(enum tw__codec c, const uint8_t *in, size_t n, uint64_
 			  uint64_t *out)
 {
 	switch (c) {
-	case TW__CODEC_ZSTD:
-		return zstd_size(in, n, max_bytes, out);
-	case TW__CODEC_LZ4:
-		return lz4_size(in, n, max_bytes, out);
-	default:
-		*out = n;
-		return n > max_bytes ? TW_ETOOBIG : 0;
+	case TW__CODEC_ZSTD: return zstd_size(in, n, max_bytes, out);
+	case TW__CODEC_LZ4: return lz4_size(in, n, max_bytes, out);
+	default: *out = n; return n > max_bytes ? TW_ETOOBIG : 0;
 	}
 }
 
@@ -206,8 +201,7 @@ int tw__decompress(enum tw__codec c, const uint8_t *in, size_t n, uint8_t *dst, 
 		return 0;
 	}
 #endif
-	default:
-		return TW_EPROTO;
+	default: return TW_EPROTO;
 	}
 }
 

@@ -31,8 +31,7 @@ struct tw_decoded {
 	size_t detail_len;
 };
 
-static int fail(tw_decoded *d, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+static int fail(tw_decoded *d, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int fail(tw_decoded *d, int err, const char *fmt, ...)
 {
@@ -97,8 +96,8 @@ static int add_slice(tw_decoded *d, tw_slice s)
 
 /* Decompress the parts of one logical frame straight into one block of
  * their declared total size; uncompressed parts are copied in. */
-static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *codecs,
-		   size_t n, size_t first)
+static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *codecs, size_t n,
+		   size_t first)
 {
 	uint64_t total = 0, size;
 	size_t off = 0, got;
@@ -109,12 +108,14 @@ static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *c
 					   d->budget - total, &size);
 		if (rv != 0)
 			return fail(d, rv, "frame %zu: %s", first + i,
-				    rv == TW_ETOOBIG ? "decompressed size or zstd window above the limit"
-						     : "corrupt compressed data");
+				    rv == TW_ETOOBIG
+					    ? "decompressed size or zstd window above the limit"
+					    : "corrupt compressed data");
 		total += size;
 	}
 	if (tw_block_new(total, &b) != 0)
-		return fail(d, TW_ENOMEM, "out of memory for %llu bytes", (unsigned long long)total);
+		return fail(d, TW_ENOMEM, "out of memory for %llu bytes",
+			    (unsigned long long)total);
 	for (size_t i = 0; i < n; i++) {
 		const uint8_t *src = tw_slice_data(&parts[i]);
 		uint64_t cap = total - off;
@@ -128,8 +129,10 @@ static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *c
 		if (tw__decompress(codecs[i], src, parts[i].len, tw_block_data(b) + off, size,
 				   &got) != 0) {
 			tw_block_free(b);
-			return fail(d, TW_EPROTO, "frame %zu: decompressed data differs from its "
-						  "declared size or is corrupt", first + i);
+			return fail(d, TW_EPROTO,
+				    "frame %zu: decompressed data differs from its "
+				    "declared size or is corrupt",
+				    first + i);
 		}
 		off += got;
 	}
@@ -172,8 +175,10 @@ static int codecs_of(tw_decoded *d, const msgpack_object *sub, uint64_t num, siz
 	if (c == NULL || c->type == MSGPACK_OBJECT_NIL)
 		return 0;
 	if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size != num)
-		return fail(d, TW_EPROTO, "sub-header %zu: compression is not a list of "
-					  "num-sub-frames entries", k);
+		return fail(d, TW_EPROTO,
+			    "sub-header %zu: compression is not a list of "
+			    "num-sub-frames entries",
+			    k);
 	for (uint64_t i = 0; i < num; i++) {
 		const msgpack_object *e = &c->via.array.ptr[i];
 		if (e->type == MSGPACK_OBJECT_NIL)
@@ -202,12 +207,14 @@ static int build_logical(tw_decoded *d, const msgpack_object *sub, size_t k, uin
 	}
 	if (off == NULL || cnt->type != MSGPACK_OBJECT_ARRAY || off->type != MSGPACK_OBJECT_ARRAY ||
 	    cnt->via.array.size != off->via.array.size)
-		return fail(d, TW_EPROTO, "sub-header %zu: bad split-num-sub-frames/split-offsets", k);
+		return fail(d, TW_EPROTO, "sub-header %zu: bad split-num-sub-frames/split-offsets",
+			    k);
 	for (uint32_t i = 0; i < cnt->via.array.size && rv == 0; i++) {
 		uint64_t c, o;
 		if (get_uint(&cnt->via.array.ptr[i], &c) != 0 ||
 		    get_uint(&off->via.array.ptr[i], &o) != 0 || o > num || c > num - o)
-			return fail(d, TW_EPROTO, "sub-header %zu: split %u outside its sub-frames", k, i);
+			return fail(d, TW_EPROTO, "sub-header %zu: split %u outside its sub-frames",
+				    k, i);
 		rv = logical(d, k + 1 + o, c, codecs + o);
 	}
 	return rv;
@@ -244,8 +251,9 @@ static int load_group(tw_decoded *d, tw_payload *p)
 	if (get_uint(tw_map_get(sub, "num-sub-frames"), &num) != 0)
 		return fail(d, TW_EPROTO, "sub-header %zu: num-sub-frames missing", k);
 	if (num > nframes - k - 1)
-		return fail(d, TW_EPROTO, "sub-header %zu: num-sub-frames %llu overflows the %zu frames",
-			    k, (unsigned long long)num, nframes);
+		return fail(d, TW_EPROTO,
+			    "sub-header %zu: num-sub-frames %llu overflows the %zu frames", k,
+			    (unsigned long long)num, nframes);
 	if ((rv = codecs_of(d, sub, num, k, &codecs)) == 0)
 		rv = build_logical(d, sub, k, num, codecs);
 	free(codecs);
@@ -278,8 +286,7 @@ static int add_payload(tw_decoded *d, const msgpack_object *holder, enum tw_payl
 	return 0;
 }
 
-static int on_holder(void *arg, const msgpack_object *holder, enum tw_payload_kind kind,
-		     uint64_t k)
+static int on_holder(void *arg, const msgpack_object *holder, enum tw_payload_kind kind, uint64_t k)
 {
 	return add_payload(arg, holder, kind, k);
 }
@@ -300,9 +307,8 @@ static int decode(tw_decoded *d)
 	/* indices become pointers; no slices at all (every group empty) leaves
 	 * d->slices NULL, and NULL + 0 is undefined */
 	for (size_t i = 0; i < d->n; i++)
-		d->payloads[i].frames = d->slices != NULL
-						? d->slices + (uintptr_t)d->payloads[i].frames
-						: NULL;
+		d->payloads[i].frames =
+			d->slices != NULL ? d->slices + (uintptr_t)d->payloads[i].frames : NULL;
 	return 0;
 }
 
@@ -331,7 +337,8 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	for (uint64_t i = 0; i < num; i++) {
 		const tw_slice *f = tw_msg_frame(c->d->msg, (size_t)(k + 1 + i));
 		if (codecs[i] != TW__CODEC_NONE &&
-		    tw__decompressed_size(codecs[i], tw_slice_data(f), f->len, UINT64_MAX, &size) == 0)
+		    tw__decompressed_size(codecs[i], tw_slice_data(f), f->len, UINT64_MAX, &size) ==
+			    0)
 			c->bytes += size < UINT64_MAX - c->bytes ? size : 0;
 	}
 	free(codecs);
@@ -356,8 +363,8 @@ uint64_t tw__decode_cost(const tw_msg *msg)
 	return c.bytes;
 }
 
-int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out,
-	      char *detail, size_t detail_len)
+int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out, char *detail,
+	      size_t detail_len)
 {
 	tw_decoded *d;
 	int rv;
@@ -369,7 +376,7 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 	d->detail = detail;
 	d->detail_len = detail_len;
 	d->budget = limits != NULL && limits->max_message_bytes > 0 ? limits->max_message_bytes
-								      : UINT64_C(4) << 30;
+								    : UINT64_C(4) << 30;
 	/* Most frames 0 are small: start the zone small too. */
 	if ((d->zone = msgpack_zone_new(1024)) == NULL) {
 		tw_decoded_free(d);

@@ -106,15 +106,16 @@ static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
 	else if (c == NULL || (c->type != MSGPACK_OBJECT_NIL && c->type != MSGPACK_OBJECT_STR &&
 			       c->type != MSGPACK_OBJECT_BOOLEAN))
 		/* Python sends False when pinned to no compression. */
-		tw__comm_seterr(comm, "handshake: `compression` missing or not a str, nil or false");
+		tw__comm_seterr(comm,
+				"handshake: `compression` missing or not a str, nil or false");
 	else if (p == NULL || p->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
 		tw__comm_seterr(comm, "handshake: `pickle-protocol` missing or not an int");
 	else
 		rv = 0;
 	if (rv == 0) {
 		int same = 0;
-		info->pickle_protocol = p->via.u64 < TW_PICKLE_PROTOCOL ? (int)p->via.u64
-									 : TW_PICKLE_PROTOCOL;
+		info->pickle_protocol =
+			p->via.u64 < TW_PICKLE_PROTOCOL ? (int)p->via.u64 : TW_PICKLE_PROTOCOL;
 		info->peer_compression = NULL;
 		if (c->type == MSGPACK_OBJECT_STR &&
 		    tw__codec_parse(c->via.str.ptr, c->via.str.size, &peer) == 0) {
@@ -155,10 +156,11 @@ static void on_close(tw_comm *comm, int err, void *arg)
 		err = TW_ECLOSED;
 		tw__comm_seterr(comm, "handshake: peer closed the comm");
 	} else if (err == TW_ETIMEDOUT) {
-		tw__comm_seterr(comm, "handshake: %s within %u ms%s",
-				st.bytes_received ? "no complete handshake" : "not a byte from the peer",
-				(unsigned)comm->limits.handshake_timeout_ms,
-				st.bytes_received ? "" : " (a tls:// listener, or not a Dask peer?)");
+		tw__comm_seterr(
+			comm, "handshake: %s within %u ms%s",
+			st.bytes_received ? "no complete handshake" : "not a byte from the peer",
+			(unsigned)comm->limits.handshake_timeout_ms,
+			st.bytes_received ? "" : " (a tls:// listener, or not a Dask peer?)");
 	}
 	finish(comm, h, err, NULL);
 }

@@ -67,6 +67,7 @@ static int elements(struct cursor *c, uint64_t count, int depth)
 /* Sized formats 0xc4..0xdf (bin, ext, fixed numbers, str, array, map). */
 static int sized(struct cursor *c, uint8_t t, int depth)
 {
+	/* clang-format off */
 	static const uint8_t width[] = {
 		/* c4 bin8 */ 1, 2, 4, /* c7 ext8 */ 1, 2, 4, /* ca float32 */ 0, 0,
 		/* cc uint8 */ 0, 0, 0, 0, /* d0 int8 */ 0, 0, 0, 0,
@@ -74,6 +75,7 @@ static int sized(struct cursor *c, uint8_t t, int depth)
 		/* dc array16 */ 2, 4, /* de map16 */ 2, 4};
 	static const uint8_t fixed[] = {0, 0, 0, 0, 0, 0, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8,
 					2, 3, 5, 9, 17, 0, 0, 0, 0, 0, 0, 0};
+	/* clang-format on */
 	size_t i = t - 0xc4;
 	uint64_t len;
 	if (fixed[i] > 0)
@@ -88,7 +90,8 @@ static int sized(struct cursor *c, uint8_t t, int depth)
 		return str_body(c, len);
 	if (t <= 0xdd)
 		return elements(c, len, depth);
-	return len > UINT64_MAX / 2 ? fail(c, "msgpack map too large") : elements(c, 2 * len, depth);
+	return len > UINT64_MAX / 2 ? fail(c, "msgpack map too large")
+				    : elements(c, 2 * len, depth);
 }
 
 static int value(struct cursor *c, int depth)

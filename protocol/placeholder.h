@@ -7,8 +7,8 @@
 
 #include <taskwire/serial.h>
 
-typedef int (*tw__holder_fn)(void *arg, const msgpack_object *holder,
-			     enum tw_payload_kind kind, uint64_t k);
+typedef int (*tw__holder_fn)(void *arg, const msgpack_object *holder, enum tw_payload_kind kind,
+			     uint64_t k);
 
 /* tw__walk_placeholders: call fn for each placeholder inside o, in the
  * order of a depth-first walk; a value of 0 leaves a plain map. Stops at

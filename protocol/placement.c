@@ -29,8 +29,7 @@ static int unpack(const tw_msg *msg, size_t i, msgpack_zone *zone, msgpack_objec
 		       : -1;
 }
 
-static int add_sub(void *arg, const msgpack_object *holder, enum tw_payload_kind kind,
-		   uint64_t k)
+static int add_sub(void *arg, const msgpack_object *holder, enum tw_payload_kind kind, uint64_t k)
 {
 	struct tw__dask_place *p = arg;
 	(void)holder;

@@ -13,11 +13,11 @@
 #include <taskwire/msg.h>
 
 struct tw__dask_place {
-	uint32_t *span;      /* per frame: frames to read into one block from it */
+	uint32_t *span; /* per frame: frames to read into one block from it */
 	size_t n;
-	uint64_t *subs;      /* sub-header frame indices, ascending */
-	size_t nsubs, next;  /* next sub-header to read once it is complete */
-	int planned;         /* frame 0 read for this message */
+	uint64_t *subs;     /* sub-header frame indices, ascending */
+	size_t nsubs, next; /* next sub-header to read once it is complete */
+	int planned;        /* frame 0 read for this message */
 };
 
 /* The hook (a tw__place_fn): hints only, never an error; tw_decode checks

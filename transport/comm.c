@@ -329,8 +329,8 @@ int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg)
 
 const struct tw__transport *tw__transport_find(const char *scheme)
 {
-	static const struct tw__transport *const table[] = {
-		&tw__tcp_transport, &tw__tls_transport, &tw__ws_transport, &tw__wss_transport};
+	static const struct tw__transport *const table[] = {&tw__tcp_transport, &tw__tls_transport,
+							    &tw__ws_transport, &tw__wss_transport};
 	for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
 		if (strcmp(table[i]->scheme, scheme) == 0)
 			return table[i];

@@ -222,12 +222,9 @@ int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 		iov[0].iov_base = dst;
 		iov[0].iov_len = len;
 		return 1;
-	case RX_FRAMES:
-		return want_frames(rx, iov, max);
-	case RX_DONE:
-		return TW_EINVAL;
-	default:
-		return rx->err;
+	case RX_FRAMES: return want_frames(rx, iov, max);
+	case RX_DONE: return TW_EINVAL;
+	default: return rx->err;
 	}
 }
 
@@ -271,12 +268,9 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 		if (rv < 0)
 			return fail(rx, rv);
 		return rv == 1 ? got_lengths(rx) : 0;
-	case RX_FRAMES:
-		return advance_frames(rx, n);
-	case RX_DONE:
-		return 1;
-	default:
-		return rx->err;
+	case RX_FRAMES: return advance_frames(rx, n);
+	case RX_DONE: return 1;
+	default: return rx->err;
 	}
 }
 
@@ -318,7 +312,8 @@ int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used)
 		if (k < 0)
 			return k;
 		for (int i = 0; i < k && *used + moved < n; i++) {
-			size_t c = iov[i].iov_len < n - *used - moved ? iov[i].iov_len : n - *used - moved;
+			size_t c = iov[i].iov_len < n - *used - moved ? iov[i].iov_len
+								      : n - *used - moved;
 			memcpy(iov[i].iov_base, p + *used + moved, c);
 			moved += c;
 		}

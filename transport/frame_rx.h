@@ -26,8 +26,7 @@
  * frame i can be read). Return 0 for the default placement, s >= 1 to read
  * frames i..i+s-1 into one new block of their summed size (adjacent, so a
  * merge of them is a view), or a negative TW_E* code to fail the message. */
-typedef int (*tw__place_fn)(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n,
-			    size_t i);
+typedef int (*tw__place_fn)(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n, size_t i);
 
 enum tw__rx_phase { RX_HEAD, RX_SMALL, RX_LENGTHS, RX_FRAMES, RX_DONE, RX_ERROR };
 
@@ -39,7 +38,7 @@ struct tw__rx {
 	enum tw__rx_phase phase;
 	int err;
 	uint8_t head[16];
-	size_t have;     /* bytes of head (RX_HEAD) or body (RX_SMALL) */
+	size_t have;      /* bytes of head (RX_HEAD) or body (RX_SMALL) */
 	uint8_t next[16]; /* RX_SMALL: the next message's head, read along */
 	size_t next_have;
 	tw_block *body;  /* RX_SMALL: lengths and frames */

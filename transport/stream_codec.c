@@ -38,9 +38,7 @@ void tw__sdec_want(struct tw__sdec *d, uint8_t **dst, size_t *len)
 		*dst = (uint8_t *)d->lens + d->have;
 		*len = 8 * d->n - d->have;
 		return;
-	default:
-		*dst = NULL;
-		*len = 0;
+	default: *dst = NULL; *len = 0;
 	}
 }
 
@@ -131,10 +129,8 @@ int tw__sdec_advance(struct tw__sdec *d, size_t n)
 		if (d->have < 8)
 			return 0;
 		return got_count(d);
-	case SDEC_LENGTHS:
-		return got_lengths(d);
-	default:
-		return d->err;
+	case SDEC_LENGTHS: return got_lengths(d);
+	default: return d->err;
 	}
 }
 

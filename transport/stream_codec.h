@@ -22,14 +22,14 @@ enum tw__sdec_state { SDEC_TOTAL, SDEC_COUNT, SDEC_LENGTHS, SDEC_DONE, SDEC_ERRO
 struct tw__sdec {
 	uint64_t max_message_bytes, max_frames;
 	enum tw__sdec_state state;
-	int err;          /* sticky TW_E* once state is SDEC_ERROR */
-	uint8_t word[8];  /* TOTAL and COUNT fields */
-	size_t have;      /* bytes of the current field(s) received */
-	uint64_t total;   /* bytes after the total field */
-	uint64_t n;       /* frames */
-	uint64_t sum;     /* lengths summed so far */
-	uint64_t *lens;   /* n lengths, host order once SDEC_DONE */
-	size_t checked;   /* lengths validated so far */
+	int err;         /* sticky TW_E* once state is SDEC_ERROR */
+	uint8_t word[8]; /* TOTAL and COUNT fields */
+	size_t have;     /* bytes of the current field(s) received */
+	uint64_t total;  /* bytes after the total field */
+	uint64_t n;      /* frames */
+	uint64_t sum;    /* lengths summed so far */
+	uint64_t *lens;  /* n lengths, host order once SDEC_DONE */
+	size_t checked;  /* lengths validated so far */
 };
 
 void tw__sdec_init(struct tw__sdec *d, uint64_t max_message_bytes, uint64_t max_frames);

@@ -228,9 +228,12 @@ static void read_ended(struct stream *s, ssize_t n)
 static void protocol_error(struct stream *s, int err)
 {
 	const struct tw__sdec *d = &s->rx.dec;
-	tw__comm_seterr(&s->base, "bad message from peer: %s (total %llu, frames %llu, limits %llu bytes, %llu frames)",
+	tw__comm_seterr(&s->base,
+			"bad message from peer: %s (total %llu, frames %llu, limits %llu bytes, "
+			"%llu frames)",
 			tw_strerror(err), (unsigned long long)d->total, (unsigned long long)d->n,
-			(unsigned long long)d->max_message_bytes, (unsigned long long)d->max_frames);
+			(unsigned long long)d->max_message_bytes,
+			(unsigned long long)d->max_frames);
 	tw__comm_end(&s->base, err);
 }
 
@@ -407,8 +410,8 @@ static const struct tw__comm_ops stream_ops = {
 	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place, s_pause,
 };
 
-int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
-		   const struct tw__stream_io *io, void *io_arg, tw_comm **out)
+int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
+		   void *io_arg, tw_comm **out)
 {
 	struct stream *s = calloc(1, sizeof(*s));
 	if (s == NULL)

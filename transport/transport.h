@@ -29,14 +29,14 @@ extern const struct tw__transport tw__wss_transport;
 
 /* Per-comm operations of one transport. */
 struct tw__comm_ops {
-	int (*start)(tw_comm *c);                /* begin reading */
-	int (*write)(tw_comm *c, tw_msg *m);     /* queue; ownership as tw_comm_write */
-	uint64_t (*queued)(const tw_comm *c);    /* bytes not yet written */
-	void (*close)(tw_comm *c);               /* flush, then end with 0 */
-	void (*stop)(tw_comm *c);                /* release I/O now; no callbacks */
-	void (*destroy)(tw_comm *c);             /* free the memory */
+	int (*start)(tw_comm *c);             /* begin reading */
+	int (*write)(tw_comm *c, tw_msg *m);  /* queue; ownership as tw_comm_write */
+	uint64_t (*queued)(const tw_comm *c); /* bytes not yet written */
+	void (*close)(tw_comm *c);            /* flush, then end with 0 */
+	void (*stop)(tw_comm *c);             /* release I/O now; no callbacks */
+	void (*destroy)(tw_comm *c);          /* free the memory */
 	void (*set_place)(tw_comm *c, tw__place_fn fn, void *arg);
-	void (*pause)(tw_comm *c);               /* stop reading until start */
+	void (*pause)(tw_comm *c); /* stop reading until start */
 };
 
 /* What every comm has. The application owns the comm; `depth` counts the
@@ -56,11 +56,11 @@ struct tw_comm {
 	int ended;        /* no more callbacks */
 	char error[256];
 	char peer[128], local[128];
-	const char *compression;      /* negotiated by the handshake, or NULL */
-	void *proto;                  /* the protocol layer's state (placement) */
+	const char *compression; /* negotiated by the handshake, or NULL */
+	void *proto;             /* the protocol layer's state (placement) */
 	void (*proto_free)(void *p);
-	struct event *timeout_ev;     /* tw__comm_arm_timeout */
-	int app_paused;               /* tw_comm_pause */
+	struct event *timeout_ev; /* tw__comm_arm_timeout */
+	int app_paused;           /* tw_comm_pause */
 	/* The decoded-delivery layer (protocol/delivery.c), if used. */
 	void *deliver;
 	void (*deliver_free)(void *d);
@@ -129,8 +129,8 @@ struct tw__stream_io {
 	int (*pending)(void *io);
 	void (*free)(void *io);
 };
-int tw__stream_new(tw_context *ctx, int fd, const char *scheme,
-		   const struct tw__stream_io *io, void *io_arg, tw_comm **out);
+int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
+		   void *io_arg, tw_comm **out);
 
 void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_listener *),
 		       tw_accept_cb cb, void *arg);
@@ -139,8 +139,8 @@ void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_liste
  * context's connect timeout) and hands the connected socket to `upgrade`,
  * which owns it and reports to cb (a failed connect reports to cb
  * directly); `host` is the URI's host, for TLS names. */
-typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u,
-			       tw_connect_cb cb, void *arg, void *up_arg);
+typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
+			       void *arg, void *up_arg);
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
 			 void *up_arg, tw_connect_cb cb, void *arg);
 /* TLS underneath ws: after the TLS handshake, `then` continues on the TLS

@@ -70,7 +70,8 @@ int tw__uri_parse(const char *s, struct tw__uri *u)
 int tw__uri_format(const char *scheme, const char *host, uint16_t port, char *buf, size_t len)
 {
 	int v6 = strchr(host, ':') != NULL;
-	int n = snprintf(buf, len, v6 ? "%s://[%s]:%u" : "%s://%s:%u", scheme, host, (unsigned)port);
+	int n = snprintf(buf, len, v6 ? "%s://[%s]:%u" : "%s://%s:%u", scheme, host,
+			 (unsigned)port);
 	return n < 0 || (size_t)n >= len ? TW_ERANGE : 0;
 }
 

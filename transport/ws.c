@@ -33,9 +33,9 @@
 #include "transport/ws_codec.h"
 #include "transport/ws_upgrade.h"
 
-#define IOV_BATCH 64
-#define SCRATCH_BYTES ((size_t)64 << 10)
-#define IO_BUDGET ((size_t)4 << 20)
+#define IOV_BATCH      64
+#define SCRATCH_BYTES  ((size_t)64 << 10)
+#define IO_BUDGET      ((size_t)4 << 20)
 #define LINGER_SECONDS 2
 
 /* One WebSocket frame to send: header, then len payload bytes at p. */
@@ -69,7 +69,7 @@ struct ws {
 	struct tw__ws_client hs;
 	char hs_out[TW__WS_REQUEST_MAX];
 	size_t hs_len, hs_sent;
-	int refuse; /* server: a non-101 verdict is being written */
+	int refuse;        /* server: a non-101 verdict is being written */
 	uint8_t pre[1024]; /* bytes read with the upgrade that belong to frames */
 	size_t pre_len, pre_off;
 	tw_connect_cb cb;
@@ -262,7 +262,7 @@ static void fill_scratch(struct ws *w)
 			size_t k;
 			if (skip < s->hlen) {
 				k = s->hlen - skip < SCRATCH_BYTES - pos ? s->hlen - skip
-									  : SCRATCH_BYTES - pos;
+									 : SCRATCH_BYTES - pos;
 				memcpy(w->scratch + pos, s->hdr + skip, k);
 				pos += k;
 				skip += k;
@@ -270,7 +270,8 @@ static void fill_scratch(struct ws *w)
 			if (skip < s->hlen)
 				break;
 			skip -= s->hlen;
-			k = s->len - skip < SCRATCH_BYTES - pos ? s->len - skip : SCRATCH_BYTES - pos;
+			k = s->len - skip < SCRATCH_BYTES - pos ? s->len - skip
+								: SCRATCH_BYTES - pos;
 			tw__ws_mask_copy(w->scratch + pos, s->p + skip, k, s->key, skip);
 			pos += k;
 			if (skip + k < s->len)
@@ -364,7 +365,8 @@ static void flush(struct ws *w)
 		int len;
 		if (w->client)
 			tw__ws_mask_key(key);
-		len = tw__ws_encode_close(w->ctrl, TW__WS_CLOSE_NORMAL, NULL, 0, w->client ? key : NULL);
+		len = tw__ws_encode_close(w->ctrl, TW__WS_CLOSE_NORMAL, NULL, 0,
+					  w->client ? key : NULL);
 		w->ctrl_len = len > 0 ? (size_t)len : 0;
 		w->close_sent = 1;
 		event_active(w->wev, EV_WRITE, 0);
@@ -572,7 +574,8 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 	if (!w->close_sent) {
 		if (w->client)
 			tw__ws_mask_key(key);
-		queue_ctrl(w, tw__ws_encode_close(w->ctrl, ev->code, NULL, 0, w->client ? key : NULL));
+		queue_ctrl(w,
+			   tw__ws_encode_close(w->ctrl, ev->code, NULL, 0, w->client ? key : NULL));
 		w->close_sent = 1;
 		w->state = WS_CLOSING;
 		w->qn = w->qn; /* queued data after a close is dropped by end */
@@ -603,7 +606,9 @@ static int on_event(struct ws *w, const struct tw__ws_event *ev)
 		return 0;
 	case TW__WS_EV_MESSAGE_END:
 		if (w->nframes == 0)
-			return got_count(w) == 0 ? 0 : (fail_proto(w, TW_ENOMEM, 1011, "no memory"), -1);
+			return got_count(w) == 0
+				       ? 0
+				       : (fail_proto(w, TW_ENOMEM, 1011, "no memory"), -1);
 		if (frame_done(w, ev->length))
 			return deliver(w) ? 0 : -1;
 		return 0;
@@ -614,11 +619,8 @@ static int on_event(struct ws *w, const struct tw__ws_event *ev)
 			queue_ctrl(w, tw__ws_encode_pong(w->ctrl, ev->payload, ev->payload_len,
 							 w->client ? key : NULL));
 		return 0;
-	case TW__WS_EV_CLOSE:
-		got_close(w, ev);
-		return -1;
-	default:
-		return 0;
+	case TW__WS_EV_CLOSE: got_close(w, ev); return -1;
+	default: return 0;
 	}
 }
 
@@ -642,7 +644,8 @@ static void peer_gone(struct ws *w, ssize_t n)
 		return end_after_close(w);
 	if (n == 0) {
 		tw__comm_seterr(&w->base, "peer closed the connection without a close frame");
-		return tw__comm_end(&w->base, w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED);
+		return tw__comm_end(&w->base,
+				    w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED);
 	}
 	tw__comm_seterr(&w->base, "read failed: %s", io_error(w));
 	tw__comm_end(&w->base, errno == EPROTO ? TW_ETLS : TW_EIO);
@@ -915,7 +918,8 @@ static void upgrade_read(struct ws *w)
 		return;
 	if (n <= 0)
 		return upgrade_failed(w, n == 0 ? TW_ECLOSED : TW_EIO,
-				      n == 0 ? "connection closed during the upgrade" : io_error(w));
+				      n == 0 ? "connection closed during the upgrade"
+					     : io_error(w));
 	if (w->client) {
 		rv = tw__ws_client_feed(&w->hs, buf, (size_t)n, &used);
 		if (rv < 0)
@@ -950,8 +954,8 @@ static void on_upgrade_timeout(evutil_socket_t fd, short what, void *arg)
 		on_linger(fd, what, arg);
 }
 
-static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
-		  int client, struct ws **out)
+static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg, int client,
+		  struct ws **out)
 {
 	struct ws *w = calloc(1, sizeof(*w));
 	struct timeval tv;
@@ -1006,8 +1010,10 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	w->cb = cb;
 	w->cb_arg = arg;
 	if ((rv = tw__ws_client_init(&w->hs, 0, 0)) != 0 ||
-	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, sizeof(w->hs_out))) < 0)
-		return upgrade_failed(w, rv != 0 ? rv : TW_EADDR, "cannot build the upgrade request");
+	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, sizeof(w->hs_out))) <
+		    0)
+		return upgrade_failed(w, rv != 0 ? rv : TW_EADDR,
+				      "cannot build the upgrade request");
 	w->hs_len = (size_t)len;
 	event_add(w->rev, NULL);
 	upgrade_write(w);

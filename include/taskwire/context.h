@@ -23,13 +23,13 @@ struct event_base;
 typedef struct tw_context tw_context;
 
 /* Defaults of the limits, each changed by a setter below. */
-#define TW_DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(4) << 30) /* 4 GiB */
-#define TW_DEFAULT_MAX_FRAMES 65536
+#define TW_DEFAULT_MAX_MESSAGE_BYTES  (UINT64_C(4) << 30) /* 4 GiB */
+#define TW_DEFAULT_MAX_FRAMES         65536
 #define TW_DEFAULT_CONNECT_TIMEOUT_MS 10000
-#define TW_DEFAULT_WRITE_HWM_BYTES ((size_t)64 << 20) /* 64 MiB */
-#define TW_DEFAULT_SMALL_FRAME_BYTES ((size_t)64 << 10) /* 64 KiB */
-#define TW_DEFAULT_WS_SHARD_BYTES ((size_t)8 << 20)      /* 8 MiB, as Dask */
-#define TW_DEFAULT_WS_MAX_FRAGMENTS 4096
+#define TW_DEFAULT_WRITE_HWM_BYTES    ((size_t)64 << 20) /* 64 MiB */
+#define TW_DEFAULT_SMALL_FRAME_BYTES  ((size_t)64 << 10) /* 64 KiB */
+#define TW_DEFAULT_WS_SHARD_BYTES     ((size_t)8 << 20)  /* 8 MiB, as Dask */
+#define TW_DEFAULT_WS_MAX_FRAGMENTS   4096
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
@@ -37,8 +37,8 @@ typedef struct tw_context tw_context;
  * loop thread that runs until tw_context_free. Other threads reach the
  * loop through an eventfd the loop watches (tw_context_call, offload
  * results), so an application's base needs no libevent locking; libevent's
- * pthread locking is enabled all the same (evthread_use_pthreads). Returns 0 and sets *out, TW_ENOMEM, TW_EIO (thread or base could
- * not be made) or TW_EINVAL. */
+ * pthread locking is enabled all the same (evthread_use_pthreads). Returns 0 and sets *out,
+ * TW_ENOMEM, TW_EIO (thread or base could not be made) or TW_EINVAL. */
 int tw_context_new(struct event_base *base, tw_context **out);
 
 /* tw_context_free: abort every comm and listener still open (their close

@@ -18,7 +18,7 @@ extern "C" {
 
 #pragma GCC visibility push(default)
 
-#define TW_PICKLE_PROTOCOL 5
+#define TW_PICKLE_PROTOCOL              5
 #define TW_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000
 
 typedef struct tw_handshake_info {
@@ -34,8 +34,7 @@ typedef struct tw_handshake_info {
  * `pickle-protocol`, or is not a message taskwire can decode),
  * TW_ETIMEDOUT, or the comm's error (TW_ECLOSED when the peer closed), and
  * the comm is closed: free it. Runs on the loop thread. */
-typedef void (*tw_handshake_cb)(tw_comm *comm, int err, const tw_handshake_info *info,
-				void *arg);
+typedef void (*tw_handshake_cb)(tw_comm *comm, int err, const tw_handshake_info *info, void *arg);
 
 /* tw_comm_handshake: run the handshake on a fresh comm (no callbacks set
  * yet). `listener_side` is 1 for a comm from a listener (it writes first),

@@ -41,8 +41,7 @@ int tw_context_set_offload_threshold_bytes(tw_context *ctx, uint64_t bytes);
  * the tw_decode code and detail says why; the comm stays open (close it if
  * the protocol says so). Runs on the loop thread, never after the comm's
  * close callback and never after tw_comm_free. */
-typedef void (*tw_decoded_cb)(tw_comm *comm, tw_decoded *d, int err, const char *detail,
-			      void *arg);
+typedef void (*tw_decoded_cb)(tw_comm *comm, tw_decoded *d, int err, const char *detail, void *arg);
 
 /* tw_comm_set_decoded_callbacks: like tw_comm_set_callbacks, but messages
  * arrive decoded, large ones decoded on the offload pool, in order. While

@@ -23,8 +23,8 @@ extern "C" {
 typedef struct tw_pool tw_pool;
 typedef struct tw_call tw_call;
 
-#define TW_DEFAULT_POOL_LIMIT 512          /* open comms per address (Dask: 512 in all) */
-#define TW_DEFAULT_POOL_MAX_IDLE 16        /* idle comms kept per address */
+#define TW_DEFAULT_POOL_LIMIT           512 /* open comms per address (Dask: 512 in all) */
+#define TW_DEFAULT_POOL_MAX_IDLE        16  /* idle comms kept per address */
 #define TW_DEFAULT_POOL_IDLE_TIMEOUT_MS 60000
 
 /* The call finished. err is 0 with the reply (owned by the callee: free it
@@ -53,8 +53,8 @@ int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_time
  * request on success; on error the caller keeps it. *out (may be NULL) is
  * a handle for tw_call_cancel, valid until cb runs.
  * Returns 0 (cb will run exactly once), TW_EINVAL, TW_ENOMEM. */
-int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
-		 tw_reply_cb cb, void *arg, tw_call **out);
+int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
+		 void *arg, tw_call **out);
 
 /* tw_call_cancel: cb runs now with TW_ECANCELED; the call's comm, if its
  * request was sent, is aborted. */

@@ -87,11 +87,11 @@ enum tw_payload_kind { TW_PAYLOAD_SERIALIZED = 1, TW_PAYLOAD_PICKLED = 2 };
 
 typedef struct tw_payload {
 	enum tw_payload_kind kind;
-	uint64_t index;                     /* k: frame of the sub-header */
-	const msgpack_object *sub_header;   /* the sub-header map */
-	const char *serializer;             /* NUL-terminated; "" when absent */
-	size_t nframes;                     /* logical frames */
-	const tw_slice *frames;             /* merged and decompressed */
+	uint64_t index;                   /* k: frame of the sub-header */
+	const msgpack_object *sub_header; /* the sub-header map */
+	const char *serializer;           /* NUL-terminated; "" when absent */
+	size_t nframes;                   /* logical frames */
+	const tw_slice *frames;           /* merged and decompressed */
 } tw_payload;
 
 typedef struct tw_decode_limits {
@@ -110,8 +110,8 @@ typedef struct tw_decode_limits {
  * past the last frame, a bad sub-header, a size mismatch, corrupt
  * compressed data), TW_ENOTSUP (unknown codec), TW_ETOOBIG (a declared
  * size above the limit), TW_ENOMEM. Any thread. */
-int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out,
-	      char *detail, size_t detail_len);
+int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out, char *detail,
+	      size_t detail_len);
 
 /* tw_decoded_root: frame 0's value; valid until tw_decoded_free. */
 const msgpack_object *tw_decoded_root(const tw_decoded *d);

@@ -23,11 +23,11 @@ typedef struct tw_stats {
 	uint64_t payload_bytes_copied; /* frame bytes memcpy'd in user space */
 	uint64_t blocks_allocated;     /* blocks ever allocated (not wrapped) */
 	uint64_t block_bytes_allocated;
-	uint64_t blocks_live;          /* blocks currently alive */
-	uint64_t block_bytes_live;     /* bytes in live blocks */
-	uint64_t block_cache_hits;     /* large blocks served from the cache */
-	uint64_t merges_zero_copy;     /* tw_merge results that are views */
-	uint64_t merges_copied;        /* tw_merge results that needed a copy */
+	uint64_t blocks_live;      /* blocks currently alive */
+	uint64_t block_bytes_live; /* bytes in live blocks */
+	uint64_t block_cache_hits; /* large blocks served from the cache */
+	uint64_t merges_zero_copy; /* tw_merge results that are views */
+	uint64_t merges_copied;    /* tw_merge results that needed a copy */
 } tw_stats;
 
 /* tw_stats_global: copy the process-wide counters into *out. Any thread. */

@@ -38,8 +38,7 @@ int tw_tls_config_set_ca_file(tw_tls_config *cfg, const char *path);
  * key (PEM files), used by listeners and, for mutual TLS, by connectors.
  * Returns 0 or TW_EINVAL (unreadable file, key that does not match; see
  * tw_tls_config_last_error). */
-int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path,
-				 const char *key_path);
+int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path, const char *key_path);
 
 /* Listeners require and verify client certificates (default 1). */
 void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, int on);
