@@ -1,5 +1,6 @@
 /* The batched sender (include/taskwire/stream.h): maps written within one
  * interval leave as one array message, like Dask's BatchedSend. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,12 +70,15 @@ static void release_malloc(void *data, void *arg)
 	free(data);
 }
 
-int tw_batched_flush(tw_batched *b)
+/* Write the queued maps as one array message. With `force`, the write
+ * queue's high-water mark does not refuse it (the last batch, from
+ * tw_batched_free, has no later interval to retry in). */
+static int flush(tw_batched *b, int force)
 {
 	msgpack_sbuffer head;
 	msgpack_packer pk;
 	tw_msg *m;
-	size_t len;
+	size_t len, hwm;
 	char *body;
 	int rv;
 	if (b->n == 0)
@@ -95,7 +99,12 @@ int tw_batched_flush(tw_batched *b)
 		tw_msg_free(m);
 		return TW_ENOMEM;
 	}
-	if ((rv = tw_comm_write(b->comm, m)) != 0) {
+	hwm = b->comm->limits.write_hwm_bytes;
+	if (force)
+		b->comm->limits.write_hwm_bytes = SIZE_MAX;
+	rv = tw_comm_write(b->comm, m);
+	b->comm->limits.write_hwm_bytes = hwm;
+	if (rv != 0) {
 		tw_msg_free(m);
 		if (rv == TW_EAGAIN)
 			evtimer_add(b->timer, &b->interval);
@@ -106,12 +115,17 @@ int tw_batched_flush(tw_batched *b)
 	return 0;
 }
 
+int tw_batched_flush(tw_batched *b)
+{
+	return flush(b, 0);
+}
+
 void tw_batched_free(tw_batched *b)
 {
 	if (b == NULL)
 		return;
 	if (!b->comm->ended)
-		tw_batched_flush(b);
+		flush(b, 1);
 	event_free(b->timer);
 	msgpack_sbuffer_destroy(&b->body);
 	free(b);

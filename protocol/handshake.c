@@ -75,15 +75,25 @@ static int write_info(tw_comm *comm)
 	return rv;
 }
 
-static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info *info)
+/* The handshake's state is the comm's protocol state while it runs, so a
+ * comm freed mid-handshake frees it too; `place` (NULL on failure) takes
+ * its slot afterwards. */
+static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info *info,
+		   struct tw__dask_place *place)
 {
 	tw_handshake_cb cb = h->cb;
 	void *arg = h->arg;
+	comm->proto = NULL;
+	comm->proto_free = NULL;
 	free(h);
 	tw__comm_disarm_timeout(comm);
 	tw__comm_detach(comm);
-	if (err != 0)
+	if (err != 0) {
 		tw__comm_end(comm, err); /* no callback: detached */
+	} else {
+		tw__comm_set_proto(comm, place, tw__dask_place_free);
+		comm->ops->set_place(comm, tw__dask_place, place);
+	}
 	cb(comm, err, info, arg);
 }
 
@@ -140,11 +150,9 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	if (rv == 0 && (place = calloc(1, sizeof(*place))) == NULL)
 		rv = TW_ENOMEM;
 	if (rv != 0)
-		return finish(comm, h, rv, NULL);
+		return finish(comm, h, rv, NULL, NULL);
 	comm->compression = info.compression;
-	tw__comm_set_proto(comm, place, tw__dask_place_free);
-	comm->ops->set_place(comm, tw__dask_place, place);
-	finish(comm, h, 0, &info);
+	finish(comm, h, 0, &info, place);
 }
 
 static void on_close(tw_comm *comm, int err, void *arg)
@@ -162,7 +170,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 			(unsigned)comm->limits.handshake_timeout_ms,
 			st.bytes_received ? "" : " (a tls:// listener, or not a Dask peer?)");
 	}
-	finish(comm, h, err, NULL);
+	finish(comm, h, err, NULL, NULL);
 }
 
 int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void *arg)
@@ -176,10 +184,13 @@ int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void
 	h->listener_side = listener_side;
 	h->cb = cb;
 	h->arg = arg;
+	tw__comm_set_proto(comm, h, free);
 	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
 	    (rv = tw__comm_arm_timeout(comm, comm->limits.handshake_timeout_ms)) != 0 ||
 	    (listener_side && (rv = write_info(comm)) != 0)) {
 		tw__comm_detach(comm);
+		comm->proto = NULL;
+		comm->proto_free = NULL;
 		free(h);
 		return rv;
 	}

@@ -44,6 +44,7 @@ struct tw_call {
 	void *arg;
 	struct event *timer;
 	int waiting;
+	int doomed; /* failing with its address (connect_failed) */
 };
 
 struct tw_pool {
@@ -159,11 +160,21 @@ static void on_close(tw_comm *comm, int err, void *arg)
 }
 
 /* The connect (or its handshake) failed: the waiting calls fail too when
- * no other comm of the address can take them. */
+ * no other comm of the address can take them. All of them, with this
+ * error: failing one must not start a connect for the next (that made one
+ * connect attempt, and one connect timeout, per waiting call in turn).
+ * Calls their callbacks make are dispatched from the loop (the kick). */
 static void connect_failed(struct dest *d, int err)
 {
-	while (d->comms == NULL && d->connecting == 0 && d->wait_head != NULL)
-		fail(d->wait_head, err);
+	tw_call *c;
+	if (d->comms != NULL || d->connecting != 0)
+		return;
+	for (c = d->wait_head; c != NULL; c = c->next)
+		c->doomed = 1;
+	while ((c = d->wait_head) != NULL && c->doomed) {
+		unwait(c);
+		finish(c, err, NULL);
+	}
 }
 
 static void pc_forget(struct pcomm *pc, int err)
@@ -310,7 +321,8 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
 	struct dest *d;
 	tw_call *c;
-	if (p == NULL || uri == NULL || request == NULL || cb == NULL)
+	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
+	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri))
 		return TW_EINVAL;
 	if ((d = find_dest(p, uri)) == NULL || (c = calloc(1, sizeof(*c))) == NULL)
 		return TW_ENOMEM;

@@ -27,6 +27,7 @@ struct sconn {
 	tw_comm *comm;
 	tw_request *busy; /* the request being handled */
 	tw_msg *pending;  /* a reply the write queue refused, sent on drain */
+	int close_after;  /* close once `pending` is written (close:true) */
 	int stream;       /* after connection_stream: one-way maps */
 };
 
@@ -269,8 +270,13 @@ static void resume(struct sconn *sc)
 static void on_drain(tw_comm *comm, void *arg)
 {
 	struct sconn *sc = arg;
-	if (sc->pending != NULL && tw_comm_write(comm, sc->pending) == 0)
+	if (sc->pending != NULL && tw_comm_write(comm, sc->pending) == 0) {
 		sc->pending = NULL;
+		if (sc->close_after) {
+			tw_comm_close(comm);
+			return;
+		}
+	}
 	resume(sc);
 }
 
@@ -386,7 +392,9 @@ static int send_reply(struct sconn *sc, tw_request *r, tw_msg *m)
 	} else if (rv != 0) {
 		tw_msg_free(m);
 	}
-	if (r->close)
+	if (r->close && sc->pending != NULL)
+		sc->close_after = 1; /* the reply first: on_drain closes */
+	else if (r->close)
 		tw_comm_close(sc->comm);
 	else
 		resume(sc);
@@ -423,10 +431,15 @@ int tw_request_reply(tw_request *r)
 
 int tw_request_reply_error(tw_request *r, const char *exception_text, const char *traceback_text)
 {
-	tw_builder *b = tw_request_reply_builder(r);
+	tw_builder *b;
 	msgpack_packer *pk;
 	const char *e = exception_text != NULL ? exception_text : "";
-	if (b == NULL || !tw__builder_empty(b))
+	if (r->b != NULL && !tw__builder_empty(r->b)) {
+		/* the error replaces a reply the handler had begun to pack */
+		tw_builder_free(r->b);
+		r->b = NULL;
+	}
+	if ((b = tw_request_reply_builder(r)) == NULL)
 		return tw_request_reply(r); /* reports the same error */
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 5);

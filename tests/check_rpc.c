@@ -1,0 +1,36 @@
+/* RPC layer tests (DESIGN.md, RPC conventions): tw_server ops, replies,
+ * errors and deferred replies; tw_pool calls, timeouts, limits, idle
+ * comms and teardown; tw_rpc_call_sync; streams and the batched sender;
+ * interop with Debian's python3-distributed both ways (Python's rpc
+ * against a taskwire server over tcp, tls and ws; examples/
+ * tw-scheduler-probe against `dask scheduler` over tcp and ws).
+ * TW_TEST_QUICK=1 (valgrind runs) shrinks the large payloads. TLS
+ * certificates are made at start by scripts/make-test-certs.sh. */
+#include <signal.h>
+#include <stdlib.h>
+
+#include <check.h>
+
+#include "tests/check_rpc.h"
+#include "tests/tls_util.h"
+
+int main(void)
+{
+	Suite *s = suite_create("rpc");
+	SRunner *sr;
+	int failed;
+	signal(SIGPIPE, SIG_IGN);
+	tt_make_certs();
+	suite_add_tcase(s, rpc_server_tcase());
+	suite_add_tcase(s, rpc_timeout_tcase());
+	suite_add_tcase(s, rpc_pool_tcase());
+	suite_add_tcase(s, rpc_sync_tcase());
+	suite_add_tcase(s, rpc_stream_tcase());
+	suite_add_tcase(s, rpc_dask_tcase());
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	tt_remove_certs();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,202 @@
+/* Interop with Debian's python3-distributed, both ways:
+ *   Python's distributed.core.rpc (tests/interop/rpc_client.py) calls the
+ *   ops of examples/tw-rpc-server over tcp, and of the same ops served
+ *   in-process over tls (mutual, distributed.security.Security), ws, and
+ *   tcp with zstd agreed in the handshake;
+ *   examples/tw-scheduler-probe against `dask scheduler` over tcp and ws.
+ * Programs are found through TW_TOP_BUILDDIR, scripts through
+ * TW_TOP_SRCDIR. Every process started here is stopped by the TCase's
+ * teardown, also when a test fails. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <check.h>
+
+#include "tests/check_rpc.h"
+#include "tests/dask_util.h"
+#include "tests/rpc_util.h"
+#include "tests/tls_util.h"
+
+#define EXIT_MS 120000
+
+static struct du_proc server, client, sched;
+
+static void stop_procs(void)
+{
+	du_stop(&client);
+	du_stop(&server);
+	du_stop(&sched);
+}
+
+static void program(const char *name, char *buf, size_t len)
+{
+	const char *top = getenv("TW_TOP_BUILDDIR");
+	snprintf(buf, len, "%s/examples/%s", top != NULL ? top : ".", name);
+}
+
+/* The whole log holds `needle`. */
+static int log_has(const struct du_proc *p, const char *needle)
+{
+	static char buf[1 << 16];
+	FILE *f = fopen(p->log, "r");
+	size_t n;
+	if (f == NULL)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strstr(buf, needle) != NULL;
+}
+
+static int proc_exited(void *arg)
+{
+	struct du_proc *p = arg;
+	if (!p->exited && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
+		p->exited = 1;
+	return p->exited;
+}
+
+/* Wait for p to exit (driving h's loop when h is given) and check it
+ * exited with 0 and printed `ok`. */
+static void expect_success(struct tu *h, struct du_proc *p, const char *ok)
+{
+	char tail[2048];
+	int done = h != NULL ? tu_run_until(h, proc_exited, p, EXIT_MS) : du_wait_exit(p, EXIT_MS);
+	ck_assert_msg(done, "%s did not finish: %s", p->log, du_log_tail(p, tail, sizeof(tail)));
+	ck_assert_msg(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0 && log_has(p, ok),
+		      "status %d: %s", p->status, du_log_tail(p, tail, sizeof(tail)));
+}
+
+/* rpc_client.py against addr; tls: with the test certificates. */
+static void start_python(const char *addr, int tls, const char *codec)
+{
+	char script[512], big[32], ca[320], cert[320], key[320], env_codec[64];
+	char *env[] = {"PYTHONNOUSERSITE=1", env_codec, NULL};
+	char *argv[] = {DU_PYTHON, script, (char *)addr, "--big", big,
+			NULL,      NULL,   NULL,         NULL,    NULL};
+	du_script("rpc_client.py", script, sizeof(script));
+	snprintf(big, sizeof(big), "%d", tu_quick() ? 2000000 : 20000000);
+	snprintf(env_codec, sizeof(env_codec), "DASK_DISTRIBUTED__COMM__COMPRESSION=%s",
+		 codec != NULL ? codec : "False");
+	if (tls) {
+		snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
+		snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
+		snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+		argv[5] = "--tls";
+		argv[6] = ca;
+		argv[7] = cert;
+		argv[8] = key;
+	}
+	ck_assert_int_eq(du_spawn(&client, argv, env), 0);
+}
+
+START_TEST(python_rpc_to_example_tcp)
+{
+	char prog[512], addr[128], tail[1024];
+	char *argv[] = {prog, "tcp://127.0.0.1:0", NULL};
+	program("tw-rpc-server", prog, sizeof(prog));
+	ck_assert_int_eq(du_spawn(&server, argv, NULL), 0);
+	ck_assert_msg(du_wait_log(&server, "listening on", addr, sizeof(addr), DU_START_MS),
+		      "tw-rpc-server: %s", du_log_tail(&server, tail, sizeof(tail)));
+	start_python(addr, 0, NULL);
+	expect_success(NULL, &client, "ALL OK 13");
+}
+END_TEST
+
+/* The test server in-process on uri (tls: mutual TLS on the context). */
+static void python_to_inprocess(const char *uri, int tls, const char *codec)
+{
+	struct tu h;
+	struct rs s;
+	tu_init(&h);
+	if (tls)
+		tt_use_tls(h.ctx, "ca.pem", "cert.pem", "key.pem");
+	if (codec != NULL)
+		ck_assert_int_eq(tw_context_set_compression(h.ctx, codec), 0);
+	rs_start(&s, h.ctx, h.base, uri);
+	start_python(s.addr, tls, codec);
+	expect_success(&h, &client, "ALL OK 13");
+	rs_stop(&s);
+	tu_fini(&h);
+}
+
+START_TEST(python_rpc_to_inprocess_tls)
+{
+	python_to_inprocess("tls://127.0.0.1:0", 1, NULL);
+}
+END_TEST
+
+START_TEST(python_rpc_to_inprocess_ws)
+{
+	python_to_inprocess("ws://127.0.0.1:0", 0, NULL);
+}
+END_TEST
+
+START_TEST(python_rpc_to_inprocess_zstd)
+{
+	python_to_inprocess("tcp://127.0.0.1:0", 0, "zstd");
+}
+END_TEST
+
+/* examples/tw-scheduler-probe against `dask scheduler` (extra: the
+ * protocol arguments). */
+static void probe(char *const extra[], size_t nextra)
+{
+	char prog[512], addr[128], tail[2048];
+	char *argv[16] = {DU_PYTHON, "-m",        "distributed.cli.dask_scheduler",
+			  "--host",  "127.0.0.1", "--no-show"};
+	char *pargv[] = {prog, addr, "--seconds", "1", NULL};
+	char *env[] = {"PYTHONNOUSERSITE=1", NULL};
+	static const char *const lines[] = {"identity: {\"type\"=>\"Scheduler\"",
+					    "sent register-client as tw-scheduler-probe-",
+					    "scheduler says: stream-start",
+					    "sent heartbeat-client 2\n",
+					    "sent close-client, close-stream\n",
+					    "stream closed by the scheduler\n",
+					    "\nprobe ok\n"};
+	for (size_t i = 0; i < nextra; i++)
+		argv[6 + i] = extra[i];
+	ck_assert_int_eq(du_spawn(&sched, argv, env), 0);
+	ck_assert_msg(du_wait_log(&sched, "Scheduler at:", addr, sizeof(addr), DU_START_MS),
+		      "scheduler: %s", du_log_tail(&sched, tail, sizeof(tail)));
+	program("tw-scheduler-probe", prog, sizeof(prog));
+	ck_assert_int_eq(du_spawn(&client, pargv, NULL), 0);
+	expect_success(NULL, &client, "\nprobe ok\n");
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+		ck_assert_msg(log_has(&client, lines[i]), "no \"%s\" in: %s", lines[i],
+			      du_log_tail(&client, tail, sizeof(tail)));
+}
+
+START_TEST(probe_scheduler_tcp)
+{
+	char *extra[] = {"--port", "0", "--dashboard-address", "127.0.0.1:0"};
+	probe(extra, 4);
+}
+END_TEST
+
+START_TEST(probe_scheduler_ws)
+{
+	char port[16], dash[32];
+	char *extra[] = {"--protocol", "ws", "--port", port, "--dashboard-address", dash};
+	unsigned p = ru_free_port();
+	snprintf(port, sizeof(port), "%u", p);
+	snprintf(dash, sizeof(dash), "127.0.0.1:%u", p);
+	probe(extra, 6);
+}
+END_TEST
+
+TCase *rpc_dask_tcase(void)
+{
+	TCase *tc = tcase_create("dask");
+	tcase_set_timeout(tc, 180);
+	tcase_add_checked_fixture(tc, NULL, stop_procs);
+	tcase_add_test(tc, python_rpc_to_example_tcp);
+	tcase_add_test(tc, python_rpc_to_inprocess_tls);
+	tcase_add_test(tc, python_rpc_to_inprocess_ws);
+	tcase_add_test(tc, python_rpc_to_inprocess_zstd);
+	tcase_add_test(tc, probe_scheduler_tcp);
+	tcase_add_test(tc, probe_scheduler_ws);
+	return tc;
+}

@@ -1,0 +1,610 @@
+/* tw_pool against tw_server, black-hole listeners and refused ports:
+ * call timeouts, connect and handshake failures and their codes, a late
+ * reply never taken for the next call, the per-address limit (counted by a
+ * relay in front of the server), idle reuse and the idle sweep, cancel,
+ * and pools freed with calls waiting, connecting or in flight. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "tests/check_rpc.h"
+#include "tests/dask_util.h"
+#include "tests/rpc_util.h"
+#include "tests/tls_util.h"
+
+#define NFAIL 20
+
+static tw_pool *gone_pool;
+
+static int no_comms_at(void *arg)
+{
+	return tw_pool_open_comms(gone_pool, arg) == 0;
+}
+
+static void invalid_cb(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	(void)call;
+	(void)err;
+	(void)reply;
+	(void)arg;
+	ck_abort_msg("callback of a refused call");
+}
+
+/* The stream encoding of a handshake message whose frame 0 is `info`
+ * (msgpack, n bytes). */
+static uint8_t *encoded(const void *info, size_t n, size_t *len)
+{
+	tw_msg *m = rq_raw(info, n);
+	uint8_t *p = du_encode(m, len);
+	tw_msg_free(m);
+	ck_assert_ptr_nonnull(p);
+	return p;
+}
+
+/* {"compression": nil, "python": [3, 11, 2], "pickle-protocol": 5} */
+static const uint8_t handshake_info[] = {0x83, 0xab, 'c',  'o',  'm', 'p', 'r', 'e', 's', 's', 'i',
+					 'o',  'n',  0xc0, 0xa6, 'p', 'y', 't', 'h', 'o', 'n', 0x93,
+					 0x03, 0x0b, 0x02, 0xaf, 'p', 'i', 'c', 'k', 'l', 'e', '-',
+					 'p',  'r',  'o',  't',  'o', 'c', 'o', 'l', 0x05};
+
+/* One call's error against a peer that greets with greet (len bytes)
+ * and then says nothing. */
+static int call_peer(struct tu *h, const void *greet, size_t len, uint32_t hs_ms, uint32_t call_ms,
+		     size_t *accepted)
+{
+	struct bh b;
+	struct rc rc;
+	tw_pool *p;
+	int err;
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h->ctx, hs_ms), 0);
+	bh_start(&b, h->base, greet, len);
+	ck_assert_int_eq(tw_pool_new(h->ctx, &p), 0);
+	err = rc_call(h, p, b.addr, rq_op("identity"), call_ms, &rc);
+	ck_assert_ptr_null(rc.reply);
+	*accepted = b.n;
+	tw_pool_free(p);
+	bh_stop(&b);
+	return err;
+}
+
+START_TEST(timeout_slow_handler)
+{
+	struct rf f;
+	struct rc rc;
+	rf_init(&f);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_slow(1.0), 100, &rc), TW_ETIMEDOUT);
+	ck_assert_ptr_null(rc.reply);
+	/* the comm that carried it is aborted, never reused */
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_slow(0.01), 10000, &rc), 0);
+	rc_assert_str(&rc, "done");
+	rc_clear(&rc);
+	rf_fini(&f);
+}
+END_TEST
+
+/* A listener that accepts and never sends: the connector waits for the
+ * listener's handshake. The handshake timeout ends it with TW_EHANDSHAKE;
+ * a shorter call timeout ends the call first with TW_ETIMEDOUT. */
+START_TEST(timeout_black_hole)
+{
+	struct tu h;
+	size_t n;
+	tu_init(&h);
+	ck_assert_int_eq(call_peer(&h, NULL, 0, 200, 20000, &n), TW_EHANDSHAKE);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_int_eq(call_peer(&h, NULL, 0, 20000, 200, &n), TW_ETIMEDOUT);
+	ck_assert_uint_eq(n, 1);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Half a handshake, then silence; a complete handshake that is not a map;
+ * one without `pickle-protocol`: TW_EHANDSHAKE. */
+START_TEST(timeout_half_handshake)
+{
+	static const uint8_t not_map[] = {0x05};
+	static const uint8_t no_pickle[] = {0x81, 0xab, 'c', 'o', 'm', 'p', 'r',
+					    'e',  's',  's', 'i', 'o', 'n', 0xc0};
+	struct tu h;
+	size_t len, n;
+	uint8_t *full = encoded(handshake_info, sizeof(handshake_info), &len);
+	tu_init(&h);
+	for (size_t cut = 4; cut < len; cut += len / 3)
+		ck_assert_int_eq(call_peer(&h, full, cut, 300, 20000, &n), TW_EHANDSHAKE);
+	free(full);
+	full = encoded(not_map, sizeof(not_map), &len);
+	ck_assert_int_eq(call_peer(&h, full, len, 20000, 20000, &n), TW_EHANDSHAKE);
+	free(full);
+	full = encoded(no_pickle, sizeof(no_pickle), &len);
+	ck_assert_int_eq(call_peer(&h, full, len, 20000, 20000, &n), TW_EHANDSHAKE);
+	free(full);
+	/* a whole, valid handshake and then silence: the call times out */
+	full = encoded(handshake_info, sizeof(handshake_info), &len);
+	ck_assert_int_eq(call_peer(&h, full, len, 300, 300, &n), TW_ETIMEDOUT);
+	free(full);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(timeout_refused_and_bad_uri)
+{
+	struct tu h;
+	struct rc rc;
+	tw_pool *p;
+	char uri[64];
+	tu_init(&h);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	ru_refused_uri(uri, sizeof(uri));
+	ck_assert_int_eq(rc_call(&h, p, uri, rq_op("identity"), 5000, &rc), TW_ECONNREFUSED);
+	ck_assert_uint_eq(tw_pool_open_comms(p, uri), 0);
+	ck_assert_int_eq(rc_call(&h, p, "nope://127.0.0.1:1", rq_op("identity"), 0, &rc),
+			 TW_ESCHEME);
+	ck_assert_int_eq(rc_call(&h, p, "tcp://127.0.0.1", rq_op("identity"), 0, &rc), TW_EADDR);
+	tw_pool_free(p);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Every connect to an address fails: all the calls that were waiting
+ * fail with that error, and no call connects again for the next one
+ * (one connect per waiting call, at most the limit). */
+static void all_fail(struct tu *h, tw_pool *p, const char *uri, size_t n, int want)
+{
+	static struct rc rc[NFAIL];
+	ck_assert_uint_le(n, NFAIL);
+	for (size_t i = 0; i < n; i++)
+		rc_start(p, uri, rq_op("identity"), 0, &rc[i]);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert(rc_wait(h, &rc[i], TU_WAIT_MS));
+		ck_assert_msg(rc[i].err == want, "call %zu: %s", i, tw_strerror(rc[i].err));
+	}
+	ck_assert_uint_eq(tw_pool_open_comms(p, uri), 0);
+}
+
+START_TEST(connect_failure_fails_waiting)
+{
+	struct tu h;
+	struct bh b;
+	tw_pool *p;
+	char refused[64];
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h.ctx, 200), 0);
+	bh_start(&b, h.base, NULL, 0);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	all_fail(&h, p, b.addr, 10, TW_EHANDSHAKE);
+	tu_run_for(&h, 50);
+	ck_assert_uint_eq(b.n, 10);
+	ck_assert_int_eq(tw_pool_set_limit(p, 4), 0);
+	all_fail(&h, p, b.addr, 20, TW_EHANDSHAKE);
+	tu_run_for(&h, 50);
+	ck_assert_uint_eq(b.n, 14);
+	ru_refused_uri(refused, sizeof(refused));
+	all_fail(&h, p, refused, 20, TW_ECONNREFUSED);
+	tw_pool_free(p);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Arguments tw_pool_call refuses at once (the callback never runs). */
+START_TEST(pool_call_invalid)
+{
+	struct tu h;
+	tw_pool *p;
+	tw_msg *empty, *req = rq_op("identity");
+	char long_uri[400];
+	tu_init(&h);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	ck_assert_int_eq(tw_msg_new(&empty), 0);
+	ck_assert_int_eq(tw_pool_call(p, "tcp://127.0.0.1:1", empty, 0, NULL, NULL, NULL),
+			 TW_EINVAL);
+	ck_assert_int_eq(tw_pool_call(p, "tcp://127.0.0.1:1", NULL, 0, NULL, NULL, NULL),
+			 TW_EINVAL);
+	ck_assert_int_eq(tw_pool_call(NULL, "tcp://127.0.0.1:1", req, 0, NULL, NULL, NULL),
+			 TW_EINVAL);
+	memset(long_uri, 'a', sizeof(long_uri) - 1);
+	memcpy(long_uri, "tcp://", 6);
+	long_uri[sizeof(long_uri) - 1] = '\0';
+	ck_assert_int_eq(tw_pool_call(p, long_uri, req, 0, invalid_cb, NULL, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_pool_call(p, "tcp://127.0.0.1:1", empty, 0, invalid_cb, NULL, NULL),
+			 TW_EINVAL);
+	tu_run_for(&h, 50);
+	tw_msg_free(empty);
+	tw_msg_free(req);
+	tw_pool_free(p);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Call A times out before its (slow) reply; call B to the same address
+ * right after gets its own reply, never A's, on a new comm. */
+START_TEST(late_reply_not_taken)
+{
+	struct rf f;
+	struct rp relay;
+	struct rc a, b;
+	rf_init(&f);
+	rp_start(&relay, f.h.base, f.s.addr);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_slow(0.3), 100, &a), TW_ETIMEDOUT);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_echo_str("B"), 10000, &b), 0);
+	rc_assert_str(&b, "B");
+	rc_clear(&b);
+	ck_assert_uint_eq(relay.accepts, 2);
+	/* the server answers A's request after all, into the aborted comm */
+	ck_assert(tu_wait_count(&f.h, &f.s.slow_peak, 1, TU_WAIT_MS));
+	ck_assert(tu_run_until(&f.h, rs_no_slow, &f.s, TU_WAIT_MS));
+	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_echo_str("C"), 10000, &b), 0);
+	rc_assert_str(&b, "C");
+	rc_clear(&b);
+	ck_assert_uint_eq(relay.accepts, 2);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, relay.addr), 1);
+	tw_pool_free(f.pool);
+	f.pool = NULL;
+	rp_stop(&relay);
+	rf_fini(&f);
+}
+END_TEST
+
+/* A call that times out while it waits for the only comm (limit 1): the
+ * call in flight and its comm are not touched. */
+START_TEST(timeout_while_waiting)
+{
+	struct rf f;
+	struct rc a, b, c;
+	rf_init(&f);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
+	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("b"), 100, &b), TW_ETIMEDOUT);
+	ck_assert_int_eq(a.done, 0);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rs_release(&f.s, 0);
+	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
+	rc_assert_str(&a, "later");
+	rc_clear(&a);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("c"), 100, &c), 0);
+	rc_assert_str(&c, "c");
+	rc_clear(&c);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* The server goes away while the pool holds an idle comm to it: the comm
+ * leaves the pool, and the next call is refused. */
+START_TEST(server_gone)
+{
+	struct rf f;
+	struct rc rc;
+	char addr[128];
+	rf_init(&f);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("x"), 0, &rc), 0);
+	rc_clear(&rc);
+	snprintf(addr, sizeof(addr), "%s", f.s.addr);
+	gone_pool = f.pool;
+	rs_stop(&f.s);
+	ck_assert(tu_run_until(&f.h, no_comms_at, addr, TU_WAIT_MS));
+	ck_assert_int_eq(rc_call(&f.h, f.pool, addr, rq_echo_str("y"), 0, &rc), TW_ECONNREFUSED);
+	tw_pool_free(f.pool);
+	tu_fini(&f.h);
+}
+END_TEST
+
+/* TLS failures: a client that trusts another CA (TW_ETLS), tls:// to a
+ * tcp:// server (TW_ETLS), tcp:// to a tls:// server (no Dask handshake
+ * comes: TW_EHANDSHAKE). */
+START_TEST(pool_tls_errors)
+{
+	struct tu h;
+	struct rs tls, tcp;
+	tw_context *bad, *plain;
+	tw_pool *p;
+	struct rc rc;
+	char uri[128];
+	tu_init(&h);
+	tt_use_tls(h.ctx, "ca.pem", "cert.pem", "key.pem");
+	rs_start(&tls, h.ctx, h.base, "tls://127.0.0.1:0");
+	rs_start(&tcp, h.ctx, h.base, "tcp://127.0.0.1:0");
+	bad = tt_context(&h, "other-ca.pem", "cert.pem", "key.pem");
+	ck_assert_int_eq(tw_pool_new(bad, &p), 0);
+	ck_assert_int_eq(rc_call(&h, p, tls.addr, rq_op("identity"), 0, &rc), TW_ETLS);
+	tw_pool_free(p);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	ck_assert_int_eq(rc_call(&h, p, tls.addr, rq_op("identity"), 0, &rc), 0);
+	rc_clear(&rc);
+	ck_assert_int_eq(rc_call(&h, p, tt_uri_as(tcp.addr, "tls", uri, sizeof(uri)),
+				 rq_op("identity"), 0, &rc),
+			 TW_ETLS);
+	tw_pool_free(p);
+	plain = tt_context(&h, NULL, NULL, NULL);
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(plain, 300), 0);
+	ck_assert_int_eq(tw_pool_new(plain, &p), 0);
+	ck_assert_int_eq(rc_call(&h, p, tt_uri_as(tls.addr, "tcp", uri, sizeof(uri)),
+				 rq_op("identity"), 0, &rc),
+			 TW_EHANDSHAKE);
+	tw_pool_free(p);
+	rs_stop(&tls);
+	rs_stop(&tcp);
+	tt_fini(&h);
+}
+END_TEST
+
+TCase *rpc_timeout_tcase(void)
+{
+	TCase *tc = tcase_create("timeout");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, timeout_slow_handler);
+	tcase_add_test(tc, timeout_black_hole);
+	tcase_add_test(tc, timeout_half_handshake);
+	tcase_add_test(tc, timeout_refused_and_bad_uri);
+	tcase_add_test(tc, connect_failure_fails_waiting);
+	tcase_add_test(tc, pool_call_invalid);
+	tcase_add_test(tc, late_reply_not_taken);
+	tcase_add_test(tc, timeout_while_waiting);
+	tcase_add_test(tc, server_gone);
+	tcase_add_test(tc, pool_tls_errors);
+	return tc;
+}
+
+/* Pool limits and idle comms, through a relay that counts connections. */
+
+#define BATCH 50
+
+struct batch {
+	struct rc rc[BATCH];
+	struct rf *f;
+	struct rp *relay;
+	size_t peak_open; /* tw_pool_open_comms seen while waiting */
+};
+
+static int batch_done(void *arg)
+{
+	struct batch *b = arg;
+	size_t open = tw_pool_open_comms(b->f->pool, b->relay->addr);
+	if (open > b->peak_open)
+		b->peak_open = open;
+	for (size_t i = 0; i < BATCH; i++)
+		if (!b->rc[i].done)
+			return 0;
+	return 1;
+}
+
+static void run_batch(struct batch *b)
+{
+	for (size_t i = 0; i < BATCH; i++)
+		rc_start(b->f->pool, b->relay->addr, rq_slow(0.01), 0, &b->rc[i]);
+	ck_assert(tu_run_until(&b->f->h, batch_done, b, TU_WAIT_MS));
+	for (size_t i = 0; i < BATCH; i++) {
+		rc_assert_str(&b->rc[i], "done");
+		rc_clear(&b->rc[i]);
+	}
+}
+
+struct open_wait {
+	struct rf *f;
+	struct rp *relay;
+	size_t n;
+};
+
+static int open_is(void *arg)
+{
+	struct open_wait *w = arg;
+	return tw_pool_open_comms(w->f->pool, w->relay->addr) == w->n && w->relay->live == w->n;
+}
+
+START_TEST(pool_limit_and_idle)
+{
+	static struct batch b;
+	struct rf f;
+	struct rp relay;
+	struct open_wait w = {&f, &relay, 1};
+	rf_init(&f);
+	rp_start(&relay, f.h.base, f.s.addr);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 0), TW_EINVAL);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 4), 0);
+	memset(&b, 0, sizeof(b));
+	b.f = &f;
+	b.relay = &relay;
+	run_batch(&b);
+	ck_assert_uint_eq(relay.accepts, 4); /* 50 waiting: the limit */
+	ck_assert_uint_le(relay.peak, 4);
+	ck_assert_uint_le(b.peak_open, 4);
+	ck_assert_uint_le(f.s.slow_peak, 4);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, relay.addr), relay.accepts);
+	/* a second batch reuses the idle comms */
+	size_t accepts = relay.accepts;
+	run_batch(&b);
+	ck_assert_uint_eq(relay.accepts, accepts);
+	/* the sweep (every second) keeps one idle comm, then none */
+	ck_assert_int_eq(tw_pool_set_idle(f.pool, 1, 60000), 0);
+	ck_assert(tu_run_until(&f.h, open_is, &w, 2500));
+	ck_assert_int_eq(tw_pool_set_idle(f.pool, 1, 200), 0);
+	w.n = 0;
+	ck_assert(tu_run_until(&f.h, open_is, &w, 2500));
+	ck_assert_uint_eq(relay.accepts, accepts);
+	tw_pool_free(f.pool);
+	f.pool = NULL;
+	rp_stop(&relay);
+	rf_fini(&f);
+}
+END_TEST
+
+/* tw_call_cancel: a waiting call and a call in flight; the callback runs
+ * at once with TW_ECANCELED; the in-flight call's comm is aborted. */
+START_TEST(pool_cancel)
+{
+	struct rf f;
+	struct rc a, b, c;
+	rf_init(&f);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
+	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
+	rc_start(f.pool, f.s.addr, rq_echo_str("b"), 0, &b);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	tw_call_cancel(b.call); /* waiting for the only comm */
+	ck_assert_int_eq(b.done, 1);
+	ck_assert_int_eq(b.err, TW_ECANCELED);
+	ck_assert_int_eq(a.done, 0);
+	tw_call_cancel(a.call); /* sent */
+	ck_assert_int_eq(a.done, 1);
+	ck_assert_int_eq(a.err, TW_ECANCELED);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("c"), 0, &c), 0);
+	rc_assert_str(&c, "c");
+	rc_clear(&c);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Each reply callback makes the next call: they reuse the one comm. */
+struct chain {
+	tw_pool *pool;
+	const char *addr;
+	int n, done, err;
+};
+
+static void chain_cb(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct chain *c = arg;
+	char want[16];
+	(void)call;
+	snprintf(want, sizeof(want), "n%d", c->n);
+	if (err != 0 || !tw_obj_str_eq(tw_decoded_root(reply), want))
+		c->err = err != 0 ? err : -1;
+	tw_decoded_free(reply);
+	if (c->err != 0 || ++c->n == 5) {
+		c->done = 1;
+		return;
+	}
+	snprintf(want, sizeof(want), "n%d", c->n);
+	ck_assert_int_eq(tw_pool_call(c->pool, c->addr, rq_echo_str(want), 0, chain_cb, c, NULL),
+			 0);
+}
+
+START_TEST(pool_chain_from_callback)
+{
+	struct rf f;
+	struct chain c = {0};
+	rf_init(&f);
+	c.pool = f.pool;
+	c.addr = f.s.addr;
+	ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_echo_str("n0"), 0, chain_cb, &c, NULL),
+			 0);
+	ck_assert(tu_wait_flag(&f.h, &c.done, TU_WAIT_MS));
+	ck_assert_int_eq(c.err, 0);
+	ck_assert_int_eq(c.n, 5);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Freeing the pool. */
+
+#define NFREE 30
+
+static void free_pool_all_canceled(struct tu *h, tw_pool *p, struct rc *rc, size_t n)
+{
+	tw_pool_free(p);
+	rc_forbid = 1;
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_msg(rc[i].done, "call %zu: no callback by tw_pool_free", i);
+		ck_assert_int_eq(rc[i].err, TW_ECANCELED);
+	}
+	tu_run_for(h, 400); /* leftover connects and handshakes end: no callback */
+	for (size_t i = 0; i < n; i++)
+		ck_assert_int_eq(rc[i].late, 0);
+	rc_forbid = 0;
+}
+
+/* Every call waits for a handshake from a black hole. */
+START_TEST(pool_free_connecting)
+{
+	static struct rc rc[NFREE];
+	struct tu h;
+	struct bh b;
+	tw_pool *p;
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h.ctx, 200), 0);
+	bh_start(&b, h.base, NULL, 0);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	for (size_t i = 0; i < NFREE; i++)
+		rc_start(p, b.addr, rq_op("identity"), 0, &rc[i]);
+	ck_assert(tu_wait_count(&h, &b.n, NFREE, TU_WAIT_MS));
+	ck_assert_uint_eq(tw_pool_open_comms(p, b.addr), NFREE);
+	free_pool_all_canceled(&h, p, rc, NFREE);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Many calls, freed before the loop ran once: nothing connected yet. */
+START_TEST(pool_free_at_once)
+{
+	static struct rc rc[NFREE];
+	struct rf f;
+	rf_init(&f);
+	for (size_t i = 0; i < NFREE; i++)
+		rc_start(f.pool, f.s.addr, rq_echo_str("x"), 0, &rc[i]);
+	free_pool_all_canceled(&f.h, f.pool, rc, NFREE);
+	f.pool = NULL;
+	rf_fini(&f);
+}
+END_TEST
+
+/* Calls in flight on four comms, the rest waiting, one more connecting
+ * to another address. */
+START_TEST(pool_free_in_flight)
+{
+	static struct rc rc[NFREE + 1];
+	struct rf f;
+	struct bh b;
+	rf_init(&f);
+	bh_start(&b, f.h.base, NULL, 0);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 4), 0);
+	for (size_t i = 0; i < NFREE; i++)
+		rc_start(f.pool, f.s.addr, rq_slow(0.3), 0, &rc[i]);
+	rc_start(f.pool, b.addr, rq_op("identity"), 0, &rc[NFREE]);
+	ck_assert(tu_wait_count(&f.h, &f.s.slow_now, 4, TU_WAIT_MS));
+	ck_assert(tu_wait_count(&f.h, &b.n, 1, TU_WAIT_MS));
+	free_pool_all_canceled(&f.h, f.pool, rc, NFREE + 1);
+	f.pool = NULL;
+	bh_stop(&b);
+	rf_fini(&f);
+}
+END_TEST
+
+/* The pool, then the context, freed while handshakes are pending. */
+START_TEST(pool_free_then_context)
+{
+	static struct rc rc[8];
+	struct tu h;
+	struct bh b;
+	tw_pool *p;
+	tu_init(&h);
+	bh_start(&b, h.base, NULL, 0);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	for (size_t i = 0; i < 8; i++)
+		rc_start(p, b.addr, rq_op("identity"), 0, &rc[i]);
+	ck_assert(tu_wait_count(&h, &b.n, 8, TU_WAIT_MS));
+	tw_pool_free(p);
+	for (size_t i = 0; i < 8; i++)
+		ck_assert_int_eq(rc[i].err, TW_ECANCELED);
+	bh_stop(&b);
+	tu_fini(&h); /* frees the pending handshakes (no loop ran since) */
+}
+END_TEST
+
+TCase *rpc_pool_tcase(void)
+{
+	TCase *tc = tcase_create("pool");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, pool_limit_and_idle);
+	tcase_add_test(tc, pool_cancel);
+	tcase_add_test(tc, pool_chain_from_callback);
+	tcase_add_test(tc, pool_free_connecting);
+	tcase_add_test(tc, pool_free_at_once);
+	tcase_add_test(tc, pool_free_in_flight);
+	tcase_add_test(tc, pool_free_then_context);
+	return tc;
+}

@@ -1,0 +1,465 @@
+/* tw_server in-process, called through a tw_pool or a raw client comm on
+ * loopback: built-in and custom ops, inline and out-of-band echo (20 MiB,
+ * decoded on the offload pool), deferred replies, reply=false, error
+ * replies, unknown ops, close, in-order replies on one comm, malformed
+ * requests, and a server freed with a handler in flight. */
+#include <string.h>
+
+#include <check.h>
+
+#include "core/context.h"
+#include "tests/check_rpc.h"
+#include "tests/rpc_util.h"
+#include "tests/tls_util.h"
+
+#define MiB ((size_t)1 << 20)
+
+static const msgpack_object *field(const struct rc *rc, const char *key)
+{
+	return tw_map_get(tw_decoded_root(rc->reply), key);
+}
+
+START_TEST(server_identity)
+{
+	struct rf f;
+	struct rc rc;
+	const msgpack_object *id;
+	rf_init(&f);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("identity"), 0, &rc), 0);
+	ck_assert(tw_obj_str_eq(field(&rc, "type"), "taskwire"));
+	id = field(&rc, "id");
+	ck_assert(id != NULL && id->type == MSGPACK_OBJECT_STR);
+	ck_assert(id->via.str.size > 9 && memcmp(id->via.str.ptr, "taskwire-", 9) == 0);
+	ck_assert_uint_eq(tw_decoded_root(rc.reply)->via.map.size, 2);
+	rc_clear(&rc);
+	rf_fini(&f);
+}
+END_TEST
+
+START_TEST(server_echo_inline)
+{
+	static const uint8_t data[] = {'t', 'w', 0x00, 0xff, 0x80, 'x'};
+	struct rf f;
+	struct rc rc;
+	tw_builder *b;
+	const msgpack_object *o;
+	rf_init(&f);
+	b = rq_begin("echo", 1);
+	rq_bin(b, "data", data, sizeof(data));
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_end(b), 0, &rc), 0);
+	o = tw_decoded_root(rc.reply);
+	ck_assert_int_eq(o->type, MSGPACK_OBJECT_BIN);
+	ck_assert_uint_eq(o->via.bin.size, sizeof(data));
+	ck_assert_mem_eq(o->via.bin.ptr, data, sizeof(data));
+	ck_assert_uint_eq(tw_decoded_npayloads(rc.reply), 0);
+	rc_clear(&rc);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("héllo"), 0, &rc), 0);
+	rc_assert_str(&rc, "héllo");
+	rc_clear(&rc);
+	/* echo without data: nil */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("echo"), 0, &rc), 0);
+	ck_assert_int_eq(tw_decoded_root(rc.reply)->type, MSGPACK_OBJECT_NIL);
+	rc_clear(&rc);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Echo n out-of-band bytes (pattern, seed) and check what comes back. */
+static void echo_oob_at(struct rf *f, const char *addr, size_t n, unsigned seed)
+{
+	tw_slice data = ru_pattern(n, seed);
+	tw_builder *b = rq_begin("echo", 1);
+	const tw_payload *pl;
+	struct rc rc;
+	rq_bytes(b, "data", &data);
+	tw_block_free(data.block);
+	ck_assert_int_eq(rc_call(&f->h, f->pool, addr, rq_end(b), 0, &rc), 0);
+	pl = tw_decoded_payload(rc.reply, tw_decoded_root(rc.reply));
+	ck_assert_ptr_nonnull(pl);
+	ck_assert_str_eq(pl->serializer, "dask");
+	ck_assert_uint_eq(pl->nframes, 1);
+	ck_assert_uint_eq(pl->frames[0].len, n);
+	ck_assert_int_eq(tu_check(tw_slice_data(&pl->frames[0]), n, seed), -1);
+	rc_clear(&rc);
+}
+
+static void echo_oob(struct rf *f, size_t n, unsigned seed)
+{
+	echo_oob_at(f, f->s.addr, n, seed);
+}
+
+START_TEST(server_echo_oob)
+{
+	struct rf f;
+	size_t big = tu_quick() ? 3 * MiB : 20 * MiB;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 2 * MiB), 0);
+	echo_oob(&f, 0, 1);
+	echo_oob(&f, 1000, 2);
+	ck_assert_ptr_null(f.h.ctx->offload); /* small: decoded on the loop */
+	echo_oob(&f, big, 3);
+	ck_assert_ptr_nonnull(f.h.ctx->offload); /* large: on the offload pool */
+	echo_oob(&f, 1000, 4);
+	rf_fini(&f);
+}
+END_TEST
+
+/* A handler that replies later (from a timer) while another comm's
+ * request is answered first. */
+START_TEST(server_deferred_reply)
+{
+	struct rf f;
+	struct rc a, b;
+	rf_init(&f);
+	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("b"), 0, &b), 0);
+	rc_assert_str(&b, "b");
+	ck_assert_int_eq(a.done, 0);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 2);
+	rs_release(&f.s, 0);
+	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
+	rc_assert_str(&a, "later");
+	ck_assert_int_eq(f.s.last_reply_rv, 0);
+	ck_assert_uint_lt(b.seq, a.seq);
+	rc_clear(&a);
+	rc_clear(&b);
+	rf_fini(&f);
+}
+END_TEST
+
+static tw_msg *count_req(int reply)
+{
+	tw_builder *b = rq_begin("count", 1);
+	rq_bool(b, "reply", reply);
+	return rq_end(b);
+}
+
+static tw_msg *echo_no_reply(const char *s)
+{
+	tw_builder *b = rq_begin("echo", 2);
+	rq_str(b, "data", s);
+	rq_bool(b, "reply", 0);
+	return rq_end(b);
+}
+
+/* reply=false: nothing comes back, and the comm serves the next request. */
+START_TEST(server_reply_false)
+{
+	struct rf f;
+	struct rw w;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, count_req(0));
+	rw_send(&w, echo_no_reply("silent"));
+	rw_send(&w, rq_echo_str("first"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "first"));
+	ck_assert_uint_eq(f.s.counted, 1);
+	ck_assert_int_eq(f.s.count_wanted_reply, 0);
+	ck_assert_int_eq(f.s.last_reply_rv, 0);
+	rw_send(&w, count_req(1));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 1)), "counted"));
+	ck_assert_int_eq(f.s.count_wanted_reply, 1);
+	rw_send(&w, rq_echo_str("last"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 2)), "last"));
+	ck_assert_uint_eq(w.n, 3);
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+START_TEST(server_error_reply)
+{
+	struct rf f;
+	struct rc rc;
+	rf_init(&f);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("fail"), 0, &rc), TW_EREMOTE);
+	ck_assert_ptr_nonnull(rc.reply);
+	ck_assert(tw_obj_str_eq(field(&rc, "status"), "uncaught-error"));
+	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"), "fail: this op always fails"));
+	ck_assert(tw_obj_str_eq(field(&rc, "exception"), "fail: this op always fails"));
+	ck_assert(tw_obj_str_eq(field(&rc, "traceback_text"), "rpc_util.c op_fail"));
+	ck_assert_int_eq(field(&rc, "traceback")->type, MSGPACK_OBJECT_NIL);
+	rc_clear(&rc);
+	/* sum of something that is not bytes: the handler's own error */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("sum"), 0, &rc), TW_EREMOTE);
+	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"),
+				"sum: `data` must be bytes of float64 values"));
+	ck_assert(tw_obj_str_eq(field(&rc, "traceback_text"), ""));
+	rc_clear(&rc);
+	/* an error after part of a reply was packed: the error replaces it */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("fail_late"), 0, &rc), TW_EREMOTE);
+	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"), "fail_late: gave up halfway"));
+	rc_clear(&rc);
+	/* the comm is still good */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("ok"), 0, &rc), 0);
+	rc_assert_str(&rc, "ok");
+	rc_clear(&rc);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+START_TEST(server_unknown_op)
+{
+	struct rf f;
+	struct rc rc;
+	rf_init(&f);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("no-such-op"), 0, &rc), 0);
+	ck_assert_int_eq(tw_decoded_root(rc.reply)->type, MSGPACK_OBJECT_NIL);
+	rc_clear(&rc);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("after"), 0, &rc), 0);
+	rc_assert_str(&rc, "after");
+	rc_clear(&rc);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+static tw_msg *echo_close(const char *s)
+{
+	tw_builder *b = rq_begin("echo", 2);
+	rq_str(b, "data", s);
+	rq_bool(b, "close", 1);
+	return rq_end(b);
+}
+
+static int no_comms(void *arg)
+{
+	struct rf *f = arg;
+	return tw_pool_open_comms(f->pool, f->s.addr) == 0;
+}
+
+/* close:true and the built-in close: reply, then the server closes. */
+START_TEST(server_close)
+{
+	struct rf f;
+	struct rw w;
+	struct rc rc;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, echo_close("bye"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "bye"));
+	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
+	ck_assert_int_eq(w.close_err, 0);
+	ck_assert_uint_eq(w.n, 1);
+	rw_free(&w);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, rq_op("close"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "OK"));
+	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
+	ck_assert_int_eq(w.close_err, 0);
+	ck_assert_uint_eq(w.n, 1);
+	rw_free(&w);
+	/* through the pool: the closed comm leaves the pool */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("close"), 0, &rc), 0);
+	rc_assert_str(&rc, "OK");
+	rc_clear(&rc);
+	ck_assert(tu_run_until(&f.h, no_comms, &f, TU_WAIT_MS));
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("again"), 0, &rc), 0);
+	rc_assert_str(&rc, "again");
+	rc_clear(&rc);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Three requests written at once on one comm: replies in request order,
+ * although the first is the slowest. */
+START_TEST(server_in_order)
+{
+	struct rf f;
+	struct rw w;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, rq_slow(0.05));
+	rw_send(&w, rq_echo_str("second"));
+	rw_send(&w, rq_op("later"));
+	rw_send(&w, rq_echo_str("fourth"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "done"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 1)), "second"));
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	tu_run_for(&f.h, 50); /* "fourth" must wait for "later" */
+	ck_assert_uint_eq(w.n, 2);
+	rs_release(&f.s, 0);
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 2)), "later"));
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 3)), "fourth"));
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+/* A malformed request drops its comm (the client sees the end, no reply);
+ * other comms keep working. */
+static void bad_request(struct rf *f, const void *frame0, size_t n)
+{
+	struct rw w;
+	struct rc rc;
+	ck_assert_int_eq(rw_open(&f->h, f->h.ctx, f->s.addr, &w), 0);
+	rw_send(&w, rq_raw(frame0, n));
+	ck_assert_msg(tu_wait_flag(&f->h, &w.closed, TU_WAIT_MS), "comm not dropped");
+	ck_assert_msg(w.close_err == 0 || w.close_err == TW_EIO, "close: %s",
+		      tw_strerror(w.close_err));
+	ck_assert_uint_eq(w.n, 0);
+	rw_free(&w);
+	ck_assert_int_eq(rc_call(&f->h, f->pool, f->s.addr, rq_echo_str("alive"), 0, &rc), 0);
+	rc_assert_str(&rc, "alive");
+	rc_clear(&rc);
+}
+
+START_TEST(server_bad_requests)
+{
+	static const uint8_t array[] = {0x92, 0x01, 0x02};                    /* [1, 2] */
+	static const uint8_t no_op[] = {0x81, 0xa1, 'x', 0x01};               /* {"x": 1} */
+	static const uint8_t int_op[] = {0x81, 0xa2, 'o', 'p', 0x05};         /* {"op": 5} */
+	static const uint8_t str[] = {0xa2, 'h', 'i'};                        /* "hi" */
+	static const uint8_t garbage[] = {0xc1};                              /* never used */
+	static const uint8_t truncated[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e'}; /* cut */
+	struct rf f;
+	struct rc rc;
+	rf_init(&f);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("before"), 0, &rc), 0);
+	rc_clear(&rc);
+	bad_request(&f, array, sizeof(array));
+	bad_request(&f, no_op, sizeof(no_op));
+	bad_request(&f, int_op, sizeof(int_op));
+	bad_request(&f, str, sizeof(str));
+	bad_request(&f, garbage, sizeof(garbage));
+	bad_request(&f, truncated, sizeof(truncated));
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* The server is freed with handlers in flight: the callers fail with
+ * TW_ECLOSED or TW_EIO; the orphaned requests' late replies are dropped
+ * (tw_request_reply returns TW_ECLOSED; ASan/valgrind see no leak). */
+START_TEST(server_free_in_flight)
+{
+	struct rf f;
+	struct rc a, b;
+	rf_init(&f);
+	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
+	rc_start(f.pool, f.s.addr, rq_slow(0.2), 0, &b);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	ck_assert(tu_wait_count(&f.h, &f.s.slow_now, 1, TU_WAIT_MS));
+	tw_server_free(f.s.srv);
+	f.s.srv = NULL;
+	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
+	ck_assert(rc_wait(&f.h, &b, TU_WAIT_MS));
+	ck_assert_msg(a.err == TW_ECLOSED || a.err == TW_EIO, "%s", tw_strerror(a.err));
+	ck_assert_msg(b.err == TW_ECLOSED || b.err == TW_EIO, "%s", tw_strerror(b.err));
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
+	/* the slow handler's timer fires and replies to its orphan */
+	f.s.last_reply_rv = 1;
+	ck_assert(tu_run_until(&f.h, rs_no_slow, &f.s, TU_WAIT_MS));
+	ck_assert_int_eq(f.s.last_reply_rv, TW_ECLOSED);
+	rf_fini(&f); /* replies to the held one: TW_ECLOSED */
+}
+END_TEST
+
+static void my_identity(tw_request *r, void *arg)
+{
+	msgpack_pack_str(tw_builder_packer(tw_request_reply_builder(r)), 4);
+	msgpack_pack_str_body(tw_builder_packer(tw_request_reply_builder(r)), arg, 4);
+	tw_request_reply(r);
+}
+
+/* One server on tcp, ws and tls at once (mutual TLS on the context, which
+ * also connects); a replaced built-in op. */
+START_TEST(server_transports)
+{
+	const char *uris[] = {"tcp://127.0.0.1:0", "ws://127.0.0.1:0", "tls://127.0.0.1:0"};
+	struct rf f;
+	char addr[128];
+	tu_init(&f.h);
+	tt_use_tls(f.h.ctx, "ca.pem", "cert.pem", "key.pem");
+	rs_start(&f.s, f.h.ctx, f.h.base, uris[0]);
+	ck_assert_int_eq(tw_server_listen(f.s.srv, uris[1]), 0);
+	ck_assert_int_eq(tw_server_listen(f.s.srv, uris[2]), 0);
+	ck_assert_int_eq(tw_server_address(f.s.srv, 3, addr, sizeof(addr)), TW_ERANGE);
+	ck_assert_int_eq(tw_server_address(f.s.srv, 1, addr, 8), TW_ERANGE);
+	ck_assert_int_eq(tw_pool_new(f.h.ctx, &f.pool), 0);
+	for (size_t i = 0; i < 3; i++) {
+		ck_assert_int_eq(tw_server_address(f.s.srv, i, addr, sizeof(addr)), 0);
+		ck_assert_int_eq(strncmp(addr, uris[i], 6), 0);
+		echo_oob_at(&f, addr, 3 * MiB, (unsigned)i);
+	}
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, "identity", my_identity, "mine"), 0);
+	for (size_t i = 0; i < 3; i++) {
+		struct rc rc;
+		ck_assert_int_eq(tw_server_address(f.s.srv, i, addr, sizeof(addr)), 0);
+		ck_assert_int_eq(rc_call(&f.h, f.pool, addr, rq_op("identity"), 0, &rc), 0);
+		rc_assert_str(&rc, "mine");
+		rc_clear(&rc);
+	}
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, NULL, my_identity, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, "x", NULL, NULL), TW_EINVAL);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Replies the write queue refuses (above the high-water mark) wait for
+ * the drain, in order; with close:true, the comm closes after the
+ * waiting reply went out, not before. */
+START_TEST(server_reply_backpressure)
+{
+	struct rf f;
+	struct rw w;
+	tw_context *sctx;
+	size_t n = tu_quick() ? 2 * MiB : 8 * MiB;
+	tu_init(&f.h);
+	ck_assert_int_eq(tw_context_new(f.h.base, &sctx), 0);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(sctx, 1), 0);
+	rs_start(&f.s, sctx, f.h.base, "tcp://127.0.0.1:0");
+	ck_assert_int_eq(tw_pool_new(f.h.ctx, &f.pool), 0);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	for (unsigned i = 0; i < 3; i++) {
+		tw_slice data = ru_pattern(n, i);
+		tw_builder *b = rq_begin("echo", 1);
+		rq_bytes(b, "data", &data);
+		tw_block_free(data.block);
+		rw_send(&w, rq_end(b));
+	}
+	rw_send(&w, echo_close("closing"));
+	for (unsigned i = 0; i < 3; i++) {
+		const tw_decoded *d = rw_msg(&w, i);
+		const tw_payload *pl;
+		ck_assert_msg(d != NULL, "reply %u missing", i);
+		pl = tw_decoded_payload(d, tw_decoded_root(d));
+		ck_assert(pl != NULL && pl->nframes == 1 && pl->frames[0].len == n);
+		ck_assert_int_eq(tu_check(tw_slice_data(&pl->frames[0]), n, i), -1);
+	}
+	ck_assert_msg(rw_msg(&w, 3) != NULL, "the reply to close:true was lost");
+	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 3)), "closing"));
+	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
+	ck_assert_int_eq(w.close_err, 0);
+	rw_free(&w);
+	tw_pool_free(f.pool);
+	rs_stop(&f.s);
+	tw_context_free(sctx);
+	tu_fini(&f.h);
+}
+END_TEST
+
+TCase *rpc_server_tcase(void)
+{
+	TCase *tc = tcase_create("server");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, server_identity);
+	tcase_add_test(tc, server_echo_inline);
+	tcase_add_test(tc, server_echo_oob);
+	tcase_add_test(tc, server_deferred_reply);
+	tcase_add_test(tc, server_reply_false);
+	tcase_add_test(tc, server_error_reply);
+	tcase_add_test(tc, server_unknown_op);
+	tcase_add_test(tc, server_close);
+	tcase_add_test(tc, server_in_order);
+	tcase_add_test(tc, server_bad_requests);
+	tcase_add_test(tc, server_free_in_flight);
+	tcase_add_test(tc, server_reply_backpressure);
+	tcase_add_test(tc, server_transports);
+	return tc;
+}

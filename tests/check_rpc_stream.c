@@ -1,0 +1,204 @@
+/* Streams: connection_stream to a tw_server with the stream op "item"
+ * (tests/rpc_util.c checks each map's fields), batches of 1 and of 1,000
+ * maps from tw_batched_send, maps after close-stream not dispatched,
+ * tw_batched_free flushing what is queued, single maps and bad stream
+ * messages. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "tests/check_rpc.h"
+#include "tests/rpc_util.h"
+
+/* {"op": op, "i": i, "name": "m<i>"} packed. */
+static void send_item(tw_batched *b, const char *op, int64_t i)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	char name[32];
+	int len = snprintf(name, sizeof(name), "m%lld", (long long)i);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	msgpack_pack_str(&pk, 2);
+	msgpack_pack_str_body(&pk, "op", 2);
+	msgpack_pack_str(&pk, strlen(op));
+	msgpack_pack_str_body(&pk, op, strlen(op));
+	msgpack_pack_str(&pk, 1);
+	msgpack_pack_str_body(&pk, "i", 1);
+	msgpack_pack_int64(&pk, i);
+	msgpack_pack_str(&pk, 4);
+	msgpack_pack_str_body(&pk, "name", 4);
+	msgpack_pack_str(&pk, (size_t)len);
+	msgpack_pack_str_body(&pk, name, (size_t)len);
+	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static tw_msg *stream_start(void)
+{
+	tw_builder *b = rq_begin("connection_stream", 1);
+	rq_bool(b, "reply", 0);
+	return rq_end(b);
+}
+
+/* A raw comm turned into a stream, with a batched sender on it. */
+static void open_stream(struct rf *f, struct rw *w, uint32_t interval_ms, tw_batched **b)
+{
+	ck_assert_int_eq(rw_open(&f->h, f->h.ctx, f->s.addr, w), 0);
+	rw_send(w, stream_start());
+	ck_assert_int_eq(tw_batched_new(w->comm, interval_ms, b), 0);
+}
+
+static uint64_t sent(const struct rw *w)
+{
+	tw_stats st;
+	tw_comm_stats(w->comm, &st);
+	return st.msgs_sent;
+}
+
+START_TEST(stream_batches)
+{
+	static const uint8_t close_stream[] = {0x81, 0xa2, 'o', 'p', 0xac, 'c', 'l', 'o', 's',
+					       'e',  '-',  's', 't', 'r',  'e', 'a', 'm'};
+	struct rf f;
+	struct rw w;
+	tw_batched *b;
+	uint64_t before;
+	rf_init(&f);
+	open_stream(&f, &w, 0, &b);
+	send_item(b, "item", 0);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 1, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.item_msgs, 1);
+	ck_assert_uint_eq(f.s.last_batch, 1);
+	before = sent(&w);
+	for (int64_t i = 1; i <= 1000; i++)
+		send_item(b, "item", i);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 1001, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.item_msgs, 2);
+	ck_assert_uint_eq(f.s.last_batch, 1000);
+	ck_assert_uint_eq(sent(&w) - before, 1);
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	/* unknown ops are skipped; maps after close-stream are not run */
+	send_item(b, "item", 1001);
+	send_item(b, "no-such-stream-op", 5);
+	ck_assert_int_eq(tw_batched_send(b, close_stream, sizeof(close_stream)), 0);
+	send_item(b, "item", 1002);
+	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
+	ck_assert_int_eq(w.close_err, 0);
+	ck_assert_uint_eq(f.s.items, 1002);
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	ck_assert_uint_eq(f.s.last_batch, 4);
+	ck_assert_uint_eq(w.n, 0); /* no replies on a stream */
+	ck_assert_int_eq(tw_batched_send(b, close_stream, sizeof(close_stream)), TW_ECLOSED);
+	tw_batched_free(b);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+/* tw_batched_free before the interval ends: what is queued goes out. */
+START_TEST(stream_free_flushes)
+{
+	struct rf f;
+	struct rw w;
+	tw_batched *b;
+	rf_init(&f);
+	open_stream(&f, &w, 60000, &b);
+	for (int64_t i = 0; i < 5; i++)
+		send_item(b, "item", i);
+	tu_run_for(&f.h, 50);
+	ck_assert_uint_eq(f.s.items, 0); /* the interval is a minute */
+	tw_batched_free(b);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 5, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.item_msgs, 1);
+	ck_assert_uint_eq(f.s.last_batch, 5);
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	/* an explicit flush, then an empty one */
+	ck_assert_int_eq(tw_batched_new(w.comm, 60000, &b), 0);
+	send_item(b, "item", 5);
+	ck_assert_int_eq(tw_batched_flush(b), 0);
+	ck_assert_int_eq(tw_batched_flush(b), 0);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 6, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.item_msgs, 2);
+	ck_assert_int_eq(tw_batched_send(b, "\xc1", 1), TW_EINVAL);
+	ck_assert_int_eq(tw_batched_send(b, "\x81\xa1", 2), TW_EINVAL);
+	tw_batched_free(b);
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+/* tw_batched_free while the comm's write queue is above its high-water
+ * mark: the queued maps still go out (nothing dropped silently). */
+START_TEST(stream_free_above_hwm)
+{
+	struct rf f;
+	struct rw w;
+	tw_batched *b;
+	tw_builder *pad;
+	size_t n = 8u << 20;
+	uint8_t *zeros = calloc(1, n);
+	int rv;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1), 0);
+	open_stream(&f, &w, 60000, &b);
+	pad = rq_begin("pad", 1); /* an op with no stream handler: skipped */
+	rq_bin(pad, "data", zeros, n);
+	free(zeros);
+	tw_msg *m = rq_end(pad);
+	while ((rv = tw_comm_write(w.comm, m)) == TW_EAGAIN)
+		tu_run_for(&f.h, 5);
+	ck_assert_int_eq(rv, 0);
+	for (int64_t i = 0; i < 3; i++)
+		send_item(b, "item", i);
+	ck_assert_uint_gt(tw_comm_queued_bytes(w.comm), 1);
+	tw_batched_free(b);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 3, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+/* A single map (not in an array) is a stream message too; one that is
+ * neither a map nor an array of maps drops the comm. */
+START_TEST(stream_single_map_and_bad)
+{
+	static const uint8_t item0[] = {0x83, 0xa2, 'o',  'p', 0xa4, 'i', 't', 'e',  'm', 0xa1,
+					'i',  0x00, 0xa4, 'n', 'a',  'm', 'e', 0xa2, 'm', '0'};
+	static const uint8_t no_op[] = {0x81, 0xa1, 'x', 0x01};
+	static const uint8_t number[] = {0x07};
+	struct rf f;
+	struct rw w;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, stream_start());
+	rw_send(&w, rq_raw(no_op, sizeof(no_op)));
+	rw_send(&w, rq_raw(item0, sizeof(item0)));
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 1, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.last_batch, 1);
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	rw_send(&w, rq_raw(number, sizeof(number)));
+	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
+	ck_assert_uint_eq(w.n, 0);
+	ck_assert_uint_eq(f.s.items, 1);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+TCase *rpc_stream_tcase(void)
+{
+	TCase *tc = tcase_create("stream");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, stream_batches);
+	tcase_add_test(tc, stream_free_flushes);
+	tcase_add_test(tc, stream_free_above_hwm);
+	tcase_add_test(tc, stream_single_map_and_bad);
+	return tc;
+}

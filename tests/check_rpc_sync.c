@@ -1,0 +1,157 @@
+/* tw_rpc_call_sync on a context with the caller's own base (the call runs
+ * the loop, which also serves the in-process server) and on a context
+ * with its own loop thread (the caller waits; several threads at once). */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "tests/check_rpc.h"
+#include "tests/rpc_util.h"
+
+static int sync_call(tw_context *ctx, const char *uri, tw_msg *req, uint32_t ms, tw_decoded **reply)
+{
+	*reply = NULL;
+	return tw_rpc_call_sync(ctx, uri, req, ms, reply);
+}
+
+/* The checks shared by both kinds of context. */
+static void sync_checks(tw_context *ctx, const char *addr)
+{
+	tw_decoded *d;
+	char refused[64];
+	ck_assert_int_eq(sync_call(ctx, addr, rq_op("identity"), 10000, &d), 0);
+	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "type"), "taskwire"));
+	tw_decoded_free(d);
+	ck_assert_int_eq(sync_call(ctx, addr, rq_echo_str("sync"), 10000, &d), 0);
+	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "sync"));
+	tw_decoded_free(d);
+	ck_assert_int_eq(sync_call(ctx, addr, rq_slow(0.05), 10000, &d), 0);
+	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "done"));
+	tw_decoded_free(d);
+	ck_assert_int_eq(sync_call(ctx, addr, rq_op("fail"), 10000, &d), TW_EREMOTE);
+	ck_assert_ptr_nonnull(d);
+	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "exception_text"),
+				"fail: this op always fails"));
+	tw_decoded_free(d);
+	ck_assert_int_eq(sync_call(ctx, addr, rq_slow(1.0), 100, &d), TW_ETIMEDOUT);
+	ck_assert_ptr_null(d);
+	ru_refused_uri(refused, sizeof(refused));
+	ck_assert_int_eq(sync_call(ctx, refused, rq_op("identity"), 10000, &d), TW_ECONNREFUSED);
+	ck_assert_ptr_null(d);
+}
+
+START_TEST(sync_own_base)
+{
+	struct tu h;
+	struct rs s;
+	tu_init(&h);
+	rs_start(&s, h.ctx, h.base, "tcp://127.0.0.1:0");
+	sync_checks(h.ctx, s.addr);
+	rs_stop(&s);
+	tu_fini(&h);
+}
+END_TEST
+
+/* A server on a context with its own loop thread, set up and torn down
+ * on that thread. */
+struct tsrv {
+	tw_context *ctx;
+	struct rs s;
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	int done;
+};
+
+static void tsrv_signal(struct tsrv *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->done = 1;
+	pthread_cond_signal(&t->cv);
+	pthread_mutex_unlock(&t->lock);
+}
+
+static void tsrv_wait(struct tsrv *t)
+{
+	pthread_mutex_lock(&t->lock);
+	while (!t->done)
+		pthread_cond_wait(&t->cv, &t->lock);
+	t->done = 0;
+	pthread_mutex_unlock(&t->lock);
+}
+
+static void tsrv_start(void *arg)
+{
+	struct tsrv *t = arg;
+	rs_start(&t->s, t->ctx, tw_context_base(t->ctx), "tcp://127.0.0.1:0");
+	tsrv_signal(t);
+}
+
+static void tsrv_stop(void *arg)
+{
+	struct tsrv *t = arg;
+	rs_stop(&t->s);
+	tsrv_signal(t);
+}
+
+#define NTHREADS 4
+#define NCALLS   10
+
+struct caller {
+	tw_context *ctx;
+	const char *addr;
+	int k, ok;
+};
+
+static void *caller_run(void *arg)
+{
+	struct caller *c = arg;
+	for (int i = 0; i < NCALLS; i++) {
+		char want[32];
+		tw_decoded *d = NULL;
+		snprintf(want, sizeof(want), "thread %d call %d", c->k, i);
+		if (sync_call(c->ctx, c->addr, rq_echo_str(want), 10000, &d) == 0 &&
+		    tw_obj_str_eq(tw_decoded_root(d), want))
+			c->ok++;
+		tw_decoded_free(d);
+	}
+	return NULL;
+}
+
+START_TEST(sync_own_thread)
+{
+	static struct tsrv t;
+	struct caller c[NTHREADS];
+	pthread_t th[NTHREADS];
+	memset(&t, 0, sizeof(t));
+	pthread_mutex_init(&t.lock, NULL);
+	pthread_cond_init(&t.cv, NULL);
+	ck_assert_int_eq(tw_context_new(NULL, &t.ctx), 0);
+	ck_assert_int_eq(tw_context_call(t.ctx, tsrv_start, &t), 0);
+	tsrv_wait(&t);
+	sync_checks(t.ctx, t.s.addr);
+	for (int k = 0; k < NTHREADS; k++) {
+		c[k] = (struct caller){t.ctx, t.s.addr, k, 0};
+		ck_assert_int_eq(pthread_create(&th[k], NULL, caller_run, &c[k]), 0);
+	}
+	for (int k = 0; k < NTHREADS; k++) {
+		pthread_join(th[k], NULL);
+		ck_assert_int_eq(c[k].ok, NCALLS);
+	}
+	ck_assert_int_eq(tw_context_call(t.ctx, tsrv_stop, &t), 0);
+	tsrv_wait(&t);
+	tw_context_free(t.ctx);
+	pthread_cond_destroy(&t.cv);
+	pthread_mutex_destroy(&t.lock);
+}
+END_TEST
+
+TCase *rpc_sync_tcase(void)
+{
+	TCase *tc = tcase_create("sync");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, sync_own_base);
+	tcase_add_test(tc, sync_own_thread);
+	return tc;
+}
