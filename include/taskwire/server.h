@@ -33,8 +33,10 @@ typedef void (*tw_op_fn)(tw_request *req, void *arg);
  * TW_ENOMEM or TW_EINVAL. */
 int tw_server_new(tw_context *ctx, tw_server **out);
 
-/* tw_server_add_op: register (or replace, built-ins too) the handler of
- * op `name` (copied). Returns 0, TW_ENOMEM or TW_EINVAL. */
+/* tw_server_add_op: register (or replace: identity and echo too) the
+ * handler of op `name` (copied). `close` and `connection_stream` are the
+ * server's own and are never dispatched to a handler. Returns 0,
+ * TW_ENOMEM or TW_EINVAL. */
 int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg);
 
 /* tw_server_listen: listen on uri as well (any transport); the comms it
@@ -74,7 +76,8 @@ int tw_request_reply(tw_request *r);
 /* tw_request_reply_error: reply {"status": "uncaught-error", "exception":
  * exception_text, "traceback": nil, "exception_text": ...,
  * "traceback_text": ...} (texts may be NULL: ""), which Python's rpc raises
- * as an Exception. Frees r. Returns as tw_request_reply. */
+ * as an Exception; whatever was already packed is discarded. Frees r.
+ * Returns as tw_request_reply. */
 int tw_request_reply_error(tw_request *r, const char *exception_text, const char *traceback_text);
 
 #pragma GCC visibility pop
