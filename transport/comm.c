@@ -186,6 +186,7 @@ void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *))
 int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
 			  tw_drain_cb drain_cb, void *arg)
 {
+	int rv;
 	if (c == NULL || recv_cb == NULL || close_cb == NULL || c->recv_cb != NULL)
 		return TW_EINVAL;
 	if (c->ended)
@@ -194,7 +195,9 @@ int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
 	c->close_cb = close_cb;
 	c->drain_cb = drain_cb;
 	c->arg = arg;
-	return c->ops->start(c);
+	if ((rv = c->ops->start(c)) != 0) /* a callback that failed never runs */
+		c->recv_cb = NULL, c->close_cb = NULL, c->drain_cb = NULL, c->arg = NULL;
+	return rv;
 }
 
 int tw_comm_write(tw_comm *c, tw_msg *m)

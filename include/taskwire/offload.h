@@ -45,7 +45,11 @@ typedef void (*tw_decoded_cb)(tw_comm *comm, tw_decoded *d, int err, const char 
 
 /* tw_comm_set_decoded_callbacks: like tw_comm_set_callbacks, but messages
  * arrive decoded, large ones decoded on the offload pool, in order. While
- * 8 or more messages of the comm wait for delivery, reading pauses.
+ * 8 or more messages of the comm wait for delivery, reading pauses. When
+ * the comm ends (the peer closed, an error, or tw_comm_close), messages
+ * received before are delivered first, then the close callback runs; after
+ * tw_comm_abort or tw_comm_free, or while the comm is paused, they are
+ * dropped.
  * Returns as tw_comm_set_callbacks, or TW_ENOMEM. */
 int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_close_cb close_cb,
 				  tw_drain_cb drain_cb, void *arg);

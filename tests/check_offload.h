@@ -1,0 +1,10 @@
+/* The test cases of check_offload, one constructor per source file. */
+#ifndef TW_TESTS_CHECK_OFFLOAD_H
+#define TW_TESTS_CHECK_OFFLOAD_H
+
+#include <check.h>
+
+TCase *offload_order_tcase(void); /* tests/check_offload.c: order, threads, thresholds */
+TCase *offload_life_tcase(void);  /* tests/check_offload_life.c: close, free, errors, server */
+
+#endif
