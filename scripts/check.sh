@@ -1,9 +1,10 @@
 #!/bin/sh
 # Quick start, part 2: the whole test suite. Installs what is missing,
-# builds with -Werror, runs `make check`, runs the unit suites under
-# valgrind, then builds again with AddressSanitizer and
-# UndefinedBehaviorSanitizer and runs `make check` there, then
-# `make distcheck`. Fails on the first failing step.
+# builds with -Werror, runs `make check`, runs the suites under valgrind,
+# builds again with AddressSanitizer and UndefinedBehaviorSanitizer and
+# runs `make check` there, runs the multi-threaded suites (offload, tcp)
+# under ThreadSanitizer, then `make distcheck`. Fails on the first failing
+# step.
 set -e
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${TW_BUILD_DIR:-$top/build}
@@ -16,13 +17,16 @@ cd "$build"
 step "make check"
 make -j"$(nproc)" check || { cat tests/*.log >&2; exit 1; }
 
-step "unit suites under valgrind"
+step "suites under valgrind"
 "$top/scripts/valgrind-check.sh" "$build"
 
 step "make check with ASan + UBSan"
 TW_BUILD_DIR="$build-asan" "$top/scripts/build.sh" --enable-sanitizers
 cd "$build-asan"
 ASAN_OPTIONS=detect_leaks=1 make -j"$(nproc)" check || { cat tests/*.log >&2; exit 1; }
+
+step "offload and tcp suites under ThreadSanitizer"
+TW_TEST_QUICK=1 "$top/scripts/tsan-check.sh" "$build-tsan"
 
 step "make distcheck"
 cd "$build"
