@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Memory cost of receiving one large out-of-band bytes payload sent by
-# Python Dask over tcp: taskwire's dask-recv beside Dask's own receiver,
-# uncompressed and with Python pinned to zstd and lz4.
-#   bench/dask-memory.sh BUILD_DIR [MIB]
+# Python Dask over tcp (or ws): taskwire's dask-recv beside Dask's own
+# receiver, uncompressed and with Python pinned to zstd and lz4.
+#   bench/dask-memory.sh BUILD_DIR [MIB] [tcp|ws]
 set -euo pipefail
 build=${1:?build dir}
 mib=${2:-256}
+scheme=${3:-tcp}
 here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
 tmp=$(mktemp -d)
@@ -24,9 +25,9 @@ run() { # receiver-command label codec kind
 	sed "s/^/  [$codec, $kind] /" "$log" | grep -v "listening on" || true
 }
 
-echo "== one $mib MiB out-of-band bytes payload from Python over tcp"
+echo "== one $mib MiB out-of-band bytes payload from Python over $scheme"
 for codec in False zstd lz4; do
 	kind=random; [ "$codec" = False ] || kind=compressible
-	DASK_DISTRIBUTED__COMM__COMPRESSION=$codec run "$build/bench/dask-recv" tcp://127.0.0.1:0
-	DASK_DISTRIBUTED__COMM__COMPRESSION=$codec run "$py" "$here/dask_peer.py" recv
+	DASK_DISTRIBUTED__COMM__COMPRESSION=$codec run "$build/bench/dask-recv" "$scheme://127.0.0.1:0"
+	DASK_DISTRIBUTED__COMM__COMPRESSION=$codec run "$py" "$here/dask_peer.py" recv "$scheme"
 done

@@ -3,8 +3,9 @@
 
   dask_peer.py send ADDR MIB KIND   send {"op": "put", "data": <MIB MiB bytes>}
                                     (KIND: random or compressible), then close
-  dask_peer.py recv                 print "listening on ADDR", receive one
-                                    message like Dask does, print peak RSS
+  dask_peer.py recv [SCHEME]        print "listening on ADDR" (tcp or ws,
+                                    127.0.0.1), receive one message like
+                                    Dask does, print peak RSS
 """
 import asyncio
 import os
@@ -37,7 +38,21 @@ async def send(addr, mib, kind):
     await comm.close()
 
 
-async def recv():
+def loopback_only():
+    """Dask's ws listener binds every interface: keep it on 127.0.0.1."""
+    from tornado.httpserver import HTTPServer
+
+    listen = HTTPServer.listen
+
+    def on_loopback(self, port, address="127.0.0.1", **kwargs):
+        return listen(self, port, address, **kwargs)
+
+    HTTPServer.listen = on_loopback
+
+
+async def recv(scheme="tcp"):
+    if scheme == "ws":
+        loopback_only()
     done = asyncio.Event()
     idle = status_kib("VmRSS")
 
@@ -50,7 +65,7 @@ async def recv():
         await comm.close()
         done.set()
 
-    listener = listen("tcp://127.0.0.1:0", handler)
+    listener = listen(f"{scheme}://127.0.0.1:0", handler)
     await listener.start()
     print("listening on", listener.contact_address, flush=True)
     await done.wait()
@@ -61,4 +76,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "send":
         asyncio.run(send(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
     else:
-        asyncio.run(recv())
+        asyncio.run(recv(*sys.argv[2:3]))

@@ -2,8 +2,9 @@
 # Side-by-side echo throughput: taskwire over tcp against raw blocking
 # sockets doing the same exchange, in one run, as a ratio; then taskwire
 # over tls:// against blocking OpenSSL (bench/tls-echo, TLS 1.3, mutual
-# TLS, certificates from scripts/make-test-certs.sh); plus the
-# taskwire server's peak RSS and copied bytes for one 1 GiB message.
+# TLS, certificates from scripts/make-test-certs.sh); then taskwire over
+# ws:// and wss:// (same client and server, WebSocket framing: 8 MiB
+# fragments, client masking) as ratios to its own tcp and tls numbers.
 #   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT]
 set -euo pipefail
 build=${1:?build dir}
@@ -31,7 +32,7 @@ echo "== echo of $count messages of $size, one at a time, over loopback tcp"
 for round in 1 2; do
 	"$build/examples/tw-echo-client" "$addr" --size "$size" --count "$count" | tail -1 >"$tmp/c1"
 	"$build/bench/raw-echo" --connect "$rport" --size "$size" --count "$count" >"$tmp/c2"
-	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2")
+	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2"); tcp_mbs=$t
 	printf 'round %d: taskwire %8.1f MB/s   raw sockets %8.1f MB/s   ratio %.2f\n' \
 		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
 done
@@ -54,7 +55,30 @@ for round in 1 2; do
 	"$build/examples/tw-echo-client" "$taddr" --size "$size" --count "$count" "${tlsopt[@]}" |
 		tail -1 >"$tmp/c1"
 	"$build/bench/tls-echo" --connect "$tport" --size "$size" --count "$count" "${tlsopt[@]}" >"$tmp/c2"
-	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2")
+	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2"); tls_mbs=$t
 	printf 'round %d: taskwire %8.1f MB/s   blocking OpenSSL %8.1f MB/s   ratio %.2f\n' \
 		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
 done
+
+# --- ws and wss rounds: the same echo over ws:// and wss:// ---
+"$build/examples/tw-echo-server" ws://127.0.0.1:0 --quiet >"$tmp/twws.log" &
+pids+=($!)
+"$build/examples/tw-echo-server" wss://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/twwss.log" &
+pids+=($!)
+wait_line "$tmp/twws.log"
+wait_line "$tmp/twwss.log"
+waddr=$(awk '{print $3}' "$tmp/twws.log")
+wsaddr=$(awk '{print $3}' "$tmp/twwss.log")
+
+echo "== echo of $count messages of $size, one at a time, over loopback ws and wss (TLS 1.3, mutual)"
+for round in 1 2; do
+	"$build/examples/tw-echo-client" "$waddr" --size "$size" --count "$count" | tail -1 >"$tmp/c1"
+	"$build/examples/tw-echo-client" "$wsaddr" --size "$size" --count "$count" "${tlsopt[@]}" |
+		tail -1 >"$tmp/c2"
+	ws_mbs=$(mbs "$tmp/c1"); wss_mbs=$(mbs "$tmp/c2")
+	printf 'round %d: taskwire ws %8.1f MB/s   wss %8.1f MB/s\n' "$round" "$ws_mbs" "$wss_mbs"
+done
+printf 'summary: tcp %.1f  tls %.1f  ws %.1f  wss %.1f MB/s   ws/tcp %.2f   wss/tls %.2f\n' \
+	"$tcp_mbs" "$tls_mbs" "$ws_mbs" "$wss_mbs" \
+	"$(awk -v a="$ws_mbs" -v b="$tcp_mbs" "BEGIN{print a/b}")" \
+	"$(awk -v a="$wss_mbs" -v b="$tls_mbs" "BEGIN{print a/b}")"

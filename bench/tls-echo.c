@@ -199,8 +199,8 @@ static int client(int port, uint64_t size, uint64_t count, const struct tw_ex_tl
 static void usage(void)
 {
 	fprintf(stderr, "usage: tls-echo --serve PORT [TLS options]\n"
-			"       tls-echo --connect PORT --size BYTES --count N [TLS options]\n"
-			TW_EX_TLS_USAGE);
+			"       tls-echo --connect PORT --size BYTES --count N [TLS "
+			"options]\n" TW_EX_TLS_USAGE);
 }
 
 int main(int argc, char **argv)

@@ -148,7 +148,10 @@ static int new_mapped(size_t size, tw_block **out)
 	if (p != NULL) {
 		TW__ADD(&tw__global_stats, block_cache_hits, 1);
 	} else {
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		/* No commit charge up front: a peer's declared size costs
+		 * nothing until its bytes arrive. */
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (p == MAP_FAILED) {
 			free(b);
 			return TW_ENOMEM;

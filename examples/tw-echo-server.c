@@ -29,13 +29,19 @@ struct conn {
 static int quiet;
 static uint64_t idle_rss;
 
+/* The write queue drained: send what waited, and read again once nothing
+ * waits (reading pauses meanwhile, so a peer that never reads cannot make
+ * this server buffer without bound). */
 static void flush_pending(struct conn *c)
 {
 	size_t done = 0;
 	while (done < c->npending && tw_comm_write(c->comm, c->pending[done]) == 0)
 		done++;
-	memmove(c->pending, c->pending + done, (c->npending - done) * sizeof(*c->pending));
+	if (done > 0)
+		memmove(c->pending, c->pending + done, (c->npending - done) * sizeof(*c->pending));
 	c->npending -= done;
+	if (c->npending == 0)
+		tw_comm_resume(c->comm);
 }
 
 static void push_pending(struct conn *c, tw_msg *msg)
@@ -62,6 +68,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 		rv = tw_comm_write(comm, msg);
 	if (rv == TW_EAGAIN) {
 		push_pending(c, msg);
+		tw_comm_pause(comm);
 	} else if (rv != 0) {
 		tw_msg_free(msg);
 		fprintf(stderr, "echo failed: %s\n", tw_strerror(rv));

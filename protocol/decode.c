@@ -27,6 +27,8 @@ struct tw_decoded {
 	tw_slice *slices; /* every logical frame, one reference each */
 	size_t nslices, slices_cap;
 	uint64_t budget; /* decompressed bytes still allowed */
+	uint8_t *used;   /* frames claimed by frame 0 or a payload group */
+	size_t *order;   /* payload indices sorted by placeholder address */
 	char *detail;
 	size_t detail_len;
 };
@@ -209,12 +211,15 @@ static int build_logical(tw_decoded *d, const msgpack_object *sub, size_t k, uin
 	    cnt->via.array.size != off->via.array.size)
 		return fail(d, TW_EPROTO, "sub-header %zu: bad split-num-sub-frames/split-offsets",
 			    k);
-	for (uint32_t i = 0; i < cnt->via.array.size && rv == 0; i++) {
+	for (uint32_t i = 0, next = 0; i < cnt->via.array.size && rv == 0; i++) {
 		uint64_t c, o;
+		/* In order and disjoint, as Python writes them: an overlap
+		 * would copy the same sub-frames again and again. */
 		if (get_uint(&cnt->via.array.ptr[i], &c) != 0 ||
-		    get_uint(&off->via.array.ptr[i], &o) != 0 || o > num || c > num - o)
-			return fail(d, TW_EPROTO, "sub-header %zu: split %u outside its sub-frames",
-				    k, i);
+		    get_uint(&off->via.array.ptr[i], &o) != 0 || o < next || o > num || c > num - o)
+			return fail(d, TW_EPROTO, "sub-header %zu: split %u outside its sub-frames or "
+						  "overlapping another", k, i);
+		next = (uint32_t)(o + c);
 		rv = logical(d, k + 1 + o, c, codecs + o);
 	}
 	return rv;
@@ -244,6 +249,11 @@ static int load_group(tw_decoded *d, tw_payload *p)
 	if (p->index >= nframes)
 		return fail(d, TW_EPROTO, "placeholder index %llu past the last frame (%zu frames)",
 			    (unsigned long long)p->index, nframes);
+	/* Each frame belongs to one group: a repeated or overlapping
+	 * placeholder would make us parse and copy the same frames again. */
+	if (d->used[k])
+		return fail(d, TW_EPROTO, "frame %zu is claimed by two payload groups", k);
+	d->used[k] = 1;
 	if ((rv = unpack_frame(d, k, sub)) != 0)
 		return rv;
 	if (sub->type != MSGPACK_OBJECT_MAP)
@@ -254,6 +264,12 @@ static int load_group(tw_decoded *d, tw_payload *p)
 		return fail(d, TW_EPROTO,
 			    "sub-header %zu: num-sub-frames %llu overflows the %zu frames", k,
 			    (unsigned long long)num, nframes);
+	for (uint64_t i = 1; i <= num; i++) {
+		if (d->used[k + i])
+			return fail(d, TW_EPROTO, "frame %zu is claimed by two payload groups",
+				    (size_t)(k + i));
+		d->used[k + i] = 1;
+	}
 	if ((rv = codecs_of(d, sub, num, k, &codecs)) == 0)
 		rv = build_logical(d, sub, k, num, codecs);
 	free(codecs);
@@ -291,12 +307,37 @@ static int on_holder(void *arg, const msgpack_object *holder, enum tw_payload_ki
 	return add_payload(arg, holder, kind, k);
 }
 
+static int by_holder(const void *a, const void *b, void *arg)
+{
+	const tw_decoded *d = arg;
+	uintptr_t x = (uintptr_t)d->holders[*(const size_t *)a];
+	uintptr_t y = (uintptr_t)d->holders[*(const size_t *)b];
+	return x < y ? -1 : x > y;
+}
+
+/* Sort payloads by placeholder address, so tw_decoded_payload is a binary
+ * search (an echo of many references stays linear-logarithmic). */
+static int index_holders(tw_decoded *d)
+{
+	if (d->n == 0)
+		return 0;
+	if ((d->order = malloc(d->n * sizeof(*d->order))) == NULL)
+		return fail(d, TW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < d->n; i++)
+		d->order[i] = i;
+	qsort_r(d->order, d->n, sizeof(*d->order), by_holder, d); /* glibc */
+	return 0;
+}
+
 static int decode(tw_decoded *d)
 {
 	const char *why = NULL;
 	int rv;
 	if (tw_msg_nframes(d->msg) == 0)
 		return fail(d, TW_EPROTO, "message has no frames");
+	if ((d->used = calloc(tw_msg_nframes(d->msg), 1)) == NULL)
+		return fail(d, TW_ENOMEM, "out of memory");
+	d->used[0] = 1;
 	if ((rv = unpack_frame(d, 0, &d->root)) != 0)
 		return rv;
 	if ((rv = tw__walk_placeholders(&d->root, on_holder, d, &why)) != 0)
@@ -309,12 +350,12 @@ static int decode(tw_decoded *d)
 	for (size_t i = 0; i < d->n; i++)
 		d->payloads[i].frames =
 			d->slices != NULL ? d->slices + (uintptr_t)d->payloads[i].frames : NULL;
-	return 0;
+	return index_holders(d);
 }
 
 struct cost {
 	tw_decoded *d;
-	uint64_t bytes;
+	uint64_t bytes, stop;
 };
 
 /* Add the declared decompressed sizes of group k's compressed sub-frames. */
@@ -328,7 +369,10 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	size_t n = tw_msg_nframes(c->d->msg);
 	(void)holder;
 	(void)kind;
-	if (k >= n || unpack_frame(c->d, (size_t)k, &sub) != 0 ||
+	if (k >= n || c->d->used[k] || c->bytes >= c->stop)
+		return 0; /* repeated: counted once; or the answer is known */
+	c->d->used[k] = 1;
+	if (unpack_frame(c->d, (size_t)k, &sub) != 0 ||
 	    get_uint(tw_map_get(&sub, "num-sub-frames"), &num) != 0 || num > n - k - 1 ||
 	    codecs_of(c->d, &sub, num, (size_t)k, &codecs) != 0) {
 		free(codecs);
@@ -345,21 +389,35 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	return 0;
 }
 
-uint64_t tw__decode_cost(const tw_msg *msg)
+/* Unpacking frame 0 makes one 24-byte object per value, and a value can
+ * take one byte: weigh its bytes by that. */
+#define FRAME0_WEIGHT 24
+
+uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop)
 {
+	const tw_slice *f0 = tw_msg_frame(msg, 0);
 	tw_decoded d;
-	struct cost c = {&d, tw_msg_bytes(msg)};
+	struct cost c = {&d, tw_msg_bytes(msg), stop};
 	msgpack_object root;
 	const char *why;
-	if (tw_msg_nframes(msg) < 2)
+	if (f0 != NULL)
+		c.bytes += (uint64_t)f0->len * (FRAME0_WEIGHT - 1);
+	/* Only frame 0 and the sub-headers are read, and not at all when the
+	 * frames alone reach `stop`: that parse would be the work we offload. */
+	if (tw_msg_nframes(msg) < 2 || c.bytes >= stop)
 		return c.bytes;
 	memset(&d, 0, sizeof(d));
 	d.msg = (tw_msg *)msg;
-	if ((d.zone = msgpack_zone_new(1024)) == NULL)
+	if ((d.zone = msgpack_zone_new(1024)) == NULL ||
+	    (d.used = calloc(tw_msg_nframes(msg), 1)) == NULL) {
+		if (d.zone != NULL)
+			msgpack_zone_free(d.zone);
 		return c.bytes;
+	}
 	if (unpack_frame(&d, 0, &root) == 0)
 		tw__walk_placeholders(&root, cost_of_group, &c, &why);
 	msgpack_zone_free(d.zone);
+	free(d.used);
 	return c.bytes;
 }
 
@@ -408,9 +466,17 @@ const tw_payload *tw_decoded_payload_at(const tw_decoded *d, size_t i)
 
 const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *placeholder)
 {
-	for (size_t i = 0; i < d->n; i++)
-		if (d->holders[i] == placeholder)
-			return &d->payloads[i];
+	size_t lo = 0, hi = d->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const msgpack_object *h = d->holders[d->order[mid]];
+		if (h == placeholder)
+			return &d->payloads[d->order[mid]];
+		if ((uintptr_t)h < (uintptr_t)placeholder)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return NULL;
 }
 
@@ -423,6 +489,8 @@ void tw_decoded_free(tw_decoded *d)
 	free(d->slices);
 	free(d->payloads);
 	free(d->holders);
+	free(d->order);
+	free(d->used);
 	if (d->zone != NULL)
 		msgpack_zone_free(d->zone);
 	tw_msg_free(d->msg);

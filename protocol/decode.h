@@ -6,11 +6,13 @@
 
 #include <taskwire/msg.h>
 
-/* tw__decode_cost: what decoding msg will touch, in bytes: its frames plus
- * the declared decompressed size of every compressed sub-frame. Reads only
- * frame 0 and the sub-headers (a malformed message just costs its frames;
+/* tw__decode_cost: what decoding msg will touch, in bytes: its frames
+ * (frame 0 weighed by the objects it unpacks into) plus the declared
+ * decompressed size of every compressed sub-frame, each group counted
+ * once. Reads only frame 0 and the sub-headers, and stops as soon as the
+ * cost reaches `stop` (a malformed message just costs its frames;
  * tw_decode reports the error). Decides what goes to the offload pool, so
  * a small message that inflates to gigabytes is not decoded on the loop. */
-uint64_t tw__decode_cost(const tw_msg *msg);
+uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop);
 
 #endif

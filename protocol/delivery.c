@@ -166,7 +166,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	*q->tail = it;
 	q->tail = &it->next;
 	q->n++;
-	if (tw__decode_cost(msg) >= comm->ctx->offload_threshold) {
+	if (tw__decode_cost(msg, comm->ctx->offload_threshold) >= comm->ctx->offload_threshold) {
 		it->job.run = job_run;
 		it->job.done = job_done;
 		q->refs++;

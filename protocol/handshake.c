@@ -10,7 +10,12 @@
 #include "protocol/placement.h"
 #include "transport/transport.h"
 
+/* A handshake is a small map: its message may not be larger, so a peer
+ * cannot make us buffer a gigabyte before it said who it is. */
+#define HANDSHAKE_MAX_BYTES ((uint64_t)64 << 10)
+
 struct hs {
+	uint64_t max_message_bytes; /* the comm's limit, restored after */
 	int listener_side;
 	tw_handshake_cb cb;
 	void *arg;
@@ -85,6 +90,7 @@ static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info
 	void *arg = h->arg;
 	comm->proto = NULL;
 	comm->proto_free = NULL;
+	comm->limits.max_message_bytes = h->max_message_bytes;
 	free(h);
 	tw__comm_disarm_timeout(comm);
 	tw__comm_detach(comm);
@@ -184,6 +190,9 @@ int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void
 	h->listener_side = listener_side;
 	h->cb = cb;
 	h->arg = arg;
+	h->max_message_bytes = comm->limits.max_message_bytes;
+	if (comm->limits.max_message_bytes > HANDSHAKE_MAX_BYTES)
+		comm->limits.max_message_bytes = HANDSHAKE_MAX_BYTES;
 	tw__comm_set_proto(comm, h, free);
 	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
 	    (rv = tw__comm_arm_timeout(comm, comm->limits.handshake_timeout_ms)) != 0 ||
@@ -191,6 +200,7 @@ int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void
 		tw__comm_detach(comm);
 		comm->proto = NULL;
 		comm->proto_free = NULL;
+		comm->limits.max_message_bytes = h->max_message_bytes;
 		free(h);
 		return rv;
 	}

@@ -46,6 +46,8 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+#define PLAN_MAX_FRAME0 ((size_t)1 << 20)
+
 /* Frame 0 is complete: list the sub-header frames. */
 static void plan(struct tw__dask_place *p, const tw_msg *msg, size_t n)
 {
@@ -56,7 +58,10 @@ static void plan(struct tw__dask_place *p, const tw_msg *msg, size_t n)
 	p->n = n;
 	p->span = calloc(n, sizeof(*p->span));
 	p->subs = malloc(n * sizeof(*p->subs));
-	if (p->span == NULL || p->subs == NULL || !msgpack_zone_init(&zone, 4096))
+	/* A huge frame 0 is parsed by tw_decode, off the loop when large, not
+	 * here: its payloads then just get the default placement. */
+	if (p->span == NULL || p->subs == NULL || tw_msg_frame(msg, 0)->len > PLAN_MAX_FRAME0 ||
+	    !msgpack_zone_init(&zone, 4096))
 		return;
 	if (unpack(msg, 0, &zone, &root) == 0)
 		tw__walk_placeholders(&root, add_sub, p, &why);
@@ -119,8 +124,11 @@ int tw__dask_place(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n,
 		plan(p, msg, n);
 	if (p->span == NULL || p->subs == NULL)
 		return 0;
-	while (p->next < p->nsubs && p->subs[p->next] < i)
-		read_sub(p, msg, p->subs[p->next++]);
+	while (p->next < p->nsubs && p->subs[p->next] < i) {
+		uint64_t k = p->subs[p->next++];
+		if (p->next < 2 || p->subs[p->next - 2] != k) /* repeated placeholders: once */
+			read_sub(p, msg, k);
+	}
 	return (int)p->span[i];
 }
 

@@ -8,6 +8,7 @@
 
 #include <check.h>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -28,8 +29,7 @@ static void keep_listener(struct tu *h)
 }
 
 /* The server got exactly one message, intact, then an orderly end. */
-static void check_received(struct tu *h, size_t idx, const size_t *lens, size_t nf,
-			   unsigned seed)
+static void check_received(struct tu *h, size_t idx, const size_t *lens, size_t nf, unsigned seed)
 {
 	struct tu_peer *sp = tu_server_peer(h, idx);
 	ck_assert_ptr_nonnull(sp);
@@ -97,15 +97,40 @@ START_TEST(free_right_after_drain)
 		struct freer f = {NULL, 0, 0};
 		size_t lens[] = {sizes[i]};
 		ck_assert_int_eq(tt_connect_bare(&h, h.ctx, h.addr, &f.comm, NULL, 0), 0);
-		ck_assert_int_eq(
-			tw_comm_set_callbacks(f.comm, ignore_recv, on_freer_close, free_on_drain, &f),
-			0);
+		ck_assert_int_eq(tw_comm_set_callbacks(f.comm, ignore_recv, on_freer_close,
+						       free_on_drain, &f),
+				 0);
 		ck_assert_int_eq(tw_comm_write(f.comm, tu_msg_pattern(lens, 1, 40 + (unsigned)i)),
 				 0);
 		ck_assert(tu_wait_flag(&h, &f.drained, TU_WAIT_MS));
 		ck_assert_int_eq(f.closed, 0); /* freed: no close callback */
 		check_received(&h, i, lens, 1, 40 + (unsigned)i);
 	}
+	tt_fini(&h);
+}
+END_TEST
+
+/* The client writes and vanishes; the server's echo then writes to a
+ * closed socket. That must end the server's comm with an error, never
+ * raise SIGPIPE (whose default action, kept by this suite, kills the
+ * process), and leave the other comms alone. */
+START_TEST(write_to_closed_peer)
+{
+	struct tu h;
+	struct tu_peer *good = tt_setup_echo(&h), *sp;
+	struct freer f = {NULL, 0, 0};
+	size_t lens[] = {8 * MiB};
+	ck_assert_int_eq(tt_connect_bare(&h, h.ctx, h.addr, &f.comm, NULL, 0), 0);
+	ck_assert_int_eq(
+		tw_comm_set_callbacks(f.comm, ignore_recv, on_freer_close, free_on_drain, &f), 0);
+	ck_assert_int_eq(tw_comm_write(f.comm, tu_msg_pattern(lens, 1, 3)), 0);
+	ck_assert(tu_wait_flag(&h, &f.drained, TU_WAIT_MS));
+	sp = tu_server_peer(&h, 1);
+	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+	ck_assert_msg(sp->close_err == TW_EIO, "server: %s (%s)", tw_strerror(sp->close_err),
+		      sp->last_error);
+	ck_assert_msg(strlen(sp->last_error) > 0, "no reason");
+	tt_canary(good, 0);
 	tt_fini(&h);
 }
 END_TEST
@@ -281,6 +306,20 @@ static int raw_tls_step(void *arg)
 	return 1;
 }
 
+/* One step of the client's handshake alone: 1 when it finished. */
+static int raw_tls_handshake_step(void *arg)
+{
+	struct raw_tls *r = arg;
+	int rv, e;
+	ERR_clear_error();
+	rv = SSL_do_handshake(r->ssl);
+	e = SSL_get_error(r->ssl, rv);
+	if (rv != 1 && (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE))
+		return 0;
+	r->result = rv == 1 ? 1 : -1;
+	return 1;
+}
+
 static void raw_tls_free(struct raw_tls *r)
 {
 	SSL_free(r->ssl);
@@ -318,15 +357,65 @@ START_TEST(listener_freed_mid_handshake)
 }
 END_TEST
 
+/* A peer that ends in the middle of a message: after close_notify, at
+ * a TCP EOF without close_notify, or with a reset. The server's comm
+ * ends with TW_ETRUNCATED (TW_EIO for the reset) and a reason. */
+enum { END_NOTIFY, END_EOF, END_RESET };
+
+static void end_mid_message(struct tu *h, int how, size_t idx, int want)
+{
+	struct raw_tls r;
+	struct tu_peer *sp;
+	uint64_t prelude[3] = {16 + 1000, 1, 1000};
+	static uint8_t body[500];
+	size_t put = 0;
+	raw_tls_start(&r, h->addr);
+	ck_assert(tu_run_until(h, raw_tls_handshake_step, &r, TU_WAIT_MS));
+	ck_assert_int_eq(r.result, 1);
+	ck_assert_int_eq(SSL_write_ex(r.ssl, prelude, sizeof(prelude), &put), 1);
+	ck_assert_int_eq(SSL_write_ex(r.ssl, body, sizeof(body), &put), 1);
+	sp = tu_server_peer(h, idx);
+	ck_assert_ptr_nonnull(sp);
+	if (how == END_NOTIFY)
+		SSL_shutdown(r.ssl);
+	if (how == END_RESET) {
+		struct linger lg = {1, 0};
+		tu_run_for(h, 50); /* let the server take the bytes first */
+		setsockopt(r.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	}
+	raw_tls_free(&r);
+	ck_assert(tu_wait_flag(h, &sp->closed, TU_WAIT_MS));
+	ck_assert_msg(sp->close_err == want, "end %d: %s (%s)", how, tw_strerror(sp->close_err),
+		      sp->last_error);
+	ck_assert_uint_gt(strlen(sp->last_error), 0);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+}
+
+START_TEST(peer_ends_mid_message)
+{
+	struct tu h;
+	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
+	keep_listener(&h);
+	end_mid_message(&h, END_NOTIFY, 0, TW_ETRUNCATED);
+	end_mid_message(&h, END_EOF, 1, TW_ETRUNCATED);
+	end_mid_message(&h, END_RESET, 2, TW_EIO);
+	tt_fini(&h);
+	sigaction(SIGPIPE, &old, NULL);
+}
+END_TEST
+
 TCase *tls_close_tcase(void)
 {
 	TCase *tc = tcase_create("close");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, close_right_after_write);
 	tcase_add_test(tc, free_right_after_drain);
+	tcase_add_test(tc, write_to_closed_peer);
 	tcase_add_test(tc, close_with_full_queue);
 	tcase_add_test(tc, partial_writes_of_references);
 	tcase_add_test(tc, many_sequential_connections);
 	tcase_add_test(tc, listener_freed_mid_handshake);
+	tcase_add_test(tc, peer_ends_mid_message);
 	return tc;
 }

@@ -14,9 +14,9 @@
 #include "tests/check_tls.h"
 #include "tests/tls_util.h"
 
-#define MiB ((size_t)1 << 20)
+#define MiB      ((size_t)1 << 20)
 #define START_MS 60000
-#define ECHO_MS 120000
+#define ECHO_MS  120000
 
 static void pack_str(msgpack_packer *pk, const char *s)
 {
@@ -61,8 +61,7 @@ static tw_decoded *call(struct tu *h, struct tu_peer *p, tw_msg *m)
 
 /* The bytes of an echoed payload: out of band, or inline bin (as
  * examples/tw-echo-client.c accepts). */
-static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p,
-			 size_t *n)
+static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
 {
 	const tw_payload *pl = tw_decoded_payload(d, o);
 	if (pl != NULL && pl->nframes == 1) {
@@ -92,10 +91,11 @@ static void start_scheduler(struct tu *h, struct tt_proc *sched, char *addr, siz
 	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
 	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
 	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+	/* clang-format off */
 	char *argv[] = {TT_PYTHON, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls",
-			"--host", "127.0.0.1", "--port", "0", "--dashboard-address",
-			"127.0.0.1:0", "--no-show", "--tls-ca-file", ca, "--tls-cert", cert,
-			"--tls-key", key, NULL};
+			"--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0",
+			"--no-show", "--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key, NULL};
+	/* clang-format on */
 	ck_assert_int_eq(tt_spawn(sched, argv), 0);
 	ck_assert_msg(tt_wait_log(h, sched, "Scheduler at:", addr, len, START_MS),
 		      "scheduler did not start: %s", tt_log_tail(sched, tail, sizeof(tail)));

@@ -196,14 +196,18 @@ TCase *tls_echo_tcase(void)
 	return tc;
 }
 
-/* One frame of 3 GiB + 5 bytes (more than 2^31, and not a multiple of
- * the record size) out and back; SHA-256 of what the server received and
- * of what came back equal the sender's. The sender's buffer is freed by
- * its release callback once written, which keeps the peak near 6 GiB. */
-#define BIG ((size_t)3 * GiB + 5)
+/* BH-01 over TLS, out and back: (a) one frame of 3 GiB + 5 bytes (more
+ * than 2^31, not a multiple of the record size); (b) three frames of
+ * 1 GiB + 1 byte each (each under 2^31, the message over). The SHA-256 of
+ * each frame as the server received it and as it came back equals the
+ * sender's. The sender's buffers are freed by their release callbacks
+ * once written, which keeps the peak near twice the message. */
+#define MAX_BIG_FRAMES 3
 
 struct big_run {
-	uint8_t want[32], at_server[32], at_client[32];
+	size_t nf, len;
+	uint8_t want[MAX_BIG_FRAMES][32], at_server[MAX_BIG_FRAMES][32],
+		at_client[MAX_BIG_FRAMES][32];
 	int server_done, client_done, release_ran;
 };
 static struct big_run run;
@@ -215,45 +219,67 @@ static void free_sent(void *data, void *arg)
 	run.release_ran++;
 }
 
-static void hash_frame(struct tu_peer *p, tw_msg *m)
+static void hash_frames(struct tu_peer *p, tw_msg *m)
 {
-	const tw_slice *f = tw_msg_frame(m, 0);
 	int server = p->echo;
-	ck_assert_uint_eq(tw_msg_nframes(m), 1);
-	ck_assert_uint_eq(f->len, BIG);
-	tt_sha256(tw_slice_data(f), f->len, server ? run.at_server : run.at_client);
+	ck_assert_uint_eq(tw_msg_nframes(m), run.nf);
+	for (size_t i = 0; i < run.nf; i++) {
+		const tw_slice *f = tw_msg_frame(m, i);
+		ck_assert_uint_eq(f->len, run.len);
+		tt_sha256(tw_slice_data(f), f->len, server ? run.at_server[i] : run.at_client[i]);
+	}
 	if (server)
 		run.server_done = 1;
 	else
 		run.client_done = 1;
 }
 
-START_TEST(echo_3gib_frame)
+static void big_echo(size_t nf, size_t len)
 {
 	struct tu h;
 	struct tu_peer *cli = tt_setup_echo(&h), *srv;
-	uint8_t *buf = malloc(BIG);
 	tw_msg *m;
-	ck_assert_ptr_nonnull(buf);
+	memset(&run, 0, sizeof(run));
+	run.nf = nf;
+	run.len = len;
 	tt_canary(cli, 1); /* the server peer exists now */
 	cli->keep = 0;
-	cli->on_recv = hash_frame;
+	cli->on_recv = hash_frames;
 	srv = tu_server_peer(&h, 0);
-	srv->on_recv = hash_frame;
-	tu_fill(buf, BIG, 9);
-	tt_sha256(buf, BIG, run.want);
+	srv->on_recv = hash_frames;
 	ck_assert_int_eq(tw_msg_new(&m), 0);
-	ck_assert_int_eq(tw_msg_append_ref(m, buf, BIG, free_sent, NULL), 0);
+	for (size_t i = 0; i < nf; i++) {
+		uint8_t *buf = malloc(len);
+		ck_assert_ptr_nonnull(buf);
+		tu_fill(buf, len, 9 + (unsigned)i);
+		tt_sha256(buf, len, run.want[i]);
+		ck_assert_int_eq(tw_msg_append_ref(m, buf, len, free_sent, NULL), 0);
+	}
 	ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
 	ck_assert_msg(tu_wait_flag(&h, &run.client_done, 240000), "no echo (closed %d: %s)",
 		      cli->closed, cli->last_error);
 	ck_assert_int_eq(run.server_done, 1);
-	ck_assert_int_eq(run.release_ran, 1);
-	ck_assert_msg(memcmp(run.at_server, run.want, 32) == 0, "server's SHA-256 differs");
-	ck_assert_msg(memcmp(run.at_client, run.want, 32) == 0, "echo's SHA-256 differs");
+	ck_assert_int_eq(run.release_ran, (int)nf);
+	for (size_t i = 0; i < nf; i++) {
+		ck_assert_msg(memcmp(run.at_server[i], run.want[i], 32) == 0,
+			      "frame %zu: server's SHA-256 differs", i);
+		ck_assert_msg(memcmp(run.at_client[i], run.want[i], 32) == 0,
+			      "frame %zu: echo's SHA-256 differs", i);
+	}
 	ck_assert_int_eq(cli->closed, 0);
 	ck_assert_int_eq(srv->closed, 0);
 	tt_fini(&h);
+}
+
+START_TEST(echo_3gib_frame)
+{
+	big_echo(1, (size_t)3 * GiB + 5);
+}
+END_TEST
+
+START_TEST(echo_three_1gib_frames)
+{
+	big_echo(3, GiB + 1);
 }
 END_TEST
 
@@ -262,5 +288,6 @@ TCase *tls_big_tcase(void)
 	TCase *tc = tcase_create("big");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, echo_3gib_frame);
+	tcase_add_test(tc, echo_three_1gib_frames);
 	return tc;
 }

@@ -49,7 +49,8 @@ static void refused_client(const char *cert, const char *key, const char *client
 
 START_TEST(client_without_certificate)
 {
-	refused_client(NULL, NULL, "alert certificate required", "peer did not return a certificate");
+	refused_client(NULL, NULL, "alert certificate required",
+		       "peer did not return a certificate");
 }
 END_TEST
 
@@ -203,11 +204,17 @@ START_TEST(silent_peer_dropped)
 	for (int i = 0; i < 20; i++)
 		fds[i] = tu_raw_connect(h.addr);
 	for (int i = 0; i < 20; i++) {
-		ck_assert_msg(tu_raw_wait_closed(&h, fds[i], BAD_WAIT_MS), "silent peer %d kept", i);
+		ck_assert_msg(tu_raw_wait_closed(&h, fds[i], BAD_WAIT_MS), "silent peer %d kept",
+			      i);
 		close(fds[i]);
 	}
 	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "timed out") != NULL, "%s",
 		      tw_context_last_error(h.ctx));
+	/* one that starts a record (a 512-byte handshake) and stalls */
+	fds[0] = tu_raw_connect(h.addr);
+	tu_raw_send(&h, fds[0], "\x16\x03\x01\x02\x00\x01", 6);
+	ck_assert_msg(tu_raw_wait_closed(&h, fds[0], BAD_WAIT_MS), "stalled peer kept");
+	close(fds[0]);
 	ck_assert_int_eq(tt_fd_count(), fd0);
 	tt_canary(good, 0);
 	/* one more, still in its handshake when the context is freed */
@@ -292,8 +299,8 @@ START_TEST(hostname_checked)
 		p->keep = 1;
 		tt_canary(p, 1);
 	} else {
-		fprintf(stderr, "hostname_checked: %s does not resolve to 127.0.0.1, part skipped\n",
-			host);
+		fprintf(stderr,
+			"hostname_checked: %s does not resolve to 127.0.0.1, part skipped\n", host);
 	}
 	tt_canary(good, 2);
 	tt_fini(&h);
@@ -407,11 +414,57 @@ START_TEST(tls_without_config)
 }
 END_TEST
 
+static void store_connect(tw_comm *c, int err, void *arg)
+{
+	ck_assert_ptr_null(c);
+	*(int *)arg = err;
+}
+
+static int connect_finished(void *arg)
+{
+	return *(int *)arg != 1;
+}
+
+/* The context's configuration replaced while comms run (certificates
+ * rotated), then removed: comms keep the configuration they were made
+ * with, new ones use the new one, and without one a connect in flight
+ * fails and the listener drops new connections, with a reason. */
+START_TEST(config_replaced_while_running)
+{
+	struct tu h;
+	struct tu_peer *good = tt_setup_echo(&h), *p;
+	tw_tls_config *next = tt_config("ca.pem", "cert.pem", "key.pem");
+	int err = 1, fd;
+	tt_canary(good, 0);
+	ck_assert_int_eq(tw_context_set_tls(h.ctx, next), 0);
+	tw_tls_config_free(next); /* the context holds the only reference now */
+	tt_canary(good, 1);
+	ck_assert_int_eq(tt_connect(&h, h.ctx, h.addr, &p, NULL, 0), 0);
+	p->keep = 1;
+	tt_canary(p, 2);
+	/* a connect in flight when the configuration goes away */
+	ck_assert_int_eq(tw_connect(h.ctx, h.addr, store_connect, &err), 0);
+	ck_assert_int_eq(tw_context_set_tls(h.ctx, NULL), 0);
+	ck_assert(tu_run_until(&h, connect_finished, &err, TU_WAIT_MS));
+	ck_assert_msg(err == TW_EINVAL, "got %s", tw_strerror(err));
+	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "no TLS configuration") != NULL, "%s",
+		      tw_context_last_error(h.ctx));
+	fd = tu_raw_connect(h.addr);
+	ck_assert(tu_raw_wait_closed(&h, fd, TU_WAIT_MS));
+	close(fd);
+	tt_canary(good, 3);
+	tt_canary(p, 4);
+	ck_assert_uint_eq(h.nsrv, 2);
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *tls_config_tcase(void)
 {
 	TCase *tc = tcase_create("config");
 	tcase_add_test(tc, ca_file_missing);
 	tcase_add_test(tc, cert_errors);
 	tcase_add_test(tc, tls_without_config);
+	tcase_add_test(tc, config_replaced_while_running);
 	return tc;
 }

@@ -214,8 +214,8 @@ static int connect_wait(struct conn_wait *w, const char *uri, char *why, size_t 
 	return w->err;
 }
 
-int tt_connect(struct tu *h, tw_context *ctx, const char *uri, struct tu_peer **out,
-	       char *why, size_t why_len)
+int tt_connect(struct tu *h, tw_context *ctx, const char *uri, struct tu_peer **out, char *why,
+	       size_t why_len)
 {
 	struct conn_wait w = {.h = h, .ctx = ctx, .start = 1, .err = 1};
 	int rv = connect_wait(&w, uri, why, why_len);
@@ -513,8 +513,7 @@ static int log_ready(void *arg)
 	return w->found || reaped(w->p);
 }
 
-int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len,
-		int ms)
+int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len, int ms)
 {
 	struct log_wait w = {p, marker, out, len, 0};
 	tu_run_until(h, log_ready, &w, ms);

@@ -52,8 +52,8 @@ tw_context *tt_context(struct tu *h, const char *ca, const char *cert, const cha
 /* Connect from ctx (any context on h's loop) and wait. Returns the
  * connect callback's error; on 0 *out is a started client peer. On
  * failure, why (may be NULL) gets tw_context_last_error(ctx). */
-int tt_connect(struct tu *h, tw_context *ctx, const char *uri, struct tu_peer **out,
-	       char *why, size_t why_len);
+int tt_connect(struct tu *h, tw_context *ctx, const char *uri, struct tu_peer **out, char *why,
+	       size_t why_len);
 
 /* A connect that should be refused: connect from ctx, and if the connect
  * succeeds, read (and, with `write`, first write one small message) until
@@ -116,8 +116,7 @@ int tt_spawn(struct tt_proc *p, char *const argv[]);
 /* Drive h's loop until the log has a line containing marker; the word
  * after it goes into out. Returns 1, or 0 if the process exited or ms
  * passed first. */
-int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len,
-		int ms);
+int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len, int ms);
 /* Drive h's loop until the process exits (status in p->status). Returns 1
  * when it did, 0 at the deadline. */
 int tt_wait_exit(struct tu *h, struct tt_proc *p, int ms);

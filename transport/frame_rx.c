@@ -10,6 +10,7 @@
 void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits)
 {
 	memset(rx, 0, sizeof(*rx));
+	rx->limits = limits;
 	tw__sdec_init(&rx->dec, limits->max_message_bytes, limits->max_frames);
 	rx->small_frame_bytes = limits->small_frame_bytes;
 	rx->small_message_bytes = limits->small_frame_bytes;
@@ -17,7 +18,9 @@ void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits)
 
 static void reset(struct tw__rx *rx)
 {
-	tw__sdec_reset(&rx->dec);
+	tw__sdec_fini(&rx->dec);
+	/* Limits may change between messages (a handshake allows less). */
+	tw__sdec_init(&rx->dec, rx->limits->max_message_bytes, rx->limits->max_frames);
 	tw_block_free(rx->body);
 	tw_block_free(rx->slab);
 	tw_msg_free(rx->msg);
@@ -70,11 +73,30 @@ static int finish_small(struct tw__rx *rx)
 /* The total field is in: check it at once, so a peer that sends an
  * oversized total and then nothing is refused now, not when N arrives
  * (BH-04). */
+static int got_head(struct tw__rx *rx);
+
 static int got_total(struct tw__rx *rx)
 {
 	size_t used;
-	int rv = tw__sdec_feed(&rx->dec, rx->head, 8, &used);
+	int rv;
+	/* The limits in force when the message starts (a handshake allows
+	 * less than the comm does afterwards). */
+	rx->dec.max_message_bytes = rx->limits->max_message_bytes;
+	rx->dec.max_frames = rx->limits->max_frames;
+	rv = tw__sdec_feed(&rx->dec, rx->head, 8, &used);
 	return rv < 0 ? fail(rx, rv) : 0;
+}
+
+int tw__rx_check_head(struct tw__rx *rx)
+{
+	int rv;
+	if (rx->phase == RX_ERROR)
+		return rx->err;
+	if (rx->phase != RX_HEAD)
+		return 0;
+	if (rx->have >= 8 && rx->dec.state == SDEC_TOTAL && (rv = got_total(rx)) < 0)
+		return rv;
+	return rx->have == 16 ? got_head(rx) : 0;
 }
 
 /* The 16-byte head (total, N) is in: validate N, then read the rest into
@@ -204,6 +226,9 @@ int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 {
 	uint8_t *dst;
 	size_t len;
+	int rv;
+	if (rx->phase == RX_HEAD && rx->have >= 8 && (rv = tw__rx_check_head(rx)) < 0)
+		return rv;
 	switch (rx->phase) {
 	case RX_HEAD:
 		iov[0].iov_base = rx->head + rx->have;
@@ -251,9 +276,7 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 	switch (rx->phase) {
 	case RX_HEAD:
 		rx->have += n;
-		if (rx->have >= 8 && rx->have - n < 8 && (rv = got_total(rx)) < 0)
-			return rv;
-		return rx->have < 16 ? 0 : got_head(rx);
+		return tw__rx_check_head(rx);
 	case RX_SMALL: {
 		size_t left = tw_block_size(rx->body) - rx->have;
 		if (n > left) { /* the rest is the next message's head */
@@ -282,14 +305,13 @@ tw_msg *tw__rx_take(struct tw__rx *rx)
 		return NULL;
 	rx->msg = NULL;
 	reset(rx);
-	/* Head bytes read along with the body start the next message; its
-	 * checks run now, and an error surfaces at the next want. */
+	/* Head bytes read along with the body start the next message; they
+	 * are checked by tw__rx_check_head, after the message is delivered
+	 * (whose handling may change the limits). */
 	rx->next_have = 0;
 	if (carried > 0) {
 		memcpy(rx->head, rx->next, carried);
 		rx->have = carried;
-		if (carried >= 8 && got_total(rx) == 0 && carried == 16)
-			got_head(rx);
 	}
 	return m;
 }

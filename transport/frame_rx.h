@@ -32,6 +32,7 @@ enum tw__rx_phase { RX_HEAD, RX_SMALL, RX_LENGTHS, RX_FRAMES, RX_DONE, RX_ERROR 
 
 struct tw__rx {
 	struct tw__sdec dec;
+	const struct tw__limits *limits; /* the comm's, read at each message */
 	size_t small_message_bytes, small_frame_bytes;
 	tw__place_fn place;
 	void *place_arg;
@@ -67,6 +68,9 @@ int tw__rx_advance(struct tw__rx *rx, size_t n);
 /* tw__rx_take: the completed message (caller owns it); the receiver starts
  * on the next message. */
 tw_msg *tw__rx_take(struct tw__rx *rx);
+/* tw__rx_check_head: run the checks on head bytes already held (carried
+ * over from the last read); 0 or the sticky error. */
+int tw__rx_check_head(struct tw__rx *rx);
 /* tw__rx_idle: 1 when no byte of a next message has arrived. */
 int tw__rx_idle(const struct tw__rx *rx);
 /* tw__rx_feed: copy bytes in through want/advance, stopping after one

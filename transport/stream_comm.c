@@ -21,6 +21,9 @@
  * about a millisecond of copying, so a large message never holds the loop
  * for long. */
 #define READ_BUDGET ((size_t)4 << 20)
+/* ... and at most this many reads: a message of 60,000 tiny frames, each
+ * read on its own once placement is per frame, must not hold it either. */
+#define READ_CALLS 256
 /* The same for writes: a fast reader must not keep one large send going
  * while the loop's other comms wait. */
 #define WRITE_BUDGET ((size_t)4 << 20)
@@ -127,8 +130,9 @@ static int flush(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
 	size_t budget = WRITE_BUDGET;
+	int calls = 0;
 	while (s->qn > 0) {
-		if (budget == 0) {
+		if (budget == 0 || ++calls > READ_CALLS) {
 			/* Let the loop's other comms run; go on next turn. */
 			event_active(s->wev, EV_WRITE, 0);
 			return 0;
@@ -278,7 +282,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		event_del(s->rev);
 		return;
 	}
-	while (budget > 0) {
+	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
 		int k = tw__rx_want(&s->rx, iov, IOV_BATCH), rv;
 		size_t asked = 0;
 		ssize_t n;
@@ -309,6 +313,9 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 			if (!alive || s->closing || !s->reading)
 				return;
 		}
+		/* A head read along with the last message may already be bad. */
+		if ((rv = tw__rx_check_head(&s->rx)) < 0)
+			return protocol_error(s, rv);
 		/* A short read drained the socket: wait for epoll rather than
 		 * spend a read on EAGAIN (unless TLS holds decrypted bytes). */
 		if ((size_t)n < asked && (s->io->pending == NULL || !s->io->pending(s->io_arg)))

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,22 +28,28 @@ struct tls_io {
 	char error[256];
 };
 
-static ssize_t io_fail(struct tls_io *t, int ret, size_t done)
+enum { READING, WRITING };
+
+/* A failed SSL_read_ex/SSL_write_ex as a readv/writev result. A read
+ * returns 0 at the end of the stream (close_notify, or a TCP EOF, which
+ * SSL_OP_IGNORE_UNEXPECTED_EOF turns into the same); a write never
+ * returns 0 (the caller would retry forever): once the peer has closed,
+ * OpenSSL reports a failed write as SSL_ERROR_ZERO_RETURN, and that is
+ * EPIPE. */
+static ssize_t io_fail(struct tls_io *t, int ret, size_t done, int writing)
 {
-	int e = SSL_get_error(t->ssl, ret);
+	int sys = errno, e = SSL_get_error(t->ssl, ret);
 	unsigned long code;
 	if (done > 0)
 		return (ssize_t)done; /* report the error on the next call */
 	switch (e) {
 	case SSL_ERROR_WANT_READ:
-	case SSL_ERROR_WANT_WRITE:
-		errno = EAGAIN;
-		return -1;
+	case SSL_ERROR_WANT_WRITE: errno = EAGAIN; return -1;
 	case SSL_ERROR_ZERO_RETURN:
-		return 0;
 	case SSL_ERROR_SYSCALL:
-		if (errno == 0)
+		if (!writing && (e == SSL_ERROR_ZERO_RETURN || sys == 0))
 			return 0;
+		errno = sys != 0 ? sys : EPIPE;
 		snprintf(t->error, sizeof(t->error), "%s", strerror(errno));
 		return -1;
 	default:
@@ -64,22 +71,33 @@ static void io_begin(void)
 	errno = 0;
 }
 
-/* Decrypt into each iovec in turn; stop at the first short read. */
+/* Bytes one tls_readv may decrypt: the caller's read budget counts per
+ * call, so a fast sender cannot keep one call (and the loop) busy. */
+#define READ_CAP ((size_t)1 << 20)
+
+/* Decrypt into the iovecs in order, record after record (SSL_read_ex
+ * returns at most one record), until they are full, READ_CAP bytes were
+ * read, or OpenSSL has nothing more without blocking: so a short result
+ * means the socket is drained, as for a plain readv. */
 static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 {
 	struct tls_io *t = io;
 	size_t done = 0;
 	(void)fd;
-	for (int i = 0; i < n; i++) {
-		size_t want = iov[i].iov_len < INT_MAX ? iov[i].iov_len : INT_MAX, got = 0;
-		int r;
-		io_begin();
-		r = SSL_read_ex(t->ssl, iov[i].iov_base, want, &got);
-		if (r != 1)
-			return io_fail(t, r, done);
-		done += got;
-		if (got < want)
-			break;
+	for (int i = 0; i < n && done < READ_CAP; i++) {
+		uint8_t *p = iov[i].iov_base;
+		size_t left = iov[i].iov_len;
+		while (left > 0 && done < READ_CAP) {
+			size_t want = left < READ_CAP - done ? left : READ_CAP - done, got = 0;
+			int r;
+			io_begin();
+			r = SSL_read_ex(t->ssl, p, want, &got);
+			if (r != 1)
+				return io_fail(t, r, done, READING);
+			done += got;
+			p += got;
+			left -= got;
+		}
 	}
 	return (ssize_t)done;
 }
@@ -98,7 +116,7 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 		io_begin();
 		r = SSL_write_ex(t->ssl, iov[i].iov_base, want, &put);
 		if (r != 1)
-			return io_fail(t, r, done);
+			return io_fail(t, r, done, WRITING);
 		done += put;
 		if (put < want)
 			break;
@@ -133,8 +151,8 @@ static int tls_pending(void *io)
 	return SSL_has_pending(((struct tls_io *)io)->ssl);
 }
 
-static const struct tw__stream_io tls_io_ops = {tls_readv, tls_writev, tls_shutdown, tls_error,
-						tls_pending, tls_free};
+static const struct tw__stream_io tls_io_ops = {tls_readv, tls_writev,  tls_shutdown,
+						tls_error, tls_pending, tls_free};
 
 /* A TLS handshake in progress, on either side. */
 struct handshake {
@@ -250,8 +268,8 @@ static void hs_step(evutil_socket_t fd, short what, void *arg)
 	e = SSL_get_error(h->ssl, r);
 	if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
 		event_del(h->ev);
-		event_assign(h->ev, h->ctx->base, h->fd, e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE,
-			     hs_step, h);
+		event_assign(h->ev, h->ctx->base, h->fd,
+			     e == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE, hs_step, h);
 		event_add(h->ev, &left);
 		return;
 	}
@@ -274,6 +292,7 @@ static void set_peer_name(SSL *ssl, const tw_tls_config *cfg, const char *host)
 static int hs_start(tw_context *ctx, int fd, SSL_CTX *ssl_ctx, struct handshake **out)
 {
 	struct handshake *h = calloc(1, sizeof(*h));
+	BIO *bio;
 	struct timeval tv = {(time_t)(ctx->limits.tls_handshake_timeout_ms / 1000),
 			     (suseconds_t)(ctx->limits.tls_handshake_timeout_ms % 1000) * 1000};
 	struct timeval now;
@@ -283,11 +302,14 @@ static int hs_start(tw_context *ctx, int fd, SSL_CTX *ssl_ctx, struct handshake 
 	h->fd = fd;
 	h->ssl = SSL_new(ssl_ctx);
 	h->ev = event_new(ctx->base, -1, 0, hs_step, h);
-	if (h->ssl == NULL || h->ev == NULL || SSL_set_fd(h->ssl, fd) != 1) {
+	bio = h->ssl != NULL ? tw__tls_socket_bio(fd) : NULL;
+	if (h->ssl == NULL || h->ev == NULL || bio == NULL) {
+		BIO_free(bio);
 		h->fd = -1;
 		hs_free(h);
 		return TW_ENOMEM;
 	}
+	SSL_set_bio(h->ssl, bio, bio); /* the SSL owns the BIO */
 	evutil_gettimeofday(&now, NULL);
 	evutil_timeradd(&now, &tv, &h->deadline);
 	*out = h;
@@ -300,11 +322,27 @@ static void hs_go(struct handshake *h)
 	event_active(h->ev, EV_WRITE, 0);
 }
 
+/* The context's configuration for a new handshake: the one it has now,
+ * which may have been replaced (certificates rotated) or removed since
+ * the listen or connect call. NULL, with the reason on the context, when
+ * there is none (or no certificate for a listener). */
+static const tw_tls_config *current_config(tw_context *ctx, int server)
+{
+	const tw_tls_config *cfg = ctx->tls;
+	if (cfg != NULL && (!server || cfg->has_cert))
+		return cfg;
+	snprintf(ctx->error, sizeof(ctx->error),
+		 "TLS handshake with %s failed: no TLS configuration%s",
+		 server ? "a client" : "the server", server ? " with a certificate" : "");
+	return NULL;
+}
+
 static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
 			void *arg, void *then)
 {
+	const tw_tls_config *cfg = current_config(ctx, 0);
 	struct handshake *h;
-	int err = hs_start(ctx, fd, ((tw_tls_config *)ctx->tls)->client, &h);
+	int err = cfg != NULL ? hs_start(ctx, fd, cfg->client, &h) : TW_EINVAL;
 	if (err != 0) {
 		close(fd);
 		cb(NULL, err, arg);
@@ -315,14 +353,15 @@ static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_con
 	h->then = (tw__then_fn)then;
 	h->uri = *u;
 	SSL_set_connect_state(h->ssl);
-	set_peer_name(h->ssl, ctx->tls, u->host);
+	set_peer_name(h->ssl, cfg, u->host);
 	hs_go(h);
 }
 
 static void tls_accept(tw_listener *l, int fd)
 {
+	const tw_tls_config *cfg = current_config(l->ctx, 1);
 	struct handshake *h;
-	if (hs_start(l->ctx, fd, ((tw_tls_config *)l->ctx->tls)->server, &h) != 0) {
+	if (cfg == NULL || hs_start(l->ctx, fd, cfg->server, &h) != 0) {
 		close(fd);
 		return;
 	}

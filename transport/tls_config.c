@@ -1,6 +1,10 @@
 /* TLS configuration objects (include/taskwire/tls.h), on OpenSSL. */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <openssl/err.h>
 
@@ -36,6 +40,56 @@ static SSL_CTX *new_ctx(const SSL_METHOD *method)
 	 * renegotiation, so reads never wait for writability. */
 	SSL_CTX_set_options(c, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
 	return c;
+}
+
+/* OpenSSL's socket BIO writes with write(2): a peer that has gone raises
+ * SIGPIPE, whose default action kills the process. This BIO is the
+ * socket BIO with its write done by send(MSG_NOSIGNAL), as tcp:// does. */
+static int nosig_write(BIO *b, const char *p, int n)
+{
+	int fd = -1;
+	ssize_t r;
+	BIO_get_fd(b, &fd);
+	errno = 0;
+	r = send(fd, p, (size_t)n, MSG_NOSIGNAL);
+	BIO_clear_retry_flags(b);
+	if (r <= 0 && BIO_sock_should_retry((int)r))
+		BIO_set_retry_write(b);
+	return (int)r;
+}
+
+/* One method for the process, made once and never freed: BIOs keep a
+ * pointer to it, and a comm may outlive the configuration it was made
+ * with (an application replacing its certificates). */
+static BIO_METHOD *bio_method;
+static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
+
+static void make_bio_method(void)
+{
+	const BIO_METHOD *sock = BIO_s_socket();
+	BIO_METHOD *m = BIO_meth_new(BIO_TYPE_SOCKET, "taskwire socket");
+	if (m == NULL)
+		return;
+	if (BIO_meth_set_write(m, nosig_write) != 1 ||
+	    BIO_meth_set_read(m, BIO_meth_get_read(sock)) != 1 ||
+	    BIO_meth_set_puts(m, BIO_meth_get_puts(sock)) != 1 ||
+	    BIO_meth_set_ctrl(m, BIO_meth_get_ctrl(sock)) != 1 ||
+	    BIO_meth_set_create(m, BIO_meth_get_create(sock)) != 1 ||
+	    BIO_meth_set_destroy(m, BIO_meth_get_destroy(sock)) != 1) {
+		BIO_meth_free(m);
+		return;
+	}
+	bio_method = m;
+}
+
+BIO *tw__tls_socket_bio(int fd)
+{
+	BIO *b;
+	pthread_once(&bio_once, make_bio_method);
+	if (bio_method == NULL || (b = BIO_new(bio_method)) == NULL)
+		return NULL;
+	BIO_set_fd(b, fd, BIO_NOCLOSE);
+	return b;
 }
 
 static void set_verify(tw_tls_config *cfg)

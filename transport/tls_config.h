@@ -18,4 +18,8 @@ struct tw_tls_config {
 	char error[512];
 };
 
+/* A socket BIO for fd whose writes never raise SIGPIPE (the fd stays
+ * the caller's), or NULL. */
+BIO *tw__tls_socket_bio(int fd);
+
 #endif
