@@ -67,6 +67,26 @@ static void *cache_take(size_t len)
 	return p;
 }
 
+/* The largest cached mapping of at most cap bytes (its length in *len),
+ * or NULL. */
+static void *cache_take_le(size_t cap, size_t *len)
+{
+	void *p = NULL;
+	size_t best = 0, bi = 0;
+	pthread_mutex_lock(&cache.lock);
+	for (size_t i = 0; i < cache.n; i++)
+		if (cache.slot[i].len <= cap && cache.slot[i].len > best)
+			best = cache.slot[i].len, bi = i;
+	if (best > 0) {
+		p = cache.slot[bi].p;
+		cache.slot[bi] = cache.slot[--cache.n];
+		cache.bytes -= best;
+	}
+	pthread_mutex_unlock(&cache.lock);
+	*len = best;
+	return p;
+}
+
 /* Drop the oldest cached mapping; cache.lock held. */
 static void evict_oldest(void)
 {
@@ -188,6 +208,14 @@ int tw__block_reserve(size_t capacity, tw_block **out)
 		free(b);
 		return TW_ENOMEM;
 	}
+	/* Move already-touched cached pages to the front of the reservation:
+	 * faulting in fresh pages costs more than the bytes we receive. */
+	{
+		size_t qlen;
+		void *q = cache_take_le(len, &qlen);
+		if (q != NULL && mremap(q, qlen, qlen, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED)
+			munmap(q, qlen);
+	}
 	*out = init(b, p, capacity, len, KIND_MAP);
 	b->uncached = 1;
 	return 0;
@@ -205,6 +233,7 @@ void tw__block_trim(tw_block *b, size_t size)
 	TW__SUB(&tw__global_stats, block_bytes_live, b->size - size);
 	TW__SUB(&tw__global_stats, block_bytes_allocated, b->size - size);
 	b->size = size;
+	b->uncached = 0; /* trimmed to its size: the cache may reuse it */
 }
 
 int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void *arg,

@@ -141,7 +141,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 {
 	struct client *cl = arg;
 	if (err != 0 || cl->verified < cl->count) {
-		fprintf(stderr, "tw-echo-client: comm ended after %llu of %llu echoes: %s %s\n",
+		fprintf(stderr, "tw-echo-client: comm ended after %llu of %llu echoes: %s: %s\n",
 			(unsigned long long)cl->verified, (unsigned long long)cl->count,
 			tw_strerror(err), tw_comm_last_error(comm));
 		cl->failed = 1;
@@ -176,8 +176,8 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	if (err == 0)
 		err = tw_comm_handshake(comm, 0, on_handshake, cl);
 	if (err != 0) {
-		fprintf(stderr, "tw-echo-client: connect failed: %s %s\n", tw_strerror(err),
-			tw_context_last_error(cl->ctx));
+		fprintf(stderr, "tw-echo-client: connect failed: %s%s%s\n", tw_strerror(err),
+			*tw_context_last_error(cl->ctx) ? ": " : "", tw_context_last_error(cl->ctx));
 		tw_comm_free(comm);
 		cl->failed = 1;
 		event_base_loopbreak(cl->base);

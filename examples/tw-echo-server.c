@@ -193,6 +193,8 @@ int main(int argc, char **argv)
 	if ((rv = tw_listen(ctx, argv[optind], on_accept, NULL, &l)) != 0) {
 		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", argv[optind],
 			tw_strerror(rv));
+		if (*tw_context_last_error(ctx))
+			fprintf(stderr, "  %s\n", tw_context_last_error(ctx));
 		return 1;
 	}
 	tw_listener_address(l, addr, sizeof(addr));

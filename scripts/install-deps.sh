@@ -8,6 +8,7 @@ PKGS="build-essential autoconf automake libtool pkg-config
 libevent-dev libssl-dev libzstd-dev liblz4-dev libmsgpack-dev check
 clang libclang-rt-14-dev valgrind clang-format python3 openssl
 python3-distributed python3-msgpack python3-zstandard python3-lz4 python3-websockets
+python3-numpy
 libzmq3-dev libnng-dev"
 
 missing=""
@@ -17,7 +18,7 @@ for p in $PKGS; do
 done
 [ -z "$missing" ] && exit 0
 
-echo "install-deps: installing$missing"
+echo "install-deps: installing$missing (this can take a few minutes)"
 if [ "$(id -u)" != 0 ]; then
 	echo "install-deps: run as root (or: sudo $0)" >&2
 	exit 1

@@ -37,6 +37,7 @@
 #define SCRATCH_BYTES  ((size_t)64 << 10)
 #define IO_BUDGET      ((size_t)4 << 20)
 #define LINGER_SECONDS 2
+#define COUNT_RULE     "a message must start with 8 bytes of frame count"
 
 /* One WebSocket frame to send: header, then len payload bytes at p. */
 struct seg {
@@ -47,9 +48,11 @@ struct seg {
 	uint8_t key[4];
 };
 
+/* A queued message. The count message's 8 bytes (u64 N) follow the
+ * segments in their allocation: the queue array moves when it grows, the
+ * segments do not. */
 struct out_msg {
 	tw_msg *msg;
-	uint8_t count[8]; /* the first message: u64 N */
 	struct seg *segs;
 	size_t nsegs;
 };
@@ -152,13 +155,15 @@ static int build_segs(struct ws *w, struct out_msg *m)
 	const tw_slice *f = tw__msg_frames(m->msg);
 	size_t nf = tw_msg_nframes(m->msg), shard = shard_bytes(w), n = 0, total = 1;
 	uint64_t v = htole64((uint64_t)nf);
+	uint8_t *count;
 	int rv;
 	for (size_t i = 0; i < nf; i++)
 		total += f[i].len == 0 ? 1 : (f[i].len + shard - 1) / shard;
-	if ((m->segs = calloc(total, sizeof(*m->segs))) == NULL)
+	if ((m->segs = calloc(1, total * sizeof(*m->segs) + 8)) == NULL)
 		return TW_ENOMEM;
-	memcpy(m->count, &v, 8);
-	if ((rv = add_seg(w, m, &n, 1, TW__WS_BINARY, m->count, 8)) != 0)
+	count = (uint8_t *)(m->segs + total);
+	memcpy(count, &v, 8);
+	if ((rv = add_seg(w, m, &n, 1, TW__WS_BINARY, count, 8)) != 0)
 		return rv;
 	for (size_t i = 0; i < nf; i++) {
 		const uint8_t *p = tw_slice_data(&f[i]);
@@ -308,6 +313,10 @@ static int at_boundary(const struct ws *w)
 static void write_failed(struct ws *w)
 {
 	int err = errno == EPROTO ? TW_ETLS : TW_EIO;
+	/* The peer closed first (and may have reset the connection): its
+	 * close code, not the failed echo of it, says why the comm ended. */
+	if (w->close_rcvd)
+		return end_after_close(w);
 	tw__comm_seterr(&w->base, "write failed: %s", io_error(w));
 	tw__comm_end(&w->base, err);
 }
@@ -379,13 +388,15 @@ wait:
 	event_add(w->wev, NULL);
 }
 
+static void upgrade_write(struct ws *w);
+
 static void on_writable(evutil_socket_t fd, short what, void *arg)
 {
 	struct ws *w = arg;
 	(void)fd;
 	(void)what;
 	if (w->state == WS_UPGRADE)
-		return; /* the upgrade has its own writer */
+		return upgrade_write(w);
 	flush(w);
 }
 
@@ -407,7 +418,7 @@ static int grow_queue(struct ws *w)
 static int w_write(tw_comm *c, tw_msg *msg)
 {
 	struct ws *w = (struct ws *)c;
-	struct out_msg m = {msg, {0}, NULL, 0};
+	struct out_msg m = {msg, NULL, 0};
 	int rv;
 	if (w->state != WS_OPEN)
 		return TW_ECLOSED;
@@ -420,8 +431,6 @@ static int w_write(tw_comm *c, tw_msg *msg)
 		return rv;
 	}
 	w->q[(w->qhead + w->qn) % w->qcap] = m;
-	/* the segments point into the queue's copy of the count */
-	w->q[(w->qhead + w->qn) % w->qcap].segs[0].p = w->q[(w->qhead + w->qn) % w->qcap].count;
 	w->qn++;
 	w->queued_bytes += msg_wire(&m);
 	if (!event_pending(w->wev, EV_WRITE, NULL))
@@ -460,11 +469,14 @@ static void reset_rx(struct ws *w)
 	w->reserved = 0;
 }
 
-/* Fail the comm: send the close code, then end with err. */
+/* Fail the comm: send the close code, then end with err. The close goes
+ * out only between frames (inside a data frame or a control frame partly
+ * written it would corrupt the stream: then TCP just closes); a pong not
+ * yet written gives way to it. */
 static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
 {
 	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
-	if (!w->close_sent && w->ctrl_len == 0) {
+	if (!w->close_sent && w->ctrl_sent == 0 && at_boundary(w)) {
 		uint8_t key[4];
 		int len;
 		if (w->client)
@@ -510,19 +522,27 @@ static int place_frame(struct ws *w, const struct tw__ws_event *ev)
 	return tw__block_reserve(limit_left(w), &w->blk);
 }
 
-/* The count message arrived: N frames follow. */
-static int got_count(struct ws *w)
+/* The count message arrived: N frames follow. 0, or -1 when the comm
+ * failed (and may be freed). */
+static int got_count(struct ws *w, uint64_t len)
 {
 	uint64_t n;
+	if (len != 8) {
+		fail_proto(w, TW_EPROTO, TW__WS_CLOSE_PROTOCOL, COUNT_RULE);
+		return -1;
+	}
 	memcpy(&n, w->count, 8);
 	n = le64toh(n);
 	if (n == 0 || n > w->base.limits.max_frames) {
-		fail_proto(w, n == 0 ? TW_ENOFRAMES : TW_ETOOMANY, TW__WS_CLOSE_POLICY,
+		fail_proto(w, n == 0 ? TW_ENOFRAMES : TW_ETOOMANY,
+			   n == 0 ? TW__WS_CLOSE_PROTOCOL : TW__WS_CLOSE_TOO_BIG,
 			   n == 0 ? "message of zero frames" : "more frames than the limit");
 		return -1;
 	}
-	if (tw_msg_new(&w->msg) != 0 || tw__msg_reserve(w->msg, n) != 0)
-		return TW_ENOMEM;
+	if (tw_msg_new(&w->msg) != 0 || tw__msg_reserve(w->msg, n) != 0) {
+		fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
+		return -1;
+	}
 	w->nframes = n;
 	tw__ws_dec_set_max_message_bytes(&w->dec, limit_left(w));
 	return 0;
@@ -543,6 +563,7 @@ static int frame_done(struct ws *w, uint64_t len)
 		w->blk = NULL;
 		w->reserved = 0;
 	}
+	/* 0 would mean the decoder's default: on_data checks the rest */
 	tw__ws_dec_set_max_message_bytes(&w->dec, limit_left(w) ? limit_left(w) : 1);
 	return tw_msg_nframes(w->msg) == w->nframes;
 }
@@ -553,7 +574,7 @@ static int deliver(struct ws *w)
 	int alive;
 	w->msg = NULL;
 	reset_rx(w);
-	tw__ws_dec_set_max_message_bytes(&w->dec, 8);
+	tw__ws_dec_set_max_message_bytes(&w->dec, w->base.limits.max_message_bytes);
 	TW__COUNT(&w->base.stats, msgs_received, 1);
 	alive = tw__comm_deliver(&w->base, m);
 	tw_msg_free(m);
@@ -584,38 +605,47 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 	end_after_close(w);
 }
 
+/* A data frame header: the count message (in any fragments, 8 bytes in
+ * all) or part of frame i, checked against what the taskwire message may
+ * still take before its payload is read. */
+static int on_data(struct ws *w, const struct tw__ws_event *ev)
+{
+	if (w->nframes == 0) {
+		if (ev->message_bytes <= 8)
+			return 0;
+		fail_proto(w, TW_EPROTO, TW__WS_CLOSE_PROTOCOL, COUNT_RULE);
+		return -1;
+	}
+	if (ev->message_bytes > limit_left(w)) {
+		fail_proto(w, TW_ETOOBIG, TW__WS_CLOSE_TOO_BIG, "message too big");
+		return -1;
+	}
+	if (ev->first && place_frame(w, ev) != 0) {
+		fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
 /* Handle one decoder event; 0 to go on, -1 when the comm ended or was
  * freed. */
 static int on_event(struct ws *w, const struct tw__ws_event *ev)
 {
 	uint8_t key[4];
 	switch (ev->type) {
-	case TW__WS_EV_DATA:
-		if (w->nframes == 0) {
-			if (!ev->fin || ev->length != 8) {
-				fail_proto(w, TW_EPROTO, TW__WS_CLOSE_PROTOCOL,
-					   "a message must start with 8 bytes of frame count");
-				return -1;
-			}
-			return 0;
-		}
-		if (ev->first && place_frame(w, ev) != 0) {
-			fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
-			return -1;
-		}
-		return 0;
+	case TW__WS_EV_DATA: return on_data(w, ev);
 	case TW__WS_EV_MESSAGE_END:
 		if (w->nframes == 0)
-			return got_count(w) == 0
-				       ? 0
-				       : (fail_proto(w, TW_ENOMEM, 1011, "no memory"), -1);
+			return got_count(w, ev->length);
 		if (frame_done(w, ev->length))
 			return deliver(w) ? 0 : -1;
 		return 0;
 	case TW__WS_EV_PING:
+		/* One pong at a time, for the most recent ping (RFC 6455
+		 * section 5.5.3): a pong not yet written is replaced. */
 		if (w->client)
 			tw__ws_mask_key(key);
-		if (w->ctrl_len == 0)
+		if (w->ctrl_sent == 0)
 			queue_ctrl(w, tw__ws_encode_pong(w->ctrl, ev->payload, ev->payload_len,
 							 w->client ? key : NULL));
 		return 0;
@@ -726,11 +756,11 @@ static void on_linger(evutil_socket_t fd, short what, void *arg)
 static void read_closing(struct ws *w)
 {
 	size_t budget = IO_BUDGET;
+	ssize_t n = -1;
 	while (!w->base.ended) {
 		struct tw__ws_event ev = {0};
 		enum tw__ws_dec_phase ph = tw__ws_dec_phase(&w->dec);
 		uint8_t sink[16384], *dst;
-		ssize_t n;
 		int rv;
 		if (ph == TW__WS_DEC_BYTES) {
 			size_t want = tw__ws_dec_want(&w->dec, &dst);
@@ -744,6 +774,11 @@ static void read_closing(struct ws *w)
 			if (want > 0 && (n = io_read(w, sink, want)) <= 0)
 				break;
 			rv = tw__ws_dec_payload_done(&w->dec, sink, (size_t)n, &ev);
+		} else if (w->ctrl_len > 0) {
+			/* The peer's close arrived; our echo of it is still queued:
+			 * the writer ends the comm once it is out (RFC 6455 5.5.1). */
+			event_del(w->rev);
+			return;
 		} else {
 			return end_after_close(w);
 		}
@@ -756,12 +791,11 @@ static void read_closing(struct ws *w)
 		if ((budget -= budget < (size_t)n ? budget : (size_t)n) == 0)
 			return;
 	}
-	if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+	if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
 		end_after_close(w);
 }
 
 static void upgrade_read(struct ws *w);
-static void upgrade_write(struct ws *w);
 
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
@@ -884,13 +918,14 @@ static void upgrade_write(struct ws *w)
 		struct iovec iov = {w->hs_out + w->hs_sent, w->hs_len - w->hs_sent};
 		ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-			event_assign(w->wev, w->base.ctx->base, w->fd, EV_WRITE, on_writable, w);
-			return; /* rare: a 300-byte write on a fresh socket */
+			event_add(w->wev, NULL); /* rare: a 300-byte write on a fresh socket */
+			return;
 		}
 		if (n < 0)
 			return upgrade_failed(w, TW_EIO, io_error(w));
 		w->hs_sent += (size_t)n;
 	}
+	event_del(w->wev);
 	if (w->refuse)
 		return upgrade_failed(w, TW_EPROTO, tw__ws_req_error(&w->req));
 	if (!w->client)
@@ -907,7 +942,8 @@ static void keep_rest(struct ws *w, const uint8_t *p, size_t n)
 	w->pre_off = 0;
 }
 
-static void upgrade_read(struct ws *w)
+/* One read of the upgrade: 1 to read again, 0 when done (or waiting). */
+static int upgrade_read_once(struct ws *w)
 {
 	uint8_t buf[1024];
 	struct iovec iov = {buf, sizeof(buf)};
@@ -915,32 +951,42 @@ static void upgrade_read(struct ws *w)
 	size_t used = 0;
 	int rv;
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-		return;
-	if (n <= 0)
-		return upgrade_failed(w, n == 0 ? TW_ECLOSED : TW_EIO,
-				      n == 0 ? "connection closed during the upgrade"
-					     : io_error(w));
+		return 0;
+	if (n <= 0) {
+		upgrade_failed(w, n == 0 ? TW_ECLOSED : TW_EIO,
+			       n == 0 ? "connection closed during the upgrade" : io_error(w));
+		return 0;
+	}
 	if (w->client) {
 		rv = tw__ws_client_feed(&w->hs, buf, (size_t)n, &used);
 		if (rv < 0)
-			return upgrade_failed(w, TW_EPROTO, tw__ws_client_error(&w->hs));
-		if (rv == 1) {
-			keep_rest(w, buf + used, (size_t)n - used);
-			upgrade_done(w);
-		}
-		return;
+			upgrade_failed(w, TW_EPROTO, tw__ws_client_error(&w->hs));
+		if (rv != 1)
+			return rv == 0;
+		keep_rest(w, buf + used, (size_t)n - used);
+		upgrade_done(w);
+		return 0;
 	}
 	rv = tw__ws_req_feed(&w->req, buf, (size_t)n, &used);
 	if (rv < 0)
-		return upgrade_failed(w, rv, "out of memory");
-	if (rv == 0)
-		return;
+		upgrade_failed(w, rv, "out of memory");
+	if (rv != 1)
+		return rv == 0;
 	event_del(w->rev);
 	keep_rest(w, buf + used, (size_t)n - used);
 	w->refuse = tw__ws_req_status(&w->req) != 101;
 	rv = tw__ws_req_response(&w->req, w->hs_out, sizeof(w->hs_out));
 	w->hs_len = rv > 0 ? (size_t)rv : 0;
 	upgrade_write(w);
+	return 0;
+}
+
+/* Read until the upgrade is judged or nothing is left: TLS may hold
+ * bytes already taken from the socket, which readiness will not report. */
+static void upgrade_read(struct ws *w)
+{
+	while (upgrade_read_once(w))
+		;
 }
 
 static void on_upgrade_timeout(evutil_socket_t fd, short what, void *arg)
@@ -982,8 +1028,8 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	}
 	tw__comm_init(&w->base, &ws_ops, ctx);
 	tw__comm_set_addresses(&w->base, fd, io == &tw__tcp_io ? "ws" : "wss");
-	tw__ws_dec_init(&w->dec, client ? TW__WS_CLIENT : TW__WS_SERVER, 8,
-			ctx->limits.ws_max_fragments);
+	tw__ws_dec_init(&w->dec, client ? TW__WS_CLIENT : TW__WS_SERVER,
+			ctx->limits.max_message_bytes, ctx->limits.ws_max_fragments);
 	tw__ws_req_init(&w->req, 0, 0);
 	tv.tv_sec = (time_t)(ctx->limits.handshake_timeout_ms / 1000);
 	tv.tv_usec = (suseconds_t)(ctx->limits.handshake_timeout_ms % 1000) * 1000;
@@ -1034,6 +1080,7 @@ static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	}
 	w->l = l;
 	event_add(w->rev, NULL);
+	event_active(w->rev, EV_READ, 0); /* TLS may hold the request already */
 }
 
 static void plain_client(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,

@@ -1,0 +1,736 @@
+/* Frames and upgrades over the wire, good and bad (bug-cases.md BH-23
+ * to BH-38 and the Autobahn groups): a raw client does the upgrade by
+ * hand, sends the bug cases' bytes (client frames masked with 37 fa 21
+ * 3d) and reads every byte the server sends until it closes the
+ * connection; a fake server feeds bad responses and frames to a taskwire
+ * client. After each failure a canary comm on the same listener still
+ * echoes. */
+#include <endian.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+#include <event2/event.h>
+
+#include "tests/check_ws.h"
+#include "tests/ws_util.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* Client frames. */
+
+/* The count message of a taskwire message of n frames. */
+static size_t count_frame(uint8_t *out, uint64_t n, int masked)
+{
+	uint64_t le = htole64(n);
+	return wu_frame(out, 1, 2, &le, 8, masked);
+}
+
+static void send_count(struct wu_raw *r, uint64_t n)
+{
+	uint8_t b[32];
+	wu_raw_send(r, b, count_frame(b, n, 1));
+}
+
+/* Setup: an echo listener, a canary client, and a raw client upgraded on
+ * it; *sp is the raw client's server peer. */
+static struct tu_peer *open_raw(struct tu *h, const char *scheme, struct wu_raw *r,
+				struct tu_peer **sp)
+{
+	struct tu_peer *cli = wu_setup_echo(h, scheme);
+	int status;
+	ck_assert_ptr_nonnull(tu_server_peer(h, 0));
+	status = wu_raw_open(h, h->addr, NULL, r);
+	ck_assert_msg(status == 101, "upgrade: %s", r->status);
+	ck_assert_msg(strstr(r->head, "Sec-WebSocket-Accept: " WU_ACCEPT "\r\n") != NULL, "%s",
+		      r->head);
+	*sp = tu_server_peer(h, 1);
+	ck_assert_ptr_nonnull(*sp);
+	return cli;
+}
+
+/* The server failed the connection: close code `code` as its only frame,
+ * TCP closed, the comm ended with err, nothing delivered; the canary
+ * still echoes. */
+static void expect_failed(struct tu *h, struct wu_raw *r, struct tu_peer *sp, struct tu_peer *cli,
+			  int code, int err)
+{
+	struct wu_fr f[8];
+	char reason[128] = "", want[64];
+	ck_assert_msg(wu_raw_read_eof(r, WU_WAIT_MS), "server kept the connection open");
+	ck_assert_int_eq(wu_parse(r->in, r->nin, f, 8, NULL), 1);
+	ck_assert_int_eq(f[0].masked, 0);
+	ck_assert_int_eq(wu_close_code(r->in, r->nin, reason, sizeof(reason)), code);
+	ck_assert_msg(reason[0] != '\0', "close %d without a reason", code);
+	ck_assert(tu_wait_flag(h, &sp->closed, WU_WAIT_MS));
+	ck_assert_msg(sp->close_err == err, "err %s (%s)", tw_strerror(sp->close_err),
+		      sp->last_error);
+	snprintf(want, sizeof(want), "(WebSocket close %d)", code);
+	ck_assert_msg(strstr(sp->last_error, want) != NULL, "%s", sp->last_error);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	tt_canary(cli, 77);
+}
+
+/* Each bad input: bytes after the upgrade (and after a count message of
+ * N = 1 when count is set), the close code and the comm's error. */
+struct bad_input {
+	const char *what;
+	int count;
+	const char *hex;
+	int code, err;
+};
+
+#define K   "37 fa 21 3d "
+#define X4  "c9 04 df c3 "
+#define X8  X4 X4 X4 X4 X4 X4 X4 X4
+#define X31 X8 X8 X8 X4 X4 X4 X4 X4 X4 X4
+
+static const struct bad_input bad_inputs[] = {
+	{"3.1 text with RSV1", 0, "91 8d " K "7f 9f 4d 51 58 d6 01 4a 58 88 4d 59 16", 1002,
+	 TW_EPROTO},
+	{"binary frame with RSV3", 1, "92 83 " K "56 98 42", 1002, TW_EPROTO},
+	{"3.7 close with RSV=7", 0, "f8 82 " K "34 12", 1002, TW_EPROTO},
+	{"4.1.1 opcode 3", 0, "83 80 " K, 1002, TW_EPROTO},
+	{"4.2.1 opcode 11", 0, "8b 80 " K, 1002, TW_EPROTO},
+	{"5.1 fragmented ping", 0, "09 82 " K "56 98 80 82 " K "54 9e", 1002, TW_EPROTO},
+	{"2.5 ping of 126 bytes", 0, "89 fe 00 7e " K X31 "c9 04", 1002, TW_EPROTO},
+	{"close of 126 bytes", 0, "88 fe 00 7e " K "34 12" X31, 1002, TW_EPROTO},
+	{"5.9 continuation, no message", 0,
+	 "80 89 " K "51 88 40 5a 5a 9f 4f 49 06 81 8d " K "7f 9f 4d 51 58 d6 01 4a 58 88 4d 59 16",
+	 1002, TW_EPROTO},
+	{"new message inside a fragmented one", 1, "02 83 " K "56 98 42 82 83 " K "56 98 42", 1002,
+	 TW_EPROTO},
+	{"BH-35 unmasked client frame", 0, "82 03 61 62 63", 1002, TW_EPROTO},
+	{"BH-23 length 2^63", 0, "82 ff 80 00 00 00 00 00 00 00 " K, 1002, TW_EPROTO},
+	{"BH-23 length 2^64-1", 0, "82 ff ff ff ff ff ff ff ff ff " K "41", 1002, TW_EPROTO},
+	{"BH-37 text message", 0, "81 85 " K "5f 9f 4d 51 58", 1003, TW_EPROTO},
+	{"BH-37 text frame in a message", 1, "81 85 " K "5f 9f 4d 51 58", 1003, TW_EPROTO},
+	{"BH-37 invalid UTF-8 text", 0,
+	 "81 94 " K "f9 40 c0 80 8e 35 a2 f3 8b 34 94 d0 97 7a 44 59 5e 8e 44 59", 1003, TW_EPROTO},
+	{"BH-36 close code 999", 0, "88 82 " K "34 1d", 1002, TW_EPROTO},
+	{"BH-36 close code 1005 on the wire", 0, "88 82 " K "34 17", 1002, TW_EPROTO},
+	{"BH-36 close body of 1 byte", 0, "88 81 " K "34", 1002, TW_EPROTO},
+	{"BH-36 close reason not UTF-8", 0,
+	 "88 96 " K "34 12 ef 87 d6 47 98 f2 b4 34 9d f3 82 17 81 bd 52 9e 48 49 52 9e", 1007,
+	 TW_EPROTO},
+	{"first message of 3 bytes", 0, "82 83 " K "56 98 42", 1002, TW_EPROTO},
+	{"first message of 9 bytes", 0, "82 89 " K "36 fa 21 3d 37 fa 21 3d 37", 1002, TW_EPROTO},
+	{"first message empty", 0, "82 80 " K, 1002, TW_EPROTO},
+	{"count of 0 frames", 0, "82 88 " K K K, 1002, TW_ENOFRAMES},
+	/* the close replaces the pong not yet written */
+	{"ping, then opcode 3", 0, "89 80 " K "83 80 " K, 1002, TW_EPROTO},
+};
+
+#define N_BAD (int)(sizeof(bad_inputs) / sizeof(bad_inputs[0]))
+
+static void bad_input(const char *scheme, const struct bad_input *b)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, scheme, &r, &sp);
+	if (b->count)
+		send_count(&r, 1);
+	wu_raw_send_hex(&r, b->hex);
+	expect_failed(&h, &r, sp, cli, b->code, b->err);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+
+START_TEST(bad_frame)
+{
+	bad_input("ws", &bad_inputs[_i]);
+}
+END_TEST
+
+/* A few of them through TLS too (the close frame goes out through it). */
+START_TEST(bad_frame_wss)
+{
+	static const int pick[] = {0, 5, 10, 13, 16, 23};
+	bad_input("wss", &bad_inputs[pick[_i]]);
+}
+END_TEST
+
+/* BH-24 / BH-04: a length above the message limit is refused on the
+ * header, before anything is allocated. */
+START_TEST(length_over_limit)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	tw_stats before, after;
+	/* the limit applies to comms made after it: a second raw client */
+	wu_raw_close(&r);
+	ck_assert_int_eq(tw_context_set_max_message_bytes(h.ctx, MiB), 0);
+	ck_assert_int_eq(wu_raw_open(&h, h.addr, NULL, &r), 101);
+	sp = tu_server_peer(&h, 2);
+	before = wu_stats();
+	send_count(&r, 1);
+	wu_raw_send_hex(&r, "82 ff 00 00 00 00 40 00 00 00 " K); /* 1 GiB */
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	after = wu_stats();
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1009);
+	ck_assert_uint_eq(after.blocks_allocated - before.blocks_allocated, 0);
+	ck_assert_uint_eq(after.block_bytes_allocated - before.block_bytes_allocated, 0);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, TW_ETOOBIG);
+	tt_canary(cli, 3);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* BH-29: the limit holds for the sum of a message's fragments: the third
+ * 512 KiB fragment of a 1 MiB-limited message is refused on its header;
+ * memory taken is at most the limit. */
+START_TEST(fragments_over_limit)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli;
+	static uint8_t frag[512 * 1024 + 14], zero[512 * 1024];
+	tw_stats before, after;
+	size_t n;
+	wu_init(&h, wu_scheme(_i));
+	ck_assert_int_eq(tw_context_set_max_message_bytes(h.ctx, MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, _i ? "wss://127.0.0.1:0" : "ws://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	ck_assert_int_eq(wu_raw_open(&h, h.addr, NULL, &r), 101);
+	sp = tu_server_peer(&h, 1);
+	before = wu_stats();
+	send_count(&r, 1);
+	n = wu_frame(frag, 0, 2, zero, sizeof(zero), 1);
+	wu_raw_send(&r, frag, n);
+	n = wu_frame(frag, 0, 0, zero, sizeof(zero), 1);
+	wu_raw_send(&r, frag, n);
+	wu_raw_send(&r, frag, 14); /* the third header only */
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	after = wu_stats();
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1009);
+	ck_assert_uint_le(after.block_bytes_allocated - before.block_bytes_allocated, MiB);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, TW_ETOOBIG);
+	tt_canary(cli, 4);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* The limit counts the frames of a taskwire message together, to the
+ * byte: 4,000 + 96 bytes pass a 4,096-byte limit; 4,096 + 1 do not. */
+START_TEST(limit_to_the_byte)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli;
+	static uint8_t b[8192], zeros[4096];
+	struct wu_fr f[8];
+	size_t n;
+	wu_init(&h, wu_scheme(_i));
+	ck_assert_int_eq(tw_context_set_max_message_bytes(h.ctx, 4096), 0);
+	ck_assert_int_eq(tu_listen(&h, _i ? "wss://127.0.0.1:0" : "ws://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	ck_assert_int_eq(wu_raw_open(&h, h.addr, NULL, &r), 101);
+	sp = tu_server_peer(&h, 1);
+	send_count(&r, 2);
+	n = wu_frame(b, 1, 2, zeros, 4000, 1);
+	n += wu_frame(b + n, 1, 2, zeros, 96, 1);
+	wu_raw_send(&r, b, n);
+	ck_assert(tu_wait_count(&h, &sp->nmsgs, 1, WU_WAIT_MS));
+	send_count(&r, 2);
+	n = wu_frame(b, 1, 2, zeros, 4096, 1);
+	n += wu_frame(b + n, 1, 2, zeros, 1, 1);
+	wu_raw_send(&r, b, n);
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_int_eq(wu_parse(r.in, r.nin, f, 8, NULL), 4); /* the echo, then the close */
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1009);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, TW_ETOOBIG);
+	ck_assert_uint_eq(sp->nmsgs, 1);
+	tu_echo_check(cli, (size_t[]){10, 4000}, 2, 12, WU_WAIT_MS); /* the canary, in the limit */
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* More fragments than ws_max_fragments: 1009 from the receiver, which the
+ * sender reports as TW_ETOOBIG. */
+START_TEST(too_many_fragments)
+{
+	struct tu h;
+	struct tu_peer *cli, *sp;
+	size_t lens[] = {20000}; /* 20 fragments of 1,000 bytes */
+	wu_init(&h, wu_scheme(_i));
+	ck_assert_int_eq(tw_context_set_ws_shard_bytes(h.ctx, 1000), 0);
+	ck_assert_int_eq(tw_context_set_ws_max_fragments(h.ctx, 16), 0);
+	ck_assert_int_eq(tu_listen(&h, _i ? "wss://127.0.0.1:0" : "ws://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	sp = tu_server_peer(&h, 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, TW_ETOOMANY);
+	ck_assert_msg(strstr(sp->last_error, "(WebSocket close 1009)") != NULL, "%s",
+		      sp->last_error);
+	ck_assert_int_eq(cli->close_err, TW_ETOOBIG);
+	ck_assert_msg(strstr(cli->last_error, "code 1009") != NULL, "%s", cli->last_error);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Autobahn 2.1, 2.3, 2.7 and 7.1.x: pongs echo pings, unsolicited pongs
+ * are ignored, close 1000 is echoed and TCP closed. */
+START_TEST(ping_pong_close)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	struct wu_fr f[8];
+	wu_raw_send_hex(&r, "89 80 " K);
+	ck_assert(wu_raw_read_n(&r, 2, WU_WAIT_MS));
+	ck_assert_int_eq(r.in[0], 0x8a);
+	ck_assert_int_eq(r.in[1], 0x00);
+	wu_raw_send_hex(&r, "89 85 " K "7f 9f 4d 51 58"); /* "Hello" */
+	wu_raw_send_hex(&r, "8a 80 " K);                  /* unsolicited pong */
+	wu_raw_send_hex(&r, "88 82 " K "34 12");          /* close 1000 */
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_int_eq(wu_parse(r.in, r.nin, f, 8, NULL), 3);
+	ck_assert_int_eq(f[1].op, 0xa);
+	ck_assert(f[1].len == 5 && memcmp(f[1].payload, "Hello", 5) == 0);
+	ck_assert_int_eq(f[2].op, 0x8);
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1000);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
+	tt_canary(cli, 5);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Pings that come faster than pongs go out: the most recent one is
+ * answered (RFC 6455 section 5.5.3; a pong acknowledges the pings before
+ * it, so a peer that waits for its last ping is never left hanging). */
+START_TEST(pings_answered_latest)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	struct wu_fr f[8];
+	uint8_t b[64];
+	size_t n = 0, k = 0;
+	n += wu_frame(b + n, 1, 9, "1", 1, 1);
+	n += wu_frame(b + n, 1, 9, "2", 1, 1);
+	n += wu_frame(b + n, 1, 9, "3", 1, 1);
+	wu_raw_send(&r, b, n); /* one write: read in one go, before any pong */
+	while (k == 0 || f[k - 1].payload[0] != '3') {
+		ck_assert_msg(wu_raw_read_n(&r, r.nin + 1, WU_WAIT_MS), "no pong for ping 3");
+		k = wu_parse(r.in, r.nin, f, 8, NULL);
+		ck_assert(k <= 3);
+		for (size_t i = 0; i < k; i++)
+			ck_assert(f[i].op == 0xa && f[i].len == 1);
+	}
+	wu_raw_send_hex(&r, "88 82 " K "34 12");
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1000);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, 0);
+	tt_canary(cli, 13);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* BH-36 / Autobahn 7.1.x: data after a close is not processed. */
+START_TEST(data_after_close)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	struct wu_fr f[8];
+	send_count(&r, 1);
+	wu_raw_send_hex(&r, "88 82 " K "34 12 82 83 " K "56 98 42 89 80 " K);
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_int_eq(wu_parse(r.in, r.nin, f, 8, NULL), 1);
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1000);
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	/* the peer closed in the middle of a taskwire message */
+	ck_assert_int_eq(sp->close_err, TW_ETRUNCATED);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	tt_canary(cli, 6);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Send bytes one at a time, letting the loop run after each. */
+static void send_chopped(struct wu_raw *r, const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		wu_raw_send(r, p + i, 1);
+		event_base_loop(r->h->base, EVLOOP_NONBLOCK);
+	}
+}
+
+/* BH-26 / Autobahn 5.6: a ping between two fragments is answered before
+ * the message ends and is not part of it; in 1-byte chops. */
+START_TEST(ping_between_fragments)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	uint8_t b[64], want[64];
+	size_t n = count_frame(b, 1, 1), k;
+	n += wu_hex("02 85 " K "5f 9f 4d 51 58 89 80 " K, b + n, sizeof(b) - n);
+	sp->keep = 1;
+	send_chopped(&r, b, n);
+	ck_assert(wu_raw_read_n(&r, 2, WU_WAIT_MS)); /* the pong, message not finished */
+	ck_assert(r.nin == 2 && r.in[0] == 0x8a && r.in[1] == 0);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	n = wu_hex("80 85 " K "40 95 53 51 53", b, sizeof(b));
+	send_chopped(&r, b, n);
+	k = count_frame(want, 1, 0);
+	k += wu_frame(want + k, 1, 2, "helloworld", 10, 0);
+	ck_assert(wu_raw_read_n(&r, 2 + k, WU_WAIT_MS));
+	ck_assert_uint_eq(r.nin, 2 + k);
+	ck_assert(memcmp(r.in + 2, want, k) == 0);
+	ck_assert_uint_eq(sp->nmsgs, 1);
+	ck_assert(sp->nkept == 1 && tw_msg_nframes(sp->msgs[0]) == 1);
+	ck_assert(tw_msg_frame(sp->msgs[0], 0)->len == 10 &&
+		  memcmp(tw_slice_data(tw_msg_frame(sp->msgs[0], 0)), "helloworld", 10) == 0);
+	tt_canary(cli, 7);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* BH-25: a non-minimal length is accepted; the server always answers in
+ * the minimal form (125 -> 82 7d, 126 -> 82 7e 00 7e, 65536 -> 82 7f ...
+ * 01 00 00); binary opcode (BH-37). The count message may itself come in
+ * fragments (RFC 6455 section 5.4: any message may). */
+START_TEST(length_forms)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	static uint8_t b[70000], want[70100], zeros[65536];
+	uint64_t le = htole64(4);
+	size_t n, k;
+	n = wu_frame(b, 0, 2, &le, 3, 1);
+	n += wu_frame(b + n, 1, 0, (uint8_t *)&le + 3, 5, 1);
+	n += wu_hex("82 fe 00 05 " K "5f 9f 4d 51 58", b + n, sizeof(b) - n);
+	n += wu_frame(b + n, 1, 2, zeros, 125, 1);
+	n += wu_frame(b + n, 1, 2, zeros, 126, 1);
+	wu_raw_send(&r, b, n);
+	n = wu_frame(b, 1, 2, zeros, 65536, 1);
+	wu_raw_send(&r, b, n);
+	k = count_frame(want, 4, 0);
+	k += wu_frame(want + k, 1, 2, "hello", 5, 0);
+	k += wu_frame(want + k, 1, 2, zeros, 125, 0);
+	k += wu_frame(want + k, 1, 2, zeros, 126, 0);
+	k += wu_frame(want + k, 1, 2, zeros, 65536, 0);
+	ck_assert(wu_raw_read_n(&r, k, WU_WAIT_MS));
+	ck_assert_uint_eq(r.nin, k);
+	ck_assert(memcmp(r.in, want, k) == 0);
+	ck_assert(memcmp(r.in + 10 + 7, "\x82\x7d", 2) == 0);
+	tt_canary(cli, 8);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+TCase *ws_wire_tcase(void)
+{
+	TCase *tc = tcase_create("wire");
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, bad_frame, 0, N_BAD);
+	tcase_add_loop_test(tc, bad_frame_wss, 0, 6);
+	tcase_add_loop_test(tc, length_over_limit, 0, 2);
+	tcase_add_loop_test(tc, fragments_over_limit, 0, 2);
+	tcase_add_loop_test(tc, limit_to_the_byte, 0, 2);
+	tcase_add_loop_test(tc, too_many_fragments, 0, 2);
+	tcase_add_loop_test(tc, ping_pong_close, 0, 2);
+	tcase_add_loop_test(tc, pings_answered_latest, 0, 2);
+	tcase_add_loop_test(tc, data_after_close, 0, 2);
+	tcase_add_loop_test(tc, ping_between_fragments, 0, 2);
+	tcase_add_loop_test(tc, length_forms, 0, 2);
+	return tc;
+}
+
+/* Upgrades. */
+
+/* Send a request; the server answers status, closes, and never makes a
+ * comm. */
+static void refused(const char *scheme, const char *request, int status, const char *header)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *cli = wu_setup_echo(&h, scheme);
+	ck_assert_ptr_nonnull(tu_server_peer(&h, 0));
+	ck_assert_int_eq(wu_raw_open(&h, h.addr, request, &r), status);
+	if (header != NULL)
+		ck_assert_msg(strstr(r.head, header) != NULL, "no %s in %s", header, r.head);
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_uint_eq(r.nin, 0);
+	ck_assert_uint_eq(h.nsrv, 1);
+	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "WebSocket upgrade") != NULL, "%s",
+		      tw_context_last_error(h.ctx));
+	tt_canary(cli, 9);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+
+#define REQ(extra)                                                                                 \
+	"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" extra \
+	"\r\n"
+
+START_TEST(upgrade_bad_key)
+{
+	refused(wu_scheme(_i),
+		REQ("Sec-WebSocket-Key: !!!!!!!!!!!!!!!!!!!!!!==\r\nSec-WebSocket-Version: 13\r\n"),
+		400, NULL);
+}
+END_TEST
+
+START_TEST(upgrade_version_8)
+{
+	refused(wu_scheme(_i), REQ("Sec-WebSocket-Key: " WU_KEY "\r\nSec-WebSocket-Version: 8\r\n"),
+		426, "Sec-WebSocket-Version: 13\r\n");
+}
+END_TEST
+
+START_TEST(upgrade_plain_http)
+{
+	refused(wu_scheme(_i), "GET / HTTP/1.1\r\n\r\n", 400, NULL); /* BH-07 */
+}
+END_TEST
+
+/* BH-34 (e): 2,000 header lines; one header line of 1 MiB. */
+START_TEST(upgrade_header_flood)
+{
+	static char req[2000 * 24 + 256];
+	size_t n = (size_t)snprintf(req, sizeof(req), "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+	for (int i = 0; i < 2000; i++)
+		n += (size_t)snprintf(req + n, sizeof(req) - n, "X-Flood-%d: y\r\n", i);
+	snprintf(req + n, sizeof(req) - n, "\r\n");
+	refused(wu_scheme(_i), req, 431, NULL);
+}
+END_TEST
+
+START_TEST(upgrade_huge_header)
+{
+	size_t n = MiB + 64;
+	char *req = malloc(n + 1);
+	ck_assert_ptr_nonnull(req);
+	memcpy(req, "GET / HTTP/1.1\r\nX-Big: ", 23);
+	memset(req + 23, 'a', n - 23 - 4);
+	memcpy(req + n - 4, "\r\n\r\n", 5);
+	refused(wu_scheme(_i), req, 431, NULL);
+	free(req);
+}
+END_TEST
+
+/* BH-18 (b): a client that starts an upgrade and stalls is dropped at the
+ * handshake timeout; no comm is made, no fd or socket left behind. */
+START_TEST(upgrade_never_finished)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *cli = wu_setup_echo(&h, wu_scheme(_i));
+	int fds;
+	ck_assert_ptr_nonnull(tu_server_peer(&h, 0));
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h.ctx, 300), 0);
+	fds = tt_fd_count();
+	wu_raw_connect(&h, h.addr, &r);
+	wu_raw_send(&r, "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n", 33);
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_uint_eq(r.nin, 0);
+	wu_raw_close(&r);
+	tu_run_for(&h, 50);
+	ck_assert_int_eq(tt_fd_count(), fds);
+	ck_assert_int_eq(tt_close_wait_count(tt_uri_port(h.addr)), 0);
+	ck_assert_uint_eq(h.nsrv, 1);
+	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "timed out") != NULL, "%s",
+		      tw_context_last_error(h.ctx));
+	tt_canary(cli, 10);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A listener freed while a client is in the middle of its upgrade drops
+ * that connection (nothing left to hand it to). */
+START_TEST(listener_freed_mid_upgrade)
+{
+	struct tu h;
+	struct wu_raw r;
+	wu_init(&h, wu_scheme(_i));
+	ck_assert_int_eq(tu_listen(&h, _i ? "wss://127.0.0.1:0" : "ws://127.0.0.1:0"), 0);
+	wu_raw_connect(&h, h.addr, &r);
+	wu_raw_send(&r, "GET / HTTP/1.1\r\n", 16);
+	tu_run_for(&h, 100);
+	tw_listener_free(h.lis);
+	h.lis = NULL;
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert_uint_eq(h.nsrv, 0);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Bad servers (the taskwire client). */
+
+static int connect_to_fake(struct tu *h, struct wu_fake *f, struct tu_peer **cli)
+{
+	int rv;
+	wu_fake_start(f);
+	rv = tu_connect(h, f->uri, cli);
+	return rv;
+}
+
+/* The request: GET / HTTP/1.1, version 13, a key, no Origin, no
+ * extensions or subprotocols offered. */
+static void check_request(const struct wu_fake *f)
+{
+	ck_assert_msg(strncmp(f->request, "GET / HTTP/1.1\r\n", 16) == 0, "%s", f->request);
+	ck_assert(strcasestr(f->request, "\r\nSec-WebSocket-Version: 13\r\n") != NULL);
+	ck_assert(strcasestr(f->request, "\r\nSec-WebSocket-Key: ") != NULL);
+	ck_assert(strcasestr(f->request, "\r\nOrigin:") == NULL);
+	ck_assert(strcasestr(f->request, "\r\nSec-WebSocket-Extensions:") == NULL);
+	ck_assert(strcasestr(f->request, "\r\nSec-WebSocket-Protocol:") == NULL);
+}
+
+/* BH-34 (a)-(c): the client fails before it hands out a comm, and sends
+ * no frame. */
+START_TEST(bad_upgrade_response)
+{
+	static const enum wu_fake_mode modes[] = {WU_FAKE_BAD_ACCEPT, WU_FAKE_EXTENSION,
+						  WU_FAKE_200};
+	struct tu h;
+	struct wu_fake f = {.mode = modes[_i]};
+	struct tu_peer *cli = NULL;
+	int rv;
+	tu_init(&h);
+	rv = connect_to_fake(&h, &f, &cli);
+	ck_assert_msg(rv == TW_EPROTO, "connect: %s", tw_strerror(rv));
+	ck_assert_ptr_null(cli);
+	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "WebSocket upgrade refused") != NULL,
+		      "%s", tw_context_last_error(h.ctx));
+	wu_fake_join(&f);
+	check_request(&f);
+	ck_assert_uint_eq(f.ngot, 0);
+	tt_fini(&h);
+}
+END_TEST
+
+/* BH-35: a masked frame from a server fails the client with 1002. */
+START_TEST(masked_server_frame)
+{
+	struct tu h;
+	struct wu_fake f = {.mode = WU_FAKE_101};
+	struct tu_peer *cli;
+	struct wu_fr fr[4];
+	f.nextra = wu_hex("82 83 " K "56 98 42", f.extra, sizeof(f.extra));
+	tu_init(&h);
+	ck_assert_int_eq(connect_to_fake(&h, &f, &cli), 0);
+	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, TW_EPROTO);
+	ck_assert_msg(strstr(cli->last_error, "masked server frame") != NULL, "%s",
+		      cli->last_error);
+	ck_assert_uint_eq(cli->nmsgs, 0);
+	wu_fake_join(&f);
+	ck_assert_int_eq(wu_parse(f.got, f.ngot, fr, 4, NULL), 1);
+	ck_assert_int_eq(fr[0].masked, 1);
+	ck_assert_int_eq(wu_close_code(f.got, f.ngot, NULL, 0), 1002);
+	tt_fini(&h);
+}
+END_TEST
+
+/* BH-33: frames a server sends in the same write as its 101 are not lost;
+ * the client's close goes out masked with code 1000. */
+START_TEST(frames_bundled_with_101)
+{
+	struct tu h;
+	struct wu_fake f = {.mode = WU_FAKE_101};
+	struct tu_peer *cli;
+	tw_comm *c;
+	f.nextra = count_frame(f.extra, 2, 0);
+	f.nextra += wu_frame(f.extra + f.nextra, 1, 2, "abc", 3, 0);
+	f.nextra += wu_frame(f.extra + f.nextra, 1, 2, NULL, 0, 0);
+	tu_init(&h);
+	wu_fake_start(&f);
+	ck_assert_int_eq(tt_connect_bare(&h, h.ctx, f.uri, &c, NULL, 0), 0);
+	cli = tu_peer_new(&h);
+	cli->keep = 1; /* before reading: the frames are there already */
+	ck_assert_int_eq(tu_peer_start(cli, c), 0);
+	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1, WU_WAIT_MS));
+	ck_assert_uint_eq(tw_msg_nframes(cli->msgs[0]), 2);
+	ck_assert(tw_msg_frame(cli->msgs[0], 0)->len == 3 &&
+		  memcmp(tw_slice_data(tw_msg_frame(cli->msgs[0], 0)), "abc", 3) == 0);
+	ck_assert_uint_eq(tw_msg_frame(cli->msgs[0], 1)->len, 0);
+	tw_comm_close(cli->comm); /* the fake never answers: ends at the linger */
+	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, 0);
+	wu_fake_join(&f);
+	check_request(&f);
+	ck_assert_int_eq(wu_close_code(f.got, f.ngot, NULL, 0), 1000);
+	tt_fini(&h);
+}
+END_TEST
+
+static int drained(void *comm)
+{
+	return tw_comm_queued_bytes(comm) == 0;
+}
+
+/* BH-35: every client frame is masked, with a fresh key each; payloads
+ * unmask to what was sent. */
+START_TEST(client_masks_every_frame)
+{
+	struct tu h;
+	struct wu_fake f = {.mode = WU_FAKE_101};
+	struct tu_peer *cli;
+	static struct wu_fr fr[512];
+	uint32_t keys[512];
+	size_t lens[] = {5, 0, 300}, n;
+	tu_init(&h);
+	ck_assert_int_eq(connect_to_fake(&h, &f, &cli), 0);
+	for (unsigned i = 0; i < 100; i++)
+		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 3, i)), 0);
+	ck_assert(tu_run_until(&h, drained, cli->comm, WU_WAIT_MS));
+	tu_peer_free(cli);
+	wu_fake_join(&f);
+	n = wu_parse(f.got, f.ngot, fr, 512, NULL);
+	ck_assert_uint_eq(n, 400);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_int_eq(fr[i].masked, 1);
+		memcpy(&keys[i], fr[i].key, 4);
+		for (size_t j = 0; j < i; j++)
+			ck_assert_msg(keys[j] != keys[i], "frames %zu and %zu share a key", j, i);
+		if (i % 4 != 0)
+			ck_assert_uint_eq(fr[i].len, lens[i % 4 - 1]);
+		if (i % 4 != 0 && fr[i].len > 0)
+			ck_assert_int_eq(
+				tu_check(fr[i].payload, fr[i].len, (unsigned)(i / 4 + i % 4 - 1)),
+				-1);
+	}
+	tt_fini(&h);
+}
+END_TEST
+
+TCase *ws_upgrade_tcase(void)
+{
+	TCase *tc = tcase_create("upgrade");
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, upgrade_bad_key, 0, 2);
+	tcase_add_loop_test(tc, upgrade_version_8, 0, 2);
+	tcase_add_loop_test(tc, upgrade_plain_http, 0, 2);
+	tcase_add_loop_test(tc, upgrade_header_flood, 0, 2);
+	tcase_add_loop_test(tc, upgrade_huge_header, 0, 2);
+	tcase_add_loop_test(tc, upgrade_never_finished, 0, 2);
+	tcase_add_loop_test(tc, listener_freed_mid_upgrade, 0, 2);
+	tcase_add_loop_test(tc, bad_upgrade_response, 0, 3);
+	tcase_add_test(tc, masked_server_frame);
+	tcase_add_test(tc, frames_bundled_with_101);
+	tcase_add_test(tc, client_masks_every_frame);
+	return tc;
+}

@@ -1,0 +1,397 @@
+/* Independent peers over ws:// and wss:// (loop tests: _i = 0 ws, 1 wss
+ * with mutual TLS): Python `websockets` (Debian's 10.4) as client and as
+ * echo server, and real Dask (Debian's python3-distributed) as scheduler
+ * and as client. The scripts are in $TW_TOP_SRCDIR/tests/interop. Every
+ * process started is stopped, also when an assertion fails (the fixture's
+ * teardown and tls_util's atexit handler). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <check.h>
+
+#include "tests/check_ws.h"
+#include "tests/ws_util.h"
+
+#define MiB      ((size_t)1 << 20)
+#define START_MS 60000
+#define RUN_MS   120000
+
+static void script(const char *name, char *buf, size_t len)
+{
+	const char *top = getenv("TW_TOP_SRCDIR");
+	snprintf(buf, len, "%s/tests/interop/%s", top ? top : ".", name);
+}
+
+/* The certificate paths, in buffers of the caller. */
+struct certs {
+	char ca[320], cert[320], key[320];
+};
+
+static void certs(struct certs *c)
+{
+	snprintf(c->ca, sizeof(c->ca), "%s", tt_cert("ca.pem"));
+	snprintf(c->cert, sizeof(c->cert), "%s", tt_cert("cert.pem"));
+	snprintf(c->key, sizeof(c->key), "%s", tt_cert("key.pem"));
+}
+
+/* Python's pattern: byte i is (i + seed) % 251. */
+static int py_pattern(const uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (uint8_t)((i + seed) % 251))
+			return 0;
+	return 1;
+}
+
+static int frame_is(const tw_msg *m, size_t i, size_t len, unsigned seed)
+{
+	const tw_slice *f = tw_msg_frame(m, i);
+	return f != NULL && f->len == len && py_pattern(tw_slice_data(f), len, seed);
+}
+
+static void wait_ok(struct tu *h, struct tt_proc *py, const char *ok)
+{
+	char tail[4096];
+	ck_assert_msg(tt_wait_exit(h, py, RUN_MS), "still running: %s",
+		      tt_log_tail(py, tail, sizeof(tail)));
+	ck_assert_msg(WIFEXITED(py->status) && WEXITSTATUS(py->status) == 0, "failed: %s",
+		      tt_log_tail(py, tail, sizeof(tail)));
+	ck_assert_msg(strstr(tt_log_tail(py, tail, sizeof(tail)), ok) != NULL, "%s", tail);
+}
+
+/* ws_client.py against a taskwire echo server: three messages (one frame
+ * of each sent fragmented, pings in between), echoed and checked on both
+ * sides, then a clean close. */
+START_TEST(websockets_client)
+{
+	struct tu h;
+	static struct tt_proc py;
+	struct certs c;
+	char path[512], uri[64];
+	struct tu_peer *sp;
+	const tw_msg *m;
+	wu_init(&h, wu_scheme(_i));
+	h.sopts.keep = 1;
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", wu_scheme(_i));
+	ck_assert_int_eq(tu_listen(&h, uri), 0);
+	script("ws_client.py", path, sizeof(path));
+	certs(&c);
+	char *argv[] = {TT_PYTHON, path, h.addr, c.ca, c.cert, c.key, NULL};
+	if (_i == 0)
+		argv[3] = NULL;
+	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	wait_ok(&h, &py, "OK 3");
+	sp = tu_server_peer(&h, 0);
+	ck_assert_uint_eq(sp->nmsgs, 3);
+	m = sp->msgs[0];
+	ck_assert_uint_eq(tw_msg_nframes(m), 3);
+	ck_assert(tw_msg_frame(m, 0)->len == 5 &&
+		  memcmp(tw_slice_data(tw_msg_frame(m, 0)), "hello", 5) == 0);
+	ck_assert(frame_is(m, 1, 300000, 1));
+	ck_assert_uint_eq(tw_msg_frame(m, 2)->len, 0);
+	ck_assert(tw_msg_nframes(sp->msgs[1]) == 1 && frame_is(sp->msgs[1], 0, 20 * MiB, 2));
+	ck_assert_uint_eq(tw_msg_nframes(sp->msgs[2]), 50);
+	for (unsigned i = 0; i < 50; i++)
+		ck_assert_msg(frame_is(sp->msgs[2], i, i * 37 % 1000, i), "frame %u", i);
+	ck_assert(tu_wait_flag(&h, &sp->closed, RUN_MS));
+	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
+	tt_stop(&py);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A taskwire client against ws_echo_server.py, which pings every 50 ms
+ * (unanswered pings would close the connection), then a clean close that
+ * the server sees as 1000. */
+START_TEST(websockets_server)
+{
+	struct tu h;
+	static struct tt_proc py;
+	struct certs c;
+	char path[512], addr[128], tail[2048], count[32];
+	struct tu_peer *cli;
+	size_t edges[] = {0, 1, 125, 126, 127, 65535, 65536, 65537}, big[] = {20 * MiB + 1};
+	static size_t many[1000];
+	int rv;
+	wu_init(&h, wu_scheme(_i));
+	script("ws_echo_server.py", path, sizeof(path));
+	certs(&c);
+	char *argv[] = {TT_PYTHON, path, c.ca, c.cert, c.key, NULL};
+	if (_i == 0)
+		argv[2] = NULL;
+	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	ck_assert_msg(tt_wait_log(&h, &py, "listening on", addr, sizeof(addr), START_MS),
+		      "server did not start: %s", tt_log_tail(&py, tail, sizeof(tail)));
+	rv = tu_connect(&h, addr, &cli);
+	ck_assert_msg(rv == 0, "connect %s: %s: %s", addr, tw_strerror(rv),
+		      tw_context_last_error(h.ctx));
+	cli->keep = 1;
+	tu_echo_check(cli, edges, 8, 1, RUN_MS);
+	tu_echo_check(cli, big, 1, 2, RUN_MS);
+	for (size_t i = 0; i < 1000; i++)
+		many[i] = i % 17;
+	tu_echo_check(cli, many, 1000, 3, RUN_MS);
+	tu_run_for(&h, 300); /* a few pings, answered */
+	tu_echo_check(cli, edges, 3, 4, RUN_MS);
+	tw_comm_close(cli->comm);
+	ck_assert(tu_wait_flag(&h, &cli->closed, RUN_MS));
+	ck_assert_msg(cli->close_err == 0, "%s", cli->last_error);
+	ck_assert_msg(
+		tt_wait_log(&h, &py, "closed code=1000 messages=", count, sizeof(count), RUN_MS),
+		"%s", tt_log_tail(&py, tail, sizeof(tail)));
+	ck_assert_str_eq(count, "1016"); /* 9 + 2 + 1001 + 4 WebSocket messages */
+	tt_stop(&py);
+	tt_fini(&h);
+}
+END_TEST
+
+TCase *ws_peers_tcase(void)
+{
+	TCase *tc = tcase_create("websockets");
+	tcase_set_timeout(tc, 300);
+	tcase_add_checked_fixture(tc, NULL, tt_stop_all);
+	tcase_add_loop_test(tc, websockets_client, 0, 2);
+	tcase_add_loop_test(tc, websockets_server, 0, 2);
+	return tc;
+}
+
+/* Dask. */
+
+static const size_t dask_sizes[] = {0, 3, 20000, 70 * MiB};
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+	msgpack_pack_str(pk, strlen(s));
+	msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* {"op": op} or {"op": op, "data": <data as out-of-band bytes>} */
+static tw_msg *request(const char *op, const tw_slice *data)
+{
+	tw_builder *b;
+	msgpack_packer *pk;
+	tw_msg *m;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, data ? 2 : 1);
+	pack_str(pk, "op");
+	pack_str(pk, op);
+	if (data != NULL) {
+		pack_str(pk, "data");
+		ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
+	}
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	return m;
+}
+
+static tw_decoded *call(struct tu *h, struct tu_peer *p, tw_msg *m)
+{
+	size_t idx = p->nkept;
+	char why[256] = "";
+	tw_decoded *d;
+	int rv;
+	ck_assert_int_eq(tw_comm_write(p->comm, m), 0);
+	ck_assert_msg(tu_wait_count(h, &p->nkept, idx + 1, RUN_MS), "no reply (closed %d: %s)",
+		      p->closed, p->last_error);
+	rv = tw_decode(p->msgs[idx], NULL, &d, why, sizeof(why));
+	ck_assert_msg(rv == 0, "reply: %s: %s", tw_strerror(rv), why);
+	return d;
+}
+
+/* An echoed payload: out of band, or inline bin. */
+static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
+{
+	const tw_payload *pl = tw_decoded_payload(d, o);
+	if (pl != NULL && pl->nframes == 1) {
+		*p = tw_slice_data(&pl->frames[0]);
+		*n = pl->frames[0].len;
+		return 0;
+	}
+	if (pl == NULL && o->type == MSGPACK_OBJECT_BIN) {
+		*p = (const uint8_t *)o->via.bin.ptr;
+		*n = o->via.bin.size;
+		return 0;
+	}
+	return -1;
+}
+
+static void start_scheduler(struct tu *h, int wss, struct tt_proc *sched, char *addr, size_t len)
+{
+	char port[16], dash[32], tail[2048];
+	struct certs c;
+	unsigned p = wu_free_port();
+	snprintf(port, sizeof(port), "%u", p);
+	snprintf(dash, sizeof(dash), "127.0.0.1:%u", p);
+	certs(&c);
+	char *argv[] = {TT_PYTHON,
+			"-m",
+			"distributed.cli.dask_scheduler",
+			"--protocol",
+			wss ? "wss" : "ws",
+			"--host",
+			"127.0.0.1",
+			"--port",
+			port,
+			"--dashboard-address",
+			dash,
+			"--no-show",
+			"--tls-ca-file",
+			c.ca,
+			"--tls-cert",
+			c.cert,
+			"--tls-key",
+			c.key,
+			NULL};
+	if (!wss)
+		argv[12] = NULL;
+	ck_assert_int_eq(tt_spawn(sched, argv), 0);
+	ck_assert_msg(tt_wait_log(h, sched, "Scheduler at:", addr, len, START_MS),
+		      "scheduler did not start: %s", tt_log_tail(sched, tail, sizeof(tail)));
+	ck_assert_msg(strncmp(addr, wss ? "wss://127.0.0.1:" : "ws://127.0.0.1:", wss ? 16 : 15) ==
+			      0,
+		      "address %s", addr);
+}
+
+/* A taskwire client against `dask scheduler --protocol ws|wss`: Dask
+ * handshake, identity, echo of out-of-band bytes of 0, 3, 20,000 bytes
+ * and 70 MiB. */
+START_TEST(taskwire_client_to_dask_scheduler)
+{
+	struct tu h;
+	static struct tt_proc sched;
+	struct tu_peer *p;
+	char addr[128], why[512];
+	tw_block *data;
+	tw_decoded *d;
+	tw_comm *c;
+	int rv;
+	wu_init(&h, wu_scheme(_i));
+	start_scheduler(&h, _i, &sched, addr, sizeof(addr));
+	rv = tt_connect_bare(&h, h.ctx, addr, &c, why, sizeof(why));
+	ck_assert_msg(rv == 0, "connect %s: %s: %s", addr, tw_strerror(rv), why);
+	rv = tt_handshake(&h, c, 0, why, sizeof(why));
+	ck_assert_msg(rv == 0, "handshake: %s: %s", tw_strerror(rv), why);
+	p = tt_peer(&h, c);
+	p->keep = 1;
+	d = call(&h, p, request("identity", NULL));
+	ck_assert_msg(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "type"), "Scheduler"),
+		      "no type Scheduler");
+	ck_assert_ptr_nonnull(tw_map_get(tw_decoded_root(d), "id"));
+	tw_decoded_free(d);
+	ck_assert_int_eq(tw_block_new(70 * MiB + 8, &data), 0);
+	tu_fill(tw_block_data(data), 70 * MiB + 8, 5);
+	for (size_t k = 0; k < 4; k++) {
+		const uint8_t *got;
+		size_t n, size = dask_sizes[k];
+		tw_slice s = size ? (tw_slice){data, k, size} : (tw_slice){NULL, 0, 0};
+		d = call(&h, p, request("echo", &s));
+		ck_assert_msg(payload_bytes(d, tw_decoded_root(d), &got, &n) == 0,
+			      "reply %zu is not bytes", k);
+		ck_assert_uint_eq(n, size);
+		ck_assert_msg(n == 0 || memcmp(got, tw_block_data(data) + k, n) == 0,
+			      "echo of %zu bytes differs", size);
+		tw_decoded_free(d);
+	}
+	tw_block_free(data);
+	ck_assert_int_eq(p->closed, 0);
+	tt_stop(&sched);
+	tt_fini(&h);
+}
+END_TEST
+
+/* What the server's hook saw of the 70 MiB message. */
+struct big_seen {
+	int seen, msgs, pattern_ok, one_block;
+	size_t wire_frames, logical_frames, len, block_size;
+	uint64_t zero_copy, copied, merges_copied;
+};
+
+static void note_big(struct big_seen *b, const tw_msg *m, const tw_payload *pl)
+{
+	const tw_block *blk = tw_msg_frame(m, 2)->block;
+	b->seen++;
+	b->wire_frames = tw_msg_nframes(m);
+	b->logical_frames = pl->nframes;
+	b->len = pl->frames[0].len;
+	b->pattern_ok = py_pattern(tw_slice_data(&pl->frames[0]), b->len, 3);
+	b->block_size = tw_block_size(blk);
+	b->one_block = 1;
+	for (size_t i = 2; i < tw_msg_nframes(m); i++)
+		b->one_block &= tw_msg_frame(m, i)->block == blk;
+}
+
+/* Decode each message the Python client sends, as a Dask server would. */
+static void decode_hook(struct tu_peer *p, tw_msg *m)
+{
+	struct big_seen *b = p->user;
+	const tw_payload *pl;
+	char why[256] = "";
+	tw_stats before = wu_stats(), after;
+	tw_decoded *d;
+	int rv = tw_decode(m, NULL, &d, why, sizeof(why));
+	after = wu_stats();
+	ck_assert_msg(rv == 0, "decode: %s: %s", tw_strerror(rv), why);
+	b->msgs++;
+	pl = tw_decoded_payload(d, tw_map_get(tw_decoded_root(d), "data"));
+	ck_assert_ptr_nonnull(pl);
+	if (pl->nframes == 1 && pl->frames[0].len == 70 * MiB) {
+		b->zero_copy = after.merges_zero_copy - before.merges_zero_copy;
+		b->merges_copied = after.merges_copied - before.merges_copied;
+		b->copied = after.payload_bytes_copied - before.payload_bytes_copied;
+		note_big(b, m, pl);
+	}
+	tw_decoded_free(d);
+}
+
+/* ws_dask_client.py (distributed.comm.connect) against a taskwire echo
+ * listener: the 70 MiB payload arrives as 9 shards of at most 8 MiB, each
+ * its own WebSocket message, read into one block, merged without a copy. */
+START_TEST(dask_client_to_taskwire_server)
+{
+	struct tu h;
+	static struct tt_proc py;
+	static struct wu_dask_srv srv;
+	struct big_seen big = {0};
+	struct certs c;
+	char path[512], uri[64];
+	wu_init(&h, wu_scheme(_i));
+	setenv("DASK_DISTRIBUTED__COMM__COMPRESSION", "False", 1);
+	srv = (struct wu_dask_srv){.hook = decode_hook, .user = &big};
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", wu_scheme(_i));
+	wu_dask_listen(&h, uri, &srv);
+	script("ws_dask_client.py", path, sizeof(path));
+	certs(&c);
+	char *argv[] = {TT_PYTHON, path, srv.addr, c.ca, c.cert, c.key, NULL};
+	if (_i == 0)
+		argv[3] = NULL;
+	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	wait_ok(&h, &py, "OK 4");
+	ck_assert_int_eq(srv.failed, 0);
+	ck_assert_int_eq(big.msgs, 4);
+	ck_assert_int_eq(big.seen, 1);
+	ck_assert_uint_eq(big.wire_frames, 2 + 9); /* frame 0, sub-header, 9 shards */
+	ck_assert_uint_eq(big.logical_frames, 1);
+	ck_assert_uint_eq(big.len, 70 * MiB);
+	ck_assert(big.pattern_ok);
+	ck_assert(big.one_block);
+	ck_assert_uint_eq(big.block_size, 70 * MiB);
+	ck_assert_uint_eq(big.zero_copy, 1);
+	ck_assert_uint_eq(big.merges_copied, 0);
+	ck_assert_uint_eq(big.copied, 0);
+	tt_stop(&py);
+	tt_fini(&h);
+}
+END_TEST
+
+TCase *ws_dask_tcase(void)
+{
+	TCase *tc = tcase_create("dask");
+	tcase_set_timeout(tc, 300);
+	tcase_add_checked_fixture(tc, NULL, tt_stop_all);
+	tcase_add_loop_test(tc, taskwire_client_to_dask_scheduler, 0, 2);
+	tcase_add_loop_test(tc, dask_client_to_taskwire_server, 0, 2);
+	return tc;
+}

@@ -1,0 +1,147 @@
+/* Helpers for the ws:// and wss:// suites (tests/check_ws*.c), on top of
+ * the TCP and TLS harnesses (tests/tcp_util.h, tests/tls_util.h).
+ *
+ * - wu_init: a harness whose context listens on ws:// or wss:// (mutual
+ *   TLS with the test certificates) and connects with the same settings.
+ * - Frames built here with our own encoder and masking (not the code
+ *   under test), client frames masked with the key 37 fa 21 3d of
+ *   bug-cases.md (RFC 6455 section 5.7), and a parser for what a server
+ *   sends back.
+ * - A raw client (POSIX socket, optionally OpenSSL on top) that does the
+ *   upgrade by hand and reads every byte the server sends until it closes
+ *   the connection, driving the harness's loop while it waits.
+ * - A fake server on a thread of its own (blocking sockets), which answers
+ *   an upgrade with bytes the test chooses: bad servers for the client.
+ * - A Dask listener whose comms run a hook on each received message. */
+#ifndef TW_TESTS_WS_UTIL_H
+#define TW_TESTS_WS_UTIL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <taskwire/taskwire.h>
+
+#include "tests/tcp_util.h"
+#include "tests/tls_util.h"
+
+#define WU_WAIT_MS 30000
+/* The upgrade request of bug-cases.md (Autobahn section) uses this key;
+ * the server must answer with WU_ACCEPT. */
+#define WU_KEY    "dGhlIHNhbXBsZSBub25jZQ=="
+#define WU_ACCEPT "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+
+/* The scheme of loop test _i: 0 "ws", 1 "wss". */
+const char *wu_scheme(int i);
+
+/* tu_init; for wss, mutual TLS (ca.pem, cert.pem, key.pem) on h->ctx. */
+void wu_init(struct tu *h, const char *scheme);
+/* wu_init, an echo listener on scheme://127.0.0.1:0 and one connected
+ * client peer that keeps what it receives. */
+struct tu_peer *wu_setup_echo(struct tu *h, const char *scheme);
+
+/* Bytes. */
+
+/* Decode hex (spaces allowed) into out; returns the byte count. */
+size_t wu_hex(const char *hex, uint8_t *out, size_t cap);
+/* A frame into out (room for 14 + len bytes): FIN, opcode (with RSV bits
+ * if op > 15: op is then the whole first byte), minimal length form,
+ * masked with 37 fa 21 3d when masked. Returns its length. */
+size_t wu_frame(uint8_t *out, int fin, unsigned op, const void *payload, size_t len, int masked);
+
+/* One frame a peer sent. */
+struct wu_fr {
+	int fin, rsv, op, masked;
+	uint8_t key[4]; /* masking key, when masked */
+	uint64_t len;
+	const uint8_t *payload; /* unmasked when masked (in the buffer) */
+};
+/* Parse up to max whole frames from p[0..n); returns how many. Masked
+ * payloads are unmasked in place and their key in the buffer zeroed, so
+ * parsing the same bytes again gives the same frames. *used (may be NULL):
+ * bytes they took. */
+size_t wu_parse(uint8_t *p, size_t n, struct wu_fr *out, size_t max, size_t *used);
+/* The code of the first close frame in p[0..n): its code, 1005 for an
+ * empty body, -1 when there is none. reason (may be NULL) gets its text. */
+int wu_close_code(uint8_t *p, size_t n, char *reason, size_t reason_len);
+
+/* Raw client. */
+
+struct wu_raw {
+	struct tu *h;
+	int fd;
+	void *ssl;        /* SSL * for wss, else NULL */
+	void *ssl_ctx;    /* SSL_CTX * */
+	char status[128]; /* the response's status line */
+	char head[4096];  /* the response's header block */
+	uint8_t *in;      /* bytes the server sent after its header block */
+	size_t nin, cap;
+	int eof; /* the server closed the connection */
+};
+
+/* Connect to uri (ws:// or wss://; wss with the test client certificate)
+ * and send `request` (NULL: the upgrade of bug-cases.md with WU_KEY).
+ * Reads the response's header block into r->status and r->head (unless
+ * the server closes first). Returns the HTTP status, or 0 when none came.
+ * Asserts on connect and TLS failures. */
+int wu_raw_open(struct tu *h, const char *uri, const char *request, struct wu_raw *r);
+/* Connect and do the TLS handshake only (wss), or TCP only. */
+void wu_raw_connect(struct tu *h, const char *uri, struct wu_raw *r);
+/* Send n bytes (driving the loop while the socket is full). Returns the
+ * bytes sent (fewer when the server closed the connection). */
+size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n);
+/* Send hex bytes. */
+void wu_raw_send_hex(struct wu_raw *r, const char *hex);
+/* Read what the server sends into r->in until it closes the connection
+ * (returns 1) or ms pass (0). */
+int wu_raw_read_eof(struct wu_raw *r, int ms);
+/* Read until r->in holds at least n bytes (1) or ms pass / EOF (0). */
+int wu_raw_read_n(struct wu_raw *r, size_t n, int ms);
+void wu_raw_close(struct wu_raw *r);
+
+/* Fake server (for the taskwire client). */
+
+enum wu_fake_mode {
+	WU_FAKE_101,        /* a correct 101, then `extra` in the same write */
+	WU_FAKE_BAD_ACCEPT, /* 101 with Sec-WebSocket-Accept AAAA...= */
+	WU_FAKE_EXTENSION,  /* 101 adding permessage-deflate, not offered */
+	WU_FAKE_200,        /* 200 OK instead of 101 */
+};
+
+struct wu_fake {
+	enum wu_fake_mode mode;
+	uint8_t extra[1024]; /* bytes sent right behind the response */
+	size_t nextra;
+	int lfd;
+	char uri[64]; /* ws://127.0.0.1:PORT */
+	pthread_t th;
+	char request[4096]; /* what the client sent, header block */
+	uint8_t got[65536]; /* what it sent after it, until EOF */
+	size_t ngot;
+	int done; /* the thread finished (read after wu_fake_join) */
+};
+/* Listen on 127.0.0.1 and start the thread (one connection). */
+void wu_fake_start(struct wu_fake *f);
+/* Wait for the thread (it gives up WU_WAIT_MS after starting). */
+void wu_fake_join(struct wu_fake *f);
+
+/* Dask listener: each accepted comm does the handshake (listener side),
+ * then echoes every message, with hook(peer, msg) run first. Server peers
+ * are appended to h->srv. failed counts failed handshakes. */
+struct wu_dask_srv {
+	struct tu *h;
+	tw_listener *l;
+	char addr[128];
+	int failed;
+	void (*hook)(struct tu_peer *p, tw_msg *m);
+	void *user;
+};
+void wu_dask_listen(struct tu *h, const char *uri, struct wu_dask_srv *s);
+
+/* A free TCP port on 127.0.0.1 (bound, then released). */
+unsigned wu_free_port(void);
+
+/* Global stats, now. */
+tw_stats wu_stats(void);
+
+#endif
