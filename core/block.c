@@ -213,7 +213,8 @@ int tw__block_reserve(size_t capacity, tw_block **out)
 	{
 		size_t qlen;
 		void *q = cache_take_le(len, &qlen);
-		if (q != NULL && mremap(q, qlen, qlen, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED)
+		if (q != NULL &&
+		    mremap(q, qlen, qlen, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED)
 			munmap(q, qlen);
 	}
 	*out = init(b, p, capacity, len, KIND_MAP);

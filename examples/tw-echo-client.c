@@ -65,23 +65,6 @@ static int send_next(tw_comm *comm, struct client *cl)
 	return 0;
 }
 
-/* The bytes of one echoed payload: out of band, or inline bin. */
-static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
-{
-	const tw_payload *pl = tw_decoded_payload(d, o);
-	if (pl != NULL && pl->nframes == 1) {
-		*p = tw_slice_data(&pl->frames[0]);
-		*n = pl->frames[0].len;
-		return 0;
-	}
-	if (pl == NULL && o->type == MSGPACK_OBJECT_BIN) {
-		*p = (const uint8_t *)o->via.bin.ptr;
-		*n = o->via.bin.size;
-		return 0;
-	}
-	return -1;
-}
-
 static int check_payloads(const struct client *cl, const tw_decoded *d, uint64_t k)
 {
 	const msgpack_object *arr = tw_map_get(tw_decoded_root(d), "payload");
@@ -94,7 +77,7 @@ static int check_payloads(const struct client *cl, const tw_decoded *d, uint64_t
 	for (uint32_t j = 0; j < arr->via.array.size; j++) {
 		const uint8_t *p;
 		size_t n;
-		if (payload_bytes(d, &arr->via.array.ptr[j], &p, &n) != 0 || n != cl->size ||
+		if (tw_decoded_bytes(d, &arr->via.array.ptr[j], &p, &n) != 0 || n != cl->size ||
 		    (n > 0 && memcmp(p, want + j, n) != 0)) {
 			fprintf(stderr, "message %llu payload %u: bytes differ\n",
 				(unsigned long long)k, j);
@@ -177,7 +160,8 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 		err = tw_comm_handshake(comm, 0, on_handshake, cl);
 	if (err != 0) {
 		fprintf(stderr, "tw-echo-client: connect failed: %s%s%s\n", tw_strerror(err),
-			*tw_context_last_error(cl->ctx) ? ": " : "", tw_context_last_error(cl->ctx));
+			*tw_context_last_error(cl->ctx) ? ": " : "",
+			tw_context_last_error(cl->ctx));
 		tw_comm_free(comm);
 		cl->failed = 1;
 		event_base_loopbreak(cl->base);

@@ -136,11 +136,12 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: tw-echo-server URI [--max-message BYTES] [--quiet] [TLS options]\n"
-		   TW_EX_TLS_USAGE
-		   "  Listen on URI (e.g. tcp://127.0.0.1:8786 or tls://...; port 0 picks a free port)\n"
-		   "  and write every message back unchanged. Prints the bound address,\n"
-		   "  then one line per comm when it ends. Stops on SIGINT/SIGTERM.\n");
+	fputs("usage: tw-echo-server URI [--max-message BYTES] [--quiet] [TLS options]\n", f);
+	fputs(TW_EX_TLS_USAGE, f);
+	fputs("  Listen on URI (e.g. tcp://127.0.0.1:8786 or tls://...; port 0 picks a free\n"
+	      "  port) and write every message back unchanged. Prints the bound address,\n"
+	      "  then one line per comm when it ends. Stops on SIGINT/SIGTERM.\n",
+	      f);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

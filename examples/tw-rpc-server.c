@@ -21,19 +21,7 @@
 /* The bytes of argument `key`: an out-of-band payload or inline bin. */
 static int arg_bytes(tw_request *r, const char *key, const uint8_t **p, size_t *n)
 {
-	const msgpack_object *o = tw_request_arg(r, key);
-	const tw_payload *pl = o != NULL ? tw_decoded_payload(tw_request_decoded(r), o) : NULL;
-	if (pl != NULL && pl->nframes == 1) {
-		*p = tw_slice_data(&pl->frames[0]);
-		*n = pl->frames[0].len;
-		return 0;
-	}
-	if (o != NULL && pl == NULL && o->type == MSGPACK_OBJECT_BIN) {
-		*p = (const uint8_t *)o->via.bin.ptr;
-		*n = o->via.bin.size;
-		return 0;
-	}
-	return -1;
+	return tw_decoded_bytes(tw_request_decoded(r), tw_request_arg(r, key), p, n);
 }
 
 static void op_sum(tw_request *r, void *arg)
@@ -136,10 +124,12 @@ int main(int argc, char **argv)
 	if (argc < 2 || strcmp(argv[1], "--help") == 0) {
 		fprintf(argc < 2 ? stderr : stdout,
 			"usage: tw-rpc-server URI [URI ...]\n"
-			"  Serve the ops identity, echo(data), sum(data), slow(delay), nbytes(data)\n"
+			"  Serve the ops identity, echo(data), sum(data), slow(delay), "
+			"nbytes(data)\n"
 			"  and fail()\n"
 			"  on each URI (port 0 picks a free port); prints each bound address.\n"
-			"  TW_OFFLOAD_THRESHOLD=BYTES|off in the environment sets the offload threshold.\n");
+			"  TW_OFFLOAD_THRESHOLD=BYTES|off in the environment sets the offload "
+			"threshold.\n");
 		return argc < 2 ? 2 : 0;
 	}
 	signal(SIGPIPE, SIG_IGN);
@@ -147,8 +137,9 @@ int main(int argc, char **argv)
 	    tw_server_new(ctx, &srv) != 0)
 		return 1;
 	if (offload != NULL)
-		tw_context_set_offload_threshold_bytes(
-			ctx, strcmp(offload, "off") == 0 ? TW_OFFLOAD_NEVER : strtoull(offload, NULL, 10));
+		tw_context_set_offload_threshold_bytes(ctx, strcmp(offload, "off") == 0
+								    ? TW_OFFLOAD_NEVER
+								    : strtoull(offload, NULL, 10));
 	tw_server_add_op(srv, "sum", op_sum, NULL);
 	tw_server_add_op(srv, "slow", op_slow, base);
 	tw_server_add_op(srv, "fail", op_fail, NULL);

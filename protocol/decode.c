@@ -217,8 +217,10 @@ static int build_logical(tw_decoded *d, const msgpack_object *sub, size_t k, uin
 		 * would copy the same sub-frames again and again. */
 		if (get_uint(&cnt->via.array.ptr[i], &c) != 0 ||
 		    get_uint(&off->via.array.ptr[i], &o) != 0 || o < next || o > num || c > num - o)
-			return fail(d, TW_EPROTO, "sub-header %zu: split %u outside its sub-frames or "
-						  "overlapping another", k, i);
+			return fail(d, TW_EPROTO,
+				    "sub-header %zu: split %u outside its sub-frames or "
+				    "overlapping another",
+				    k, i);
 		next = (uint32_t)(o + c);
 		rv = logical(d, k + 1 + o, c, codecs + o);
 	}
@@ -478,6 +480,22 @@ const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *
 			hi = mid;
 	}
 	return NULL;
+}
+
+int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
+{
+	const tw_payload *pl = o != NULL ? tw_decoded_payload(d, o) : NULL;
+	if (pl != NULL && pl->nframes == 1) {
+		*p = tw_slice_data(&pl->frames[0]);
+		*n = pl->frames[0].len;
+		return 0;
+	}
+	if (pl == NULL && o != NULL && o->type == MSGPACK_OBJECT_BIN) {
+		*p = (const uint8_t *)o->via.bin.ptr;
+		*n = o->via.bin.size;
+		return 0;
+	}
+	return TW_EINVAL;
 }
 
 void tw_decoded_free(tw_decoded *d)

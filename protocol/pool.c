@@ -19,7 +19,7 @@ struct dest;
 struct pcomm {
 	struct tw__node node; /* tracked by the context while connecting */
 	struct pcomm *next;
-	struct dest *dest;    /* NULL once the pool is gone */
+	struct dest *dest; /* NULL once the pool is gone */
 	tw_comm *comm;
 	tw_call *busy;
 	struct timeval idle_since;
@@ -30,7 +30,7 @@ struct dest {
 	tw_pool *pool;
 	char uri[256];
 	struct pcomm *comms;
-	size_t open;       /* comms, connecting ones included */
+	size_t open; /* comms, connecting ones included */
 	size_t connecting;
 	tw_call *wait_head, **wait_tail;
 };
@@ -215,7 +215,8 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 {
 	struct pcomm *pc = arg;
 	pc->comm = comm;
-	if (err == 0 && pc->dest != NULL && (err = tw_comm_handshake(comm, 0, on_handshake, pc)) == 0)
+	if (err == 0 && pc->dest != NULL &&
+	    (err = tw_comm_handshake(comm, 0, on_handshake, pc)) == 0)
 		return;
 	pc_forget(pc, err != 0 ? err : TW_ECANCELED);
 }
@@ -315,8 +316,8 @@ static struct dest *find_dest(tw_pool *p, const char *uri)
 	return d;
 }
 
-int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
-		 tw_reply_cb cb, void *arg, tw_call **out)
+int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
+		 void *arg, tw_call **out)
 {
 	struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
 	struct dest *d;
@@ -371,7 +372,8 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 				continue;
 			evutil_timersub(&now, &pc->idle_since, &age);
 			if (++idle > p->max_idle ||
-			    (uint64_t)age.tv_sec * 1000 + (uint64_t)age.tv_usec / 1000 >= p->idle_timeout_ms)
+			    (uint64_t)age.tv_sec * 1000 + (uint64_t)age.tv_usec / 1000 >=
+				    p->idle_timeout_ms)
 				drop_comm(pc);
 		}
 	}

@@ -106,7 +106,8 @@ int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg)
 
 int tw_server_add_stream_op(tw_server *s, const char *name, tw_stream_fn fn, void *arg)
 {
-	return s == NULL ? TW_EINVAL : table_add(&s->sops, &s->nsops, name, (void (*)(void))fn, arg);
+	return s == NULL ? TW_EINVAL
+			 : table_add(&s->sops, &s->nsops, name, (void (*)(void))fn, arg);
 }
 
 int tw_server_new(tw_context *ctx, tw_server **out)

@@ -274,9 +274,7 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 {
 	int rv;
 	switch (rx->phase) {
-	case RX_HEAD:
-		rx->have += n;
-		return tw__rx_check_head(rx);
+	case RX_HEAD: rx->have += n; return tw__rx_check_head(rx);
 	case RX_SMALL: {
 		size_t left = tw_block_size(rx->body) - rx->have;
 		if (n > left) { /* the rest is the next message's head */

@@ -416,7 +416,8 @@ int tw__tls_listen_then(tw_context *ctx, const struct tw__uri *u, const char *sc
 	int err;
 	if (ctx->tls == NULL || !((tw_tls_config *)ctx->tls)->has_cert) {
 		snprintf(ctx->error, sizeof(ctx->error),
-			 "%s:// listeners need a TLS configuration with a certificate and key", scheme);
+			 "%s:// listeners need a TLS configuration with a certificate and key",
+			 scheme);
 		return TW_EINVAL;
 	}
 	if ((err = tw__tcp_listen_with(ctx, u, scheme, tls_accept, cb, arg, out)) != 0)

@@ -44,7 +44,12 @@ typedef void (*tw_close_cb)(tw_comm *comm, int err, void *arg);
 typedef void (*tw_drain_cb)(tw_comm *comm, void *arg);
 /* tw_connect finished: on success err is 0 and comm is the new comm, owned
  * by the application; on failure comm is NULL and err is TW_ECONNREFUSED,
- * TW_ETIMEDOUT, TW_EADDR or TW_EIO. */
+ * TW_ETIMEDOUT (connect, TLS or WebSocket upgrade time), TW_EADDR, TW_EIO,
+ * TW_ETLS (the TLS handshake or a certificate check failed), TW_EPROTO (the
+ * WebSocket upgrade was refused) or TW_EINVAL (tls:// or wss:// with no
+ * TLS configuration); tw_context_last_error gives the reason. Under TLS
+ * 1.3 a server refuses a client certificate after the client finished its
+ * handshake: the client then learns it from TW_ETLS on its first read. */
 typedef void (*tw_connect_cb)(tw_comm *comm, int err, void *arg);
 /* A listener accepted `comm`, owned by the application from now on. */
 typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);

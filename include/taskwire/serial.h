@@ -123,6 +123,13 @@ size_t tw_decoded_npayloads(const tw_decoded *d);
 const tw_payload *tw_decoded_payload_at(const tw_decoded *d, size_t i);
 const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *placeholder);
 
+/* tw_decoded_bytes: the bytes a value of d stands for, the way Python
+ * peers send bytes: a placeholder of one logical frame (out of band), or an
+ * inline msgpack bin (a peer that deserialized and re-sent it). *p points
+ * into d (valid until tw_decoded_free), *n is the length in bytes.
+ * Returns 0, or TW_EINVAL when o is neither (or NULL). */
+int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n);
+
 /* tw_decoded_free: free the tree and payloads, drop the message. Accepts
  * NULL. */
 void tw_decoded_free(tw_decoded *d);
