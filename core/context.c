@@ -151,6 +151,11 @@ int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg)
 static void kill_all(void *arg)
 {
 	tw_context *ctx = arg;
+	/* Workers first stop taking jobs: tearing the comms down may release
+	 * whatever a running job waits for, and the jobs still queued then
+	 * must be canceled, not run. */
+	if (ctx->offload_stop != NULL)
+		ctx->offload_stop(ctx->offload);
 	while (ctx->objects.next != &ctx->objects) {
 		struct tw__node *n = ctx->objects.next;
 		tw__ctx_untrack(n);

@@ -60,7 +60,8 @@ struct tw_context {
 	char error[512]; /* last connect/accept failure; loop thread */
 	/* The offload pool (protocol/), stopped before pending calls run. */
 	void *offload;
-	void (*offload_release)(void *offload);
+	void (*offload_stop)(void *offload);    /* take no more jobs; loop thread */
+	void (*offload_release)(void *offload); /* join the workers, cancel the rest */
 	unsigned offload_threads;
 	uint64_t offload_threshold;
 };

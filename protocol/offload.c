@@ -50,16 +50,23 @@ static void *worker(void *arg)
 	}
 }
 
+/* Workers take no more jobs (a running one finishes). Idempotent. */
+static void pool_stop(void *arg)
+{
+	struct pool *p = arg;
+	pthread_mutex_lock(&p->lock);
+	p->stopping = 1;
+	pthread_cond_broadcast(&p->more);
+	pthread_mutex_unlock(&p->lock);
+}
+
 /* Stop the workers (a running job finishes and posts its result), then
  * finish the jobs no worker took as canceled. */
 static void pool_free(void *arg)
 {
 	struct pool *p = arg;
 	struct tw__job *job;
-	pthread_mutex_lock(&p->lock);
-	p->stopping = 1;
-	pthread_cond_broadcast(&p->more);
-	pthread_mutex_unlock(&p->lock);
+	pool_stop(p);
 	for (unsigned i = 0; i < p->nthreads; i++)
 		pthread_join(p->threads[i], NULL);
 	while ((job = p->head) != NULL) {
@@ -92,6 +99,7 @@ static int pool_start(tw_context *ctx)
 		return TW_EIO;
 	}
 	ctx->offload = p;
+	ctx->offload_stop = pool_stop;
 	ctx->offload_release = pool_free;
 	return 0;
 }
