@@ -2,20 +2,23 @@
 # Small-RPC round trips over loopback tcp, side by side in one run:
 # taskwire (tw_pool -> tw-rpc-server), ZeroMQ REQ/REP, NNG req/rep and
 # Dask's Python rpc, each echoing a 10-byte payload sequentially.
-#   bench/rpc-bench.sh BUILD_DIR [COUNT]
+#   bench/rpc-bench.sh BUILD_DIR [COUNT] [ROUNDS]
 # PIN="taskset -c 0" runs every server and client on one CPU,
 # as DESIGN.md's reference numbers were taken; PIN= lets them spread.
+# The peers take turns for ROUNDS rounds (default 3), so a slow spell of
+# the machine hits them all; ratios are of each peer's median round.
 set -euo pipefail
 PIN=${PIN-}
 build=${1:?build dir}
 count=${2:-20000}
+rounds=${3:-3}
 here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 addr_of() { for _ in $(seq 200); do a=$(awk '/listening on/ {print $3}' "$1"); [ -n "$a" ] && { echo "$a"; return; }; sleep 0.05; done; exit 1; }
-rate() { sed -n 's/.*: \([0-9]*\) round trips.*/\1/p' "$1"; }
+median() { sed -n 's/.*: \([0-9]*\) round trips.*/\1/p' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 $PIN "$build/examples/tw-rpc-server" tcp://127.0.0.1:0 >"$tmp/tw.log" &
 zp=$(port); $PIN "$build/bench/rpc-peers" zmq-server "$zp" &
@@ -23,10 +26,12 @@ np=$(port); $PIN "$build/bench/rpc-peers" nng-server "$np" &
 $PIN $py "$here/dask_rpc.py" server >"$tmp/dask.log" 2>&1 &
 tw=$(addr_of "$tmp/tw.log"); dask=$(addr_of "$tmp/dask.log")
 sleep 0.3
-echo "== $count sequential echo calls of 10 bytes over loopback tcp${PIN:+ (all peers on one CPU: $PIN)}"
-$PIN "$build/bench/rpc-client" "$tw" "$count" | tee "$tmp/r.tw"
-$PIN "$build/bench/rpc-peers" zmq-client "$zp" "$count" | tee "$tmp/r.zmq"
-$PIN "$build/bench/rpc-peers" nng-client "$np" "$count" | tee "$tmp/r.nng"
-$PIN $py "$here/dask_rpc.py" client "$dask" $((count / 4)) | tee "$tmp/r.dask"
-awk -v t="$(rate "$tmp/r.tw")" -v z="$(rate "$tmp/r.zmq")" -v n="$(rate "$tmp/r.nng")" \
-	-v d="$(rate "$tmp/r.dask")" 'BEGIN { printf "taskwire / zeromq %.2fx, / nng %.2fx, / dask %.1fx (round trips per second)\n", t / z, t / n, t / d }'
+echo "== $count sequential echo calls of 10 bytes over loopback tcp, $rounds rounds${PIN:+ (all peers on one CPU: $PIN)}"
+for r in $(seq "$rounds"); do
+	$PIN "$build/bench/rpc-client" "$tw" "$count" | tee "$tmp/r.tw.$r"
+	$PIN "$build/bench/rpc-peers" zmq-client "$zp" "$count" | tee "$tmp/r.zmq.$r"
+	$PIN "$build/bench/rpc-peers" nng-client "$np" "$count" | tee "$tmp/r.nng.$r"
+	$PIN $py "$here/dask_rpc.py" client "$dask" $((count / 4)) | tee "$tmp/r.dask.$r"
+done
+awk -v t="$(median "$tmp"/r.tw.*)" -v z="$(median "$tmp"/r.zmq.*)" -v n="$(median "$tmp"/r.nng.*)" \
+	-v d="$(median "$tmp"/r.dask.*)" 'BEGIN { printf "medians (round trips/s): taskwire %d, zeromq %d, nng %d, dask %d\ntaskwire / zeromq %.2fx, / nng %.2fx, / dask %.1fx\n", t, z, n, d, t / z, t / n, t / d }'

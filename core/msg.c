@@ -8,11 +8,16 @@
 #include "core/msg.h"
 #include "core/stats.h"
 
+/* Frames held in the message itself: most messages have a few, so they
+ * cost no allocation of their own. */
+#define INLINE_FRAMES 4
+
 struct tw_msg {
 	_Atomic size_t refs;
 	size_t n, cap;
 	uint64_t bytes;
-	tw_slice *frames;
+	tw_slice *frames; /* inline, or malloc'd once more are needed */
+	tw_slice inline_frames[INLINE_FRAMES];
 };
 
 int tw_msg_new(tw_msg **out)
@@ -20,9 +25,12 @@ int tw_msg_new(tw_msg **out)
 	tw_msg *m;
 	if (out == NULL)
 		return TW_EINVAL;
-	if ((m = calloc(1, sizeof(*m))) == NULL)
+	if ((m = malloc(sizeof(*m))) == NULL)
 		return TW_ENOMEM;
 	atomic_init(&m->refs, 1);
+	m->n = m->bytes = 0;
+	m->cap = INLINE_FRAMES;
+	m->frames = m->inline_frames;
 	*out = m;
 	return 0;
 }
@@ -39,20 +47,26 @@ void tw_msg_free(tw_msg *m)
 		return;
 	for (size_t i = 0; i < m->n; i++)
 		tw_block_free(m->frames[i].block);
-	free(m->frames);
+	if (m->frames != m->inline_frames)
+		free(m->frames);
 	free(m);
 }
 
 int tw__msg_reserve(tw_msg *m, size_t n)
 {
-	size_t cap = m->cap ? m->cap : 4;
+	size_t cap = m->cap;
 	tw_slice *f;
 	if (n <= m->cap)
 		return 0;
 	while (cap < n)
 		cap *= 2;
-	if ((f = realloc(m->frames, cap * sizeof(*f))) == NULL)
+	if (m->frames == m->inline_frames) {
+		if ((f = malloc(cap * sizeof(*f))) == NULL)
+			return TW_ENOMEM;
+		memcpy(f, m->frames, m->n * sizeof(*f));
+	} else if ((f = realloc(m->frames, cap * sizeof(*f))) == NULL) {
 		return TW_ENOMEM;
+	}
 	m->frames = f;
 	m->cap = cap;
 	return 0;

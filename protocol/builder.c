@@ -23,7 +23,7 @@ struct tw_builder {
 	msgpack_sbuffer frame0;
 	msgpack_packer pk;
 	enum tw__codec codec;
-	tw_msg *groups; /* frames 1.. */
+	tw_msg *groups; /* frames 1..; made by the first payload group */
 	int done;
 };
 
@@ -37,11 +37,7 @@ int tw_builder_new(const char *compression, tw_builder **out)
 		return TW_ENOTSUP;
 	if ((b = calloc(1, sizeof(*b))) == NULL)
 		return TW_ENOMEM;
-	if (tw_msg_new(&b->groups) != 0) {
-		free(b);
-		return TW_ENOMEM;
-	}
-	msgpack_sbuffer_init(&b->frame0);
+	tw__sbuffer_init(&b->frame0);
 	msgpack_packer_init(&b->pk, &b->frame0, msgpack_sbuffer_write);
 	b->codec = codec;
 	*out = b;
@@ -60,6 +56,16 @@ void tw_builder_free(tw_builder *b)
 	msgpack_sbuffer_destroy(&b->frame0);
 	tw_msg_free(b->groups);
 	free(b);
+}
+
+void tw__sbuffer_init(msgpack_sbuffer *sb)
+{
+	msgpack_sbuffer_init(sb);
+	/* msgpack-c starts at 8 KiB; most frames 0 and sub-headers are a few
+	 * hundred bytes, and an 8 KiB block per message goes past malloc's
+	 * per-thread cache (small RPCs paid for it in malloc_consolidate). */
+	if ((sb->data = malloc(TW__SBUFFER_START)) != NULL)
+		sb->alloc = TW__SBUFFER_START;
 }
 
 static void release_malloc(void *data, void *arg)
@@ -86,11 +92,23 @@ int tw_pack_str(msgpack_packer *pk, const char *s)
 	return msgpack_pack_str(pk, n) == 0 ? msgpack_pack_str_body(pk, s, n) : -1;
 }
 
+static size_t ngroup_frames(const tw_builder *b)
+{
+	return b->groups != NULL ? tw_msg_nframes(b->groups) : 0;
+}
+
+/* The frames after frame 0, made when the first group comes: a message
+ * without payload groups (most small RPCs) never needs them. */
+static int need_groups(tw_builder *b)
+{
+	return b->groups != NULL || tw_msg_new(&b->groups) == 0 ? 0 : TW_ENOMEM;
+}
+
 static void pack_placeholder(tw_builder *b)
 {
 	msgpack_pack_map(&b->pk, 1);
 	tw_pack_str(&b->pk, "__Serialized__");
-	msgpack_pack_uint64(&b->pk, 1 + tw_msg_nframes(b->groups));
+	msgpack_pack_uint64(&b->pk, 1 + ngroup_frames(b));
 }
 
 /* Sub-header keys shared by every group of one frame. */
@@ -110,7 +128,7 @@ static void pack_common(msgpack_packer *pk, const char *codec)
  * except for frames already appended, which finish never uses. */
 static int append_group(tw_builder *b, msgpack_sbuffer *sub, const tw_slice *frame)
 {
-	if (append_sbuffer(b->groups, sub) != 0)
+	if (need_groups(b) != 0 || append_sbuffer(b->groups, sub) != 0)
 		return TW_ENOMEM;
 	return tw_msg_append(b->groups, frame);
 }
@@ -130,7 +148,7 @@ int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data)
 		if (z.block != NULL)
 			codec = tw__codec_name(b->codec);
 	}
-	msgpack_sbuffer_init(&sub);
+	tw__sbuffer_init(&sub);
 	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 8);
 	tw_pack_str(&pk, "serializer");
@@ -168,7 +186,7 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 		return TW_ENOMEM;
 	memcpy(tw_block_data(blk), packed, len);
 	TW__ADD(&tw__global_stats, payload_bytes_copied, len);
-	msgpack_sbuffer_init(&sub);
+	tw__sbuffer_init(&sub);
 	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 3);
 	tw_pack_str(&pk, "serializer");
@@ -223,7 +241,7 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 		keep += !skip_key(&h->via.map.ptr[i].key);
 	if (tw_msg_new(&frames) != 0)
 		return TW_ENOMEM;
-	msgpack_sbuffer_init(&sub);
+	tw__sbuffer_init(&sub);
 	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, keep + (serialized ? 4 : 2));
 	for (uint32_t i = 0; i < h->via.map.size; i++) {
@@ -265,8 +283,8 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 	if (rv == 0) {
 		msgpack_pack_map(&b->pk, 1);
 		tw_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
-		msgpack_pack_uint64(&b->pk, 1 + tw_msg_nframes(b->groups));
-		rv = append_sbuffer(b->groups, &sub);
+		msgpack_pack_uint64(&b->pk, 1 + ngroup_frames(b));
+		rv = need_groups(b) != 0 ? TW_ENOMEM : append_sbuffer(b->groups, &sub);
 	}
 	for (size_t i = 0; rv == 0 && i < tw_msg_nframes(frames); i++)
 		rv = tw_msg_append(b->groups, tw_msg_frame(frames, i));
@@ -307,7 +325,7 @@ int tw_builder_finish(tw_builder *b, tw_msg **out)
 	size_t n;
 	if (b == NULL || out == NULL || b->done)
 		return TW_EINVAL;
-	n = tw_msg_nframes(b->groups);
+	n = ngroup_frames(b);
 	if (tw_msg_new(&m) != 0 || tw__msg_reserve(m, n + 1) != 0 ||
 	    append_sbuffer(m, &b->frame0) != 0) {
 		tw_msg_free(m);

@@ -19,7 +19,8 @@
 
 struct tw_decoded {
 	tw_msg *msg;
-	msgpack_zone *zone;
+	msgpack_zone *zone; /* &zone_mem once initialised */
+	msgpack_zone zone_mem;
 	msgpack_object root;
 	tw_payload *payloads;
 	const msgpack_object **holders; /* placeholder map of each payload */
@@ -31,7 +32,43 @@ struct tw_decoded {
 	size_t *order;   /* payload indices sorted by placeholder address */
 	char *detail;
 	size_t detail_len;
+	uint8_t used_inline[16]; /* `used` of messages with few frames */
 };
+
+/* Claim flags for the message's frames, zeroed. */
+static int alloc_used(tw_decoded *d)
+{
+	size_t n = tw_msg_nframes(d->msg);
+	if (n <= sizeof(d->used_inline)) {
+		memset(d->used_inline, 0, sizeof(d->used_inline));
+		d->used = d->used_inline;
+		return 0;
+	}
+	return (d->used = calloc(n, 1)) != NULL ? 0 : TW_ENOMEM;
+}
+
+static void free_used(tw_decoded *d)
+{
+	if (d->used != d->used_inline)
+		free(d->used);
+	d->used = NULL;
+}
+
+static int init_zone(tw_decoded *d)
+{
+	/* Most frames 0 are small: start the zone small too. */
+	if (!msgpack_zone_init(&d->zone_mem, 1024))
+		return TW_ENOMEM;
+	d->zone = &d->zone_mem;
+	return 0;
+}
+
+static void fini_zone(tw_decoded *d)
+{
+	if (d->zone != NULL)
+		msgpack_zone_destroy(d->zone);
+	d->zone = NULL;
+}
 
 static int fail(tw_decoded *d, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -337,7 +374,7 @@ static int decode(tw_decoded *d)
 	int rv;
 	if (tw_msg_nframes(d->msg) == 0)
 		return fail(d, TW_EPROTO, "message has no frames");
-	if ((d->used = calloc(tw_msg_nframes(d->msg), 1)) == NULL)
+	if (alloc_used(d) != 0)
 		return fail(d, TW_ENOMEM, "out of memory");
 	d->used[0] = 1;
 	if ((rv = unpack_frame(d, 0, &d->root)) != 0)
@@ -410,16 +447,10 @@ uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop)
 		return c.bytes;
 	memset(&d, 0, sizeof(d));
 	d.msg = (tw_msg *)msg;
-	if ((d.zone = msgpack_zone_new(1024)) == NULL ||
-	    (d.used = calloc(tw_msg_nframes(msg), 1)) == NULL) {
-		if (d.zone != NULL)
-			msgpack_zone_free(d.zone);
-		return c.bytes;
-	}
-	if (unpack_frame(&d, 0, &root) == 0)
+	if (init_zone(&d) == 0 && alloc_used(&d) == 0 && unpack_frame(&d, 0, &root) == 0)
 		tw__walk_placeholders(&root, cost_of_group, &c, &why);
-	msgpack_zone_free(d.zone);
-	free(d.used);
+	fini_zone(&d);
+	free_used(&d);
 	return c.bytes;
 }
 
@@ -437,8 +468,7 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 	d->detail_len = detail_len;
 	d->budget = limits != NULL && limits->max_message_bytes > 0 ? limits->max_message_bytes
 								    : UINT64_C(4) << 30;
-	/* Most frames 0 are small: start the zone small too. */
-	if ((d->zone = msgpack_zone_new(1024)) == NULL) {
+	if (init_zone(d) != 0) {
 		tw_decoded_free(d);
 		return TW_ENOMEM;
 	}
@@ -508,9 +538,8 @@ void tw_decoded_free(tw_decoded *d)
 	free(d->payloads);
 	free(d->holders);
 	free(d->order);
-	free(d->used);
-	if (d->zone != NULL)
-		msgpack_zone_free(d->zone);
+	free_used(d);
+	fini_zone(d);
 	tw_msg_free(d->msg);
 	free(d);
 }

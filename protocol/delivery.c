@@ -21,7 +21,8 @@ struct item {
 	tw_msg *msg;
 	tw_decoded *d;
 	int err;
-	int done; /* decoded; loop thread only */
+	int done;     /* decoded; loop thread only */
+	int on_stack; /* on_recv's own: delivered before it returns */
 	uint64_t max_bytes;
 	struct tw__job job;
 	char detail[200];
@@ -49,7 +50,8 @@ static void item_free(struct item *it)
 {
 	tw_msg_free(it->msg);
 	tw_decoded_free(it->d);
-	free(it);
+	if (!it->on_stack)
+		free(it);
 }
 
 static void queue_unref(struct queue *q)
@@ -151,11 +153,36 @@ static void job_done(struct tw__job *job)
 	queue_unref(q);
 }
 
+/* Nothing waits and the message is cheap to decode: decode and deliver
+ * it now, with no allocation for the item (the common small RPC). The
+ * item leaves the queue before its callback runs, so nothing can keep a
+ * pointer to it after this returns. */
+static void deliver_now(struct queue *q, tw_msg *msg)
+{
+	struct item it;
+	it.next = NULL;
+	it.q = q;
+	it.msg = tw_msg_hold(msg);
+	it.d = NULL;
+	it.on_stack = 1;
+	it.max_bytes = q->comm->limits.max_message_bytes;
+	decode(&it);
+	it.done = 1;
+	*q->tail = &it;
+	q->tail = &it.next;
+	q->n++;
+	deliver(q);
+}
+
 static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 {
 	struct queue *q = arg;
-	struct item *it = calloc(1, sizeof(*it));
-	if (it == NULL) {
+	struct item *it;
+	uint64_t threshold = comm->ctx->offload_threshold;
+	uint64_t cost = tw__decode_cost(msg, threshold);
+	if (q->head == NULL && can_deliver(q) && cost < threshold)
+		return deliver_now(q, msg);
+	if ((it = calloc(1, sizeof(*it))) == NULL) {
 		tw__comm_seterr(comm, "out of memory queueing a message");
 		tw__comm_end(comm, TW_ENOMEM);
 		return;
@@ -166,7 +193,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	*q->tail = it;
 	q->tail = &it->next;
 	q->n++;
-	if (tw__decode_cost(msg, comm->ctx->offload_threshold) >= comm->ctx->offload_threshold) {
+	if (cost >= threshold) {
 		it->job.run = job_run;
 		it->job.done = job_done;
 		q->refs++;

@@ -42,7 +42,7 @@ struct tw_call {
 	tw_msg *req;      /* until written */
 	tw_reply_cb cb;
 	void *arg;
-	struct event *timer;
+	struct event *timer; /* lives right after the call, in its allocation */
 	int waiting;
 	int doomed; /* failing with its address (connect_failed) */
 };
@@ -57,11 +57,29 @@ struct tw_pool {
 	int closing;
 };
 
+static void on_timer(evutil_socket_t fd, short what, void *arg);
+
+/* The call and its timer in one allocation (libevent sizes struct event
+ * at run time): one malloc per call. */
+static tw_call *call_new(tw_pool *p)
+{
+	size_t head = (sizeof(tw_call) + 15) & ~(size_t)15;
+	tw_call *c = calloc(1, head + event_get_struct_event_size());
+	if (c == NULL)
+		return NULL;
+	c->timer = (struct event *)((char *)c + head);
+	if (event_assign(c->timer, p->ctx->base, -1, 0, on_timer, c) != 0) {
+		free(c);
+		return NULL;
+	}
+	return c;
+}
+
 static void dispatch(struct dest *d);
 
 static void finish(tw_call *c, int err, tw_decoded *reply)
 {
-	event_free(c->timer);
+	event_del(c->timer);
 	tw_msg_free(c->req);
 	c->cb(c, err, reply, c->arg);
 	free(c);
@@ -325,12 +343,8 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
 	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri))
 		return TW_EINVAL;
-	if ((d = find_dest(p, uri)) == NULL || (c = calloc(1, sizeof(*c))) == NULL)
+	if ((d = find_dest(p, uri)) == NULL || (c = call_new(p)) == NULL)
 		return TW_ENOMEM;
-	if ((c->timer = evtimer_new(p->ctx->base, on_timer, c)) == NULL) {
-		free(c);
-		return TW_ENOMEM;
-	}
 	c->dest = d;
 	c->req = request;
 	c->cb = cb;

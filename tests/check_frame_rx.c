@@ -184,6 +184,7 @@ START_TEST(want_advance)
 	struct wire w;
 	loop_case(_i, &w, &l);
 	tw__rx_init(&rx, &l);
+	rx.gulp_max = _i % 3 ? 4096 : 0; /* with and without read-ahead */
 	for (int iter = 0; iter < 20; iter++) {
 		tw_msg *m = recv_readv(&rx, &w, &seed);
 		check_msg(m, &w);
@@ -542,6 +543,164 @@ START_TEST(back_to_back)
 }
 END_TEST
 
+/* Read p[0..len) through want/advance as a socket holding all of it would:
+ * each read takes 1..room bytes (all that fits when seed is NULL), and
+ * read-ahead bytes are replayed before the next read. Counts the reads. */
+static size_t recv_gulping(struct tw__rx *rx, const uint8_t *p, size_t len, uint64_t *seed,
+			   tw_msg **out, size_t max_out, size_t *reads)
+{
+	size_t off = 0, got = 0;
+	while (off < len || tw__rx_pending(rx)) {
+		int rv;
+		if (tw__rx_pending(rx)) {
+			rv = tw__rx_replay(rx);
+		} else {
+			struct iovec iov[16];
+			int k = tw__rx_want(rx, iov, 16);
+			size_t room = 0, n, moved = 0;
+			REQUIRE(k >= 1);
+			for (int i = 0; i < k; i++)
+				room += iov[i].iov_len;
+			n = room < len - off ? room : len - off;
+			if (seed != NULL)
+				n = rnd_range(seed, 1, n);
+			for (int i = 0; i < k && moved < n; i++) {
+				size_t c = iov[i].iov_len < n - moved ? iov[i].iov_len : n - moved;
+				memcpy(iov[i].iov_base, p + off + moved, c);
+				moved += c;
+			}
+			off += n;
+			(*reads)++;
+			rv = tw__rx_advance(rx, n);
+		}
+		REQUIRE(rv >= 0);
+		if (rv == 1) {
+			REQUIRE(got < max_out);
+			out[got++] = tw__rx_take(rx);
+		}
+	}
+	return got;
+}
+
+/* Request/response traffic: after two small messages, each next one
+ * arrives in one read (head and body), its frames slices of the
+ * read-ahead block, nothing copied. */
+START_TEST(gulp_one_read)
+{
+	size_t lens[] = {28};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now();
+	struct tw__rx rx;
+	struct wire w;
+	wire_make(&w, lens, 1);
+	tw__rx_init(&rx, &l);
+	rx.gulp_max = 4096;
+	for (int i = 0; i < 10; i++) {
+		size_t reads = 0;
+		tw_msg *m;
+		ck_assert_uint_eq(recv_gulping(&rx, w.bytes, w.len, NULL, &m, 1, &reads), 1);
+		check_msg(m, &w);
+		ck_assert_uint_eq(reads, i < 2 ? 2 : 1);
+		if (i >= 2) /* sliced from the 64-byte read-ahead block */
+			ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 64);
+		ck_assert(tw__rx_idle(&rx));
+		tw_msg_free(m);
+	}
+	ck_assert_uint_eq(stats_now().payload_bytes_copied, before.payload_bytes_copied);
+	tw__rx_fini(&rx);
+	wire_free(&w);
+}
+END_TEST
+
+/* A large message after a run of small ones: the read-ahead took the
+ * start of it; only those bytes are copied out (bounded by the read-ahead
+ * size), its large frame still gets an exact-size block of its own. */
+START_TEST(gulp_mispredict_large)
+{
+	size_t small[] = {28}, large[] = {10, 300 * KIB};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	struct tw__rx rx;
+	struct wire s, b;
+	tw_stats before;
+	size_t reads = 0;
+	tw_msg *m;
+	wire_make(&s, small, 1);
+	wire_make(&b, large, 2);
+	tw__rx_init(&rx, &l);
+	rx.gulp_max = 4096;
+	for (int i = 0; i < 3; i++) {
+		ck_assert_uint_eq(recv_gulping(&rx, s.bytes, s.len, NULL, &m, 1, &reads), 1);
+		tw_msg_free(m);
+	}
+	before = stats_now();
+	ck_assert_uint_eq(recv_gulping(&rx, b.bytes, b.len, NULL, &m, 1, &reads), 1);
+	check_msg(m, &b);
+	ck_assert_uint_le(stats_now().payload_bytes_copied - before.payload_bytes_copied, 64);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 1)->block), 300 * KIB);
+	ck_assert_uint_eq(tw_msg_frame(m, 1)->offset, 0);
+	tw_msg_free(m);
+	/* after a large message the next head is read alone again */
+	reads = 0;
+	ck_assert_uint_eq(recv_gulping(&rx, s.bytes, s.len, NULL, &m, 1, &reads), 1);
+	ck_assert_uint_eq(reads, 2);
+	check_msg(m, &s);
+	tw_msg_free(m);
+	ck_assert(tw__rx_idle(&rx));
+	tw__rx_fini(&rx);
+	wire_free(&s);
+	wire_free(&b);
+}
+END_TEST
+
+/* Every shape, mixed in one stream, read in random pieces that cross
+ * message boundaries (read-ahead holding whole messages, parts of the
+ * next, or the start of a large one): each message arrives intact, in
+ * order, and what is copied stays within the read-ahead bound. */
+START_TEST(gulp_stream_random)
+{
+	static size_t lens[1000];
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	uint64_t seed = 0x6a1b0000 + (uint64_t)_i;
+	struct wire w[24];
+	tw_msg *m[24];
+	size_t len = 0, off = 0, reads = 0, got;
+	uint8_t *buf;
+	struct tw__rx rx;
+	tw_stats before = stats_now();
+	for (size_t i = 0; i < 24; i++) {
+		/* mostly small (1, 0-byte, 28-byte), now and then another shape */
+		size_t n, k = rnd_range(&seed, 0, 9);
+		if (k < 7) {
+			lens[0] = k < 3 ? 28 : k < 5 ? 1 : rnd_range(&seed, 0, 3000);
+			n = 1;
+		} else {
+			n = shape((int)rnd_range(&seed, 0, N_SHAPES - 1), lens);
+		}
+		wire_make(&w[i], lens, n);
+		len += w[i].len;
+	}
+	buf = malloc(len);
+	for (size_t i = 0; i < 24; i++) {
+		memcpy(buf + off, w[i].bytes, w[i].len);
+		off += w[i].len;
+	}
+	tw__rx_init(&rx, &l);
+	rx.gulp_max = 4096;
+	got = recv_gulping(&rx, buf, len, _i % 2 ? &seed : NULL, m, 24, &reads);
+	ck_assert_uint_eq(got, 24);
+	for (size_t i = 0; i < 24; i++) {
+		check_msg(m[i], &w[i]);
+		tw_msg_free(m[i]);
+		wire_free(&w[i]);
+	}
+	ck_assert(tw__rx_idle(&rx));
+	ck_assert_uint_le(stats_now().payload_bytes_copied - before.payload_bytes_copied,
+			  24 * 4096);
+	tw__rx_fini(&rx);
+	free(buf);
+}
+END_TEST
+
 /* The same three messages as one stream in random pieces. */
 START_TEST(stream_random_splits)
 {
@@ -685,6 +844,9 @@ static Suite *rx_suite(void)
 	tcase_add_test(stream, back_to_back);
 	tcase_add_test(stream, stream_random_splits);
 	tcase_add_test(stream, truncated);
+	tcase_add_test(stream, gulp_one_read);
+	tcase_add_test(stream, gulp_mispredict_large);
+	tcase_add_loop_test(stream, gulp_stream_random, 0, 40);
 	tcase_add_loop_test(stream, bad_head_rejected, 0, (int)N_BAD_HEADS);
 	suite_add_tcase(s, feed);
 	suite_add_tcase(s, place);

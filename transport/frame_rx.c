@@ -5,6 +5,7 @@
 #include <taskwire/error.h>
 
 #include "core/msg.h"
+#include "core/stats.h"
 #include "transport/frame_rx.h"
 
 void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits)
@@ -28,12 +29,17 @@ static void reset(struct tw__rx *rx)
 	rx->msg = NULL;
 	rx->phase = RX_HEAD;
 	rx->have = rx->cur = rx->cur_have = rx->slab_off = 0;
+	rx->body_off = rx->body_len = 0;
 }
 
 void tw__rx_fini(struct tw__rx *rx)
 {
 	reset(rx);
 	tw__sdec_fini(&rx->dec);
+	tw_block_free(rx->gulp);
+	tw_block_free(rx->carry);
+	rx->gulp = rx->carry = NULL;
+	rx->carry_len = 0;
 }
 
 void tw__rx_set_place(struct tw__rx *rx, tw__place_fn fn, void *arg)
@@ -53,14 +59,14 @@ static int fail(struct tw__rx *rx, int err)
  * slices of it. */
 static int finish_small(struct tw__rx *rx)
 {
-	const uint8_t *p = tw_block_data(rx->body);
+	const uint8_t *p = tw_block_data(rx->body) + rx->body_off;
 	size_t used, off;
-	int rv = tw__sdec_feed(&rx->dec, p, rx->have, &used);
+	int rv = tw__sdec_feed(&rx->dec, p, rx->body_len, &used);
 	if (rv < 0)
 		return fail(rx, rv);
 	if (tw_msg_new(&rx->msg) != 0 || tw__msg_reserve(rx->msg, rx->dec.n) != 0)
 		return fail(rx, TW_ENOMEM);
-	off = used;
+	off = rx->body_off + used;
 	for (size_t i = 0; i < rx->dec.n; i++) {
 		size_t len = rx->dec.lens[i];
 		tw__msg_append_owned(rx->msg, (tw_slice){tw_block_hold(rx->body), off, len});
@@ -109,8 +115,8 @@ static int got_head(struct tw__rx *rx)
 		return fail(rx, rv);
 	rx->have = 0;
 	if (rx->dec.total - 8 <= rx->small_message_bytes) {
-		if (tw_block_new(rx->dec.total - 8, &rx->body) != 0)
-			return fail(rx, TW_ENOMEM);
+		/* Its block comes from the read-ahead, or from want. */
+		rx->body_len = rx->dec.total - 8;
 		rx->phase = RX_SMALL;
 	} else {
 		rx->phase = RX_LENGTHS;
@@ -222,6 +228,25 @@ static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 	return k;
 }
 
+/* At a message's start, after a run of small messages and with nothing
+ * read ahead: offer a block for the rest of the message too. */
+static int offer_gulp(struct tw__rx *rx, struct iovec *iov)
+{
+	rx->gulping = 0;
+	if (rx->have != 0 || rx->gulp_size == 0 || rx->carry_len != 0)
+		return 0;
+	if (rx->gulp != NULL && tw_block_size(rx->gulp) != rx->gulp_size) {
+		tw_block_free(rx->gulp);
+		rx->gulp = NULL;
+	}
+	if (rx->gulp == NULL && tw_block_new(rx->gulp_size, &rx->gulp) != 0)
+		return 0; /* read the head alone */
+	iov->iov_base = tw_block_data(rx->gulp);
+	iov->iov_len = rx->gulp_size;
+	rx->gulping = 1;
+	return 1;
+}
+
 int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 {
 	uint8_t *dst;
@@ -233,10 +258,12 @@ int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 	case RX_HEAD:
 		iov[0].iov_base = rx->head + rx->have;
 		iov[0].iov_len = 16 - rx->have;
-		return 1;
+		return max >= 2 && offer_gulp(rx, &iov[1]) ? 2 : 1;
 	case RX_SMALL:
-		iov[0].iov_base = tw_block_data(rx->body) + rx->have;
-		iov[0].iov_len = tw_block_size(rx->body) - rx->have;
+		if (rx->body == NULL && tw_block_new(rx->body_len, &rx->body) != 0)
+			return fail(rx, TW_ENOMEM);
+		iov[0].iov_base = tw_block_data(rx->body) + rx->body_off + rx->have;
+		iov[0].iov_len = rx->body_len - rx->have;
 		if (max < 2)
 			return 1;
 		iov[1].iov_base = rx->next + rx->next_have;
@@ -270,19 +297,40 @@ static int advance_frames(struct tw__rx *rx, size_t n)
 	return settle(rx);
 }
 
+/* n bytes went past the head into the read-ahead block: they are the
+ * carry now, consumed before anything else is read. */
+static int took_gulp(struct tw__rx *rx, size_t n)
+{
+	int rv;
+	rx->carry = rx->gulp;
+	rx->gulp = NULL;
+	rx->carry_off = 0;
+	rx->carry_len = n;
+	rx->have = 16;
+	rv = tw__rx_check_head(rx);
+	return rv == 0 ? tw__rx_replay(rx) : rv;
+}
+
 int tw__rx_advance(struct tw__rx *rx, size_t n)
 {
 	int rv;
 	switch (rx->phase) {
-	case RX_HEAD: rx->have += n; return tw__rx_check_head(rx);
+	case RX_HEAD:
+		if (rx->gulping && n > 16 - rx->have) {
+			rx->gulping = 0;
+			return took_gulp(rx, n - (16 - rx->have));
+		}
+		rx->gulping = 0;
+		rx->have += n;
+		return tw__rx_check_head(rx);
 	case RX_SMALL: {
-		size_t left = tw_block_size(rx->body) - rx->have;
+		size_t left = rx->body_len - rx->have;
 		if (n > left) { /* the rest is the next message's head */
 			rx->next_have += n - left;
 			n = left;
 		}
 		rx->have += n;
-		return rx->have < tw_block_size(rx->body) ? 0 : finish_small(rx);
+		return rx->have < rx->body_len ? 0 : finish_small(rx);
 	}
 	case RX_LENGTHS:
 		rv = tw__sdec_advance(&rx->dec, n);
@@ -295,6 +343,19 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 	}
 }
 
+/* Read ahead for the next message once two small ones came in a row
+ * (request/response traffic), about as much as the last one. */
+static void predict(struct tw__rx *rx)
+{
+	size_t len = rx->body_len; /* 0 unless the message was small */
+	if (rx->gulp_max > 0 && len > 0 && len <= rx->gulp_max)
+		rx->small_run += rx->small_run < 2;
+	else
+		rx->small_run = 0;
+	len = (len + 63) & ~(size_t)63;
+	rx->gulp_size = rx->small_run >= 2 ? (len < rx->gulp_max ? len : rx->gulp_max) : 0;
+}
+
 tw_msg *tw__rx_take(struct tw__rx *rx)
 {
 	tw_msg *m = rx->msg;
@@ -302,6 +363,7 @@ tw_msg *tw__rx_take(struct tw__rx *rx)
 	if (rx->phase != RX_DONE)
 		return NULL;
 	rx->msg = NULL;
+	predict(rx);
 	reset(rx);
 	/* Head bytes read along with the body start the next message; they
 	 * are checked by tw__rx_check_head, after the message is delivered
@@ -316,7 +378,64 @@ tw_msg *tw__rx_take(struct tw__rx *rx)
 
 int tw__rx_idle(const struct tw__rx *rx)
 {
-	return rx->phase == RX_HEAD && rx->have == 0;
+	return rx->phase == RX_HEAD && rx->have == 0 && rx->carry_len == 0;
+}
+
+int tw__rx_pending(const struct tw__rx *rx)
+{
+	return rx->carry_len > 0 && rx->phase != RX_ERROR;
+}
+
+static void use_carry(struct tw__rx *rx, size_t n)
+{
+	rx->carry_off += n;
+	if ((rx->carry_len -= n) == 0) {
+		tw_block_free(rx->carry);
+		rx->carry = NULL;
+	}
+}
+
+/* Copy read-ahead bytes into the places want gives. */
+static size_t copy_carry(struct tw__rx *rx, const struct iovec *iov, int k)
+{
+	const uint8_t *p = tw_block_data(rx->carry) + rx->carry_off;
+	size_t moved = 0;
+	for (int i = 0; i < k && moved < rx->carry_len; i++) {
+		size_t c = iov[i].iov_len < rx->carry_len - moved ? iov[i].iov_len
+								  : rx->carry_len - moved;
+		memcpy(iov[i].iov_base, p + moved, c);
+		moved += c;
+	}
+	return moved;
+}
+
+int tw__rx_replay(struct tw__rx *rx)
+{
+	int rv = rx->phase == RX_DONE ? 1 : rx->phase == RX_ERROR ? rx->err : 0;
+	while (rv == 0 && rx->carry_len > 0) {
+		struct iovec iov[16];
+		size_t moved;
+		int k;
+		if (rx->phase == RX_SMALL && rx->body == NULL && rx->carry_len >= rx->body_len) {
+			/* Wholly read ahead: its frames are slices of the carry. */
+			rx->body = tw_block_hold(rx->carry);
+			rx->body_off = rx->carry_off;
+			rx->have = rx->body_len;
+			use_carry(rx, rx->body_len);
+			return finish_small(rx);
+		}
+		/* One iovec for a small body: stop at the message's end. */
+		if ((k = tw__rx_want(rx, iov, rx->phase == RX_SMALL ? 1 : 16)) < 0)
+			return k;
+		moved = copy_carry(rx, iov, k);
+		if (rx->phase == RX_SMALL || rx->phase == RX_FRAMES) {
+			rx->copied += moved;
+			TW__ADD(&tw__global_stats, payload_bytes_copied, moved);
+		}
+		use_carry(rx, moved);
+		rv = tw__rx_advance(rx, moved);
+	}
+	return rv;
 }
 
 int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used)

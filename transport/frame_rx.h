@@ -10,7 +10,16 @@
  * Otherwise each frame is placed before its bytes are read: by the hook
  * when one is set, else frames up to `small_frame_bytes` share one slab
  * block and each larger frame gets an exact-size block of its own, so a
- * kept small frame never pins a large neighbour. */
+ * kept small frame never pins a large neighbour.
+ *
+ * Read-ahead ("gulp"): once a comm has received a run of small messages
+ * (request/response traffic), the read for the next head also offers a
+ * block of about the last message's size, so a small message arrives in
+ * one read instead of two (head, then body). The bytes read ahead are
+ * the carry: a small message wholly inside it becomes slices of it (no
+ * copy); anything else, a misprediction, is copied out of it into its
+ * usual place, and counted in payload_bytes_copied (at most gulp_max
+ * bytes per message). Off unless gulp_max is set. */
 #ifndef TW_TRANSPORT_FRAME_RX_H
 #define TW_TRANSPORT_FRAME_RX_H
 
@@ -42,7 +51,16 @@ struct tw__rx {
 	size_t have;      /* bytes of head (RX_HEAD) or body (RX_SMALL) */
 	uint8_t next[16]; /* RX_SMALL: the next message's head, read along */
 	size_t next_have;
-	tw_block *body;  /* RX_SMALL: lengths and frames */
+	tw_block *body;     /* RX_SMALL: lengths and frames (made by want) */
+	size_t body_off;    /* where they start in body */
+	size_t body_len;    /* their bytes */
+	size_t gulp_max;    /* largest read-ahead; 0: none */
+	size_t gulp_size;   /* read-ahead for the next head; 0: none */
+	unsigned small_run; /* consecutive small messages up to gulp_max */
+	tw_block *gulp;     /* read-ahead block offered by the last want */
+	int gulping;        /* the last want offered it */
+	tw_block *carry;    /* bytes read ahead, not yet consumed */
+	size_t carry_off, carry_len;
 	tw_msg *msg;     /* frames placed so far */
 	size_t cur;      /* frame being filled */
 	size_t cur_have; /* its bytes received */
@@ -71,6 +89,12 @@ tw_msg *tw__rx_take(struct tw__rx *rx);
 /* tw__rx_check_head: run the checks on head bytes already held (carried
  * over from the last read); 0 or the sticky error. */
 int tw__rx_check_head(struct tw__rx *rx);
+/* tw__rx_pending: 1 while read-ahead bytes wait; replay them (below)
+ * before reading again: the socket will not signal them. */
+int tw__rx_pending(const struct tw__rx *rx);
+/* tw__rx_replay: consume read-ahead bytes as if just read, up to the end
+ * of a message. Same returns as tw__rx_advance. */
+int tw__rx_replay(struct tw__rx *rx);
 /* tw__rx_idle: 1 when no byte of a next message has arrived. */
 int tw__rx_idle(const struct tw__rx *rx);
 /* tw__rx_feed: copy bytes in through want/advance, stopping after one

@@ -16,7 +16,8 @@ void tw__sdec_init(struct tw__sdec *d, uint64_t max_message_bytes, uint64_t max_
 
 void tw__sdec_fini(struct tw__sdec *d)
 {
-	free(d->lens);
+	if (d->lens != d->lens_inline)
+		free(d->lens);
 	d->lens = NULL;
 }
 
@@ -83,7 +84,9 @@ static int got_count(struct tw__sdec *d)
 		return fail(d, TW_ETOOMANY);
 	if (d->n > (d->total - 8) / 8)
 		return fail(d, TW_ELENGTH);
-	if ((d->lens = malloc(8 * d->n)) == NULL)
+	if (d->n <= sizeof(d->lens_inline) / 8)
+		d->lens = d->lens_inline;
+	else if ((d->lens = malloc(8 * d->n)) == NULL)
 		return fail(d, TW_ENOMEM);
 	d->state = SDEC_LENGTHS;
 	d->have = 0;

@@ -30,6 +30,9 @@ struct tw__sdec {
 	uint64_t sum;    /* lengths summed so far */
 	uint64_t *lens;  /* n lengths, host order once SDEC_DONE */
 	size_t checked;  /* lengths validated so far */
+	/* Room for the lengths of most messages, which then cost no
+	 * allocation (small RPCs); never copy a decoder by value. */
+	uint64_t lens_inline[8];
 };
 
 void tw__sdec_init(struct tw__sdec *d, uint64_t max_message_bytes, uint64_t max_frames);

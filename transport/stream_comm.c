@@ -27,15 +27,29 @@
 /* The same for writes: a fast reader must not keep one large send going
  * while the loop's other comms wait. */
 #define WRITE_BUDGET ((size_t)4 << 20)
+/* Largest read-ahead after a run of small messages (frame_rx.h): one
+ * read per small message instead of two; a misprediction copies at most
+ * this much. */
+#define GULP_MAX 4096
 /* How long an orderly close waits for the peer's EOF after our FIN. */
 #define LINGER_SECONDS 2
 
+/* Preludes of up to 6 frames live in the queue entry: no allocation for
+ * the messages of small RPCs. */
+#define PRELUDE_INLINE 64
+
 struct wq_entry {
 	tw_msg *msg;
-	uint8_t *prelude;
+	uint8_t *prelude; /* NULL: in prelude_inline (entries move as the ring grows) */
 	size_t prelude_len;
 	uint64_t wire_len;
+	uint8_t prelude_inline[PRELUDE_INLINE];
 };
+
+static uint8_t *prelude_of(struct wq_entry *e)
+{
+	return e->prelude != NULL ? e->prelude : e->prelude_inline;
+}
 
 struct stream {
 	struct tw_comm base;
@@ -88,7 +102,7 @@ static int gather(struct stream *s, struct iovec *iov, int max)
 		const tw_slice *f = tw__msg_frames(e->msg);
 		size_t nf = tw_msg_nframes(e->msg);
 		for (size_t j = 0; j <= nf && k < max; j++) {
-			uint8_t *p = j == 0 ? e->prelude : tw_slice_data(&f[j - 1]);
+			uint8_t *p = j == 0 ? prelude_of(e) : tw_slice_data(&f[j - 1]);
 			size_t len = j == 0 ? e->prelude_len : f[j - 1].len;
 			if (skip >= len) {
 				skip -= len;
@@ -182,9 +196,10 @@ static int s_write(tw_comm *c, tw_msg *m)
 		return TW_ENOMEM;
 	e = &s->q[(s->qhead + s->qn) % s->qcap];
 	e->prelude_len = tw__stream_prelude_bytes(nf);
-	if ((e->prelude = malloc(e->prelude_len)) == NULL)
+	e->prelude = NULL;
+	if (e->prelude_len > PRELUDE_INLINE && (e->prelude = malloc(e->prelude_len)) == NULL)
 		return TW_ENOMEM;
-	tw__stream_encode_prelude(tw__msg_frames(m), nf, e->prelude);
+	tw__stream_encode_prelude(tw__msg_frames(m), nf, prelude_of(e));
 	e->msg = m;
 	e->wire_len = e->prelude_len + tw_msg_bytes(m);
 	s->qn++;
@@ -283,23 +298,29 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
-		int k = tw__rx_want(&s->rx, iov, IOV_BATCH), rv;
 		size_t asked = 0;
-		ssize_t n;
-		if (k < 0)
-			return protocol_error(s, k);
-		for (int i = 0; i < k; i++)
-			asked += iov[i].iov_len;
-		n = s->io->readv(s->io_arg, s->fd, iov, k);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return;
-		if (n <= 0)
-			return read_ended(s, n);
-		TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
-		budget = (size_t)n < budget ? budget - (size_t)n : 0;
-		rv = tw__rx_advance(&s->rx, (size_t)n);
+		ssize_t n = 0;
+		int rv;
+		if (tw__rx_pending(&s->rx)) {
+			/* Messages read ahead come before the socket's bytes. */
+			rv = tw__rx_replay(&s->rx);
+		} else {
+			int k = tw__rx_want(&s->rx, iov, IOV_BATCH);
+			if (k < 0)
+				return protocol_error(s, k);
+			for (int i = 0; i < k; i++)
+				asked += iov[i].iov_len;
+			n = s->io->readv(s->io_arg, s->fd, iov, k);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return;
+			if (n <= 0)
+				return read_ended(s, n);
+			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
+			budget = (size_t)n < budget ? budget - (size_t)n : 0;
+			rv = tw__rx_advance(&s->rx, (size_t)n);
+		}
 		if (rv < 0)
 			return protocol_error(s, rv);
 		if (rv == 1) {
@@ -317,8 +338,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		if ((rv = tw__rx_check_head(&s->rx)) < 0)
 			return protocol_error(s, rv);
 		/* A short read drained the socket: wait for epoll rather than
-		 * spend a read on EAGAIN (unless TLS holds decrypted bytes). */
-		if ((size_t)n < asked && (s->io->pending == NULL || !s->io->pending(s->io_arg)))
+		 * spend a read on EAGAIN (unless TLS holds decrypted bytes, or
+		 * messages were read ahead). */
+		if ((size_t)n < asked && !tw__rx_pending(&s->rx) &&
+		    (s->io->pending == NULL || !s->io->pending(s->io_arg)))
 			return;
 	}
 	read_again(s);
@@ -356,7 +379,7 @@ static int s_start(tw_comm *c)
 	struct stream *s = (struct stream *)c;
 	s->reading = 1;
 	if (event_pending(s->rev, EV_READ, NULL)) {
-		if (s->io->pending != NULL && s->io->pending(s->io_arg))
+		if (tw__rx_pending(&s->rx) || (s->io->pending != NULL && s->io->pending(s->io_arg)))
 			read_again(s);
 		return 0;
 	}
@@ -441,6 +464,7 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 	}
 	tw__comm_init(&s->base, &stream_ops, ctx);
 	tw__rx_init(&s->rx, &s->base.limits);
+	s->rx.gulp_max = GULP_MAX;
 	tw__comm_set_addresses(&s->base, fd, scheme);
 	*out = &s->base;
 	return 0;
