@@ -8,6 +8,7 @@
 #include <taskwire/serial.h>
 
 #include "core/msg.h"
+#include "core/zalloc.h"
 #include "core/stats.h"
 #include "protocol/builder.h"
 #include "protocol/compress.h"
@@ -35,7 +36,7 @@ int tw_builder_new(const char *compression, tw_builder **out)
 		return TW_EINVAL;
 	if (compression != NULL && tw__codec_parse(compression, strlen(compression), &codec) != 0)
 		return TW_ENOTSUP;
-	if ((b = calloc(1, sizeof(*b))) == NULL)
+	if ((b = tw__zalloc(sizeof(*b))) == NULL)
 		return TW_ENOMEM;
 	tw__sbuffer_init(&b->frame0);
 	msgpack_packer_init(&b->pk, &b->frame0, msgpack_sbuffer_write);

@@ -12,6 +12,7 @@
 #include <taskwire/serial.h>
 
 #include "core/stats.h"
+#include "core/zalloc.h"
 #include "protocol/compress.h"
 #include "protocol/decode.h"
 #include "protocol/mpcheck.h"
@@ -461,7 +462,7 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 	int rv;
 	if (msg == NULL || out == NULL)
 		return TW_EINVAL;
-	if ((d = calloc(1, sizeof(*d))) == NULL)
+	if ((d = tw__zalloc(sizeof(*d))) == NULL)
 		return TW_ENOMEM;
 	d->msg = tw_msg_hold((tw_msg *)msg);
 	d->detail = detail;

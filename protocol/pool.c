@@ -11,6 +11,7 @@
 #include <taskwire/offload.h>
 #include <taskwire/rpc.h>
 
+#include "core/zalloc.h"
 #include "transport/transport.h"
 
 struct dest;
@@ -64,7 +65,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg);
 static tw_call *call_new(tw_pool *p)
 {
 	size_t head = (sizeof(tw_call) + 15) & ~(size_t)15;
-	tw_call *c = calloc(1, head + event_get_struct_event_size());
+	tw_call *c = tw__zalloc(head + event_get_struct_event_size());
 	if (c == NULL)
 		return NULL;
 	c->timer = (struct event *)((char *)c + head);
@@ -155,7 +156,8 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 	}
 	pc->busy = NULL;
 	c->pc = NULL;
-	evutil_gettimeofday(&pc->idle_since, NULL);
+	/* the loop's cached time: idle ages are counted in seconds */
+	event_base_gettimeofday_cached(d->pool->ctx->base, &pc->idle_since);
 	if (err != 0)
 		drop_comm(pc);
 	finish(c, err != 0 ? err : is_error_reply(reply) ? TW_EREMOTE : 0, reply);

@@ -11,6 +11,7 @@
 #include <taskwire/server.h>
 #include <taskwire/stream.h>
 
+#include "core/zalloc.h"
 #include "protocol/builder.h"
 #include "transport/transport.h"
 
@@ -205,7 +206,7 @@ static int flag(const msgpack_object *root, const char *key, int dflt)
 static int make_request(struct sconn *sc, tw_decoded *d, tw_request **out)
 {
 	const msgpack_object *op = tw_map_get(tw_decoded_root(d), "op");
-	tw_request *r = calloc(1, sizeof(*r));
+	tw_request *r = tw__zalloc(sizeof(*r));
 	if (r == NULL || (r->op = strndup(op->via.str.ptr, op->via.str.size)) == NULL) {
 		free(r);
 		return TW_ENOMEM;
