@@ -62,6 +62,8 @@ static void set_defaults(struct tw__limits *l)
 	l->tls_handshake_timeout_ms = 10000; /* TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS */
 	l->ws_shard_bytes = TW_DEFAULT_WS_SHARD_BYTES;
 	l->ws_max_fragments = TW_DEFAULT_WS_MAX_FRAGMENTS;
+	l->ws_min_ping_interval_ms = TW_DEFAULT_WS_MIN_PING_INTERVAL_MS;
+	l->ws_ping_strikes = TW_DEFAULT_WS_PING_STRIKES;
 	l->compression = NULL;
 }
 
@@ -274,5 +276,22 @@ int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments)
 	if (ctx == NULL || fragments == 0)
 		return TW_EINVAL;
 	ctx->limits.ws_max_fragments = fragments;
+	return 0;
+}
+
+/* 0 is allowed in both: it turns the ping-rate policy off. */
+int tw_context_set_ws_min_ping_interval_ms(tw_context *ctx, uint32_t ms)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	ctx->limits.ws_min_ping_interval_ms = ms;
+	return 0;
+}
+
+int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	ctx->limits.ws_ping_strikes = strikes;
 	return 0;
 }

@@ -18,9 +18,11 @@ struct tw__limits {
 	size_t small_frame_bytes;
 	uint32_t handshake_timeout_ms;
 	uint32_t tls_handshake_timeout_ms;
-	size_t ws_shard_bytes;     /* WebSocket fragments we send */
-	uint64_t ws_max_fragments; /* WebSocket fragments of one received message */
-	const char *compression;   /* codec offered in handshakes (static), or NULL */
+	size_t ws_shard_bytes;            /* WebSocket fragments we send */
+	uint64_t ws_max_fragments;        /* WebSocket fragments of one received message */
+	uint32_t ws_min_ping_interval_ms; /* pings received closer are early; 0: off */
+	uint32_t ws_ping_strikes;         /* early pings in a row forgiven; 0: off */
+	const char *compression;          /* codec offered in handshakes (static), or NULL */
 };
 
 /* An object the context frees at teardown (comms, listeners, connects). */

@@ -1,4 +1,4 @@
-/* Frames and upgrades over the wire, good and bad (bug-cases.md BH-23
+/* Frames and upgrades over the wire, good and bad (bug-cases.md BH-22
  * to BH-38 and the Autobahn groups): a raw client does the upgrade by
  * hand, sends the bug cases' bytes (client frames masked with 37 fa 21
  * 3d) and reads every byte the server sends until it closes the
@@ -439,6 +439,253 @@ START_TEST(length_forms)
 }
 END_TEST
 
+/* BH-22: the ping-rate policy (tw_context_set_ws_min_ping_interval_ms,
+ * tw_context_set_ws_ping_strikes). */
+
+/* The close a server sends to a peer that pings too often: code 1008
+ * (policy violation, RFC 6455 section 7.4.1) and the reason. */
+#define CLOSE_TOO_MANY_PINGS "88 10 03 f0 74 6f 6f 20 6d 61 6e 79 20 70 69 6e 67 73"
+
+/* An echo listener and a canary client, then the policy set for comms made
+ * from now on, then a raw client upgraded on the listener; *sp is its
+ * server peer (the canary's is peer 0). */
+static struct tu_peer *open_pinger(struct tu *h, const char *scheme, uint32_t min_ms,
+				   uint32_t strikes, struct wu_raw *r, struct tu_peer **sp)
+{
+	struct tu_peer *cli = wu_setup_echo(h, scheme);
+	ck_assert_ptr_nonnull(tu_server_peer(h, 0));
+	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h->ctx, min_ms), 0);
+	ck_assert_int_eq(tw_context_set_ws_ping_strikes(h->ctx, strikes), 0);
+	ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, r), 101);
+	*sp = tu_server_peer(h, h->nsrv - 1);
+	ck_assert_ptr_nonnull(*sp);
+	return cli;
+}
+
+static void send_ping(struct wu_raw *r, const void *payload, size_t len)
+{
+	uint8_t b[14 + 125];
+	wu_raw_send(r, b, wu_frame(b, 1, 9, payload, len, 1));
+}
+
+/* Ping and wait for the pong: the same payload, unmasked, and nothing
+ * else (RFC 6455 section 5.5.3). */
+static void ping_pong(struct wu_raw *r, const void *payload, size_t len)
+{
+	uint8_t want[14 + 125];
+	size_t before = r->nin, n = wu_frame(want, 1, 10, payload, len, 0);
+	send_ping(r, payload, len);
+	ck_assert_msg(wu_raw_read_n(r, before + n, WU_WAIT_MS), "no pong (eof %d)", r->eof);
+	ck_assert_uint_eq(r->nin, before + n);
+	ck_assert(memcmp(r->in + before, want, n) == 0);
+}
+
+/* A taskwire message of one 1,000-byte frame from the raw client; its
+ * echo comes back byte for byte, after whatever the server sent before. */
+static void raw_echo(struct wu_raw *r, unsigned seed)
+{
+	uint8_t data[1000], b[1100], want[1100];
+	size_t n = count_frame(b, 1, 1), k = count_frame(want, 1, 0);
+	tu_fill(data, sizeof(data), seed);
+	n += wu_frame(b + n, 1, 2, data, sizeof(data), 1);
+	k += wu_frame(want + k, 1, 2, data, sizeof(data), 0);
+	ck_assert_uint_eq(wu_raw_send(r, b, n), n);
+	while (r->nin < k || memcmp(r->in + r->nin - k, want, k) != 0)
+		ck_assert_msg(wu_raw_read_n(r, r->nin + 1, WU_WAIT_MS), "no echo (eof %d)", r->eof);
+}
+
+/* The server peer sp ended for pinging too often. */
+static void expect_ping_failure(struct tu *h, struct tu_peer *sp)
+{
+	ck_assert(tu_wait_flag(h, &sp->closed, WU_WAIT_MS));
+	ck_assert_msg(sp->close_err == TW_EPROTO, "err %s (%s)", tw_strerror(sp->close_err),
+		      sp->last_error);
+	ck_assert_msg(strstr(sp->last_error, "too many pings") != NULL &&
+			      strstr(sp->last_error, "(WebSocket close 1008)") != NULL,
+		      "%s", sp->last_error);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+}
+
+/* A raw client pings every 10 ms under the default policy (1,000 ms, 2
+ * strikes): pings 1-3 are answered (2 and 3 are strikes), ping 4 (the
+ * third early one) gets close 1008 "too many pings" and TCP closes. The
+ * bytes it receives are exactly three pongs and that close. The server
+ * comm reports TW_EPROTO; fds return to what they were, no CLOSE_WAIT,
+ * the canary still echoes. */
+START_TEST(pings_too_often)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	uint8_t want[64];
+	size_t n = 0;
+	int fds = tt_fd_count();
+	for (char p = '1'; p <= '3'; p++) {
+		ping_pong(&r, &p, 1);
+		n += wu_frame(want + n, 1, 10, &p, 1, 0);
+		tu_run_for(&h, 10);
+	}
+	ck_assert_int_eq(sp->closed, 0);
+	send_ping(&r, "4", 1);
+	ck_assert_msg(wu_raw_read_eof(&r, WU_WAIT_MS), "server kept the connection open");
+	n += wu_hex(CLOSE_TOO_MANY_PINGS, want + n, sizeof(want) - n);
+	ck_assert_uint_eq(r.nin, n);
+	ck_assert(memcmp(r.in, want, n) == 0);
+	expect_ping_failure(&h, sp);
+	wu_raw_close(&r);
+	tu_run_for(&h, 20);
+	ck_assert_int_eq(tt_fd_count(), fds - 2);
+	ck_assert_int_eq(tt_close_wait_count(tt_uri_port(h.addr)), 0);
+	tt_canary(cli, 21);
+	tt_fini(&h);
+}
+END_TEST
+
+/* 10,000 pings of 125 bytes in one burst, default policy: the fourth ping
+ * ends the comm; at most three pongs come before the close, which is the
+ * last frame and exactly close 1008. The rest of the flood is never read. */
+START_TEST(ping_flood_closed)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	size_t per = 6 + 125, n = 0, k;
+	uint8_t *b = malloc(10000 * per), payload[125], close[32];
+	struct wu_fr f[8];
+	ck_assert_ptr_nonnull(b);
+	memset(payload, 'p', sizeof(payload));
+	for (int i = 0; i < 10000; i++)
+		n += wu_frame(b + n, 1, 9, payload, sizeof(payload), 1);
+	wu_raw_send(&r, b, n); /* stops early when the server resets the connection */
+	ck_assert_msg(wu_raw_read_eof(&r, WU_WAIT_MS), "server kept the connection open");
+	k = wu_parse(r.in, r.nin, f, 8, &n);
+	ck_assert_uint_eq(n, r.nin);
+	ck_assert(k >= 1 && k <= 4);
+	for (size_t i = 0; i + 1 < k; i++)
+		ck_assert(f[i].op == 0xa && f[i].len == 125 &&
+			  memcmp(f[i].payload, payload, 125) == 0);
+	n = wu_hex(CLOSE_TOO_MANY_PINGS, close, sizeof(close));
+	ck_assert(r.nin >= n && memcmp(r.in + r.nin - n, close, n) == 0);
+	expect_ping_failure(&h, sp);
+	tt_canary(cli, 22);
+	free(b);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Pings further apart than the interval (50 ms here, spaced by 120 ms;
+ * 1 strike, so two early pings in a row would end it): each one answered
+ * with a pong carrying its payload, the comm stays open, echoes, and
+ * closes cleanly. */
+START_TEST(pings_spaced_answered)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_pinger(&h, wu_scheme(_i), 50, 1, &r, &sp);
+	uint8_t p[125];
+	static const size_t lens[] = {0, 1, 5, 64, 124, 125};
+	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+		tu_fill(p, lens[i], (unsigned)i);
+		ping_pong(&r, p, lens[i]);
+		tu_run_for(&h, 120);
+		ck_assert_int_eq(sp->closed, 0);
+	}
+	raw_echo(&r, 23);
+	wu_raw_send_hex(&r, "88 82 " K "34 12");
+	ck_assert(wu_raw_read_eof(&r, WU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
+	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
+	ck_assert_uint_eq(sp->nmsgs, 1);
+	tt_canary(cli, 24);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Policy off (_i / 2 == 0: interval 0; 1: strikes 0): 10,000 pings of 125
+ * bytes in one burst are survived. Only the most recent ping has a pong
+ * waiting, so the pongs are at most as many as the pings and each answers
+ * a later ping than the one before (no queue of old pings); then a
+ * message echoes byte for byte on the same connection. */
+START_TEST(ping_flood_policy_off)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_pinger(&h, wu_scheme(_i % 2), _i / 2 ? 1000 : 0,
+					       _i / 2 ? 0 : 2, &r, &sp);
+	size_t per = 6 + 125, n = 0, k, used;
+	uint8_t *b = malloc(10000 * per), payload[125];
+	struct wu_fr *f = malloc(10002 * sizeof(*f));
+	long last = -1;
+	ck_assert(b != NULL && f != NULL);
+	for (uint32_t i = 0; i < 10000; i++) {
+		tu_fill(payload, sizeof(payload), i);
+		memcpy(payload, &i, 4);
+		n += wu_frame(b + n, 1, 9, payload, sizeof(payload), 1);
+	}
+	ck_assert_uint_eq(wu_raw_send(&r, b, n), n);
+	raw_echo(&r, 25);
+	k = wu_parse(r.in, r.nin, f, 10002, &used);
+	ck_assert_uint_eq(used, r.nin);
+	ck_assert(k >= 3 && k - 2 <= 10000); /* pongs, then the echo's two frames */
+	for (size_t j = 0; j + 2 < k; j++) {
+		uint32_t i;
+		ck_assert(f[j].op == 0xa && f[j].len == 125);
+		memcpy(&i, f[j].payload, 4);
+		ck_assert(i < 10000 && (long)i > last);
+		tu_fill(payload, sizeof(payload), i);
+		ck_assert(memcmp(f[j].payload + 4, payload + 4, 121) == 0);
+		last = i;
+	}
+	ck_assert_int_eq(sp->closed, 0);
+	tt_canary(cli, 26);
+	free(f);
+	free(b);
+	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Two raw clients on one listener ping every 10 ms while the canary
+ * echoes: A sends a fourth ping and is closed with 1008, B stays within
+ * its strikes (three pings, two early) and keeps working (the policy's
+ * state is per comm): its message echoes after A is gone, and it closes
+ * cleanly. */
+START_TEST(pinger_closed_others_work)
+{
+	struct tu h;
+	struct wu_raw a, b;
+	struct tu_peer *sa, *sb, *cli = open_raw(&h, wu_scheme(_i), &a, &sa);
+	uint8_t close[32];
+	size_t n;
+	ck_assert_int_eq(wu_raw_open(&h, h.addr, NULL, &b), 101);
+	sb = tu_server_peer(&h, 2);
+	for (char p = '1'; p <= '3'; p++) {
+		ping_pong(&a, &p, 1);
+		ping_pong(&b, &p, 1);
+		tu_echo_check(cli, (size_t[]){100}, 1, (unsigned)p, WU_WAIT_MS);
+		tu_run_for(&h, 10);
+	}
+	send_ping(&a, "4", 1);
+	ck_assert(wu_raw_read_eof(&a, WU_WAIT_MS));
+	n = wu_hex(CLOSE_TOO_MANY_PINGS, close, sizeof(close));
+	ck_assert(a.nin == 9 + n && memcmp(a.in + 9, close, n) == 0);
+	expect_ping_failure(&h, sa);
+	raw_echo(&b, 27);
+	tu_echo_check(cli, (size_t[]){100}, 1, 28, WU_WAIT_MS);
+	ck_assert_int_eq(sb->closed, 0);
+	wu_raw_send_hex(&b, "88 82 " K "34 12");
+	ck_assert(wu_raw_read_eof(&b, WU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &sb->closed, WU_WAIT_MS));
+	ck_assert_msg(sb->close_err == 0, "%s", sb->last_error);
+	tt_canary(cli, 29);
+	wu_raw_close(&a);
+	wu_raw_close(&b);
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *ws_wire_tcase(void)
 {
 	TCase *tc = tcase_create("wire");
@@ -454,6 +701,11 @@ TCase *ws_wire_tcase(void)
 	tcase_add_loop_test(tc, data_after_close, 0, 2);
 	tcase_add_loop_test(tc, ping_between_fragments, 0, 2);
 	tcase_add_loop_test(tc, length_forms, 0, 2);
+	tcase_add_loop_test(tc, pings_too_often, 0, 2);
+	tcase_add_loop_test(tc, ping_flood_closed, 0, 2);
+	tcase_add_loop_test(tc, pings_spaced_answered, 0, 2);
+	tcase_add_loop_test(tc, ping_flood_policy_off, 0, 4);
+	tcase_add_loop_test(tc, pinger_closed_others_work, 0, 2);
 	return tc;
 }
 
@@ -677,6 +929,35 @@ START_TEST(frames_bundled_with_101)
 }
 END_TEST
 
+/* BH-22 from the client's side: a server whose first frames are four
+ * pings (the last three early) gets close 1008 "too many pings", masked
+ * as every client frame; the client comm ends with TW_EPROTO. */
+START_TEST(server_pings_too_often)
+{
+	struct tu h;
+	struct wu_fake f = {.mode = WU_FAKE_101};
+	struct tu_peer *cli;
+	struct wu_fr fr[8];
+	char reason[64] = "";
+	size_t k;
+	for (char p = '1'; p <= '4'; p++)
+		f.nextra += wu_frame(f.extra + f.nextra, 1, 9, &p, 1, 0);
+	tu_init(&h);
+	ck_assert_int_eq(connect_to_fake(&h, &f, &cli), 0);
+	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, TW_EPROTO);
+	ck_assert_msg(strstr(cli->last_error, "too many pings") != NULL, "%s", cli->last_error);
+	wu_fake_join(&f);
+	k = wu_parse(f.got, f.ngot, fr, 8, NULL);
+	ck_assert(k >= 1 && k <= 4);
+	for (size_t i = 0; i < k; i++)
+		ck_assert(fr[i].masked && fr[i].op == (i + 1 < k ? 0xa : 0x8));
+	ck_assert_int_eq(wu_close_code(f.got, f.ngot, reason, sizeof(reason)), 1008);
+	ck_assert_str_eq(reason, "too many pings");
+	tt_fini(&h);
+}
+END_TEST
+
 static int drained(void *comm)
 {
 	return tw_comm_queued_bytes(comm) == 0;
@@ -732,5 +1013,6 @@ TCase *ws_upgrade_tcase(void)
 	tcase_add_test(tc, masked_server_frame);
 	tcase_add_test(tc, frames_bundled_with_101);
 	tcase_add_test(tc, client_masks_every_frame);
+	tcase_add_test(tc, server_pings_too_often);
 	return tc;
 }

@@ -10,7 +10,8 @@
  * header checks with its close code, before any payload (BH-23, BH-24,
  * BH-27, BH-29, BH-35, BH-36, BH-37, Autobahn 1.x-7.x replays for a
  * binary-only receiver); sticky errors; the encoder, masking and close
- * helpers; CSPRNG masking keys; UTF-8 validation. */
+ * helpers; CSPRNG masking keys; UTF-8 validation; the ping-rate policy
+ * (BH-22). */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1134,6 +1135,55 @@ START_TEST(utf8)
 }
 END_TEST
 
+/* --- ping rate (BH-22) ---------------------------------------------------- */
+
+/* Feed pings at the given times (ms); returns the index of the first one
+ * refused, or -1 when all are answered. */
+static int ping_times(uint32_t min_ms, uint32_t strikes, const uint64_t *t, size_t n)
+{
+	struct tw__ws_ping_rate r;
+	tw__ws_ping_rate_init(&r, min_ms, strikes);
+	for (size_t i = 0; i < n; i++) {
+		int rv = tw__ws_ping_rate_check(&r, t[i]);
+		if (rv != 0) {
+			ck_assert_int_eq(rv, TW_EPROTO);
+			return (int)i;
+		}
+	}
+	return -1;
+}
+
+/* The first ping is never early; with 2 strikes the third early ping in a
+ * row (the fourth ping) is refused; a ping exactly min_ms after the one
+ * before is on time; a ping on time clears the strikes, so bursts of
+ * strikes + 1 pings per interval go on for ever; 0 in either setting
+ * turns the policy off; a clock that goes back counts as early. */
+START_TEST(ping_rate)
+{
+	static const uint64_t every_10ms[] = {0, 10, 20, 30, 40, 50};
+	static const uint64_t bh22[] = {0, 1000, 2000, 3000, 4000}; /* 1 s pings, 5 s policy */
+	static const uint64_t spaced[] = {0, 1000, 2000, 3000, 4000, 5000};
+	static const uint64_t bursts[] = {0, 1, 2, 1002, 1003, 1004, 2004, 2005, 2006};
+	static const uint64_t burst4[] = {0, 1, 2, 1002, 1003, 1004, 1005};
+	static const uint64_t back[] = {5000, 4000, 3000, 2000};
+	static uint64_t flood[10000];
+	for (size_t i = 0; i < 10000; i++)
+		flood[i] = i / 10; /* 10,000 pings a second */
+	ck_assert_int_eq(ping_times(1000, 2, every_10ms, 6), 3);
+	ck_assert_int_eq(ping_times(5000, 2, bh22, 5), 3);
+	ck_assert_int_eq(ping_times(1000, 2, spaced, 6), -1);
+	ck_assert_int_eq(ping_times(1001, 2, spaced, 6), 3);
+	ck_assert_int_eq(ping_times(1000, 2, bursts, 9), -1);
+	ck_assert_int_eq(ping_times(1000, 2, burst4, 7), 6);
+	ck_assert_int_eq(ping_times(1000, 1, every_10ms, 6), 2);
+	ck_assert_int_eq(ping_times(1000, 2, back, 4), 3);
+	ck_assert_int_eq(ping_times(1000, 2, flood, 10000), 3);
+	ck_assert_int_eq(ping_times(0, 2, flood, 10000), -1);
+	ck_assert_int_eq(ping_times(1000, 0, flood, 10000), -1);
+	ck_assert_int_eq(ping_times(UINT32_MAX, 2, spaced, 6), 3);
+}
+END_TEST
+
 static Suite *ws_codec_suite(void)
 {
 	Suite *s = suite_create("ws_codec");
@@ -1157,6 +1207,7 @@ static Suite *ws_codec_suite(void)
 	tcase_add_test(lim, limit_fragments_sum);
 	tcase_add_test(lim, limit_fragment_count);
 	tcase_add_test(lim, limit_lowered);
+	tcase_add_test(lim, ping_rate);
 	tcase_add_test(enc, encoder);
 	tcase_add_test(enc, masking);
 	tcase_add_test(enc, mask_keys);

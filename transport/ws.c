@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -92,6 +93,7 @@ struct ws {
 	int reserved;     /* blk is reserved address space, trimmed at the end */
 	tw__place_fn place;
 	void *place_arg;
+	struct tw__ws_ping_rate pings;
 	/* send */
 	struct out_msg *q;
 	size_t qhead, qn, qcap;
@@ -469,13 +471,12 @@ static void reset_rx(struct ws *w)
 	w->reserved = 0;
 }
 
-/* Fail the comm: send the close code, then end with err. The close goes
- * out only between frames (inside a data frame or a control frame partly
+/* Send the close code and reason now, before the comm ends. It goes out
+ * only between frames (inside a data frame or a control frame partly
  * written it would corrupt the stream: then TCP just closes); a pong not
  * yet written gives way to it. */
-static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
+static void send_close_now(struct ws *w, unsigned code, const char *why)
 {
-	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
 	if (!w->close_sent && w->ctrl_sent == 0 && at_boundary(w)) {
 		uint8_t key[4];
 		int len;
@@ -490,7 +491,47 @@ static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
 		}
 		w->close_sent = 1;
 	}
+}
+
+/* Fail the comm: send the close code, then end with err. */
+static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
+{
+	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
+	send_close_now(w, code, why);
 	tw__comm_end(&w->base, err);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A ping came: answer it, or fail the comm when the peer pings too often
+ * (tw_context_set_ws_min_ping_interval_ms). 0, or -1 when the comm ended. */
+static int got_ping(struct ws *w, const struct tw__ws_event *ev)
+{
+	uint8_t key[4];
+	if (tw__ws_ping_rate_check(&w->pings, now_ms()) != 0) {
+		tw__comm_seterr(&w->base,
+				"too many pings: %u in a row, each less than %u ms after "
+				"the one before (WebSocket close %u)",
+				w->base.limits.ws_ping_strikes + 1,
+				w->base.limits.ws_min_ping_interval_ms, TW__WS_CLOSE_POLICY);
+		send_close_now(w, TW__WS_CLOSE_POLICY, "too many pings");
+		tw__comm_end(&w->base, TW_EPROTO);
+		return -1;
+	}
+	/* One pong at a time, for the most recent ping (RFC 6455 section
+	 * 5.5.3): a pong not yet written is replaced, so a flood of pings
+	 * never queues pongs. */
+	if (w->client)
+		tw__ws_mask_key(key);
+	if (w->ctrl_sent == 0)
+		queue_ctrl(w, tw__ws_encode_pong(w->ctrl, ev->payload, ev->payload_len,
+						 w->client ? key : NULL));
+	return 0;
 }
 
 static uint64_t limit_left(const struct ws *w)
@@ -631,7 +672,6 @@ static int on_data(struct ws *w, const struct tw__ws_event *ev)
  * freed. */
 static int on_event(struct ws *w, const struct tw__ws_event *ev)
 {
-	uint8_t key[4];
 	switch (ev->type) {
 	case TW__WS_EV_DATA: return on_data(w, ev);
 	case TW__WS_EV_MESSAGE_END:
@@ -640,15 +680,7 @@ static int on_event(struct ws *w, const struct tw__ws_event *ev)
 		if (frame_done(w, ev->length))
 			return deliver(w) ? 0 : -1;
 		return 0;
-	case TW__WS_EV_PING:
-		/* One pong at a time, for the most recent ping (RFC 6455
-		 * section 5.5.3): a pong not yet written is replaced. */
-		if (w->client)
-			tw__ws_mask_key(key);
-		if (w->ctrl_sent == 0)
-			queue_ctrl(w, tw__ws_encode_pong(w->ctrl, ev->payload, ev->payload_len,
-							 w->client ? key : NULL));
-		return 0;
+	case TW__WS_EV_PING: return got_ping(w, ev);
 	case TW__WS_EV_CLOSE: got_close(w, ev); return -1;
 	default: return 0;
 	}
@@ -1030,6 +1062,8 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	tw__comm_set_addresses(&w->base, fd, io == &tw__tcp_io ? "ws" : "wss");
 	tw__ws_dec_init(&w->dec, client ? TW__WS_CLIENT : TW__WS_SERVER,
 			ctx->limits.max_message_bytes, ctx->limits.ws_max_fragments);
+	tw__ws_ping_rate_init(&w->pings, ctx->limits.ws_min_ping_interval_ms,
+			      ctx->limits.ws_ping_strikes);
 	tw__ws_req_init(&w->req, 0, 0);
 	tv.tv_sec = (time_t)(ctx->limits.handshake_timeout_ms / 1000);
 	tv.tv_usec = (suseconds_t)(ctx->limits.handshake_timeout_ms % 1000) * 1000;

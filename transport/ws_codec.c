@@ -284,6 +284,24 @@ int tw__ws_dec_payload_done(struct tw__ws_dec *d, uint8_t *buf, size_t n, struct
 	return 1;
 }
 
+void tw__ws_ping_rate_init(struct tw__ws_ping_rate *r, uint32_t min_interval_ms, uint32_t strikes)
+{
+	memset(r, 0, sizeof(*r));
+	r->min_interval_ms = min_interval_ms;
+	r->strikes = strikes;
+}
+
+int tw__ws_ping_rate_check(struct tw__ws_ping_rate *r, uint64_t now_ms)
+{
+	int early = r->seen && (now_ms < r->last_ms || now_ms - r->last_ms < r->min_interval_ms);
+	r->seen = 1;
+	r->last_ms = now_ms;
+	if (r->min_interval_ms == 0 || r->strikes == 0)
+		return 0;
+	r->early = early ? r->early + 1 : 0;
+	return r->early > r->strikes ? TW_EPROTO : 0;
+}
+
 size_t tw__ws_header_size(uint64_t len, int masked)
 {
 	size_t n = len <= TW__WS_MAX_CONTROL ? 2 : len <= 0xffff ? 4 : 10;

@@ -282,6 +282,32 @@ const char *tw__ws_dec_error(const struct tw__ws_dec *d);
  * byte of the current frame (the failing one, once failed). */
 uint64_t tw__ws_dec_frame_offset(const struct tw__ws_dec *d);
 
+/* Ping rate: how often a peer may ping (include/taskwire/context.h,
+ * tw_context_set_ws_min_ping_interval_ms). RFC 6455 lets a peer ping at
+ * any time and asks for a pong to each (sections 5.5.2, 5.5.3); this keeps
+ * a peer from making us write pongs without pause. A ping less than
+ * min_interval_ms after the peer's previous ping is early; one early ping
+ * more than `strikes` in a row is refused (close 1008, section 7.4.1). A
+ * ping on time clears the strikes, which bounds the sustained rate at
+ * strikes + 1 pings per interval; the model is gRPC's ping strikes
+ * (proposal A8). Sans-I/O: the caller reads the clock. Fields are private. */
+struct tw__ws_ping_rate {
+	uint32_t min_interval_ms; /* 0: no limit */
+	uint32_t strikes;         /* 0: no limit */
+	uint32_t early;           /* early pings in a row so far */
+	uint64_t last_ms;         /* when the previous ping came */
+	int seen;                 /* a ping came before */
+};
+
+/* tw__ws_ping_rate_init: a policy of min_interval_ms and strikes; either 0
+ * turns it off. Holds no resources. */
+void tw__ws_ping_rate_init(struct tw__ws_ping_rate *r, uint32_t min_interval_ms, uint32_t strikes);
+
+/* tw__ws_ping_rate_check: a ping came at now_ms (any clock that never goes
+ * back, in milliseconds). Returns 0 to answer it, or TW_EPROTO when it is
+ * the early ping that ends the connection (send close 1008). */
+int tw__ws_ping_rate_check(struct tw__ws_ping_rate *r, uint64_t now_ms);
+
 /* tw__ws_header_size: bytes of the header tw__ws_encode_header writes for
  * a payload of len bytes, masked (1) or not (0): 2, 4 or 10, plus 4 when
  * masked. */

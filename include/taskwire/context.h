@@ -23,13 +23,15 @@ struct event_base;
 typedef struct tw_context tw_context;
 
 /* Defaults of the limits, each changed by a setter below. */
-#define TW_DEFAULT_MAX_MESSAGE_BYTES  (UINT64_C(4) << 30) /* 4 GiB */
-#define TW_DEFAULT_MAX_FRAMES         65536
-#define TW_DEFAULT_CONNECT_TIMEOUT_MS 10000
-#define TW_DEFAULT_WRITE_HWM_BYTES    ((size_t)64 << 20) /* 64 MiB */
-#define TW_DEFAULT_SMALL_FRAME_BYTES  ((size_t)64 << 10) /* 64 KiB */
-#define TW_DEFAULT_WS_SHARD_BYTES     ((size_t)8 << 20)  /* 8 MiB, as Dask */
-#define TW_DEFAULT_WS_MAX_FRAGMENTS   4096
+#define TW_DEFAULT_MAX_MESSAGE_BYTES       (UINT64_C(4) << 30) /* 4 GiB */
+#define TW_DEFAULT_MAX_FRAMES              65536
+#define TW_DEFAULT_CONNECT_TIMEOUT_MS      10000
+#define TW_DEFAULT_WRITE_HWM_BYTES         ((size_t)64 << 20) /* 64 MiB */
+#define TW_DEFAULT_SMALL_FRAME_BYTES       ((size_t)64 << 10) /* 64 KiB */
+#define TW_DEFAULT_WS_SHARD_BYTES          ((size_t)8 << 20)  /* 8 MiB, as Dask */
+#define TW_DEFAULT_WS_MAX_FRAGMENTS        4096
+#define TW_DEFAULT_WS_MIN_PING_INTERVAL_MS 1000
+#define TW_DEFAULT_WS_PING_STRIKES         2
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
@@ -89,6 +91,29 @@ int tw_context_set_ws_shard_bytes(tw_context *ctx, size_t bytes);
  * have (RFC 6455 section 5.4); more ends the comm with close code 1009.
  * Default 4,096. */
 int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments);
+/* ws:// and wss://: the ping-rate policy, for pings a peer sends us (on
+ * either side of the connection). RFC 6455 lets a peer ping at any time
+ * and wants a pong for each (sections 5.5.2 and 5.5.3), so a peer that
+ * pings without pause keeps us writing pongs. A ping that comes less than
+ * `ms` milliseconds after the peer's previous ping is early; when early
+ * pings come more than `strikes` times in a row
+ * (tw_context_set_ws_ping_strikes), the comm fails: close code 1008 with
+ * the reason "too many pings" goes to the peer (policy violation, section
+ * 7.4.1), TCP closes, and the close callback gets TW_EPROTO with "too many
+ * pings" in tw_comm_last_error. A ping on time clears the strikes, so a
+ * peer may burst, but never sends more than strikes + 1 pings per `ms` for
+ * long. The model is gRPC's keepalive enforcement (proposal A8: a minimum
+ * ping interval, ping strikes, then GOAWAY "too_many_pings"); gRPC clears
+ * strikes when it sends data instead. Default 1,000 ms, far from what real
+ * peers do: Python websockets pings every 20 s, Dask (tornado) and browsers
+ * do not ping. 0 turns the policy off. Returns 0, or TW_EINVAL (ctx NULL). */
+int tw_context_set_ws_min_ping_interval_ms(tw_context *ctx, uint32_t ms);
+/* ws:// and wss://: early pings in a row that are forgiven (see
+ * tw_context_set_ws_min_ping_interval_ms); the next early one fails the
+ * comm. Default 2, gRPC's default: the third early ping in a row fails it.
+ * 0 turns the policy off, as gRPC's max ping strikes of 0 does. Returns 0,
+ * or TW_EINVAL (ctx NULL). */
+int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes);
 
 #pragma GCC visibility pop
 
