@@ -34,10 +34,13 @@ struct dest {
 	size_t open; /* comms, connecting ones included */
 	size_t connecting;
 	tw_call *wait_head, **wait_tail;
+	size_t nwaiting;
+	struct dest *kick_next; /* on the pool's kick list */
+	int kicked;
 };
 
 struct tw_call {
-	tw_call *next; /* waiting list */
+	tw_call *next, **pprev; /* waiting list */
 	struct dest *dest;
 	struct pcomm *pc; /* the comm carrying it, once sent */
 	tw_msg *req;      /* until written */
@@ -54,7 +57,8 @@ struct tw_pool {
 	size_t limit, max_idle;
 	uint32_t idle_timeout_ms;
 	struct event *sweep;
-	struct event *kick; /* dispatch from the loop */
+	struct event *kick;     /* dispatch from the loop */
+	struct dest *kick_head; /* the addresses it dispatches */
 	int closing;
 };
 
@@ -88,11 +92,11 @@ static void finish(tw_call *c, int err, tw_decoded *reply)
 
 static void unwait(tw_call *c)
 {
-	tw_call **pp = &c->dest->wait_head;
-	while (*pp != c)
-		pp = &(*pp)->next;
-	if ((*pp = c->next) == NULL)
-		c->dest->wait_tail = pp;
+	if ((*c->pprev = c->next) != NULL)
+		c->next->pprev = c->pprev;
+	else
+		c->dest->wait_tail = c->pprev;
+	c->dest->nwaiting--;
 	c->waiting = 0;
 }
 
@@ -286,14 +290,6 @@ static struct pcomm *idle_comm(struct dest *d)
 	return NULL;
 }
 
-static size_t waiting(const struct dest *d)
-{
-	size_t n = 0;
-	for (const tw_call *c = d->wait_head; c != NULL; c = c->next)
-		n++;
-	return n;
-}
-
 /* Give waiting calls to idle comms; connect more while under the limit. */
 static void dispatch(struct dest *d)
 {
@@ -312,7 +308,7 @@ static void dispatch(struct dest *d)
 		}
 		c->req = NULL;
 	}
-	while (d->wait_head != NULL && d->open < d->pool->limit && d->connecting < waiting(d)) {
+	while (d->wait_head != NULL && d->open < d->pool->limit && d->connecting < d->nwaiting) {
 		if ((rv = connect_one(d)) != 0) {
 			connect_failed(d, rv);
 			return;
@@ -322,10 +318,14 @@ static void dispatch(struct dest *d)
 
 static struct dest *find_dest(tw_pool *p, const char *uri)
 {
-	struct dest *d;
-	for (d = p->dests; d != NULL; d = d->next)
-		if (strcmp(d->uri, uri) == 0)
+	struct dest *d, **pp;
+	for (pp = &p->dests; (d = *pp) != NULL; pp = &d->next)
+		if (strcmp(d->uri, uri) == 0) {
+			*pp = d->next; /* to the front: calls come in runs */
+			d->next = p->dests;
+			p->dests = d;
 			return d;
+		}
 	if (strlen(uri) >= sizeof(d->uri) || (d = calloc(1, sizeof(*d))) == NULL)
 		return NULL;
 	snprintf(d->uri, sizeof(d->uri), "%s", uri);
@@ -352,13 +352,21 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	c->cb = cb;
 	c->arg = arg;
 	c->waiting = 1;
+	c->pprev = d->wait_tail;
 	*d->wait_tail = c;
 	d->wait_tail = &c->next;
+	d->nwaiting++;
 	if (timeout_ms > 0)
 		evtimer_add(c->timer, &tv);
 	if (out != NULL)
 		*out = c;
-	/* Dispatch from the loop, so no callback runs inside this call. */
+	/* Dispatch from the loop, so no callback runs inside this call; only
+	 * the addresses that got calls (a scheduler calls many workers). */
+	if (!d->kicked) {
+		d->kicked = 1;
+		d->kick_next = p->kick_head;
+		p->kick_head = d;
+	}
 	event_active(p->kick, EV_TIMEOUT, 0);
 	return 0;
 }
@@ -368,8 +376,12 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 	tw_pool *p = arg;
 	(void)fd;
 	(void)what;
-	for (struct dest *d = p->dests; d != NULL; d = d->next)
+	while (p->kick_head != NULL) {
+		struct dest *d = p->kick_head;
+		p->kick_head = d->kick_next;
+		d->kicked = 0;
 		dispatch(d);
+	}
 }
 
 static void on_sweep(evutil_socket_t fd, short what, void *arg)

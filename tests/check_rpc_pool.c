@@ -457,6 +457,48 @@ START_TEST(pool_cancel)
 }
 END_TEST
 
+/* Waiting calls cancelled from the middle, the tail and the head of the
+ * queue (one comm, held by the first call): the others still go out, in
+ * the order they were made, on the one comm. */
+START_TEST(pool_cancel_waiting_order)
+{
+	static const char *names[] = {"b", "c", "d", "e", "f", "g"};
+	struct rf f;
+	struct rc a, w[6];
+	rf_init(&f);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
+	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
+	for (int i = 0; i < 5; i++)
+		rc_start(f.pool, f.s.addr, rq_echo_str(names[i]), 0, &w[i]);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	tw_call_cancel(w[2].call); /* middle */
+	tw_call_cancel(w[4].call); /* tail */
+	rc_start(f.pool, f.s.addr, rq_echo_str(names[5]), 0, &w[5]); /* after the new tail */
+	tw_call_cancel(w[0].call); /* head */
+	for (int i = 0; i < 6; i++) {
+		int gone = i == 0 || i == 2 || i == 4;
+		ck_assert_int_eq(w[i].done, gone);
+		if (gone)
+			ck_assert_int_eq(w[i].err, TW_ECANCELED);
+	}
+	rs_release(&f.s, 0);
+	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
+	ck_assert_int_eq(a.err, 0);
+	for (int i = 1; i < 6; i += 2) {
+		ck_assert(rc_wait(&f.h, &w[i], TU_WAIT_MS));
+		ck_assert_int_eq(w[i].err, 0);
+		rc_assert_str(&w[i], names[i]);
+	}
+	ck_assert_uint_lt(w[1].seq, w[3].seq);
+	ck_assert_uint_lt(w[3].seq, w[5].seq);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rc_clear(&a);
+	for (int i = 0; i < 6; i++)
+		rc_clear(&w[i]);
+	rf_fini(&f);
+}
+END_TEST
+
 /* Each reply callback makes the next call: they reuse the one comm. */
 struct chain {
 	tw_pool *pool;
@@ -601,6 +643,7 @@ TCase *rpc_pool_tcase(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, pool_limit_and_idle);
 	tcase_add_test(tc, pool_cancel);
+	tcase_add_test(tc, pool_cancel_waiting_order);
 	tcase_add_test(tc, pool_chain_from_callback);
 	tcase_add_test(tc, pool_free_connecting);
 	tcase_add_test(tc, pool_free_at_once);
