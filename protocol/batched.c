@@ -52,7 +52,7 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
 int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 {
 	const char *why;
-	if (b == NULL || packed == NULL || tw__mp_check(packed, len, &why) != 0)
+	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0)
 		return TW_EINVAL;
 	if (b->comm->ended)
 		return TW_ECLOSED;

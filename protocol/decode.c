@@ -28,7 +28,7 @@ struct tw_decoded {
 	size_t n, cap;
 	tw_slice *slices; /* every logical frame, one reference each */
 	size_t nslices, slices_cap;
-	uint64_t budget; /* decompressed bytes still allowed */
+	uint64_t budget; /* decompressed and unpacked bytes still allowed */
 	uint8_t *used;   /* frames claimed by frame 0 or a payload group */
 	size_t *order;   /* payload indices sorted by placeholder address */
 	char *detail;
@@ -104,14 +104,26 @@ int tw_obj_str_eq(const msgpack_object *o, const char *s)
 	       memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
 }
 
-/* Check, then unpack frame i into the zone. */
+/* Check, then unpack frame i into the zone. Its objects are charged to
+ * the message's budget like decompressed bytes: msgpack-c makes a 24-byte
+ * object per element, so a frame of one-byte nils would take 24 times
+ * its size. */
 static int unpack_frame(tw_decoded *d, size_t i, msgpack_object *out)
 {
 	const tw_slice *f = tw_msg_frame(d->msg, i);
 	const char *why;
+	uint64_t elems, bytes;
 	size_t off = 0;
-	if (tw__mp_check(tw_slice_data(f), f->len, &why) != 0)
+	if (tw__mp_check(tw_slice_data(f), f->len, &elems, &why) != 0)
 		return fail(d, TW_EPROTO, "frame %zu: %s", i, why);
+	bytes = elems * sizeof(msgpack_object); /* elems <= f->len: no overflow */
+	if (bytes > d->budget)
+		return fail(d, TW_ETOOBIG,
+			    "frame %zu unpacks into %llu objects (%llu bytes), above the "
+			    "message limit left (%llu bytes)",
+			    i, (unsigned long long)elems, (unsigned long long)bytes,
+			    (unsigned long long)d->budget);
+	d->budget -= bytes;
 	if (msgpack_unpack((const char *)tw_slice_data(f), f->len, &off, d->zone, out) !=
 	    MSGPACK_UNPACK_SUCCESS)
 		return fail(d, TW_ENOMEM, "frame %zu: msgpack-c could not unpack it", i);
@@ -448,6 +460,7 @@ uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop)
 		return c.bytes;
 	memset(&d, 0, sizeof(d));
 	d.msg = (tw_msg *)msg;
+	d.budget = UINT64_MAX; /* an estimate: the limits are tw_decode's */
 	if (init_zone(&d) == 0 && alloc_used(&d) == 0 && unpack_frame(&d, 0, &root) == 0)
 		tw__walk_placeholders(&root, cost_of_group, &c, &why);
 	fini_zone(&d);

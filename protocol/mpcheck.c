@@ -10,6 +10,7 @@
 struct cursor {
 	const uint8_t *p;
 	size_t n, off;
+	uint64_t elems; /* container elements: one msgpack_object each */
 	const char *why;
 };
 
@@ -58,6 +59,7 @@ static int elements(struct cursor *c, uint64_t count, int depth)
 		return fail(c, "msgpack nesting too deep");
 	if (count > c->n - c->off)
 		return fail(c, "msgpack container larger than its frame");
+	c->elems += count;
 	for (uint64_t i = 0; i < count; i++)
 		if (value(c, depth + 1) != 0)
 			return TW_EPROTO;
@@ -113,9 +115,9 @@ static int value(struct cursor *c, int depth)
 	return sized(c, t, depth);
 }
 
-int tw__mp_check(const uint8_t *p, size_t n, const char **why)
+int tw__mp_check(const uint8_t *p, size_t n, uint64_t *elems, const char **why)
 {
-	struct cursor c = {p, n, 0, NULL};
+	struct cursor c = {p, n, 0, 0, NULL};
 	if (n == 0) {
 		*why = "empty msgpack frame";
 		return TW_EPROTO;
@@ -128,5 +130,7 @@ int tw__mp_check(const uint8_t *p, size_t n, const char **why)
 		*why = "trailing bytes after the msgpack value";
 		return TW_EPROTO;
 	}
+	if (elems != NULL)
+		*elems = c.elems;
 	return 0;
 }

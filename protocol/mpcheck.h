@@ -17,7 +17,9 @@
 #define TW__MP_MAX_DEPTH 32
 
 /* tw__mp_check: 0 when p[0..n) is exactly one well-formed msgpack value,
- * else TW_EPROTO with a reason (static string) in *why. */
-int tw__mp_check(const uint8_t *p, size_t n, const char **why);
+ * else TW_EPROTO with a reason (static string) in *why. *elems (when not
+ * NULL) gets the number of array and map elements (a map entry counts
+ * 2): msgpack-c unpacks each into a msgpack_object of its own. */
+int tw__mp_check(const uint8_t *p, size_t n, uint64_t *elems, const char **why);
 
 #endif

@@ -21,7 +21,7 @@ static int unpack(const tw_msg *msg, size_t i, msgpack_zone *zone, msgpack_objec
 	const tw_slice *f = tw_msg_frame(msg, i);
 	const char *why;
 	size_t off = 0;
-	if (tw__mp_check(tw_slice_data(f), f->len, &why) != 0)
+	if (tw__mp_check(tw_slice_data(f), f->len, NULL, &why) != 0)
 		return -1;
 	return msgpack_unpack((const char *)tw_slice_data(f), f->len, &off, zone, out) ==
 			       MSGPACK_UNPACK_SUCCESS

@@ -919,6 +919,16 @@ static void bad_no_frames(tw_msg *m)
 	(void)m;
 }
 
+/* An array of 100,000 nils: 100 KB that msgpack-c unpacks into 2.4 MB. */
+static void nils_frame(tw_msg *m)
+{
+	static uint8_t b[5 + 100000];
+	b[0] = 0xdd;
+	b[1] = 0x00, b[2] = 0x01, b[3] = 0x86, b[4] = 0xa0;
+	memset(b + 5, 0xc0, 100000);
+	append(m, b, sizeof(b));
+}
+
 static const struct bad bad_cases[] = {
 	{"empty frame 0", TW_EPROTO, "empty", bad_empty, 0, 1},
 	{"truncated frame 0", TW_EPROTO, "truncated", bad_truncated, 0, 1},
@@ -938,7 +948,8 @@ static const struct bad bad_cases[] = {
 #ifdef TW_HAVE_LZ4
 	{"lz4 prefix above its data", TW_EPROTO, "frame 2", bad_lz4_more, 0, 0},
 	{"lz4 prefix below its data", TW_EPROTO, "frame 2", bad_lz4_less, 0, 0},
-	{"lz4 prefix 4 GiB", TW_EPROTO, "frame 2", bad_lz4_huge, 0, 1},
+	/* at the limit, which frame 0 and the sub-header used a little of */
+	{"lz4 prefix 4 GiB", TW_ETOOBIG, "limit", bad_lz4_huge, 0, 1},
 	{"lz4 shorter than its prefix", TW_EPROTO, "frame 2", bad_lz4_short, 0, 1},
 #endif
 	{"zstd size above its data", TW_EPROTO, "frame 2", bad_zstd_more, 0, 1},
@@ -955,6 +966,8 @@ static const struct bad bad_cases[] = {
 	{"33 nested arrays", TW_EPROTO, "nesting", bad_nesting, 0, 1},
 	{"byte 0xc1", TW_EPROTO, "0xc1", bad_c1, 0, 1},
 	{"no frames", TW_EPROTO, "no frames", bad_no_frames, 0, 1},
+	{"frame 0 unpacking past a 1 MiB limit", TW_ETOOBIG, "unpacks into 100000 objects",
+	 nils_frame, 1 << 20, 1},
 };
 #define NBAD ((int)(sizeof(bad_cases) / sizeof(bad_cases[0])))
 
@@ -990,6 +1003,23 @@ START_TEST(bad_input)
 			      (unsigned long long)(after.block_bytes_allocated -
 						   before.block_bytes_allocated));
 	ck_assert_uint_eq(after.block_bytes_live, before.block_bytes_live);
+	tw_msg_free(m);
+}
+END_TEST
+
+/* The same 100,000 nils fit a 4 MiB limit: unpacked objects are charged
+ * to the limit, not refused. */
+START_TEST(nils_within_limit)
+{
+	tw_decode_limits lim = {4 << 20};
+	tw_decoded *d = NULL;
+	tw_msg *m = new_msg();
+	nils_frame(m);
+	ck_assert_int_eq(tw_decode(m, &lim, &d, NULL, 0), 0);
+	ck_assert_int_eq(tw_decoded_root(d)->type, MSGPACK_OBJECT_ARRAY);
+	ck_assert_uint_eq(tw_decoded_root(d)->via.array.size, 100000);
+	ck_assert_int_eq(tw_decoded_root(d)->via.array.ptr[99999].type, MSGPACK_OBJECT_NIL);
+	tw_decoded_free(d);
 	tw_msg_free(m);
 }
 END_TEST
@@ -1317,6 +1347,7 @@ static Suite *serial_suite(void)
 	tcase_add_test(tc, rt_pickled);
 	tcase_add_test(tc, rt_no_sub_frames);
 	tcase_add_test(tc, nesting_32);
+	tcase_add_test(tc, nils_within_limit);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("bad_input");
 	tcase_add_loop_test(tc, bad_input, 0, NBAD);

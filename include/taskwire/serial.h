@@ -95,7 +95,12 @@ typedef struct tw_payload {
 } tw_payload;
 
 typedef struct tw_decode_limits {
-	uint64_t max_message_bytes; /* cap on each decompressed frame; 0: 4 GiB */
+	/* Cap on what decoding allocates for one message, 0: 4 GiB: the
+	 * decompressed frames together, plus the objects msgpack-c unpacks
+	 * frame 0 and the sub-headers into (24 bytes per array element, 48
+	 * per map entry), so a frame of one-byte nils cannot take 24 times
+	 * its size. */
+	uint64_t max_message_bytes;
 } tw_decode_limits;
 
 /* tw_decode: decode frame 0 of msg into a msgpack object tree, and every
@@ -109,7 +114,8 @@ typedef struct tw_decode_limits {
  * trailing bytes, invalid UTF-8 in a str, a placeholder or num-sub-frames
  * past the last frame, a bad sub-header, a size mismatch, corrupt
  * compressed data), TW_ENOTSUP (unknown codec), TW_ETOOBIG (a declared
- * size above the limit), TW_ENOMEM. Any thread. */
+ * size, or frame 0's unpacked objects, above the limit), TW_ENOMEM. Any
+ * thread. */
 int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out, char *detail,
 	      size_t detail_len);
 
