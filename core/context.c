@@ -64,6 +64,8 @@ static void set_defaults(struct tw__limits *l)
 	l->ws_max_fragments = TW_DEFAULT_WS_MAX_FRAGMENTS;
 	l->ws_min_ping_interval_ms = TW_DEFAULT_WS_MIN_PING_INTERVAL_MS;
 	l->ws_ping_strikes = TW_DEFAULT_WS_PING_STRIKES;
+	l->min_rate_bytes = TW_DEFAULT_MIN_RECEIVE_RATE;
+	l->min_rate_grace_ms = TW_DEFAULT_MIN_RECEIVE_GRACE_MS;
 	l->compression = NULL;
 }
 
@@ -293,5 +295,16 @@ int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes)
 	if (ctx == NULL)
 		return TW_EINVAL;
 	ctx->limits.ws_ping_strikes = strikes;
+	return 0;
+}
+
+/* 0 bytes/s turns the check off; a zero grace period with it on would
+ * cut every message that does not arrive in one read. */
+int tw_context_set_min_receive_rate(tw_context *ctx, uint32_t bytes_per_sec, uint32_t grace_ms)
+{
+	if (ctx == NULL || (bytes_per_sec != 0 && grace_ms == 0))
+		return TW_EINVAL;
+	ctx->limits.min_rate_bytes = bytes_per_sec;
+	ctx->limits.min_rate_grace_ms = grace_ms;
 	return 0;
 }

@@ -22,6 +22,8 @@ struct tw__limits {
 	uint64_t ws_max_fragments;        /* WebSocket fragments of one received message */
 	uint32_t ws_min_ping_interval_ms; /* pings received closer are early; 0: off */
 	uint32_t ws_ping_strikes;         /* early pings in a row forgiven; 0: off */
+	uint32_t min_rate_bytes;          /* per second, while a message arrives; 0: off */
+	uint32_t min_rate_grace_ms;       /* before it applies */
 	const char *compression;          /* codec offered in handshakes (static), or NULL */
 };
 

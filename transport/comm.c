@@ -3,7 +3,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <event2/event.h>
 
@@ -173,6 +175,97 @@ void tw__comm_disarm_timeout(tw_comm *c)
 {
 	if (c->timeout_ev != NULL)
 		event_del(c->timeout_ev);
+}
+
+/* The minimum receive rate. */
+
+/* Checks closer together than this gain nothing: a peer right at the
+ * minimum would otherwise wake us every millisecond. */
+#define RATE_MIN_CHECK_MS 100
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void rate_arm(tw_comm *c, uint64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	c->rate.on = evtimer_add(c->rate.ev, &tv) == 0;
+}
+
+static uint64_t msgs_received(const tw_comm *c)
+{
+	return atomic_load_explicit(&c->stats.msgs_received, memory_order_relaxed);
+}
+
+static void rate_start(tw_comm *c)
+{
+	c->rate.start_ms = mono_ms();
+	c->rate.bytes = atomic_load_explicit(&c->stats.bytes_received, memory_order_relaxed);
+	c->rate.msgs = msgs_received(c);
+	rate_arm(c, c->limits.min_rate_grace_ms);
+}
+
+void tw__comm_rate_watch(tw_comm *c, int busy)
+{
+	if (!busy)
+		tw__comm_rate_stop(c);
+	else if (c->limits.min_rate_bytes != 0 && (!c->rate.on || c->rate.msgs != msgs_received(c)))
+		rate_start(c); /* a message stalled, or one completed and the next stalled */
+}
+
+void tw__comm_rate_stop(tw_comm *c)
+{
+	if (c->rate.on) {
+		event_del(c->rate.ev);
+		c->rate.on = 0;
+	}
+}
+
+/* Milliseconds that `bytes` cover at `rate` bytes/s (no overflow). */
+static uint64_t covered_ms(uint64_t bytes, uint64_t rate)
+{
+	return bytes / rate * 1000 + bytes % rate * 1000 / rate;
+}
+
+int tw__comm_rate_due(tw_comm *c, int busy, int fd)
+{
+	uint64_t rate = c->limits.min_rate_bytes, grace = c->limits.min_rate_grace_ms;
+	uint64_t elapsed, got, covered, next;
+	int unread = 0;
+	c->rate.on = 0;
+	if (!busy || rate == 0)
+		return 0;
+	if (c->rate.msgs != msgs_received(c)) {
+		rate_start(c); /* a new message has been arriving since we last read */
+		return 0;
+	}
+	elapsed = mono_ms() - c->rate.start_ms;
+	got = atomic_load_explicit(&c->stats.bytes_received, memory_order_relaxed) - c->rate.bytes;
+	covered = covered_ms(got, rate);
+	/* Bytes that came while our loop was busy elsewhere are the peer's
+	 * too: the timer may run before the read that takes them. */
+	if (elapsed >= grace && covered < elapsed && ioctl(fd, FIONREAD, &unread) == 0 &&
+	    unread > 0) {
+		got += (uint64_t)unread;
+		covered = covered_ms(got, rate);
+	}
+	if (elapsed >= grace && covered < elapsed) {
+		tw__comm_seterr(c,
+				"peer sent %llu bytes in %.1f s while a message was in progress, "
+				"below the minimum of %llu bytes/s",
+				(unsigned long long)got, (double)elapsed / 1000,
+				(unsigned long long)rate);
+		return 1;
+	}
+	/* Next look: when the bytes so far stop covering the time, if no
+	 * more come. */
+	next = (covered + 1 > grace ? covered + 1 : grace) - elapsed;
+	rate_arm(c, next > RATE_MIN_CHECK_MS ? next : RATE_MIN_CHECK_MS);
+	return 0;
 }
 
 void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *))

@@ -275,6 +275,26 @@ static void drain_input(struct stream *s)
 	finish_close(s);
 }
 
+/* The socket ran dry: a message left incomplete starts the clock of the
+ * minimum receive rate; none in progress stops it. Small messages that
+ * arrive whole leave the receiver idle and the clock stopped, so for them
+ * this is one check per wakeup. */
+static void ran_dry(struct stream *s)
+{
+	int busy = !tw__rx_idle(&s->rx);
+	if (busy || s->base.rate.on)
+		tw__comm_rate_watch(&s->base, busy);
+}
+
+static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct stream *s = arg;
+	(void)fd;
+	(void)what;
+	if (tw__comm_rate_due(&s->base, s->reading && !s->closing && !tw__rx_idle(&s->rx), s->fd))
+		tw__comm_end(&s->base, TW_ETIMEDOUT);
+}
+
 /* Bytes may wait inside the I/O layer (TLS records already read), where
  * the socket's readiness does not show them: look again from the loop. */
 static void read_again(struct stream *s)
@@ -314,7 +334,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-				return;
+				return ran_dry(s);
 			if (n <= 0)
 				return read_ended(s, n);
 			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
@@ -342,7 +362,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		 * messages were read ahead). */
 		if ((size_t)n < asked && !tw__rx_pending(&s->rx) &&
 		    (s->io->pending == NULL || !s->io->pending(s->io_arg)))
-			return;
+			return ran_dry(s);
 	}
 	read_again(s);
 }
@@ -378,6 +398,10 @@ static int s_start(tw_comm *c)
 {
 	struct stream *s = (struct stream *)c;
 	s->reading = 1;
+	/* Time we did not read was ours: a message in progress starts its
+	 * clock again, even if the peer sends nothing more. */
+	if (!tw__rx_idle(&s->rx))
+		tw__comm_rate_watch(c, 1);
 	if (event_pending(s->rev, EV_READ, NULL)) {
 		if (tw__rx_pending(&s->rx) || (s->io->pending != NULL && s->io->pending(s->io_arg)))
 			read_again(s);
@@ -392,6 +416,7 @@ static int s_start(tw_comm *c)
 static void s_pause(tw_comm *c)
 {
 	((struct stream *)c)->reading = 0;
+	tw__comm_rate_stop(c);
 }
 
 static void s_close(tw_comm *c)
@@ -400,6 +425,7 @@ static void s_close(tw_comm *c)
 	if (s->closing)
 		return;
 	s->closing = 1;
+	tw__comm_rate_stop(c); /* input is dropped from now on */
 	if (s->qn == 0)
 		start_linger(s);
 }
@@ -412,6 +438,7 @@ static void s_stop(tw_comm *c)
 	event_del(s->rev);
 	event_del(s->wev);
 	event_del(s->linger_ev);
+	tw__comm_rate_stop(c);
 	release_queue(s);
 	if (s->io->free != NULL)
 		s->io->free(s->io_arg);
@@ -426,6 +453,7 @@ static void s_destroy(tw_comm *c)
 	event_free(s->rev);
 	event_free(s->wev);
 	event_free(s->linger_ev);
+	event_free(s->base.rate.ev);
 	tw__rx_fini(&s->rx);
 	free(s->q);
 	free(s);
@@ -452,13 +480,16 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, s);
 	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, s);
 	s->linger_ev = evtimer_new(ctx->base, on_linger_timeout, s);
-	if (s->rev == NULL || s->wev == NULL || s->linger_ev == NULL) {
+	s->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, s);
+	if (s->rev == NULL || s->wev == NULL || s->linger_ev == NULL || s->base.rate.ev == NULL) {
 		if (s->rev)
 			event_free(s->rev);
 		if (s->wev)
 			event_free(s->wev);
 		if (s->linger_ev)
 			event_free(s->linger_ev);
+		if (s->base.rate.ev)
+			event_free(s->base.rate.ev);
 		free(s);
 		return TW_ENOMEM;
 	}

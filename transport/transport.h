@@ -39,6 +39,17 @@ struct tw__comm_ops {
 	void (*pause)(tw_comm *c); /* stop reading until start */
 };
 
+/* The clock of the minimum receive rate (tw_context_set_min_receive_rate).
+ * The transport makes the timer `ev` with its comm (its callback calls
+ * tw__comm_rate_due) and frees it; comm.c runs the clock. */
+struct tw__rate {
+	struct event *ev;
+	int on;            /* the clock runs and ev is armed */
+	uint64_t start_ms; /* when it started (CLOCK_MONOTONIC) */
+	uint64_t bytes;    /* stats.bytes_received then */
+	uint64_t msgs;     /* stats.msgs_received then: a message since is a new one */
+};
+
 /* What every comm has. The application owns the comm; `depth` counts the
  * callbacks running so a free inside one is deferred. */
 struct tw_comm {
@@ -61,6 +72,7 @@ struct tw_comm {
 	void (*proto_free)(void *p);
 	struct event *timeout_ev; /* tw__comm_arm_timeout */
 	int app_paused;           /* tw_comm_pause */
+	struct tw__rate rate;     /* tw__comm_rate_watch */
 	/* The decoded-delivery layer (protocol/delivery.c), if used. */
 	void *deliver;
 	void (*deliver_free)(void *d);
@@ -105,6 +117,20 @@ void tw__comm_detach(tw_comm *c);
 /* End the comm with TW_ETIMEDOUT unless disarmed within ms milliseconds. */
 int tw__comm_arm_timeout(tw_comm *c, uint32_t ms);
 void tw__comm_disarm_timeout(tw_comm *c);
+/* The minimum receive rate. A transport calls tw__comm_rate_watch when
+ * its socket ran dry (a read would block) and when reading resumes, with
+ * busy = a message is partly received: the clock starts for a message
+ * that has none (bytes and time are counted from now), and stops when no
+ * message is in progress. Cheap when idle with the clock stopped, which
+ * is what small messages that arrive whole leave behind. */
+void tw__comm_rate_watch(tw_comm *c, int busy);
+/* Stop the clock: we stop reading (pause, close, stop). */
+void tw__comm_rate_stop(tw_comm *c);
+/* The timer fired; busy as above. Returns 0 when the peer keeps up (the
+ * timer is armed for the next check, or the clock stopped), or 1 when it
+ * is too slow: the error text is set, and the transport ends the comm
+ * with TW_ETIMEDOUT. Bytes unread in fd's socket count as received. */
+int tw__comm_rate_due(tw_comm *c, int busy, int fd);
 /* Run fn(c, arg) as a callback of c: a tw_comm_free inside is deferred.
  * Returns 1 when c may still be used, 0 when it ended or was freed. */
 int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);

@@ -757,11 +757,45 @@ io:
 	return -1;
 }
 
+/* A message is partly received: a taskwire message begun (its count or
+ * its frames), or any WebSocket frame begun. */
+static int rx_busy(const struct ws *w)
+{
+	return w->nframes != 0 || w->count_have != 0 || !tw__ws_dec_idle(&w->dec);
+}
+
+/* The socket ran dry: a message left incomplete starts the clock of the
+ * minimum receive rate; none in progress stops it. */
+static void ran_dry(struct ws *w)
+{
+	int busy = w->state == WS_OPEN && rx_busy(w);
+	if (busy || w->base.rate.on)
+		tw__comm_rate_watch(&w->base, busy);
+}
+
+/* The peer is too slow (tw_context_set_min_receive_rate): close 1008,
+ * policy violation (RFC 6455 section 7.4.1), as for too many pings. */
+static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct ws *w = arg;
+	char why[sizeof(w->base.error)];
+	(void)fd;
+	(void)what;
+	if (!tw__comm_rate_due(&w->base, w->state == WS_OPEN && w->reading && rx_busy(w), w->fd))
+		return;
+	snprintf(why, sizeof(why), "%s", w->base.error);
+	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, TW__WS_CLOSE_POLICY);
+	send_close_now(w, TW__WS_CLOSE_POLICY, "message arriving too slowly");
+	tw__comm_end(&w->base, TW_ETIMEDOUT);
+}
+
 static void read_frames(struct ws *w)
 {
 	size_t budget = IO_BUDGET;
 	while (budget > 0 && w->reading && !w->base.ended) {
 		int r = read_once(w, &budget);
+		if (r == 0)
+			ran_dry(w);
 		if (r <= 0)
 			return;
 	}
@@ -851,6 +885,9 @@ static int w_start(tw_comm *c)
 {
 	struct ws *w = (struct ws *)c;
 	w->reading = 1;
+	/* Time we did not read was ours: restart the clock. */
+	if (w->state == WS_OPEN && rx_busy(w))
+		tw__comm_rate_watch(c, 1);
 	if (!event_pending(w->rev, EV_READ, NULL) && event_add(w->rev, NULL) != 0)
 		return TW_EIO;
 	event_active(w->rev, EV_READ, 0); /* bytes may wait in pre or TLS */
@@ -860,6 +897,7 @@ static int w_start(tw_comm *c)
 static void w_pause(tw_comm *c)
 {
 	((struct ws *)c)->reading = 0;
+	tw__comm_rate_stop(c);
 }
 
 static void w_close(tw_comm *c)
@@ -870,6 +908,7 @@ static void w_close(tw_comm *c)
 		return;
 	w->state = WS_CLOSING;
 	w->err_after_close = 0;
+	tw__comm_rate_stop(c); /* input is dropped from now on */
 	event_add(w->rev, NULL);
 	evtimer_add(w->timer, &tv);
 	event_active(w->wev, EV_WRITE, 0);
@@ -883,6 +922,7 @@ static void w_stop(tw_comm *c)
 	event_del(w->rev);
 	event_del(w->wev);
 	event_del(w->timer);
+	tw__comm_rate_stop(c);
 	for (size_t i = 0; i < w->qn; i++)
 		out_free(&w->q[(w->qhead + i) % w->qcap]);
 	w->qn = 0;
@@ -899,6 +939,7 @@ static void w_destroy(tw_comm *c)
 	event_free(w->rev);
 	event_free(w->wev);
 	event_free(w->timer);
+	event_free(w->base.rate.ev);
 	reset_rx(w);
 	tw__ws_req_fini(&w->req);
 	tw__ws_client_fini(&w->hs);
@@ -1046,7 +1087,8 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	w->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, w);
 	w->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, w);
 	w->timer = evtimer_new(ctx->base, on_upgrade_timeout, w);
-	if (w->rev == NULL || w->wev == NULL || w->timer == NULL ||
+	w->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, w);
+	if (w->rev == NULL || w->wev == NULL || w->timer == NULL || w->base.rate.ev == NULL ||
 	    (client && (w->scratch = malloc(SCRATCH_BYTES)) == NULL)) {
 		if (w->rev)
 			event_free(w->rev);
@@ -1054,6 +1096,8 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 			event_free(w->wev);
 		if (w->timer)
 			event_free(w->timer);
+		if (w->base.rate.ev)
+			event_free(w->base.rate.ev);
 		free(w->scratch);
 		free(w);
 		return TW_ENOMEM;

@@ -49,6 +49,11 @@ const char *tw__ws_dec_error(const struct tw__ws_dec *d)
 	return d->state == ST_FAILED ? d->why : NULL;
 }
 
+int tw__ws_dec_idle(const struct tw__ws_dec *d)
+{
+	return d->state == ST_HEAD && d->head_have == 0 && !d->in_message;
+}
+
 uint64_t tw__ws_dec_frame_offset(const struct tw__ws_dec *d)
 {
 	return d->frame_offset;

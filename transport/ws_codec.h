@@ -278,6 +278,10 @@ unsigned tw__ws_dec_close_code(const struct tw__ws_dec *d);
  * and as the close reason (<= 123 bytes); NULL before. */
 const char *tw__ws_dec_error(const struct tw__ws_dec *d);
 
+/* tw__ws_dec_idle: 1 between messages: no byte of a next frame has
+ * arrived and no data message is open (fragments of it may follow). */
+int tw__ws_dec_idle(const struct tw__ws_dec *d);
+
 /* tw__ws_dec_frame_offset: byte offset, counted from init, of the first
  * byte of the current frame (the failing one, once failed). */
 uint64_t tw__ws_dec_frame_offset(const struct tw__ws_dec *d);

@@ -32,6 +32,8 @@ typedef struct tw_context tw_context;
 #define TW_DEFAULT_WS_MAX_FRAGMENTS        4096
 #define TW_DEFAULT_WS_MIN_PING_INTERVAL_MS 1000
 #define TW_DEFAULT_WS_PING_STRIKES         2
+#define TW_DEFAULT_MIN_RECEIVE_RATE        1024 /* bytes/s */
+#define TW_DEFAULT_MIN_RECEIVE_GRACE_MS    10000
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
@@ -114,6 +116,30 @@ int tw_context_set_ws_min_ping_interval_ms(tw_context *ctx, uint32_t ms);
  * 0 turns the policy off, as gRPC's max ping strikes of 0 does. Returns 0,
  * or TW_EINVAL (ctx NULL). */
 int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes);
+/* The minimum receive rate, for every transport (tcp, tls, ws, wss), on
+ * both sides of a connection. While a message is partly received, the
+ * peer must keep sending at least `bytes_per_sec` bytes per second on
+ * average, counted from the first read that left the message incomplete
+ * (a message that arrives while we read it starts no clock and costs no
+ * timer), once `grace_ms` milliseconds have passed since then. A slower
+ * peer (one that declares a large message and drips its bytes, bug case
+ * BH-24) ends the comm: the close callback gets TW_ETIMEDOUT, and
+ * tw_comm_last_error gives the bytes, the time and the minimum; a ws or
+ * wss comm first sends close code 1008 (policy violation, RFC 6455
+ * section 7.4.1) when its own output is between frames. A comm with no
+ * message in progress is never timed out by this (Dask comms sit idle
+ * for hours). Time during which we do not read is not held against the
+ * peer: the clock starts again when reading resumes after tw_comm_pause,
+ * a paused handshake or delivery backpressure, and bytes that wait unread
+ * in the socket (a loop that was busy) count as received. The models are
+ * ASP.NET Kestrel's MinRequestBodyDataRate (240 bytes/s after a 5 s
+ * grace period) and nginx's client_body_timeout (60 s between two
+ * reads). Defaults 1,024 bytes/s and 10,000 ms, far below what any
+ * working peer sends. 0 bytes/s turns the check off (grace_ms is then
+ * ignored). Returns 0, or TW_EINVAL (ctx NULL, or grace_ms 0 with
+ * bytes_per_sec non-zero: every message would have to arrive in the read
+ * that starts it). */
+int tw_context_set_min_receive_rate(tw_context *ctx, uint32_t bytes_per_sec, uint32_t grace_ms);
 
 #pragma GCC visibility pop
 
