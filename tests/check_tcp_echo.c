@@ -4,18 +4,20 @@
 #include <check.h>
 
 #include "tests/check_tcp.h"
+#include "tests/echo_shapes.h"
 #include "tests/tcp_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
 
+/* Sizes around the placement thresholds: tiny, up to and past the 64 KiB
+ * small-frame limit and the 256 KiB mapped-block limit. */
+static const size_t edges[10] = {0, 1, 7, 8, 65535, 65536, 65537, 262143, 262144, 262145};
+
 START_TEST(echo_empty_frame)
 {
 	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[] = {0};
-	tu_echo_check(cli, lens, 1, 0, TU_WAIT_MS);
-	ck_assert_uint_eq(tw_msg_frame(cli->msgs[0], 0)->len, 0);
+	es_empty_frames(tu_setup_echo(&h));
 	tu_fini(&h);
 }
 END_TEST
@@ -23,53 +25,24 @@ END_TEST
 START_TEST(echo_one_byte)
 {
 	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[] = {1};
-	tu_echo_check(cli, lens, 1, 5, TU_WAIT_MS);
-	ck_assert_uint_eq(tw_slice_data(tw_msg_frame(cli->msgs[0], 0))[0], (5 * 131 + 7) % 251);
+	es_one_byte(tu_setup_echo(&h));
 	tu_fini(&h);
 }
 END_TEST
-
-/* Sizes around the placement thresholds: empty, tiny, up to and past the
- * 64 KiB small-frame limit and the 256 KiB mapped-block limit. */
-static size_t varied(size_t i)
-{
-	static const size_t edge[] = {0, 1, 7, 8, 65535, 65536, 65537, 262143, 262144, 262145};
-	if (i % 10 == 9)
-		return edge[(i / 10) % 10];
-	return (i * 7919) % 5000;
-}
 
 START_TEST(echo_1000_frames_one_message)
 {
 	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[1000];
-	for (size_t i = 0; i < 1000; i++)
-		lens[i] = varied(i);
-	tu_echo_check(cli, lens, 1000, 11, TU_WAIT_MS);
+	es_1000_frames(tu_setup_echo(&h), edges);
 	tu_fini(&h);
 }
 END_TEST
 
-/* 1,000 messages in flight at once: all arrive, in order, intact. */
 START_TEST(echo_1000_messages_pipelined)
 {
 	struct tu h;
 	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[1000][2];
-	for (size_t i = 0; i < 1000; i++) {
-		tw_msg *m;
-		lens[i][0] = varied(i);
-		lens[i][1] = i % 3;
-		m = tu_msg_pattern(lens[i], 2, (unsigned)i);
-		ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
-	}
-	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1000, TU_WAIT_MS));
-	for (size_t i = 0; i < 1000; i++)
-		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens[i], 2, (unsigned)i), "message %zu",
-			      i);
+	es_1000_pipelined(&h, cli, edges);
 	tu_fini(&h);
 }
 END_TEST
@@ -77,9 +50,7 @@ END_TEST
 START_TEST(echo_64mib_frame)
 {
 	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[] = {64 * MiB};
-	tu_echo_check(cli, lens, 1, 3, TU_WAIT_MS);
+	es_one_frame(tu_setup_echo(&h), 64 * MiB, TU_WAIT_MS);
 	tu_fini(&h);
 }
 END_TEST
@@ -87,12 +58,7 @@ END_TEST
 START_TEST(echo_mixed_frames)
 {
 	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[] = {0, 1, 70000, 5, 3 * MiB, 0, 65536, 65537, 100, 17 * MiB + 3, 2};
-	size_t nf = sizeof(lens) / sizeof(lens[0]);
-	tu_echo_check(cli, lens, nf, 21, TU_WAIT_MS);
-	/* and a small one right behind a large one */
-	tu_echo_check(cli, lens + 4, 2, 22, TU_WAIT_MS);
+	es_mixed(tu_setup_echo(&h), 65536);
 	tu_fini(&h);
 }
 END_TEST

@@ -8,22 +8,19 @@
 #include <openssl/err.h>
 
 #include "tests/check_tls.h"
+#include "tests/echo_shapes.h"
 #include "tests/tls_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
 
+/* Sizes around the placement thresholds and the TLS record size (16 KiB). */
+static const size_t edges[10] = {0, 1, 16383, 16384, 16385, 65535, 65536, 65537, 262144, 7};
+
 START_TEST(echo_empty_frame)
 {
 	struct tu h;
-	struct tu_peer *cli = tt_setup_echo(&h);
-	size_t lens[] = {0};
-	tu_echo_check(cli, lens, 1, 0, TU_WAIT_MS);
-	ck_assert_uint_eq(tw_msg_frame(cli->msgs[0], 0)->len, 0);
-	/* and several empty frames in one message */
-	size_t empties[] = {0, 0, 0};
-	tu_echo_check(cli, empties, 3, 1, TU_WAIT_MS);
-	ck_assert_uint_eq(tw_msg_nframes(cli->msgs[1]), 3);
+	es_empty_frames(tt_setup_echo(&h));
 	tt_fini(&h);
 }
 END_TEST
@@ -31,52 +28,24 @@ END_TEST
 START_TEST(echo_one_byte)
 {
 	struct tu h;
-	struct tu_peer *cli = tt_setup_echo(&h);
-	size_t lens[] = {1};
-	tu_echo_check(cli, lens, 1, 5, TU_WAIT_MS);
-	ck_assert_uint_eq(tw_slice_data(tw_msg_frame(cli->msgs[0], 0))[0], (5 * 131 + 7) % 251);
+	es_one_byte(tt_setup_echo(&h));
 	tt_fini(&h);
 }
 END_TEST
-
-/* Sizes around the placement thresholds and TLS record size (16 KiB). */
-static size_t varied(size_t i)
-{
-	static const size_t edge[] = {0, 1, 16383, 16384, 16385, 65535, 65536, 65537, 262144, 7};
-	if (i % 10 == 9)
-		return edge[(i / 10) % 10];
-	return (i * 7919) % 5000;
-}
 
 START_TEST(echo_1000_frames_one_message)
 {
 	struct tu h;
-	struct tu_peer *cli = tt_setup_echo(&h);
-	size_t lens[1000];
-	for (size_t i = 0; i < 1000; i++)
-		lens[i] = varied(i);
-	tu_echo_check(cli, lens, 1000, 11, TU_WAIT_MS);
+	es_1000_frames(tt_setup_echo(&h), edges);
 	tt_fini(&h);
 }
 END_TEST
 
-/* 1,000 messages in flight at once: all arrive, in order, intact. */
 START_TEST(echo_1000_messages_pipelined)
 {
 	struct tu h;
 	struct tu_peer *cli = tt_setup_echo(&h);
-	static size_t lens[1000][2];
-	for (size_t i = 0; i < 1000; i++) {
-		lens[i][0] = varied(i);
-		lens[i][1] = i % 3;
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens[i], 2, (unsigned)i)),
-				 0);
-	}
-	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1000, TU_WAIT_MS));
-	for (size_t i = 0; i < 1000; i++)
-		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens[i], 2, (unsigned)i), "message %zu",
-			      i);
-	ck_assert_int_eq(cli->closed, 0);
+	es_1000_pipelined(&h, cli, edges);
 	tt_fini(&h);
 }
 END_TEST
@@ -84,9 +53,7 @@ END_TEST
 START_TEST(echo_64mib_frame)
 {
 	struct tu h;
-	struct tu_peer *cli = tt_setup_echo(&h);
-	size_t lens[] = {tu_quick() ? 8 * MiB : 64 * MiB};
-	tu_echo_check(cli, lens, 1, 3, 60000);
+	es_one_frame(tt_setup_echo(&h), tu_quick() ? 8 * MiB : 64 * MiB, 60000);
 	tt_fini(&h);
 }
 END_TEST
@@ -94,12 +61,7 @@ END_TEST
 START_TEST(echo_mixed_frames)
 {
 	struct tu h;
-	struct tu_peer *cli = tt_setup_echo(&h);
-	size_t lens[] = {0, 1, 70000, 5, 3 * MiB, 0, 16384, 16385, 100, 17 * MiB + 3, 2};
-	size_t nf = sizeof(lens) / sizeof(lens[0]);
-	tu_echo_check(cli, lens, nf, 21, TU_WAIT_MS);
-	/* and a small one right behind a large one */
-	tu_echo_check(cli, lens + 4, 2, 22, TU_WAIT_MS);
+	es_mixed(tt_setup_echo(&h), 16384);
 	tt_fini(&h);
 }
 END_TEST
