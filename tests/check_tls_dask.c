@@ -18,65 +18,6 @@
 #define START_MS 60000
 #define ECHO_MS  120000
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-	msgpack_pack_str(pk, strlen(s));
-	msgpack_pack_str_body(pk, s, strlen(s));
-}
-
-/* {"op": op} or {"op": op, "data": <data as out-of-band bytes>} */
-static tw_msg *request(const char *op, const tw_slice *data)
-{
-	tw_builder *b;
-	msgpack_packer *pk;
-	tw_msg *m;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, data ? 2 : 1);
-	pack_str(pk, "op");
-	pack_str(pk, op);
-	if (data != NULL) {
-		pack_str(pk, "data");
-		ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
-	}
-	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
-	tw_builder_free(b);
-	return m;
-}
-
-/* Write m and decode the reply. */
-static tw_decoded *call(struct tu *h, struct tu_peer *p, tw_msg *m)
-{
-	size_t idx = p->nkept;
-	char why[256] = "";
-	tw_decoded *d;
-	int rv;
-	ck_assert_int_eq(tw_comm_write(p->comm, m), 0);
-	ck_assert_msg(tu_wait_count(h, &p->nkept, idx + 1, ECHO_MS), "no reply (closed %d: %s)",
-		      p->closed, p->last_error);
-	rv = tw_decode(p->msgs[idx], NULL, &d, why, sizeof(why));
-	ck_assert_msg(rv == 0, "reply: %s: %s", tw_strerror(rv), why);
-	return d;
-}
-
-/* The bytes of an echoed payload: out of band, or inline bin (as
- * examples/tw-echo-client.c accepts). */
-static int payload_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
-{
-	const tw_payload *pl = tw_decoded_payload(d, o);
-	if (pl != NULL && pl->nframes == 1) {
-		*p = tw_slice_data(&pl->frames[0]);
-		*n = pl->frames[0].len;
-		return 0;
-	}
-	if (pl == NULL && o->type == MSGPACK_OBJECT_BIN) {
-		*p = (const uint8_t *)o->via.bin.ptr;
-		*n = o->via.bin.size;
-		return 0;
-	}
-	return -1;
-}
-
 static void dask_mode(tw_context *ctx)
 {
 	tw_tls_config *cfg = tt_config("ca.pem", "cert.pem", "key.pem");
@@ -126,7 +67,7 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	ck_assert_msg(rv == 0, "handshake: %s: %s", tw_strerror(rv), why);
 	p = tt_peer(&h, c);
 	p->keep = 1;
-	d = call(&h, p, request("identity", NULL));
+	d = tu_call(&h, p, tu_request("identity", NULL), ECHO_MS);
 	root = tw_decoded_root(d);
 	ck_assert_int_eq(root->type, MSGPACK_OBJECT_MAP);
 	ck_assert_ptr_nonnull(tw_map_get(root, "id"));
@@ -134,8 +75,8 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	tw_decoded_free(d);
 	ck_assert_int_eq(tw_block_new(size, &data), 0);
 	tu_fill(tw_block_data(data), size, 77);
-	d = call(&h, p, request("echo", &(tw_slice){data, 0, size}));
-	ck_assert_msg(payload_bytes(d, tw_decoded_root(d), &got, &n) == 0, "reply is not bytes");
+	d = tu_call(&h, p, tu_request("echo", &(tw_slice){data, 0, size}), ECHO_MS);
+	ck_assert_msg(tw_decoded_bytes(d, tw_decoded_root(d), &got, &n) == 0, "reply is not bytes");
 	ck_assert_uint_eq(n, size);
 	ck_assert_msg(memcmp(got, tw_block_data(data), size) == 0, "echo differs");
 	tw_decoded_free(d);

@@ -14,8 +14,8 @@
 #include "tests/tcp_util.h"
 
 #define TICK_MS 20
-#define PERIOD 251
-#define CHUNK ((size_t)PERIOD * 256)
+#define PERIOD  251
+#define CHUNK   ((size_t)PERIOD * 256)
 
 /* Every peer, so tu_fini frees the ones a test did not. */
 struct peer_node {
@@ -493,4 +493,37 @@ uint64_t tu_rss_bytes(void)
 			break;
 	fclose(f);
 	return (uint64_t)kb * 1024;
+}
+
+tw_msg *tu_request(const char *op, const tw_slice *data)
+{
+	tw_builder *b;
+	msgpack_packer *pk;
+	tw_msg *m;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, data ? 2 : 1);
+	tw_pack_str(pk, "op");
+	tw_pack_str(pk, op);
+	if (data != NULL) {
+		tw_pack_str(pk, "data");
+		ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
+	}
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	return m;
+}
+
+tw_decoded *tu_call(struct tu *h, struct tu_peer *p, tw_msg *m, int ms)
+{
+	size_t idx = p->nkept;
+	char why[256] = "";
+	tw_decoded *d;
+	int rv;
+	ck_assert_int_eq(tw_comm_write(p->comm, m), 0);
+	ck_assert_msg(tu_wait_count(h, &p->nkept, idx + 1, ms), "no reply (closed %d: %s)",
+		      p->closed, p->last_error);
+	rv = tw_decode(p->msgs[idx], NULL, &d, why, sizeof(why));
+	ck_assert_msg(rv == 0, "reply: %s: %s", tw_strerror(rv), why);
+	return d;
 }

@@ -15,7 +15,7 @@
 #include <taskwire/taskwire.h>
 
 /* Deadlines: a wait that takes this long means the test failed. */
-#define TU_WAIT_MS 30000
+#define TU_WAIT_MS          30000
 #define TU_MAX_SERVER_COMMS 512
 
 struct tu;
@@ -23,22 +23,22 @@ struct tu;
 /* One comm and what happened on it. */
 struct tu_peer {
 	struct tu *h;
-	tw_comm *comm;       /* NULL once freed */
-	size_t nmsgs;        /* messages received */
-	tw_msg **msgs;       /* received while keep was set, held */
+	tw_comm *comm; /* NULL once freed */
+	size_t nmsgs;  /* messages received */
+	tw_msg **msgs; /* received while keep was set, held */
 	size_t nkept, cap;
-	uint64_t bytes;      /* payload bytes received */
-	int keep;            /* hold received messages in msgs */
-	int echo;            /* write every received message back */
-	int free_in_recv;    /* tw_comm_free from inside the recv callback */
-	int free_in_close;   /* tw_comm_free from inside the close callback */
-	int closed;          /* the close callback ran */
+	uint64_t bytes;    /* payload bytes received */
+	int keep;          /* hold received messages in msgs */
+	int echo;          /* write every received message back */
+	int free_in_recv;  /* tw_comm_free from inside the recv callback */
+	int free_in_close; /* tw_comm_free from inside the close callback */
+	int closed;        /* the close callback ran */
 	int close_err;
-	int drains;          /* drain callbacks */
-	char last_error[256]; /* tw_comm_last_error at close */
-	size_t nmsgs_at_close;   /* messages received before the close callback */
-	uint64_t live_at_close;  /* global block_bytes_live during the close callback */
-	tw_msg **pending;    /* echo: messages refused with TW_EAGAIN */
+	int drains;             /* drain callbacks */
+	char last_error[256];   /* tw_comm_last_error at close */
+	size_t nmsgs_at_close;  /* messages received before the close callback */
+	uint64_t live_at_close; /* global block_bytes_live during the close callback */
+	tw_msg **pending;       /* echo: messages refused with TW_EAGAIN */
 	size_t npending, pcap;
 	void (*on_recv)(struct tu_peer *p, tw_msg *m); /* extra hook */
 	void *user;
@@ -129,6 +129,13 @@ struct tu_peer *tu_setup_echo(struct tu *h);
 /* Write a pattern message (lens, seed) on cli and check the echo, byte by
  * byte. */
 void tu_echo_check(struct tu_peer *cli, const size_t *lens, size_t nf, unsigned seed, int ms);
+
+/* A Dask request: {"op": op}, or {"op": op, "data": <data as out-of-band
+ * bytes>} when data is not NULL. */
+tw_msg *tu_request(const char *op, const tw_slice *data);
+/* Write m on p (which keeps what it receives) and decode the reply that
+ * comes within ms; the test fails otherwise. */
+tw_decoded *tu_call(struct tu *h, struct tu_peer *p, tw_msg *m, int ms);
 
 /* Resident set size of this process, in bytes (VmRSS). */
 uint64_t tu_rss_bytes(void);
