@@ -701,6 +701,205 @@ START_TEST(gulp_stream_random)
 }
 END_TEST
 
+/* One read from a socket that holds p[0..len): all that fits in the
+ * iovecs of a want (read-ahead included). Returns advance's result. */
+static int gulp_read(struct tw__rx *rx, const uint8_t *p, size_t len, size_t *used)
+{
+	struct iovec iov[16];
+	int k = tw__rx_want(rx, iov, 16);
+	size_t moved = 0;
+	REQUIRE(k >= 1);
+	for (int i = 0; i < k && moved < len; i++) {
+		size_t c = iov[i].iov_len < len - moved ? iov[i].iov_len : len - moved;
+		memcpy(iov[i].iov_base, p + moved, c);
+		moved += c;
+	}
+	*used = moved;
+	return tw__rx_advance(rx, moved);
+}
+
+/* A run of three one-frame messages of frame_len bytes, each read on its
+ * own (request / response): read-ahead is on afterwards, of their body
+ * size (8 + frame_len) rounded up to 64 bytes. */
+static void gulp_warm_up(struct tw__rx *rx, size_t frame_len)
+{
+	size_t lens[] = {frame_len}, reads = 0;
+	struct wire w;
+	wire_make(&w, lens, 1);
+	for (int i = 0; i < 3; i++) {
+		tw_msg *m;
+		ck_assert_uint_eq(recv_gulping(rx, w.bytes, w.len, NULL, &m, 1, &reads), 1);
+		tw_msg_free(m);
+	}
+	ck_assert_uint_eq(rx->gulp_size, (8 + frame_len + 63) / 64 * 64);
+	wire_free(&w);
+}
+
+/* Messages sliced from the read-ahead block outlive the receiver and one
+ * another (ASan and valgrind watch the block): after 100-byte messages
+ * (read-ahead 128 bytes), six 1-byte messages (25 bytes each) come in one
+ * write; the read of the first head takes 128 bytes more: its body and
+ * the next four whole (slices of that block), and the sixth's head and 3
+ * bytes of its body (copied into a block of its own). */
+START_TEST(gulp_slices_outlive_rx)
+{
+	size_t lens[] = {1};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now();
+	struct wire w[6];
+	uint8_t buf[6 * 25];
+	size_t off = 0, used, got = 0;
+	tw_msg *m[6];
+	struct tw__rx rx;
+	int rv;
+	for (unsigned i = 0; i < 6; i++) {
+		wire_make(&w[i], lens, 1);
+		w[i].bytes[24] = (uint8_t)('a' + i);
+		memcpy(buf + off, w[i].bytes, w[i].len);
+		off += w[i].len;
+	}
+	ck_assert_uint_eq(off, sizeof(buf));
+	tw__rx_init(&rx, &l);
+	rx.gulp_max = 4096;
+	gulp_warm_up(&rx, 100);
+	off = 0;
+	rv = gulp_read(&rx, buf, sizeof(buf), &used);
+	ck_assert_uint_eq(used, 16 + 128);
+	off += used;
+	while (got < 6) {
+		if (rv == 1) {
+			m[got++] = tw__rx_take(&rx);
+			ck_assert_int_eq(tw__rx_check_head(&rx), 0);
+			rv = 0;
+			continue;
+		}
+		if (tw__rx_pending(&rx)) {
+			rv = tw__rx_replay(&rx);
+		} else {
+			REQUIRE(off < sizeof(buf));
+			rv = gulp_read(&rx, buf + off, sizeof(buf) - off, &used);
+			off += used;
+		}
+		ck_assert_int_ge(rv, 0);
+	}
+	ck_assert_uint_eq(off, sizeof(buf));
+	ck_assert(tw__rx_idle(&rx));
+	/* the first five are slices of one block; the sixth is not */
+	for (int i = 1; i < 5; i++)
+		ck_assert_ptr_eq(tw_msg_frame(m[i], 0)->block, tw_msg_frame(m[0], 0)->block);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m[0], 0)->block), 128);
+	ck_assert_ptr_ne(tw_msg_frame(m[5], 0)->block, tw_msg_frame(m[0], 0)->block);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m[5], 0)->block), 9);
+	ck_assert_uint_eq(stats_now().payload_bytes_copied - before.payload_bytes_copied, 3);
+	tw__rx_fini(&rx);
+	/* freed in an order that leaves the shared block to a middle one */
+	for (int i = 5; i >= 0; i--) {
+		if (i == 2)
+			continue;
+		check_msg(m[i], &w[i]);
+		ck_assert_uint_eq(tw_slice_data(tw_msg_frame(m[i], 0))[0], 'a' + i);
+		tw_msg_free(m[i]);
+	}
+	check_msg(m[2], &w[2]);
+	tw_msg_free(m[2]);
+	ck_assert_uint_eq(stats_now().blocks_live, before.blocks_live);
+	for (int i = 0; i < 6; i++)
+		wire_free(&w[i]);
+}
+END_TEST
+
+/* The receiver is dropped (the comm closed) with read-ahead bytes
+ * pending: right after the read, after part of them went into a small
+ * body, after part into a large message's frames. Nothing is left. */
+START_TEST(gulp_fini_with_carry)
+{
+	size_t small[] = {1}, mid[] = {100}, large[] = {3, 70000};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now();
+	struct wire a, b, c;
+	uint8_t buf[256];
+	size_t used;
+	struct tw__rx rx;
+	wire_make(&a, small, 1);
+	wire_make(&b, mid, 1);
+	wire_make(&c, large, 2);
+	for (int stage = 0; stage < 3; stage++) {
+		size_t len = 0;
+		tw__rx_init(&rx, &l);
+		rx.gulp_max = 4096;
+		gulp_warm_up(&rx, 28);
+		memcpy(buf, a.bytes, a.len);
+		len = a.len;
+		if (stage < 2) {
+			memcpy(buf + len, b.bytes, 60);
+			len += 60;
+		} else {
+			memcpy(buf + len, c.bytes, 60);
+			len += 60;
+		}
+		ck_assert_int_eq(gulp_read(&rx, buf, len, &used), 1);
+		ck_assert_uint_eq(used, 16 + 64);
+		ck_assert(tw__rx_pending(&rx));
+		tw_msg_free(tw__rx_take(&rx));
+		if (stage > 0) {
+			ck_assert_int_eq(tw__rx_replay(&rx), 0);
+			ck_assert(!tw__rx_pending(&rx));
+			ck_assert(!tw__rx_idle(&rx));
+			ck_assert_int_eq(rx.phase, stage == 1 ? RX_SMALL : RX_FRAMES);
+		}
+		tw__rx_fini(&rx);
+		ck_assert_uint_eq(stats_now().blocks_live, before.blocks_live);
+	}
+	wire_free(&a);
+	wire_free(&b);
+	wire_free(&c);
+}
+END_TEST
+
+/* A bad head inside the read-ahead bytes, right after a good message:
+ * the good one is delivered, then the error is the head's own, sticky,
+ * and nothing is pending or leaked. */
+START_TEST(gulp_bad_head_in_carry)
+{
+	static const uint64_t heads[][2] = {
+		{16, 0}, {UINT64_C(1) << 40, 1}, {8 + 8 * 70000, 70000}, {7, 1}};
+	static const int codes[] = {TW_ENOFRAMES, TW_ETOOBIG, TW_ETOOMANY, TW_ELENGTH};
+	size_t small[] = {1};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now();
+	struct wire a;
+	wire_make(&a, small, 1);
+	for (int i = 0; i < 4; i++) {
+		struct tw__rx rx;
+		struct iovec iov[4];
+		uint8_t buf[64] = {0};
+		size_t used;
+		tw_msg *m;
+		memcpy(buf, a.bytes, a.len);
+		memcpy(buf + a.len, heads[i], 16);
+		tw__rx_init(&rx, &l);
+		rx.gulp_max = 4096;
+		gulp_warm_up(&rx, 28);
+		ck_assert_int_eq(gulp_read(&rx, buf, a.len + 16 + 10, &used), 1);
+		m = tw__rx_take(&rx);
+		check_msg(m, &a);
+		tw_msg_free(m);
+		ck_assert_int_eq(tw__rx_check_head(&rx), 0);
+		ck_assert(tw__rx_pending(&rx));
+		ck_assert_int_eq(tw__rx_replay(&rx), codes[i]);
+		ck_assert(!tw__rx_pending(&rx));
+		ck_assert_int_eq(tw__rx_replay(&rx), codes[i]);
+		ck_assert_int_eq(tw__rx_check_head(&rx), codes[i]);
+		ck_assert_int_eq(tw__rx_want(&rx, iov, 4), codes[i]);
+		ck_assert_int_eq(tw__rx_advance(&rx, 0), codes[i]);
+		ck_assert_ptr_null(tw__rx_take(&rx));
+		tw__rx_fini(&rx);
+		ck_assert_uint_eq(stats_now().blocks_live, before.blocks_live);
+	}
+	wire_free(&a);
+}
+END_TEST
+
 /* The same three messages as one stream in random pieces. */
 START_TEST(stream_random_splits)
 {
@@ -847,6 +1046,9 @@ static Suite *rx_suite(void)
 	tcase_add_test(stream, gulp_one_read);
 	tcase_add_test(stream, gulp_mispredict_large);
 	tcase_add_loop_test(stream, gulp_stream_random, 0, 40);
+	tcase_add_test(stream, gulp_slices_outlive_rx);
+	tcase_add_test(stream, gulp_fini_with_carry);
+	tcase_add_test(stream, gulp_bad_head_in_carry);
 	tcase_add_loop_test(stream, bad_head_rejected, 0, (int)N_BAD_HEADS);
 	suite_add_tcase(s, feed);
 	suite_add_tcase(s, place);

@@ -1,5 +1,5 @@
 /* Retention of large frames, backpressure, a context on its own loop
- * thread. */
+ * thread, read-ahead from a raw peer (tests/readahead_util.h). */
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -8,6 +8,7 @@
 #include <check.h>
 
 #include "tests/check_tcp.h"
+#include "tests/readahead_util.h"
 #include "tests/tcp_util.h"
 
 #define KiB ((size_t)1 << 10)
@@ -349,6 +350,133 @@ START_TEST(context_free_with_open_comms)
 }
 END_TEST
 
+/* Read-ahead (design.md, Receive path, item 5) over tcp: a raw peer
+ * writes to a listener whose comms keep what they receive; a taskwire
+ * client of the same listener must keep working next to it. Every block
+ * is released once the harness is gone (nothing read ahead leaks). */
+static uint64_t blocks_live(void)
+{
+	tw_stats st;
+	tw_stats_global(&st);
+	return st.blocks_live;
+}
+
+static void ra_setup(struct tu *h, struct ra_env *e, int dask)
+{
+	tu_init(h);
+	ra_listen(h, "tcp://127.0.0.1:0", dask);
+	memset(e, 0, sizeof(*e));
+	e->h = h;
+	e->open = ra_open_tcp;
+	e->seed = 77;
+	if (!dask) {
+		ck_assert_int_eq(tu_connect(h, h->addr, &e->good), 0);
+		ck_assert_ptr_nonnull(e->good_srv = tu_server_peer(h, 0));
+	}
+}
+
+/* (a) 1,000 small messages in one write, with and without read-ahead on
+ * when they come, and with a large one among them. */
+START_TEST(readahead_pipelined)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 0);
+	ra_pipelined(&e);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* (b) runs of small messages, then a 5 MiB message whose first frame is
+ * tiny: at most 4096 bytes copied for it, and only when a run of two or
+ * more came before it; its large frame has a block of its own. */
+START_TEST(readahead_runs_then_large)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 0);
+	ra_runs_then_large(&e, 5 * MiB);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* (c) a run, then good messages and a bad head in one write: the good
+ * ones are delivered in order, the comm ends with the head's own code,
+ * the other comm carries on. */
+START_TEST(readahead_bad_heads)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 0);
+	ra_bad_heads(&e);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* Messages read ahead and waiting in the receiver (not in the socket)
+ * when the comm is paused and resumed, closed, freed or aborted, or when
+ * the peer's EOF comes after them. */
+START_TEST(readahead_pending)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 0);
+	ra_pending(&e);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* A large message right after the Dask handshake is read with nothing
+ * copied (no run of small messages before it). */
+START_TEST(readahead_after_handshake)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 1);
+	ra_after_handshake(&e, 5 * MiB);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* The per-wakeup read limit reached with read-ahead bytes pending. */
+START_TEST(readahead_read_calls)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 0);
+	ra_read_calls(&e);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* A random stream in random writes, the comm pausing now and then. */
+START_TEST(readahead_soak)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, 0);
+	for (unsigned i = 0; i < (tu_quick() ? 2u : 8u); i++) {
+		e.seed += 1000;
+		ra_soak(&e, 400);
+	}
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
 TCase *tcp_flow_tcase(void)
 {
 	TCase *tc = tcase_create("flow");
@@ -357,5 +485,12 @@ TCase *tcp_flow_tcase(void)
 	tcase_add_test(tc, backpressure);
 	tcase_add_test(tc, own_loop_thread);
 	tcase_add_test(tc, context_free_with_open_comms);
+	tcase_add_test(tc, readahead_pipelined);
+	tcase_add_test(tc, readahead_runs_then_large);
+	tcase_add_test(tc, readahead_bad_heads);
+	tcase_add_test(tc, readahead_pending);
+	tcase_add_test(tc, readahead_after_handshake);
+	tcase_add_test(tc, readahead_read_calls);
+	tcase_add_test(tc, readahead_soak);
 	return tc;
 }

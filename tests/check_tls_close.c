@@ -1,5 +1,6 @@
 /* Closing tls comms without losing data, partial writes of referenced
- * frames (BH-11), and no leaks over many connections (BH-14). */
+ * frames (BH-11), no leaks over many connections (BH-14), and read-ahead
+ * over tls (tests/readahead_util.h), where SSL_read_ex is the readv. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <event2/event.h>
 
 #include "tests/check_tls.h"
+#include "tests/readahead_util.h"
 #include "tests/tls_util.h"
 
 #define MiB ((size_t)1 << 20)
@@ -405,6 +407,118 @@ START_TEST(peer_ends_mid_message)
 }
 END_TEST
 
+/* Read-ahead over tls: the raw peer is a client SSL on a plain socket
+ * (the harness's certificates), driven by hand. */
+
+static void ra_open_tls(struct tu *h, struct ra_peer *p)
+{
+	struct raw_tls r;
+	raw_tls_start(&r, h->addr);
+	ck_assert(tu_run_until(h, raw_tls_handshake_step, &r, TU_WAIT_MS));
+	ck_assert_int_eq(r.result, 1);
+	SSL_set_mode(r.ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	memset(p, 0, sizeof(*p));
+	p->h = h;
+	p->fd = r.fd;
+	p->ssl = r.ssl;
+	p->ssl_ctx = r.ctx;
+}
+
+static uint64_t blocks_live(void)
+{
+	tw_stats st;
+	tw_stats_global(&st);
+	return st.blocks_live;
+}
+
+static void ra_tls_setup(struct tu *h, struct ra_env *e, int dask)
+{
+	char why[512] = "";
+	int rv;
+	tt_init(h);
+	ra_listen(h, "tls://127.0.0.1:0", dask);
+	memset(e, 0, sizeof(*e));
+	e->h = h;
+	e->open = ra_open_tls;
+	e->seed = 99;
+	if (!dask) {
+		rv = tt_connect(h, h->ctx, h->addr, &e->good, why, sizeof(why));
+		ck_assert_msg(rv == 0, "tls connect: %s: %s", tw_strerror(rv), why);
+		ck_assert_ptr_nonnull(e->good_srv = tu_server_peer(h, 0));
+	}
+}
+
+enum { RA_PIPELINED, RA_LARGE, RA_BAD, RA_PENDING, RA_HANDSHAKE, RA_SOAK, RA_READ_CALLS };
+
+static void ra_tls_run(int which)
+{
+	struct tu h;
+	struct ra_env e;
+	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+	uint64_t live0 = blocks_live();
+	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
+	ra_tls_setup(&h, &e, which == RA_HANDSHAKE);
+	switch (which) {
+	case RA_PIPELINED: ra_pipelined(&e); break;
+	case RA_LARGE: ra_runs_then_large(&e, 5 * MiB); break;
+	case RA_BAD: ra_bad_heads(&e); break;
+	case RA_PENDING: ra_pending(&e); break;
+	case RA_READ_CALLS: ra_read_calls(&e); break;
+	case RA_SOAK:
+		for (unsigned i = 0; i < (tu_quick() ? 2u : 6u); i++) {
+			e.seed += 1000;
+			ra_soak(&e, 400);
+		}
+		break;
+	default: ra_after_handshake(&e, 5 * MiB); break;
+	}
+	tt_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+	sigaction(SIGPIPE, &old, NULL);
+}
+
+START_TEST(readahead_pipelined)
+{
+	ra_tls_run(RA_PIPELINED);
+}
+END_TEST
+
+START_TEST(readahead_runs_then_large)
+{
+	ra_tls_run(RA_LARGE);
+}
+END_TEST
+
+START_TEST(readahead_bad_heads)
+{
+	ra_tls_run(RA_BAD);
+}
+END_TEST
+
+START_TEST(readahead_pending)
+{
+	ra_tls_run(RA_PENDING);
+}
+END_TEST
+
+START_TEST(readahead_after_handshake)
+{
+	ra_tls_run(RA_HANDSHAKE);
+}
+END_TEST
+
+START_TEST(readahead_soak)
+{
+	ra_tls_run(RA_SOAK);
+}
+END_TEST
+
+START_TEST(readahead_read_calls)
+{
+	ra_tls_run(RA_READ_CALLS);
+}
+END_TEST
+
 TCase *tls_close_tcase(void)
 {
 	TCase *tc = tcase_create("close");
@@ -417,5 +531,12 @@ TCase *tls_close_tcase(void)
 	tcase_add_test(tc, many_sequential_connections);
 	tcase_add_test(tc, listener_freed_mid_handshake);
 	tcase_add_test(tc, peer_ends_mid_message);
+	tcase_add_test(tc, readahead_pipelined);
+	tcase_add_test(tc, readahead_runs_then_large);
+	tcase_add_test(tc, readahead_bad_heads);
+	tcase_add_test(tc, readahead_pending);
+	tcase_add_test(tc, readahead_after_handshake);
+	tcase_add_test(tc, readahead_read_calls);
+	tcase_add_test(tc, readahead_soak);
 	return tc;
 }

@@ -444,9 +444,11 @@ int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used)
 	int rv = rx->phase == RX_DONE ? 1 : rx->phase == RX_ERROR ? rx->err : 0;
 	*used = 0;
 	while (rv == 0 && *used < n) {
-		/* One iovec for a small body: feeding stops exactly at the end
-		 * of the message, as its callers expect. */
-		int k = tw__rx_want(rx, iov, rx->phase == RX_SMALL ? 1 : 16);
+		/* One iovec for a head or a small body: feeding stops exactly
+		 * at the end of the message, as its callers expect, and never
+		 * reads ahead (bytes taken past the message would be lost). */
+		int one = rx->phase == RX_HEAD || rx->phase == RX_SMALL;
+		int k = tw__rx_want(rx, iov, one ? 1 : 16);
 		size_t moved = 0;
 		if (k < 0)
 			return k;

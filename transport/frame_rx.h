@@ -98,8 +98,8 @@ int tw__rx_replay(struct tw__rx *rx);
 /* tw__rx_idle: 1 when no byte of a next message has arrived. */
 int tw__rx_idle(const struct tw__rx *rx);
 /* tw__rx_feed: copy bytes in through want/advance, stopping after one
- * complete message (*used counts what was consumed). For tests, fuzzing
- * and replays; same returns as tw__rx_advance. */
+ * complete message (*used counts what was consumed); it never reads ahead.
+ * For tests, fuzzing and replays; same returns as tw__rx_advance. */
 int tw__rx_feed(struct tw__rx *rx, const uint8_t *p, size_t n, size_t *used);
 
 #endif

@@ -4,7 +4,10 @@
 Each file is a byte stream a peer could send over tcp (DESIGN.md, TCP and
 TLS): u64le total | u64le N | u64le len_0 .. len_N-1 | frames. Valid
 messages of several shapes, and one file per kind of bad prelude (the
-fuzz target runs with 1 MiB and 1,024-frame limits). Run it from anywhere;
+fuzz target runs with 1 MiB and 1,024-frame limits), and streams for the
+read-ahead receivers (gulp-*: runs of small messages, pipelined, then
+mispredicted large messages, bad heads right after a run or inside the
+read-ahead block, truncation inside it). Run it from anywhere;
 it rewrites the files it owns and leaves others (crash reproducers added
 by hand) alone.
 """
@@ -28,6 +31,13 @@ def pattern(i, n):
     return bytes((i * 31 + j) % 251 for j in range(n))
 
 
+def small(k, i=0):
+    """A one-frame message of k payload bytes."""
+    return msg(pattern(i, k))
+
+
+RUN = b"".join(small(28, i) for i in range(3))  # two small ones switch read-ahead on
+
 CORPUS = {
     "valid-one-empty-frame": msg(b""),
     "valid-one-byte": msg(b"x"),
@@ -47,6 +57,30 @@ CORPUS = {
     "bad-length-mismatch": u64(8 + 16 + 10, 2, 3, 4) + bytes(10),
     "bad-envelope-form": bytes.fromhex("0100000000000000ffffffffffffff7f"),
     "bad-after-valid": msg(b"first") + u64(8, 0),
+    # read-ahead (gulp) paths
+    "gulp-pipelined-small": b"".join(small(i % 40, i) for i in range(200)),
+    "gulp-pipelined-tiny": b"".join(msg(b"") if i % 3 else small(1, i) for i in range(300)),
+    "gulp-pipelined-frames": b"".join(msg(b"a", b"", pattern(i, 5)) for i in range(100)),
+    "gulp-body-equals-block": b"".join(small(56, i) for i in range(20)),  # body 64 = block
+    "gulp-sizes-grow": b"".join(small(k, k) for k in (20, 20, 100, 200, 1000, 4000, 4080,
+                                                      4088, 4089, 4200, 20, 20, 20)),
+    "gulp-sizes-shrink": b"".join(small(k, k) for k in (4000, 4000, 3000, 20, 1, 4000, 4000)),
+    "gulp-mispredict-large": RUN + msg(pattern(0, 3), pattern(1, 70000)) + RUN,
+    "gulp-mispredict-many-frames": RUN + msg(*(pattern(i, 40) for i in range(900))) + RUN,
+    "gulp-mispredict-near-small": RUN + small(64 * 1024 - 8) + small(64 * 1024 - 7) + RUN,
+    "gulp-large-after-run-then-run": (RUN + msg(pattern(0, 1), pattern(1, 100000), b"")) * 2
+    + RUN,
+    "gulp-bad-n0-after-run": RUN + u64(16, 0),
+    "gulp-bad-toobig-after-run": RUN + u64(2 << 20, 1, (2 << 20) - 16),
+    "gulp-bad-toomany-after-run": RUN + u64(8 + 8 * 1025, 1025),
+    "gulp-bad-total-below-8-after-run": RUN + u64(7, 1),
+    "gulp-bad-head-in-carry": b"".join(small(1, i) for i in range(4)) + u64(16, 0),
+    "gulp-bad-toobig-in-carry": b"".join(small(1, i) for i in range(4)) + u64(2 << 20, 1),
+    "gulp-bad-lengths-in-carry": b"".join(small(1, i) for i in range(4))
+    + u64(8 + 16 + 10, 2, 3, 4) + bytes(10) + small(1),
+    "gulp-bad-after-large-in-carry": RUN + msg(pattern(0, 2), pattern(1, 3000)) + u64(16, 0),
+    "gulp-truncated-in-carry": b"".join(small(1, i) for i in range(4)) + small(20)[:30],
+    "gulp-truncated-head-in-carry": b"".join(small(1, i) for i in range(4)) + u64(33)[:5],
 }
 
 
