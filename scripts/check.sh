@@ -1,10 +1,11 @@
 #!/bin/sh
 # Quick start, part 2: the whole test suite. Installs what is missing,
-# builds with -Werror, runs `make check`, runs the suites under valgrind,
+# builds with -Werror, checks the style (`make format-check`: library,
+# examples, benches), runs `make check`, runs the suites under valgrind,
 # builds again with AddressSanitizer and UndefinedBehaviorSanitizer and
 # runs `make check` there, runs the multi-threaded suites (offload, tcp)
-# under ThreadSanitizer, then `make distcheck`. Fails on the first failing
-# step.
+# under ThreadSanitizer, builds the libFuzzer targets with clang, then
+# `make distcheck`. Fails on the first failing step.
 set -e
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${TW_BUILD_DIR:-$top/build}
@@ -13,6 +14,9 @@ step() { printf '\n== %s\n' "$*"; }
 step "build ($build)"
 "$top/scripts/build.sh"
 cd "$build"
+
+step "make format-check (clang-format)"
+make format-check
 
 step "make check"
 make -j"$(nproc)" check || { cat test-suite.log >&2; exit 1; }
@@ -36,4 +40,4 @@ step "make distcheck"
 cd "$build"
 make -j"$(nproc)" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >/dev/null 2>&1
 echo "distcheck: ok"
-printf '\ncheck.sh: all steps passed (make check, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
+printf '\ncheck.sh: all steps passed (format-check, make check, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
