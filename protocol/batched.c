@@ -10,6 +10,7 @@
 #include <taskwire/stream.h>
 
 #include "core/msg.h"
+#include "protocol/builder.h"
 #include "protocol/mpcheck.h"
 #include "transport/transport.h"
 
@@ -64,12 +65,6 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 	return 0;
 }
 
-static void release_malloc(void *data, void *arg)
-{
-	(void)arg;
-	free(data);
-}
-
 /* Write the queued maps as one array message. With `force`, the write
  * queue's high-water mark does not refuse it (the last batch, from
  * tw_batched_free, has no later interval to retry in). */
@@ -78,8 +73,7 @@ static int flush(tw_batched *b, int force)
 	msgpack_sbuffer head;
 	msgpack_packer pk;
 	tw_msg *m;
-	size_t len, hwm;
-	char *body;
+	size_t hwm;
 	int rv;
 	if (b->n == 0)
 		return 0;
@@ -92,10 +86,7 @@ static int flush(tw_batched *b, int force)
 		msgpack_sbuffer_destroy(&head);
 		return TW_ENOMEM;
 	}
-	len = head.size;
-	body = msgpack_sbuffer_release(&head);
-	if (tw_msg_append_ref(m, body, len, release_malloc, NULL) != 0) {
-		free(body);
+	if (tw__append_sbuffer(m, &head) != 0) {
 		tw_msg_free(m);
 		return TW_ENOMEM;
 	}

@@ -75,8 +75,7 @@ static void release_malloc(void *data, void *arg)
 	free(data);
 }
 
-/* Move a packed buffer into a message as a frame, without copying it. */
-static int append_sbuffer(tw_msg *m, msgpack_sbuffer *sb)
+int tw__append_sbuffer(tw_msg *m, msgpack_sbuffer *sb)
 {
 	size_t len = sb->size;
 	char *data = msgpack_sbuffer_release(sb);
@@ -129,7 +128,7 @@ static void pack_common(msgpack_packer *pk, const char *codec)
  * except for frames already appended, which finish never uses. */
 static int append_group(tw_builder *b, msgpack_sbuffer *sub, const tw_slice *frame)
 {
-	if (need_groups(b) != 0 || append_sbuffer(b->groups, sub) != 0)
+	if (need_groups(b) != 0 || tw__append_sbuffer(b->groups, sub) != 0)
 		return TW_ENOMEM;
 	return tw_msg_append(b->groups, frame);
 }
@@ -285,7 +284,7 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 		msgpack_pack_map(&b->pk, 1);
 		tw_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
 		msgpack_pack_uint64(&b->pk, 1 + ngroup_frames(b));
-		rv = need_groups(b) != 0 ? TW_ENOMEM : append_sbuffer(b->groups, &sub);
+		rv = need_groups(b) != 0 ? TW_ENOMEM : tw__append_sbuffer(b->groups, &sub);
 	}
 	for (size_t i = 0; rv == 0 && i < tw_msg_nframes(frames); i++)
 		rv = tw_msg_append(b->groups, tw_msg_frame(frames, i));
@@ -328,7 +327,7 @@ int tw_builder_finish(tw_builder *b, tw_msg **out)
 		return TW_EINVAL;
 	n = ngroup_frames(b);
 	if (tw_msg_new(&m) != 0 || tw__msg_reserve(m, n + 1) != 0 ||
-	    append_sbuffer(m, &b->frame0) != 0) {
+	    tw__append_sbuffer(m, &b->frame0) != 0) {
 		tw_msg_free(m);
 		return TW_ENOMEM;
 	}

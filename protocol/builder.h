@@ -14,4 +14,9 @@ int tw__builder_empty(const tw_builder *b);
  * allocation fails: the first write then allocates). */
 void tw__sbuffer_init(msgpack_sbuffer *sb);
 
+/* tw__append_sbuffer: move sb's packed bytes into m as a new last frame,
+ * without copying them (the frame frees them); sb is left empty. Returns
+ * 0 or TW_ENOMEM (sb's bytes are freed). */
+int tw__append_sbuffer(tw_msg *m, msgpack_sbuffer *sb);
+
 #endif

@@ -183,7 +183,7 @@ void tw__comm_disarm_timeout(tw_comm *c)
  * minimum would otherwise wake us every millisecond. */
 #define RATE_MIN_CHECK_MS 100
 
-static uint64_t mono_ms(void)
+uint64_t tw__mono_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -203,7 +203,7 @@ static uint64_t msgs_received(const tw_comm *c)
 
 static void rate_start(tw_comm *c)
 {
-	c->rate.start_ms = mono_ms();
+	c->rate.start_ms = tw__mono_ms();
 	c->rate.bytes = atomic_load_explicit(&c->stats.bytes_received, memory_order_relaxed);
 	c->rate.msgs = msgs_received(c);
 	rate_arm(c, c->limits.min_rate_grace_ms);
@@ -243,7 +243,7 @@ int tw__comm_rate_due(tw_comm *c, int busy, int fd)
 		rate_start(c); /* a new message has been arriving since we last read */
 		return 0;
 	}
-	elapsed = mono_ms() - c->rate.start_ms;
+	elapsed = tw__mono_ms() - c->rate.start_ms;
 	got = atomic_load_explicit(&c->stats.bytes_received, memory_order_relaxed) - c->rate.bytes;
 	covered = covered_ms(got, rate);
 	/* Bytes that came while our loop was busy elsewhere are the peer's

@@ -126,6 +126,8 @@ void tw__comm_disarm_timeout(tw_comm *c);
 void tw__comm_rate_watch(tw_comm *c, int busy);
 /* Stop the clock: we stop reading (pause, close, stop). */
 void tw__comm_rate_stop(tw_comm *c);
+/* tw__mono_ms: CLOCK_MONOTONIC in milliseconds. */
+uint64_t tw__mono_ms(void);
 /* The timer fired; busy as above. Returns 0 when the peer keeps up (the
  * timer is armed for the next check, or the clock stopped), or 1 when it
  * is too slow: the error text is set, and the transport ends the comm

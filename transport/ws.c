@@ -501,19 +501,12 @@ static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
 	tw__comm_end(&w->base, err);
 }
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* A ping came: answer it, or fail the comm when the peer pings too often
  * (tw_context_set_ws_min_ping_interval_ms). 0, or -1 when the comm ended. */
 static int got_ping(struct ws *w, const struct tw__ws_event *ev)
 {
 	uint8_t key[4];
-	if (tw__ws_ping_rate_check(&w->pings, now_ms()) != 0) {
+	if (tw__ws_ping_rate_check(&w->pings, tw__mono_ms()) != 0) {
 		tw__comm_seterr(&w->base,
 				"too many pings: %u in a row, each less than %u ms after "
 				"the one before (WebSocket close %u)",
