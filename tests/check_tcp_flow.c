@@ -375,103 +375,60 @@ static void ra_setup(struct tu *h, struct ra_env *e, int dask)
 	}
 }
 
-/* (a) 1,000 small messages in one write, with and without read-ahead on
- * when they come, and with a large one among them. */
-START_TEST(readahead_pipelined)
+static void runs_then_large(struct ra_env *e)
 {
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 0);
-	ra_pipelined(&e);
-	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ra_runs_then_large(e, 5 * MiB);
 }
-END_TEST
 
-/* (b) runs of small messages, then a 5 MiB message whose first frame is
- * tiny: at most 4096 bytes copied for it, and only when a run of two or
- * more came before it; its large frame has a block of its own. */
-START_TEST(readahead_runs_then_large)
+static void after_handshake(struct ra_env *e)
 {
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 0);
-	ra_runs_then_large(&e, 5 * MiB);
-	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ra_after_handshake(e, 5 * MiB);
 }
-END_TEST
 
-/* (c) a run, then good messages and a bad head in one write: the good
- * ones are delivered in order, the comm ends with the head's own code,
- * the other comm carries on. */
-START_TEST(readahead_bad_heads)
+static void soak(struct ra_env *e)
 {
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 0);
-	ra_bad_heads(&e);
-	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
-}
-END_TEST
-
-/* Messages read ahead and waiting in the receiver (not in the socket)
- * when the comm is paused and resumed, closed, freed or aborted, or when
- * the peer's EOF comes after them. */
-START_TEST(readahead_pending)
-{
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 0);
-	ra_pending(&e);
-	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
-}
-END_TEST
-
-/* A large message right after the Dask handshake is read with nothing
- * copied (no run of small messages before it). */
-START_TEST(readahead_after_handshake)
-{
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 1);
-	ra_after_handshake(&e, 5 * MiB);
-	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
-}
-END_TEST
-
-/* The per-wakeup read limit reached with read-ahead bytes pending. */
-START_TEST(readahead_read_calls)
-{
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 0);
-	ra_read_calls(&e);
-	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
-}
-END_TEST
-
-/* A random stream in random writes, the comm pausing now and then. */
-START_TEST(readahead_soak)
-{
-	struct tu h;
-	struct ra_env e;
-	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, 0);
 	for (unsigned i = 0; i < (tu_quick() ? 2u : 8u); i++) {
-		e.seed += 1000;
-		ra_soak(&e, 400);
+		e->seed += 1000;
+		ra_soak(e, 400);
 	}
+}
+
+/* The read-ahead scenarios (tests/readahead_util.h), each on its own
+ * context; every block is freed after each. */
+static const struct {
+	void (*run)(struct ra_env *e);
+	int dask; /* the raw peer does the Dask handshake first */
+} readahead_cases[] = {
+	/* (a) 1,000 small messages in one write, with and without read-ahead
+	 * on when they come, and with a large one among them */
+	{ra_pipelined, 0},
+	/* (b) runs of small messages, then a 5 MiB message whose first frame
+	 * is tiny: at most 4096 bytes copied for it, and only when a run of
+	 * two or more came before it; its large frame has a block of its own */
+	{runs_then_large, 0},
+	/* (c) a run, then good messages and a bad head in one write: the good
+	 * ones are delivered in order, the comm ends with the head's own
+	 * code, the other comm carries on */
+	{ra_bad_heads, 0},
+	/* messages read ahead and waiting in the receiver when the comm is
+	 * paused and resumed, closed, freed or aborted, or at the peer's EOF */
+	{ra_pending, 0},
+	/* a large message right after the Dask handshake: nothing copied */
+	{after_handshake, 1},
+	/* the per-wakeup read limit reached with read-ahead bytes pending */
+	{ra_read_calls, 0},
+	/* a random stream in random writes, the comm pausing now and then */
+	{soak, 0},
+};
+#define N_READAHEAD ((int)(sizeof(readahead_cases) / sizeof(readahead_cases[0])))
+
+START_TEST(readahead)
+{
+	struct tu h;
+	struct ra_env e;
+	uint64_t live0 = blocks_live();
+	ra_setup(&h, &e, readahead_cases[_i].dask);
+	readahead_cases[_i].run(&e);
 	tu_fini(&h);
 	ck_assert_uint_eq(blocks_live(), live0);
 }
@@ -485,12 +442,6 @@ TCase *tcp_flow_tcase(void)
 	tcase_add_test(tc, backpressure);
 	tcase_add_test(tc, own_loop_thread);
 	tcase_add_test(tc, context_free_with_open_comms);
-	tcase_add_test(tc, readahead_pipelined);
-	tcase_add_test(tc, readahead_runs_then_large);
-	tcase_add_test(tc, readahead_bad_heads);
-	tcase_add_test(tc, readahead_pending);
-	tcase_add_test(tc, readahead_after_handshake);
-	tcase_add_test(tc, readahead_read_calls);
-	tcase_add_test(tc, readahead_soak);
+	tcase_add_loop_test(tc, readahead, 0, N_READAHEAD);
 	return tc;
 }
