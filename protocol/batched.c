@@ -10,7 +10,7 @@
 #include <taskwire/stream.h>
 
 #include "core/msg.h"
-#include "protocol/builder.h"
+#include "protocol/packbuf.h"
 #include "protocol/mpcheck.h"
 #include "transport/transport.h"
 
@@ -70,23 +70,24 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
  * tw_batched_free, has no later interval to retry in). */
 static int flush(tw_batched *b, int force)
 {
-	msgpack_sbuffer head;
+	struct tw__packbuf head;
 	msgpack_packer pk;
 	tw_msg *m;
 	size_t hwm;
 	int rv;
 	if (b->n == 0)
 		return 0;
-	msgpack_sbuffer_init(&head);
-	msgpack_packer_init(&pk, &head, msgpack_sbuffer_write);
+	tw__packbuf_init(&head);
+	tw__packbuf_packer(&head, &pk);
 	msgpack_pack_array(&pk, b->n);
 	/* Frame 0 is the array header then the maps: one buffer, so the
 	 * header goes in front of the body once. */
-	if (msgpack_sbuffer_write(&head, b->body.data, b->body.size) != 0 || tw_msg_new(&m) != 0) {
-		msgpack_sbuffer_destroy(&head);
+	tw__packbuf_write(&head, b->body.data, b->body.size);
+	if (tw_msg_new(&m) != 0) {
+		tw__packbuf_fini(&head);
 		return TW_ENOMEM;
 	}
-	if (tw__append_sbuffer(m, &head) != 0) {
+	if (tw__packbuf_append(m, &head) != 0) {
 		tw_msg_free(m);
 		return TW_ENOMEM;
 	}

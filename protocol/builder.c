@@ -20,27 +20,37 @@ static const uint8_t bytes_type_pickle[33] = {0x80, 0x05, 0x95, 0x16, 0x00, 0x00
 					      0x69, 0x6e, 0x73, 0x94, 0x8c, 0x05, 0x62, 0x79, 0x74,
 					      0x65, 0x73, 0x94, 0x93, 0x94, 0x2e};
 
-struct tw_builder {
-	msgpack_sbuffer frame0;
-	msgpack_packer pk;
-	enum tw__codec codec;
-	tw_msg *groups; /* frames 1..; made by the first payload group */
-	int done;
-};
+int tw__builder_init(tw_builder *b, const char *compression)
+{
+	enum tw__codec codec = TW__CODEC_NONE;
+	if (compression != NULL && tw__codec_parse(compression, strlen(compression), &codec) != 0)
+		return TW_ENOTSUP;
+	tw__packbuf_init(&b->frame0);
+	tw__packbuf_packer(&b->frame0, &b->pk);
+	b->codec = codec;
+	b->groups = NULL;
+	b->done = 0;
+	return 0;
+}
+
+void tw__builder_fini(tw_builder *b)
+{
+	tw__packbuf_fini(&b->frame0);
+	tw_msg_free(b->groups);
+}
 
 int tw_builder_new(const char *compression, tw_builder **out)
 {
 	tw_builder *b;
-	enum tw__codec codec = TW__CODEC_NONE;
+	int rv;
 	if (out == NULL)
 		return TW_EINVAL;
-	if (compression != NULL && tw__codec_parse(compression, strlen(compression), &codec) != 0)
-		return TW_ENOTSUP;
-	if ((b = tw__zalloc(sizeof(*b))) == NULL)
+	if ((b = malloc(sizeof(*b))) == NULL)
 		return TW_ENOMEM;
-	tw__sbuffer_init(&b->frame0);
-	msgpack_packer_init(&b->pk, &b->frame0, msgpack_sbuffer_write);
-	b->codec = codec;
+	if ((rv = tw__builder_init(b, compression)) != 0) {
+		free(b);
+		return rv;
+	}
 	*out = b;
 	return 0;
 }
@@ -54,36 +64,8 @@ void tw_builder_free(tw_builder *b)
 {
 	if (b == NULL)
 		return;
-	msgpack_sbuffer_destroy(&b->frame0);
-	tw_msg_free(b->groups);
+	tw__builder_fini(b);
 	free(b);
-}
-
-void tw__sbuffer_init(msgpack_sbuffer *sb)
-{
-	msgpack_sbuffer_init(sb);
-	/* msgpack-c starts at 8 KiB; most frames 0 and sub-headers are a few
-	 * hundred bytes, and an 8 KiB block per message goes past malloc's
-	 * per-thread cache (small RPCs paid for it in malloc_consolidate). */
-	if ((sb->data = malloc(TW__SBUFFER_START)) != NULL)
-		sb->alloc = TW__SBUFFER_START;
-}
-
-static void release_malloc(void *data, void *arg)
-{
-	(void)arg;
-	free(data);
-}
-
-int tw__append_sbuffer(tw_msg *m, msgpack_sbuffer *sb)
-{
-	size_t len = sb->size;
-	char *data = msgpack_sbuffer_release(sb);
-	if (tw_msg_append_ref(m, data, len, release_malloc, NULL) != 0) {
-		free(data);
-		return TW_ENOMEM;
-	}
-	return 0;
 }
 
 int tw_pack_str(msgpack_packer *pk, const char *s)
@@ -126,16 +108,16 @@ static void pack_common(msgpack_packer *pk, const char *codec)
 
 /* Append sub-header and frame; on failure the message is left as it was
  * except for frames already appended, which finish never uses. */
-static int append_group(tw_builder *b, msgpack_sbuffer *sub, const tw_slice *frame)
+static int append_group(tw_builder *b, struct tw__packbuf *sub, const tw_slice *frame)
 {
-	if (need_groups(b) != 0 || tw__append_sbuffer(b->groups, sub) != 0)
+	if (need_groups(b) != 0 || tw__packbuf_append(b->groups, sub) != 0)
 		return TW_ENOMEM;
 	return tw_msg_append(b->groups, frame);
 }
 
 int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data)
 {
-	msgpack_sbuffer sub;
+	struct tw__packbuf sub;
 	msgpack_packer pk;
 	tw_slice z = {NULL, 0, 0};
 	const char *codec = NULL;
@@ -148,8 +130,8 @@ int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data)
 		if (z.block != NULL)
 			codec = tw__codec_name(b->codec);
 	}
-	tw__sbuffer_init(&sub);
-	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
+	tw__packbuf_init(&sub);
+	tw__packbuf_packer(&sub, &pk);
 	msgpack_pack_map(&pk, 8);
 	tw_pack_str(&pk, "serializer");
 	tw_pack_str(&pk, "dask");
@@ -170,13 +152,13 @@ int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data)
 	pack_placeholder(b);
 	rv = append_group(b, &sub, z.block != NULL ? &z : data);
 	tw_block_free(z.block);
-	msgpack_sbuffer_destroy(&sub);
+	tw__packbuf_fini(&sub);
 	return rv;
 }
 
 int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 {
-	msgpack_sbuffer sub;
+	struct tw__packbuf sub;
 	msgpack_packer pk;
 	tw_block *blk;
 	int rv;
@@ -186,8 +168,8 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 		return TW_ENOMEM;
 	memcpy(tw_block_data(blk), packed, len);
 	TW__ADD(&tw__global_stats, payload_bytes_copied, len);
-	tw__sbuffer_init(&sub);
-	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
+	tw__packbuf_init(&sub);
+	tw__packbuf_packer(&sub, &pk);
 	msgpack_pack_map(&pk, 3);
 	tw_pack_str(&pk, "serializer");
 	tw_pack_str(&pk, "msgpack");
@@ -195,7 +177,7 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 	pack_placeholder(b);
 	rv = append_group(b, &sub, &(tw_slice){blk, 0, len});
 	tw_block_free(blk);
-	msgpack_sbuffer_destroy(&sub);
+	tw__packbuf_fini(&sub);
 	return rv;
 }
 
@@ -234,15 +216,15 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 	const msgpack_object *h = p->sub_header;
 	int serialized = p->kind == TW_PAYLOAD_SERIALIZED, rv = 0;
 	uint32_t keep = 0;
-	msgpack_sbuffer sub;
+	struct tw__packbuf sub;
 	msgpack_packer pk;
 	tw_msg *frames;
 	for (uint32_t i = 0; i < h->via.map.size; i++)
 		keep += !skip_key(&h->via.map.ptr[i].key);
 	if (tw_msg_new(&frames) != 0)
 		return TW_ENOMEM;
-	tw__sbuffer_init(&sub);
-	msgpack_packer_init(&pk, &sub, msgpack_sbuffer_write);
+	tw__packbuf_init(&sub);
+	tw__packbuf_packer(&sub, &pk);
 	msgpack_pack_map(&pk, keep + (serialized ? 4 : 2));
 	for (uint32_t i = 0; i < h->via.map.size; i++) {
 		if (skip_key(&h->via.map.ptr[i].key))
@@ -284,12 +266,12 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 		msgpack_pack_map(&b->pk, 1);
 		tw_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
 		msgpack_pack_uint64(&b->pk, 1 + ngroup_frames(b));
-		rv = need_groups(b) != 0 ? TW_ENOMEM : tw__append_sbuffer(b->groups, &sub);
+		rv = need_groups(b) != 0 ? TW_ENOMEM : tw__packbuf_append(b->groups, &sub);
 	}
 	for (size_t i = 0; rv == 0 && i < tw_msg_nframes(frames); i++)
 		rv = tw_msg_append(b->groups, tw_msg_frame(frames, i));
 	tw_msg_free(frames);
-	msgpack_sbuffer_destroy(&sub);
+	tw__packbuf_fini(&sub);
 	return rv;
 }
 
@@ -327,7 +309,7 @@ int tw_builder_finish(tw_builder *b, tw_msg **out)
 		return TW_EINVAL;
 	n = ngroup_frames(b);
 	if (tw_msg_new(&m) != 0 || tw__msg_reserve(m, n + 1) != 0 ||
-	    tw__append_sbuffer(m, &b->frame0) != 0) {
+	    tw__packbuf_append(m, &b->frame0) != 0) {
 		tw_msg_free(m);
 		return TW_ENOMEM;
 	}

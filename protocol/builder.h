@@ -4,19 +4,26 @@
 
 #include <taskwire/serial.h>
 
+#include "protocol/compress.h"
+#include "protocol/packbuf.h"
+
+/* Public as an opaque type; here so that a request can hold its reply's
+ * builder (one allocation less per reply). */
+struct tw_builder {
+	struct tw__packbuf frame0;
+	msgpack_packer pk;
+	enum tw__codec codec;
+	tw_msg *groups; /* frames 1..; made by the first payload group */
+	int done;
+};
+
+/* tw_builder_new and tw_builder_free on caller memory: init returns 0 or
+ * TW_ENOTSUP (unknown compression) and allocates nothing; fini frees
+ * what the builder holds, not b. */
+int tw__builder_init(tw_builder *b, const char *compression);
+void tw__builder_fini(tw_builder *b);
+
 /* 1 while nothing has been packed into frame 0. */
 int tw__builder_empty(const tw_builder *b);
-
-/* Bytes a packing buffer starts with; it doubles as it fills. */
-#define TW__SBUFFER_START 256
-
-/* msgpack_sbuffer_init, starting at TW__SBUFFER_START bytes (0 if that
- * allocation fails: the first write then allocates). */
-void tw__sbuffer_init(msgpack_sbuffer *sb);
-
-/* tw__append_sbuffer: move sb's packed bytes into m as a new last frame,
- * without copying them (the frame frees them); sb is left empty. Returns
- * 0 or TW_ENOMEM (sb's bytes are freed). */
-int tw__append_sbuffer(tw_msg *m, msgpack_sbuffer *sb);
 
 #endif

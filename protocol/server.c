@@ -35,9 +35,11 @@ struct sconn {
 struct tw_request {
 	struct sconn *conn; /* NULL once the comm went away */
 	tw_decoded *d;
-	char *op;
+	char *op; /* op_inline, or malloc'd when longer */
 	int reply, close;
-	tw_builder *b;
+	tw_builder *b; /* &b_mem once the reply is begun */
+	tw_builder b_mem;
+	char op_inline[32];
 };
 
 struct tw_server {
@@ -132,9 +134,11 @@ int tw_server_new(tw_context *ctx, tw_server **out)
 
 static void request_free(tw_request *r)
 {
-	tw_builder_free(r->b);
+	if (r->b != NULL)
+		tw__builder_fini(r->b);
 	tw_decoded_free(r->d);
-	free(r->op);
+	if (r->op != r->op_inline)
+		free(r->op);
 	free(r);
 }
 
@@ -197,24 +201,38 @@ static void stream_message(struct sconn *sc, tw_decoded *d)
 	tw_decoded_free(d);
 }
 
-static int flag(const msgpack_object *root, const char *key, int dflt)
+static void set_flag(int *flag, const msgpack_object *v)
 {
-	const msgpack_object *v = tw_map_get(root, key);
-	return v != NULL && v->type == MSGPACK_OBJECT_BOOLEAN ? v->via.boolean : dflt;
+	if (v->type == MSGPACK_OBJECT_BOOLEAN)
+		*flag = v->via.boolean;
 }
 
-static int make_request(struct sconn *sc, tw_decoded *d, tw_request **out)
+/* The request's op (a str), `reply` (default true) and `close` (default
+ * false), read in one pass over the map. */
+static int make_request(struct sconn *sc, tw_decoded *d, const msgpack_object *op, tw_request **out)
 {
-	const msgpack_object *op = tw_map_get(tw_decoded_root(d), "op");
+	const msgpack_object *root = tw_decoded_root(d);
+	size_t n = op->via.str.size;
 	tw_request *r = tw__zalloc(sizeof(*r));
-	if (r == NULL || (r->op = strndup(op->via.str.ptr, op->via.str.size)) == NULL) {
+	if (r == NULL)
+		return TW_ENOMEM;
+	r->op = n < sizeof(r->op_inline) ? r->op_inline : malloc(n + 1);
+	if (r->op == NULL) {
 		free(r);
 		return TW_ENOMEM;
 	}
+	memcpy(r->op, op->via.str.ptr, n);
+	r->op[n] = '\0';
 	r->conn = sc;
 	r->d = d;
-	r->reply = flag(tw_decoded_root(d), "reply", 1);
-	r->close = flag(tw_decoded_root(d), "close", 0);
+	r->reply = 1;
+	for (uint32_t i = 0; i < root->via.map.size; i++) {
+		const msgpack_object_kv *kv = &root->via.map.ptr[i];
+		if (tw_obj_str_eq(&kv->key, "reply"))
+			set_flag(&r->reply, &kv->val);
+		else if (tw_obj_str_eq(&kv->key, "close"))
+			set_flag(&r->close, &kv->val);
+	}
 	*out = r;
 	return 0;
 }
@@ -238,7 +256,7 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw_decoded_free(d);
 		return drop(sc, TW_EPROTO, "request is not a map with a str `op`");
 	}
-	if ((rv = make_request(sc, d, &r)) != 0) {
+	if ((rv = make_request(sc, d, op, &r)) != 0) {
 		tw_decoded_free(d);
 		return drop(sc, rv, "out of memory");
 	}
@@ -378,8 +396,8 @@ int tw_request_wants_reply(const tw_request *r)
 tw_builder *tw_request_reply_builder(tw_request *r)
 {
 	const char *codec = r->conn != NULL ? tw_comm_compression(r->conn->comm) : NULL;
-	if (r->b == NULL && tw_builder_new(codec, &r->b) != 0)
-		return NULL;
+	if (r->b == NULL && tw__builder_init(&r->b_mem, codec) == 0)
+		r->b = &r->b_mem;
 	return r->b;
 }
 
@@ -438,7 +456,7 @@ int tw_request_reply_error(tw_request *r, const char *exception_text, const char
 	const char *e = exception_text != NULL ? exception_text : "";
 	if (r->b != NULL && !tw__builder_empty(r->b)) {
 		/* the error replaces a reply the handler had begun to pack */
-		tw_builder_free(r->b);
+		tw__builder_fini(r->b);
 		r->b = NULL;
 	}
 	if ((b = tw_request_reply_builder(r)) == NULL)
