@@ -21,6 +21,7 @@ void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out)
 	LOAD(block_cache_hits);
 	LOAD(merges_zero_copy);
 	LOAD(merges_copied);
+	LOAD(write_bytes_gathered);
 }
 
 void tw_stats_global(tw_stats *out)

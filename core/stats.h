@@ -15,6 +15,7 @@ struct tw__stats {
 	_Atomic uint64_t blocks_allocated, block_bytes_allocated;
 	_Atomic uint64_t blocks_live, block_bytes_live, block_cache_hits;
 	_Atomic uint64_t merges_zero_copy, merges_copied;
+	_Atomic uint64_t write_bytes_gathered;
 };
 
 extern struct tw__stats tw__global_stats;

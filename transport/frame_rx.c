@@ -229,20 +229,22 @@ static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 }
 
 /* At a message's start, after a run of small messages and with nothing
- * read ahead: offer a block for the rest of the message too. */
+ * read ahead: offer one block for the head and the rest of the message
+ * (one buffer: tcp reads it with recv, not readv). */
 static int offer_gulp(struct tw__rx *rx, struct iovec *iov)
 {
+	size_t size = sizeof(rx->head) + rx->gulp_size;
 	rx->gulping = 0;
 	if (rx->have != 0 || rx->gulp_size == 0 || rx->carry_len != 0)
 		return 0;
-	if (rx->gulp != NULL && tw_block_size(rx->gulp) != rx->gulp_size) {
+	if (rx->gulp != NULL && tw_block_size(rx->gulp) != size) {
 		tw_block_free(rx->gulp);
 		rx->gulp = NULL;
 	}
-	if (rx->gulp == NULL && tw_block_new(rx->gulp_size, &rx->gulp) != 0)
+	if (rx->gulp == NULL && tw_block_new(size, &rx->gulp) != 0)
 		return 0; /* read the head alone */
 	iov->iov_base = tw_block_data(rx->gulp);
-	iov->iov_len = rx->gulp_size;
+	iov->iov_len = size;
 	rx->gulping = 1;
 	return 1;
 }
@@ -256,9 +258,11 @@ int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 		return rv;
 	switch (rx->phase) {
 	case RX_HEAD:
+		if (max > 1 && offer_gulp(rx, &iov[0]))
+			return 1; /* a caller asking for one place never reads ahead */
 		iov[0].iov_base = rx->head + rx->have;
 		iov[0].iov_len = 16 - rx->have;
-		return max >= 2 && offer_gulp(rx, &iov[1]) ? 2 : 1;
+		return 1;
 	case RX_SMALL:
 		if (rx->body == NULL && tw_block_new(rx->body_len, &rx->body) != 0)
 			return fail(rx, TW_ENOMEM);
@@ -297,18 +301,23 @@ static int advance_frames(struct tw__rx *rx, size_t n)
 	return settle(rx);
 }
 
-/* n bytes went past the head into the read-ahead block: they are the
- * carry now, consumed before anything else is read. */
+/* n bytes landed in the read-ahead block: the head is copied out, and
+ * the bytes past it are the carry, consumed before anything else is
+ * read. */
 static int took_gulp(struct tw__rx *rx, size_t n)
 {
+	size_t h = n < sizeof(rx->head) ? n : sizeof(rx->head);
 	int rv;
-	rx->carry = rx->gulp;
-	rx->gulp = NULL;
-	rx->carry_off = 0;
-	rx->carry_len = n;
-	rx->have = 16;
+	memcpy(rx->head, tw_block_data(rx->gulp), h);
+	rx->have = h;
+	if (n > h) {
+		rx->carry = rx->gulp;
+		rx->gulp = NULL;
+		rx->carry_off = h;
+		rx->carry_len = n - h;
+	}
 	rv = tw__rx_check_head(rx);
-	return rv == 0 ? tw__rx_replay(rx) : rv;
+	return rv == 0 && rx->carry_len > 0 ? tw__rx_replay(rx) : rv;
 }
 
 int tw__rx_advance(struct tw__rx *rx, size_t n)
@@ -316,9 +325,9 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 	int rv;
 	switch (rx->phase) {
 	case RX_HEAD:
-		if (rx->gulping && n > 16 - rx->have) {
+		if (rx->gulping) {
 			rx->gulping = 0;
-			return took_gulp(rx, n - (16 - rx->have));
+			return took_gulp(rx, n);
 		}
 		rx->gulping = 0;
 		rx->have += n;

@@ -13,10 +13,11 @@
  * kept small frame never pins a large neighbour.
  *
  * Read-ahead ("gulp"): once a comm has received a run of small messages
- * (request/response traffic), the read for the next head also offers a
- * block of about the last message's size, so a small message arrives in
- * one read instead of two (head, then body). The bytes read ahead are
- * the carry: a small message wholly inside it becomes slices of it (no
+ * (request/response traffic), the read for the next head goes into one
+ * block of the head plus about the last message's size, so a small
+ * message arrives in one read of one buffer instead of two reads (head,
+ * then body). The head is copied out of it (16 bytes); the bytes past it
+ * are the carry: a small message wholly inside it becomes slices of it (no
  * copy); anything else, a misprediction, is copied out of it into its
  * usual place, and counted in payload_bytes_copied (at most gulp_max
  * bytes per message). Off unless gulp_max is set. */
@@ -77,7 +78,8 @@ void tw__rx_set_place(struct tw__rx *rx, tw__place_fn fn, void *arg);
  * number of iovecs (>= 1), or the sticky error. While a small message's
  * body is read, a second iovec takes the next message's 16-byte head too:
  * then a read that comes back short tells the socket is drained, and a
- * second read that would only say EAGAIN is saved. */
+ * second read that would only say EAGAIN is saved. With max 1 there is
+ * no read-ahead. */
 int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max);
 /* tw__rx_advance: n bytes landed in the iovecs of the last want. Returns 1
  * when a message is complete (take it), 0 when more is needed, or a

@@ -19,10 +19,12 @@
 
 #include "transport/transport.h"
 
+/* One buffer goes through recv/send: the kernel skips copying in and
+ * checking an iovec array, which small RPCs measurably pay for. */
 static ssize_t tcp_readv(void *io, int fd, const struct iovec *iov, int n)
 {
 	(void)io;
-	return readv(fd, iov, n);
+	return n == 1 ? recv(fd, iov->iov_base, iov->iov_len, 0) : readv(fd, iov, n);
 }
 
 /* sendmsg, not writev: MSG_NOSIGNAL turns a dead peer into EPIPE instead
@@ -31,6 +33,8 @@ static ssize_t tcp_writev(void *io, int fd, const struct iovec *iov, int n)
 {
 	struct msghdr mh;
 	(void)io;
+	if (n == 1)
+		return send(fd, iov->iov_base, iov->iov_len, MSG_NOSIGNAL);
 	memset(&mh, 0, sizeof(mh));
 	mh.msg_iov = (struct iovec *)iov;
 	mh.msg_iovlen = (size_t)n;

@@ -114,8 +114,9 @@ static void take_any(struct tw__rx *rx, struct outcome *o, int expect_idle)
 				      f->len == tw_block_size(f->block);
 			fnv(&o->place, &own, 1);
 			/* a frame never pins a block much larger than its
-			 * message: at most the read-ahead block, or a slab */
-			if (f->block != NULL && tw_block_size(f->block) > GULP_MAX)
+			 * message: at most the read-ahead block (head and
+			 * GULP_MAX), or a slab */
+			if (f->block != NULL && tw_block_size(f->block) > 16 + GULP_MAX)
 				check(tw_block_size(f->block) <= tw_msg_bytes(m) + 8 * (n + 1));
 		}
 	}
@@ -308,10 +309,12 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 				check(iov[i].iov_base != NULL && iov[i].iov_len > 0);
 				room += iov[i].iov_len;
 			}
+			/* read-ahead: one block, the 16-byte head then the rest */
 			if (rx.gulping)
-				check(k == 2 && rx.gulp != NULL && iov[1].iov_len <= GULP_MAX &&
-				      iov[1].iov_base == tw_block_data(rx.gulp));
-			head_room = iov[0].iov_len;
+				check(k == 1 && rx.gulp != NULL && iov[0].iov_len > 16 &&
+				      iov[0].iov_len <= 16 + GULP_MAX &&
+				      iov[0].iov_base == tw_block_data(rx.gulp));
+			head_room = rx.gulping ? 16 : iov[0].iov_len;
 			peer_writes(r, data, size, off);
 			n = read_cap(r, room < r->written - off ? room : r->written - off);
 			check(n >= 1);
