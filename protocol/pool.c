@@ -12,6 +12,7 @@
 #include <taskwire/rpc.h>
 
 #include "core/zalloc.h"
+#include "protocol/pool.h"
 #include "transport/transport.h"
 
 struct dest;
@@ -26,8 +27,10 @@ struct pcomm {
 	struct timeval idle_since;
 };
 
+/* An address's comms and calls. Freed by on_kick or on_sweep once it has
+ * neither (gone()), so a pool whose workers come and go stays small. */
 struct dest {
-	struct dest *next;
+	struct dest *next, **pprev; /* the pool's list, most recently called first */
 	tw_pool *pool;
 	char uri[256];
 	struct pcomm *comms;
@@ -82,6 +85,48 @@ static tw_call *call_new(tw_pool *p)
 
 static void dispatch(struct dest *d);
 
+/* Nothing left: no comm (idle, carrying a call, or connecting) and no
+ * waiting call (every call is one or the other). */
+static int gone(const struct dest *d)
+{
+	return d->comms == NULL && d->wait_head == NULL;
+}
+
+static void unlink_dest(struct dest *d)
+{
+	if ((*d->pprev = d->next) != NULL)
+		d->next->pprev = d->pprev;
+}
+
+static void link_dest(tw_pool *p, struct dest *d)
+{
+	if ((d->next = p->dests) != NULL)
+		d->next->pprev = &d->next;
+	d->pprev = &p->dests;
+	p->dests = d;
+}
+
+/* Dispatch d from the loop (on_kick). */
+static void kick(struct dest *d)
+{
+	tw_pool *p = d->pool;
+	if (!d->kicked) {
+		d->kicked = 1;
+		d->kick_next = p->kick_head;
+		p->kick_head = d;
+	}
+	event_active(p->kick, EV_TIMEOUT, 0);
+}
+
+/* d may have nothing left: on_kick frees it from the loop, not here,
+ * where the callers' frames still use it (a callback may even have
+ * called its address again). */
+static void maybe_gone(struct dest *d)
+{
+	if (gone(d) && !d->pool->closing)
+		kick(d);
+}
+
 static void finish(tw_call *c, int err, tw_decoded *reply)
 {
 	event_del(c->timer);
@@ -125,6 +170,7 @@ static void fail(tw_call *c, int err)
 	}
 	finish(c, err, NULL);
 	dispatch(d);
+	maybe_gone(d);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -156,6 +202,7 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 		tw_decoded_free(reply);
 		drop_comm(pc);
 		dispatch(d);
+		maybe_gone(d);
 		return;
 	}
 	pc->busy = NULL;
@@ -166,6 +213,7 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 		drop_comm(pc);
 	finish(c, err != 0 ? err : is_error_reply(reply) ? TW_EREMOTE : 0, reply);
 	dispatch(d);
+	maybe_gone(d);
 }
 
 static void on_close(tw_comm *comm, int err, void *arg)
@@ -181,6 +229,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 		finish(c, err != 0 ? err : TW_ECLOSED, NULL);
 	}
 	dispatch(d);
+	maybe_gone(d);
 }
 
 /* The connect (or its handshake) failed: the waiting calls fail too when
@@ -214,7 +263,7 @@ static void pc_forget(struct pcomm *pc, int err)
 	if (err != 0) {
 		drop_comm(pc);
 		connect_failed(d, err);
-		return;
+		maybe_gone(d);
 	}
 }
 
@@ -318,12 +367,11 @@ static void dispatch(struct dest *d)
 
 static struct dest *find_dest(tw_pool *p, const char *uri)
 {
-	struct dest *d, **pp;
-	for (pp = &p->dests; (d = *pp) != NULL; pp = &d->next)
+	struct dest *d;
+	for (d = p->dests; d != NULL; d = d->next)
 		if (strcmp(d->uri, uri) == 0) {
-			*pp = d->next; /* to the front: calls come in runs */
-			d->next = p->dests;
-			p->dests = d;
+			unlink_dest(d); /* to the front: calls come in runs */
+			link_dest(p, d);
 			return d;
 		}
 	if (strlen(uri) >= sizeof(d->uri) || (d = calloc(1, sizeof(*d))) == NULL)
@@ -331,8 +379,7 @@ static struct dest *find_dest(tw_pool *p, const char *uri)
 	snprintf(d->uri, sizeof(d->uri), "%s", uri);
 	d->pool = p;
 	d->wait_tail = &d->wait_head;
-	d->next = p->dests;
-	p->dests = d;
+	link_dest(p, d);
 	return d;
 }
 
@@ -345,8 +392,12 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
 	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri))
 		return TW_EINVAL;
-	if ((d = find_dest(p, uri)) == NULL || (c = call_new(p)) == NULL)
+	if ((c = call_new(p)) == NULL)
 		return TW_ENOMEM;
+	if ((d = find_dest(p, uri)) == NULL) { /* never an empty dest left behind */
+		free(c);
+		return TW_ENOMEM;
+	}
 	c->dest = d;
 	c->req = request;
 	c->cb = cb;
@@ -362,12 +413,7 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 		*out = c;
 	/* Dispatch from the loop, so no callback runs inside this call; only
 	 * the addresses that got calls (a scheduler calls many workers). */
-	if (!d->kicked) {
-		d->kicked = 1;
-		d->kick_next = p->kick_head;
-		p->kick_head = d;
-	}
-	event_active(p->kick, EV_TIMEOUT, 0);
+	kick(d);
 	return 0;
 }
 
@@ -381,6 +427,12 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 		p->kick_head = d->kick_next;
 		d->kicked = 0;
 		dispatch(d);
+		/* Kicked again (a callback called the address, or a call of it
+		 * failed): the next pass decides. */
+		if (!d->kicked && gone(d)) {
+			unlink_dest(d);
+			free(d);
+		}
 	}
 }
 
@@ -391,9 +443,10 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	evutil_gettimeofday(&now, NULL);
-	for (struct dest *d = p->dests; d != NULL; d = d->next) {
-		size_t idle = 0;
+	for (struct dest *d = p->dests, *dnext; d != NULL; d = dnext) {
 		struct pcomm *pc = d->comms, *next;
+		size_t idle = 0;
+		dnext = d->next;
 		for (; pc != NULL; pc = next) {
 			next = pc->next;
 			if (pc->node.next != NULL || pc->comm == NULL || pc->busy != NULL)
@@ -403,6 +456,10 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 			    (uint64_t)age.tv_sec * 1000 + (uint64_t)age.tv_usec / 1000 >=
 				    p->idle_timeout_ms)
 				drop_comm(pc);
+		}
+		if (gone(d) && !d->kicked) { /* a kicked one is on_kick's */
+			unlink_dest(d);
+			free(d);
 		}
 	}
 }
@@ -459,6 +516,14 @@ size_t tw_pool_open_comms(const tw_pool *p, const char *uri)
 	return 0;
 }
 
+size_t tw__pool_ndests(const tw_pool *p)
+{
+	size_t n = 0;
+	for (const struct dest *d = p->dests; d != NULL; d = d->next)
+		n++;
+	return n;
+}
+
 void tw_pool_free(tw_pool *p)
 {
 	if (p == NULL)
@@ -483,7 +548,7 @@ void tw_pool_free(tw_pool *p)
 			}
 			drop_comm(pc);
 		}
-		p->dests = d->next;
+		unlink_dest(d);
 		free(d);
 	}
 	free(p);

@@ -2,12 +2,15 @@
  * call timeouts, connect and handshake failures and their codes, a late
  * reply never taken for the next call, the per-address limit (counted by a
  * relay in front of the server), idle reuse and the idle sweep, cancel,
- * and pools freed with calls waiting, connecting or in flight. */
+ * addresses forgotten once they have no comms and no calls (also when a
+ * callback calls the address again), and pools freed with calls waiting,
+ * connecting or in flight. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <check.h>
 
+#include "protocol/pool.h"
 #include "tests/check_rpc.h"
 #include "tests/dask_util.h"
 #include "tests/rpc_util.h"
@@ -20,6 +23,26 @@ static tw_pool *gone_pool;
 static int no_comms_at(void *arg)
 {
 	return tw_pool_open_comms(gone_pool, arg) == 0;
+}
+
+struct ndests {
+	tw_pool *pool;
+	size_t n;
+};
+
+static int ndests_is(void *arg)
+{
+	struct ndests *w = arg;
+	return tw__pool_ndests(w->pool) == w->n;
+}
+
+/* The pool holds entries for exactly n addresses once the loop has run
+ * (an address left with nothing is freed from the loop). */
+static void assert_ndests(struct tu *h, tw_pool *p, size_t n)
+{
+	struct ndests w = {p, n};
+	tu_run_until(h, ndests_is, &w, TU_WAIT_MS);
+	ck_assert_uint_eq(tw__pool_ndests(p), n);
 }
 
 static void invalid_cb(tw_call *call, int err, tw_decoded *reply, void *arg)
@@ -77,9 +100,11 @@ START_TEST(timeout_slow_handler)
 	ck_assert_ptr_null(rc.reply);
 	/* the comm that carried it is aborted, never reused */
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
+	assert_ndests(&f.h, f.pool, 0);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_slow(0.01), 10000, &rc), 0);
 	rc_assert_str(&rc, "done");
 	rc_clear(&rc);
+	assert_ndests(&f.h, f.pool, 1); /* its idle comm */
 	rf_fini(&f);
 }
 END_TEST
@@ -142,6 +167,7 @@ START_TEST(timeout_refused_and_bad_uri)
 	ck_assert_int_eq(rc_call(&h, p, "nope://127.0.0.1:1", rq_op("identity"), 0, &rc),
 			 TW_ESCHEME);
 	ck_assert_int_eq(rc_call(&h, p, "tcp://127.0.0.1", rq_op("identity"), 0, &rc), TW_EADDR);
+	assert_ndests(&h, p, 0);
 	tw_pool_free(p);
 	tu_fini(&h);
 }
@@ -182,6 +208,7 @@ START_TEST(connect_failure_fails_waiting)
 	ck_assert_uint_eq(b.n, 14);
 	ru_refused_uri(refused, sizeof(refused));
 	all_fail(&h, p, refused, 20, TW_ECONNREFUSED);
+	assert_ndests(&h, p, 0);
 	tw_pool_free(p);
 	bh_stop(&b);
 	tu_fini(&h);
@@ -286,7 +313,9 @@ START_TEST(server_gone)
 	gone_pool = f.pool;
 	rs_stop(&f.s);
 	ck_assert(tu_run_until(&f.h, no_comms_at, addr, TU_WAIT_MS));
+	assert_ndests(&f.h, f.pool, 0);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, addr, rq_echo_str("y"), 0, &rc), TW_ECONNREFUSED);
+	assert_ndests(&f.h, f.pool, 0);
 	tw_pool_free(f.pool);
 	tu_fini(&f.h);
 }
@@ -421,8 +450,10 @@ START_TEST(pool_limit_and_idle)
 	ck_assert_int_eq(tw_pool_set_idle(f.pool, 1, 60000), 0);
 	ck_assert(tu_run_until(&f.h, open_is, &w, 2500));
 	ck_assert_int_eq(tw_pool_set_idle(f.pool, 1, 200), 0);
+	ck_assert_uint_eq(tw__pool_ndests(f.pool), 1);
 	w.n = 0;
 	ck_assert(tu_run_until(&f.h, open_is, &w, 2500));
+	ck_assert_uint_eq(tw__pool_ndests(f.pool), 0); /* the sweep freed it */
 	ck_assert_uint_eq(relay.accepts, accepts);
 	tw_pool_free(f.pool);
 	f.pool = NULL;
@@ -450,9 +481,11 @@ START_TEST(pool_cancel)
 	ck_assert_int_eq(a.done, 1);
 	ck_assert_int_eq(a.err, TW_ECANCELED);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
+	assert_ndests(&f.h, f.pool, 0);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("c"), 0, &c), 0);
 	rc_assert_str(&c, "c");
 	rc_clear(&c);
+	assert_ndests(&f.h, f.pool, 1);
 	rf_fini(&f);
 }
 END_TEST
@@ -471,10 +504,10 @@ START_TEST(pool_cancel_waiting_order)
 	for (int i = 0; i < 5; i++)
 		rc_start(f.pool, f.s.addr, rq_echo_str(names[i]), 0, &w[i]);
 	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
-	tw_call_cancel(w[2].call); /* middle */
-	tw_call_cancel(w[4].call); /* tail */
+	tw_call_cancel(w[2].call);                                   /* middle */
+	tw_call_cancel(w[4].call);                                   /* tail */
 	rc_start(f.pool, f.s.addr, rq_echo_str(names[5]), 0, &w[5]); /* after the new tail */
-	tw_call_cancel(w[0].call); /* head */
+	tw_call_cancel(w[0].call);                                   /* head */
 	for (int i = 0; i < 6; i++) {
 		int gone = i == 0 || i == 2 || i == 4;
 		ck_assert_int_eq(w[i].done, gone);
@@ -536,6 +569,134 @@ START_TEST(pool_chain_from_callback)
 	ck_assert(tu_wait_flag(&f.h, &c.done, TU_WAIT_MS));
 	ck_assert_int_eq(c.err, 0);
 	ck_assert_int_eq(c.n, 5);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	assert_ndests(&f.h, f.pool, 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Addresses that come and go: the pool keeps nothing for one with no
+ * comms and no calls. NADDR refused addresses (127.0.0.i, one free port),
+ * then NLISTEN addresses of one server (127.0.0.i) whose idle comms the
+ * sweep closes. */
+#define NADDR   200
+#define NLISTEN 16
+
+static int all_done(void *arg)
+{
+	struct rc *rc = arg;
+	for (size_t i = 0; i < NADDR; i++)
+		if (!rc[i].done)
+			return 0;
+	return 1;
+}
+
+START_TEST(pool_forgets_addresses)
+{
+	static struct rc rc[NADDR];
+	static char uri[NADDR][64];
+	char addr[128];
+	unsigned port = ru_free_port();
+	struct rf f;
+	rf_init(&f);
+	memset(rc, 0, sizeof(rc));
+	for (size_t i = 0; i < NADDR; i++) {
+		snprintf(uri[i], sizeof(uri[i]), "tcp://127.0.0.%zu:%u", i + 1, port);
+		rc_start(f.pool, uri[i], rq_op("identity"), 0, &rc[i]);
+	}
+	ck_assert_uint_eq(tw__pool_ndests(f.pool), NADDR);
+	ck_assert(tu_run_until(&f.h, all_done, rc, TU_WAIT_MS));
+	for (size_t i = 0; i < NADDR; i++)
+		ck_assert_msg(rc[i].err == TW_ECONNREFUSED, "%s: %s", uri[i],
+			      tw_strerror(rc[i].err));
+	assert_ndests(&f.h, f.pool, 0);
+
+	/* One server on NLISTEN addresses: one idle comm each, then none. */
+	for (size_t i = 1; i < NLISTEN; i++) {
+		snprintf(addr, sizeof(addr), "tcp://127.0.0.%zu:0", i + 1);
+		ck_assert_int_eq(tw_server_listen(f.s.srv, addr), 0);
+	}
+	for (size_t i = 0; i < NLISTEN; i++) {
+		ck_assert_int_eq(tw_server_address(f.s.srv, i, addr, sizeof(addr)), 0);
+		ck_assert_int_eq(rc_call(&f.h, f.pool, addr, rq_echo_str("x"), 0, &rc[0]), 0);
+		rc_assert_str(&rc[0], "x");
+		rc_clear(&rc[0]);
+		ck_assert_uint_eq(tw_pool_open_comms(f.pool, addr), 1);
+	}
+	assert_ndests(&f.h, f.pool, NLISTEN);
+	ck_assert_int_eq(tw_pool_set_idle(f.pool, 0, 60000), 0); /* the sweep, every second */
+	assert_ndests(&f.h, f.pool, 0);
+	for (size_t i = 0; i < NLISTEN; i++) {
+		ck_assert_int_eq(tw_server_address(f.s.srv, i, addr, sizeof(addr)), 0);
+		ck_assert_uint_eq(tw_pool_open_comms(f.pool, addr), 0);
+	}
+	/* and an address called again after that gets a new entry */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("y"), 0, &rc[0]), 0);
+	rc_assert_str(&rc[0], "y");
+	rc_clear(&rc[0]);
+	ck_assert_uint_eq(tw__pool_ndests(f.pool), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* A callback that calls its address again when the call left the address
+ * with nothing (its entry would be freed): the new call reuses the entry.
+ * First result `first`, then `rest` for the calls made from callbacks. */
+#define NAGAIN 4
+
+struct again {
+	tw_pool *pool;
+	const char *uri;
+	int errs[NAGAIN + 1];
+	size_t ndests[NAGAIN + 1]; /* tw__pool_ndests inside each callback */
+	int n, done;
+};
+
+static void again_cb(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct again *a = arg;
+	(void)call;
+	tw_decoded_free(reply);
+	a->ndests[a->n] = tw__pool_ndests(a->pool);
+	a->errs[a->n++] = err;
+	if (a->n == NAGAIN + 1) {
+		a->done = 1;
+		return;
+	}
+	ck_assert_int_eq(tw_pool_call(a->pool, a->uri, rq_echo_str("again"), 0, again_cb, a, NULL),
+			 0);
+}
+
+static void call_again(struct tu *h, tw_pool *p, const char *uri, tw_msg *first_req,
+		       uint32_t first_ms, int first, int rest, size_t ndests_after)
+{
+	struct again a;
+	memset(&a, 0, sizeof(a));
+	a.pool = p;
+	a.uri = uri;
+	ck_assert_int_eq(tw_pool_call(p, uri, first_req, first_ms, again_cb, &a, NULL), 0);
+	ck_assert(tu_wait_flag(h, &a.done, TU_WAIT_MS));
+	for (int i = 0; i <= NAGAIN; i++) {
+		ck_assert_msg(a.errs[i] == (i == 0 ? first : rest), "%s, call %d: %s", uri, i,
+			      tw_strerror(a.errs[i]));
+		ck_assert_uint_eq(a.ndests[i], 1);
+	}
+	assert_ndests(h, p, ndests_after);
+}
+
+START_TEST(pool_call_again_from_callback)
+{
+	struct rf f;
+	char refused[64];
+	rf_init(&f);
+	/* the connect fails on the loop (refused) or at once (no transport) */
+	ru_refused_uri(refused, sizeof(refused));
+	call_again(&f.h, f.pool, refused, rq_op("identity"), 0, TW_ECONNREFUSED, TW_ECONNREFUSED,
+		   0);
+	call_again(&f.h, f.pool, "nope://127.0.0.1:1", rq_op("identity"), 0, TW_ESCHEME, TW_ESCHEME,
+		   0);
+	/* a timeout aborts the only comm; the calls again get a new one */
+	call_again(&f.h, f.pool, f.s.addr, rq_slow(1.0), 100, TW_ETIMEDOUT, 0, 1);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
 	rf_fini(&f);
 }
@@ -645,6 +806,8 @@ TCase *rpc_pool_tcase(void)
 	tcase_add_test(tc, pool_cancel);
 	tcase_add_test(tc, pool_cancel_waiting_order);
 	tcase_add_test(tc, pool_chain_from_callback);
+	tcase_add_test(tc, pool_forgets_addresses);
+	tcase_add_test(tc, pool_call_again_from_callback);
 	tcase_add_test(tc, pool_free_connecting);
 	tcase_add_test(tc, pool_free_at_once);
 	tcase_add_test(tc, pool_free_in_flight);

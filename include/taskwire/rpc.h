@@ -6,8 +6,11 @@
  * address has fewer than the limit open, or waits for one. One request at
  * a time per comm; replies come back decoded (large ones decoded on the
  * offload pool). A comm whose call timed out or was canceled is aborted,
- * never reused, so a late reply is never taken for another call's. All
- * functions run on the context's loop thread, except tw_rpc_call_sync. */
+ * never reused, so a late reply is never taken for another call's. An
+ * address with no comms left (idle ones close after the idle age) and no
+ * calls is forgotten, so a pool whose workers come and go stays small.
+ * All functions run on the context's loop thread, except
+ * tw_rpc_call_sync. */
 #ifndef TASKWIRE_RPC_H
 #define TASKWIRE_RPC_H
 

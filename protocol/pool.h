@@ -1,0 +1,13 @@
+/* tw_pool internals that tests read (protocol/pool.c). */
+#ifndef TW_PROTOCOL_POOL_H
+#define TW_PROTOCOL_POOL_H
+
+#include <stddef.h>
+
+#include <taskwire/rpc.h>
+
+/* tw__pool_ndests: the addresses p keeps an entry for (one with comms or
+ * calls, or one freed on the loop's next pass). */
+size_t tw__pool_ndests(const tw_pool *p);
+
+#endif
