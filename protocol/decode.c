@@ -100,8 +100,13 @@ const msgpack_object *tw_map_get(const msgpack_object *m, const char *key)
 
 int tw_obj_str_eq(const msgpack_object *o, const char *s)
 {
-	return o != NULL && o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
-	       memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
+	/* no strlen: most comparisons (keys, op names) fail at once */
+	if (o == NULL || o->type != MSGPACK_OBJECT_STR)
+		return 0;
+	for (uint32_t i = 0; i < o->via.str.size; i++)
+		if (s[i] == '\0' || s[i] != o->via.str.ptr[i])
+			return 0;
+	return s[o->via.str.size] == '\0';
 }
 
 /* Check, then unpack frame i into the zone. Its objects are charged to

@@ -99,6 +99,8 @@ void tw_comm_pause(tw_comm *c)
 
 void tw_comm_resume(tw_comm *c)
 {
+	if (!c->app_paused)
+		return; /* not paused: reading is the delivery queue's business */
 	c->app_paused = 0;
 	if (c->ended || c->recv_cb == NULL)
 		return;
