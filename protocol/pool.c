@@ -43,13 +43,14 @@ struct dest {
 };
 
 struct tw_call {
-	tw_call *next, **pprev; /* waiting list */
+	tw_call *next, **pprev;     /* waiting list */
+	tw_call *dl_prev, *dl_next; /* the pool's deadlines, soonest first */
+	uint64_t deadline_ms;       /* tw__mono_ms; 0: no timeout */
 	struct dest *dest;
 	struct pcomm *pc; /* the comm carrying it, once sent */
 	tw_msg *req;      /* until written */
 	tw_reply_cb cb;
 	void *arg;
-	struct event *timer; /* lives right after the call, in its allocation */
 	int waiting;
 	int doomed; /* failing with its address (connect_failed) */
 };
@@ -62,25 +63,77 @@ struct tw_pool {
 	struct event *sweep;
 	struct event *kick;     /* dispatch from the loop */
 	struct dest *kick_head; /* the addresses it dispatches */
+	struct event *deadline; /* the soonest call deadline */
+	uint64_t armed_ms;      /* when it fires; 0: not armed */
+	tw_call *dl_head, *dl_tail;
 	int closing;
 };
 
-static void on_timer(evutil_socket_t fd, short what, void *arg);
+static void fail(tw_call *c, int err);
 
-/* The call and its timer in one allocation (libevent sizes struct event
- * at run time): one malloc per call. */
-static tw_call *call_new(tw_pool *p)
+/* Call timeouts: one timer per pool, armed for the soonest deadline, and
+ * the calls' deadlines in a list, soonest first. Calls with one timeout
+ * (the usual case) append in O(1) and a reply only unlinks: no timer is
+ * touched per call (a libevent timer per call cost each small RPC an add
+ * and a delete). A timer that fires for a call already answered re-arms
+ * for the next deadline. */
+static void dl_arm(tw_pool *p)
 {
-	size_t head = (sizeof(tw_call) + 15) & ~(size_t)15;
-	tw_call *c = tw__zalloc(head + event_get_struct_event_size());
-	if (c == NULL)
-		return NULL;
-	c->timer = (struct event *)((char *)c + head);
-	if (event_assign(c->timer, p->ctx->base, -1, 0, on_timer, c) != 0) {
-		free(c);
-		return NULL;
-	}
-	return c;
+	uint64_t now, ms;
+	struct timeval tv;
+	if (p->dl_head == NULL || (p->armed_ms != 0 && p->armed_ms <= p->dl_head->deadline_ms))
+		return;
+	now = tw__mono_ms();
+	ms = p->dl_head->deadline_ms > now ? p->dl_head->deadline_ms - now : 0;
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+	if (event_add(p->deadline, &tv) == 0)
+		p->armed_ms = p->dl_head->deadline_ms;
+}
+
+static void dl_insert(tw_pool *p, tw_call *c)
+{
+	tw_call *at = p->dl_tail;
+	while (at != NULL && at->deadline_ms > c->deadline_ms)
+		at = at->dl_prev;
+	c->dl_prev = at;
+	c->dl_next = at != NULL ? at->dl_next : p->dl_head;
+	if (c->dl_next != NULL)
+		c->dl_next->dl_prev = c;
+	else
+		p->dl_tail = c;
+	if (at != NULL)
+		at->dl_next = c;
+	else
+		p->dl_head = c;
+	dl_arm(p);
+}
+
+static void dl_remove(tw_pool *p, tw_call *c)
+{
+	if (c->deadline_ms == 0)
+		return;
+	if (c->dl_prev != NULL)
+		c->dl_prev->dl_next = c->dl_next;
+	else
+		p->dl_head = c->dl_next;
+	if (c->dl_next != NULL)
+		c->dl_next->dl_prev = c->dl_prev;
+	else
+		p->dl_tail = c->dl_prev;
+	c->deadline_ms = 0;
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	tw_pool *p = arg;
+	uint64_t now = tw__mono_ms();
+	(void)fd;
+	(void)what;
+	p->armed_ms = 0;
+	while (p->dl_head != NULL && p->dl_head->deadline_ms <= now)
+		fail(p->dl_head, TW_ETIMEDOUT);
+	dl_arm(p);
 }
 
 static void dispatch(struct dest *d);
@@ -129,7 +182,7 @@ static void maybe_gone(struct dest *d)
 
 static void finish(tw_call *c, int err, tw_decoded *reply)
 {
-	event_del(c->timer);
+	dl_remove(c->dest->pool, c);
 	tw_msg_free(c->req);
 	c->cb(c, err, reply, c->arg);
 	free(c);
@@ -171,14 +224,6 @@ static void fail(tw_call *c, int err)
 	finish(c, err, NULL);
 	dispatch(d);
 	maybe_gone(d);
-}
-
-static void on_timer(evutil_socket_t fd, short what, void *arg)
-{
-	tw_call *c = arg;
-	(void)fd;
-	(void)what;
-	fail(c, TW_ETIMEDOUT);
 }
 
 void tw_call_cancel(tw_call *c)
@@ -386,13 +431,13 @@ static struct dest *find_dest(tw_pool *p, const char *uri)
 int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
 		 void *arg, tw_call **out)
 {
-	struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+	struct pcomm *pc;
 	struct dest *d;
 	tw_call *c;
 	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
 	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri))
 		return TW_EINVAL;
-	if ((c = call_new(p)) == NULL)
+	if ((c = tw__zalloc(sizeof(*c))) == NULL)
 		return TW_ENOMEM;
 	if ((d = find_dest(p, uri)) == NULL) { /* never an empty dest left behind */
 		free(c);
@@ -407,12 +452,24 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	*d->wait_tail = c;
 	d->wait_tail = &c->next;
 	d->nwaiting++;
-	if (timeout_ms > 0)
-		evtimer_add(c->timer, &tv);
+	if (timeout_ms > 0) {
+		c->deadline_ms = tw__mono_ms() + timeout_ms;
+		dl_insert(p, c);
+	}
 	if (out != NULL)
 		*out = c;
-	/* Dispatch from the loop, so no callback runs inside this call; only
-	 * the addresses that got calls (a scheduler calls many workers). */
+	/* Nobody ahead and an idle comm: send now (tw_comm_write runs no
+	 * callback). Otherwise dispatch from the loop, so no callback runs
+	 * inside this call; only the addresses that got calls (a scheduler
+	 * calls many workers). */
+	if (d->wait_head == c && (pc = idle_comm(d)) != NULL &&
+	    tw_comm_write(pc->comm, request) == 0) {
+		unwait(c);
+		c->req = NULL;
+		c->pc = pc;
+		pc->busy = c;
+		return 0;
+	}
 	kick(d);
 	return 0;
 }
@@ -478,11 +535,14 @@ int tw_pool_new(tw_context *ctx, tw_pool **out)
 	p->idle_timeout_ms = TW_DEFAULT_POOL_IDLE_TIMEOUT_MS;
 	p->sweep = event_new(ctx->base, -1, EV_PERSIST, on_sweep, p);
 	p->kick = event_new(ctx->base, -1, 0, on_kick, p);
-	if (p->sweep == NULL || p->kick == NULL) {
+	p->deadline = evtimer_new(ctx->base, on_deadline, p);
+	if (p->sweep == NULL || p->kick == NULL || p->deadline == NULL) {
 		if (p->sweep != NULL)
 			event_free(p->sweep);
 		if (p->kick != NULL)
 			event_free(p->kick);
+		if (p->deadline != NULL)
+			event_free(p->deadline);
 		free(p);
 		return TW_ENOMEM;
 	}
@@ -531,6 +591,7 @@ void tw_pool_free(tw_pool *p)
 	p->closing = 1;
 	event_free(p->sweep);
 	event_free(p->kick);
+	event_free(p->deadline);
 	while (p->dests != NULL) {
 		struct dest *d = p->dests;
 		while (d->wait_head != NULL)

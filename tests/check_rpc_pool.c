@@ -299,6 +299,39 @@ START_TEST(timeout_while_waiting)
 }
 END_TEST
 
+/* Calls with different timeouts time out soonest first, whatever order
+ * they were made in (a later call with a shorter timeout re-arms the
+ * pool's timer), and a call without a timeout outlives them all. */
+START_TEST(timeouts_soonest_first)
+{
+	static const uint32_t ms[] = {0, 2000, 200, 1000};
+	struct rf f;
+	struct rc rc[4];
+	rf_init(&f);
+	rc_start(f.pool, f.s.addr, rq_op("later"), ms[0], &rc[0]);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	for (int i = 1; i < 4; i++)
+		rc_start(f.pool, f.s.addr, rq_op("later"), ms[i], &rc[i]);
+	/* each fires at its own time, not with the first-armed one */
+	ck_assert(rc_wait(&f.h, &rc[2], TU_WAIT_MS));
+	ck_assert_int_eq(rc[1].done + rc[3].done, 0);
+	ck_assert(rc_wait(&f.h, &rc[3], TU_WAIT_MS));
+	ck_assert_int_eq(rc[1].done, 0);
+	ck_assert(rc_wait(&f.h, &rc[1], TU_WAIT_MS));
+	for (int i = 1; i < 4; i++)
+		ck_assert_int_eq(rc[i].err, TW_ETIMEDOUT);
+	ck_assert_int_eq(rc[0].done, 0);
+	/* the timed-out calls' comms are aborted; the first call's waits */
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rs_release(&f.s, 0);
+	ck_assert(rc_wait(&f.h, &rc[0], TU_WAIT_MS));
+	rc_assert_str(&rc[0], "later");
+	for (int i = 0; i < 4; i++)
+		rc_clear(&rc[i]);
+	rf_fini(&f);
+}
+END_TEST
+
 /* The server goes away while the pool holds an idle comm to it: the comm
  * leaves the pool, and the next call is refused. */
 START_TEST(server_gone)
@@ -366,6 +399,7 @@ TCase *rpc_timeout_tcase(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, timeout_slow_handler);
 	tcase_add_test(tc, timeout_black_hole);
+	tcase_add_test(tc, timeouts_soonest_first);
 	tcase_add_test(tc, timeout_half_handshake);
 	tcase_add_test(tc, timeout_refused_and_bad_uri);
 	tcase_add_test(tc, connect_failure_fails_waiting);
