@@ -76,6 +76,16 @@ static int after_callback(tw_comm *c)
 	return !c->ended;
 }
 
+void tw__comm_hold(tw_comm *c)
+{
+	c->depth++;
+}
+
+int tw__comm_release(tw_comm *c)
+{
+	return after_callback(c);
+}
+
 int tw__comm_deliver(tw_comm *c, tw_msg *m)
 {
 	c->depth++;

@@ -65,9 +65,11 @@ struct stream {
 	struct wq_entry *q; /* ring of qcap entries */
 	size_t qhead, qn, qcap;
 	uint64_t queued_bytes, head_sent;
-	int closing;  /* 1: flushing, 2: FIN sent, waiting for the peer's */
-	int peer_eof; /* the peer's FIN came while we were flushing */
-	int reading;  /* deliver messages (paused while no one takes them) */
+	int closing;    /* 1: flushing, 2: FIN sent, waiting for the peer's */
+	int peer_eof;   /* the peer's FIN came while we were flushing */
+	int reading;    /* deliver messages (paused while no one takes them) */
+	int in_read;    /* inside on_readable: writes wait for its end */
+	int write_held; /* a write came meanwhile: on_readable flushes */
 };
 
 static int grow_queue(struct stream *s)
@@ -234,8 +236,12 @@ static int s_write(tw_comm *c, tw_msg *m)
 	s->queued_bytes += e->wire_len;
 	/* Write from the loop, not from inside this call: the caller never
 	 * sees a callback (drain, close) run within tw_comm_write, and the
-	 * writes of one loop turn go out in one writev. */
-	if (!event_pending(s->wev, EV_WRITE, NULL))
+	 * writes of one loop turn go out in one writev. A reply written by a
+	 * callback of our own read goes out when that read ends, with no trip
+	 * through the loop. */
+	if (s->in_read)
+		s->write_held = 1;
+	else if (!event_pending(s->wev, EV_WRITE, NULL))
 		event_active(s->wev, EV_WRITE, 0);
 	return 0;
 }
@@ -330,13 +336,10 @@ static void read_again(struct stream *s)
 	event_active(s->rev, EV_READ, 0);
 }
 
-static void on_readable(evutil_socket_t fd, short what, void *arg)
+static void read_input(struct stream *s)
 {
-	struct stream *s = arg;
 	struct iovec iov[IOV_BATCH];
 	size_t budget = READ_BUDGET;
-	(void)fd;
-	(void)what;
 	if (s->closing) {
 		drain_input(s);
 		return;
@@ -393,6 +396,26 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 			return ran_dry(s);
 	}
 	read_again(s);
+}
+
+/* The comm is held while its input is read, so a callback that frees it
+ * cannot pull it from under us; what the callbacks wrote is flushed
+ * before the hold ends. */
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct stream *s = arg;
+	(void)fd;
+	(void)what;
+	tw__comm_hold(&s->base);
+	s->in_read = 1;
+	read_input(s);
+	s->in_read = 0;
+	if (s->write_held) {
+		s->write_held = 0;
+		if (!s->base.ended && !event_pending(s->wev, EV_WRITE, NULL))
+			flush(s);
+	}
+	tw__comm_release(&s->base);
 }
 
 static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)

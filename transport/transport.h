@@ -106,6 +106,11 @@ void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx);
 int tw__comm_deliver(tw_comm *c, tw_msg *m);
 /* The queue drained: run the drain callback. Same returns. */
 int tw__comm_drained(tw_comm *c);
+/* tw__comm_hold / tw__comm_release: keep c alive across a stretch that
+ * runs callbacks (a tw_comm_free inside waits); release frees it if one
+ * came and returns 0 then, else !c->ended. */
+void tw__comm_hold(tw_comm *c);
+int tw__comm_release(tw_comm *c);
 /* End the comm with err: release I/O, run the close callback once. The
  * caller must not touch c afterwards. */
 void tw__comm_end(tw_comm *c, int err);
