@@ -16,12 +16,15 @@ extern "C" {
 #pragma GCC visibility push(default)
 
 typedef struct tw_stats {
-	uint64_t msgs_sent;            /* messages fully written to the kernel */
-	uint64_t msgs_received;        /* messages fully received */
-	uint64_t bytes_sent;           /* wire bytes written (preludes included) */
-	uint64_t bytes_received;       /* wire bytes read (preludes included) */
-	uint64_t payload_bytes_copied; /* frame bytes memcpy'd in user space */
-	uint64_t blocks_allocated;     /* blocks ever allocated (not wrapped) */
+	uint64_t msgs_sent;      /* messages fully written to the kernel */
+	uint64_t msgs_received;  /* messages fully received */
+	uint64_t bytes_sent;     /* wire bytes written (preludes included) */
+	uint64_t bytes_received; /* wire bytes read (preludes included) */
+	/* frame bytes memcpy'd into another block in user space (merges,
+	 * read-ahead mispredictions, tw_msg_append_copy, ...); not the
+	 * small writes counted in write_bytes_gathered */
+	uint64_t payload_bytes_copied;
+	uint64_t blocks_allocated; /* blocks ever allocated (not wrapped) */
 	uint64_t block_bytes_allocated;
 	uint64_t blocks_live;      /* blocks currently alive */
 	uint64_t block_bytes_live; /* bytes in live blocks */
