@@ -437,6 +437,8 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
 	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri))
 		return TW_EINVAL;
+	if (p->closing) /* from a callback that tw_pool_free runs */
+		return TW_ECLOSED;
 	if ((c = tw__zalloc(sizeof(*c))) == NULL)
 		return TW_ENOMEM;
 	if ((d = find_dest(p, uri)) == NULL) { /* never an empty dest left behind */
@@ -589,9 +591,6 @@ void tw_pool_free(tw_pool *p)
 	if (p == NULL)
 		return;
 	p->closing = 1;
-	event_free(p->sweep);
-	event_free(p->kick);
-	event_free(p->deadline);
 	while (p->dests != NULL) {
 		struct dest *d = p->dests;
 		while (d->wait_head != NULL)
@@ -612,6 +611,11 @@ void tw_pool_free(tw_pool *p)
 		unlink_dest(d);
 		free(d);
 	}
+	/* after the callbacks: one may still touch the pool (tw_pool_call
+	 * refuses while closing) */
+	event_free(p->sweep);
+	event_free(p->kick);
+	event_free(p->deadline);
 	free(p);
 }
 

@@ -5,6 +5,7 @@
  * addresses forgotten once they have no comms and no calls (also when a
  * callback calls the address again), and pools freed with calls waiting,
  * connecting or in flight. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,6 +412,167 @@ TCase *rpc_timeout_tcase(void)
 	return tc;
 }
 
+/* Deadlines (one timer per pool, a list soonest first) while one comm is
+ * held by a call with no timeout, so every other call waits: calls made
+ * in shuffled order with timeouts 100 ms apart time out soonest first;
+ * the first one's callback cancels the next one (the deadline the timer
+ * would be armed for); a call canceled right after it was made (the
+ * soonest, so the armed one) never fires; the third one's callback makes
+ * a new call with a short timeout, which times out too; calls with no
+ * timeout among them stay and get their replies, in order, once the
+ * comm is free. */
+#define DL_N 8
+static const uint32_t dl_ms[DL_N] = {500, 100, 0, 800, 300, 0, 200, 400};
+static struct rc dl_rc[DL_N], dl_nested;
+static tw_pool *dl_pool;
+static unsigned dl_seq;
+static const char *dl_addr;
+
+static void dl_done(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct rc *rc = arg;
+	size_t i = (size_t)(rc - dl_rc);
+	ck_assert_int_eq(rc->done, 0);
+	rc->call = call;
+	rc->done = 1;
+	rc->err = err;
+	rc->reply = reply;
+	rc->seq = ++dl_seq;
+	if (rc == &dl_nested || err != TW_ETIMEDOUT)
+		return;
+	if (dl_ms[i] == 100) /* cancel the 200 ms call */
+		for (size_t k = 0; k < DL_N; k++)
+			if (dl_ms[k] == 200)
+				tw_call_cancel(dl_rc[k].call);
+	if (dl_ms[i] == 300)
+		ck_assert_int_eq(tw_pool_call(dl_pool, dl_addr, rq_op("identity"), 20, dl_done,
+					      &dl_nested, &dl_nested.call),
+				 0);
+}
+
+START_TEST(pool_deadlines)
+{
+	struct rf f;
+	struct rc first, early;
+	unsigned want = 0;
+	rf_init(&f);
+	dl_pool = f.pool;
+	dl_addr = f.s.addr;
+	dl_seq = 0;
+	memset(dl_rc, 0, sizeof(dl_rc));
+	memset(&dl_nested, 0, sizeof(dl_nested));
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
+	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &first);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	for (size_t i = 0; i < DL_N; i++) {
+		char s[8];
+		snprintf(s, sizeof(s), "c%zu", i);
+		ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_echo_str(s), dl_ms[i], dl_done,
+					      &dl_rc[i], &dl_rc[i].call),
+				 0);
+	}
+	rc_start(f.pool, f.s.addr, rq_echo_str("early"), 10, &early);
+	tw_call_cancel(early.call); /* the soonest deadline: the armed one */
+	ck_assert_int_eq(early.done, 1);
+	ck_assert_int_eq(early.err, TW_ECANCELED);
+	/* 100, 200 (canceled by 100's callback), 300, then the nested call
+	 * made by 300's callback, and 400, 500 and 800 in that order */
+	for (size_t k = 0; k < DL_N; k++)
+		if (dl_ms[k] == 800)
+			ck_assert(rc_wait(&f.h, &dl_rc[k], TU_WAIT_MS));
+	ck_assert(rc_wait(&f.h, &dl_nested, TU_WAIT_MS));
+	ck_assert_int_eq(dl_nested.err, TW_ETIMEDOUT);
+	for (uint32_t ms = 100; ms <= 800; ms += 100)
+		for (size_t k = 0; k < DL_N; k++) {
+			if (dl_ms[k] != ms)
+				continue;
+			ck_assert_msg(dl_rc[k].seq == ++want, "%u ms: completed %u-th, not %u-th",
+				      ms, dl_rc[k].seq, want);
+			ck_assert_int_eq(dl_rc[k].err, ms == 200 ? TW_ECANCELED : TW_ETIMEDOUT);
+			if (ms == 300)
+				want++; /* the nested call's place: made after 300 completed */
+		}
+	ck_assert_uint_gt(dl_nested.seq, 3);
+	ck_assert_int_eq(early.late, 0);
+	for (size_t k = 0; k < DL_N; k++)
+		if (dl_ms[k] == 0)
+			ck_assert_int_eq(dl_rc[k].done, 0);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rs_release(&f.s, 0);
+	ck_assert(rc_wait(&f.h, &first, TU_WAIT_MS));
+	rc_assert_str(&first, "later");
+	ck_assert(rc_wait(&f.h, &dl_rc[5], TU_WAIT_MS));
+	rc_assert_str(&dl_rc[2], "c2");
+	rc_assert_str(&dl_rc[5], "c5");
+	ck_assert_uint_lt(dl_rc[2].seq, dl_rc[5].seq);
+	rc_clear(&first);
+	for (size_t k = 0; k < DL_N; k++)
+		tw_decoded_free(dl_rc[k].reply);
+	tw_decoded_free(dl_nested.reply);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	/* timed calls pending when the pool is freed: canceled, nothing after */
+	for (size_t k = 0; k < 3; k++) {
+		memset(&dl_rc[k], 0, sizeof(dl_rc[k]));
+		ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_op("later"),
+					      100 * (uint32_t)(k + 1), dl_done, &dl_rc[k],
+					      &dl_rc[k].call),
+				 0);
+	}
+	tw_pool_free(f.pool);
+	f.pool = NULL;
+	for (size_t k = 0; k < 3; k++) {
+		ck_assert_int_eq(dl_rc[k].done, 1);
+		ck_assert_int_eq(dl_rc[k].err, TW_ECANCELED);
+	}
+	tu_run_for(&f.h, 400); /* past every deadline: dl_done would fail on a second run */
+	rf_fini(&f);
+}
+END_TEST
+
+/* A reply that closes its comm (close: true), and a call made from its
+ * callback: the comm is still idle in the pool, so the call is written
+ * at once (the fast path); it fails with TW_ECLOSED when the server's
+ * end arrives, from the loop, never inside tw_pool_call; the next call
+ * gets a new comm. */
+static struct rc fp_second;
+
+static void fp_first_done(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct rc *rc = arg;
+	(void)call;
+	rc->done = 1;
+	rc->err = err;
+	rc->reply = reply;
+	rc_start(dl_pool, dl_addr, rq_echo_str("second"), 0, &fp_second);
+	ck_assert_uint_eq(tw_pool_open_comms(dl_pool, dl_addr), 1); /* no new connect */
+}
+
+START_TEST(pool_call_after_closing_reply)
+{
+	struct rf f;
+	struct rc first = {0}, third;
+	tw_builder *b;
+	rf_init(&f);
+	dl_pool = f.pool;
+	dl_addr = f.s.addr;
+	b = rq_begin("echo", 2);
+	rq_str(b, "data", "bye");
+	rq_bool(b, "close", 1);
+	ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_end(b), 0, fp_first_done, &first, NULL),
+			 0);
+	ck_assert(rc_wait(&f.h, &fp_second, TU_WAIT_MS));
+	ck_assert_int_eq(first.err, 0);
+	ck_assert(tw_obj_str_eq(tw_decoded_root(first.reply), "bye"));
+	tw_decoded_free(first.reply);
+	ck_assert_int_eq(fp_second.err, TW_ECLOSED);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("third"), 0, &third), 0);
+	rc_assert_str(&third, "third");
+	rc_clear(&third);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
 /* Pool limits and idle comms, through a relay that counts connections. */
 
 #define BATCH 50
@@ -811,6 +973,48 @@ START_TEST(pool_free_in_flight)
 }
 END_TEST
 
+/* Callbacks that tw_pool_free runs call the pool again: refused with
+ * TW_ECLOSED (the caller keeps the request), and the pool's events are
+ * still there while they run. */
+struct recall {
+	tw_pool *pool;
+	const char *addr;
+	int calls, refused;
+};
+
+static void recall_cb(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct recall *r = arg;
+	tw_msg *m = rq_echo_str("again");
+	(void)call;
+	ck_assert_int_eq(err, TW_ECANCELED);
+	ck_assert_ptr_null(reply);
+	r->calls++;
+	r->refused += tw_pool_call(r->pool, r->addr, m, 100, recall_cb, r, NULL) == TW_ECLOSED;
+	tw_msg_free(m);
+}
+
+START_TEST(pool_call_while_freeing)
+{
+	struct rf f;
+	struct recall r;
+	rf_init(&f);
+	r.pool = f.pool;
+	r.addr = f.s.addr;
+	r.calls = r.refused = 0;
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_op("later"), 100 * (i + 1),
+					      recall_cb, &r, NULL),
+				 0);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	tw_pool_free(f.pool);
+	f.pool = NULL;
+	ck_assert_int_eq(r.calls, 3);
+	ck_assert_int_eq(r.refused, 3);
+	rf_fini(&f);
+}
+END_TEST
+
 /* The pool, then the context, freed while handshakes are pending. */
 START_TEST(pool_free_then_context)
 {
@@ -845,6 +1049,9 @@ TCase *rpc_pool_tcase(void)
 	tcase_add_test(tc, pool_free_connecting);
 	tcase_add_test(tc, pool_free_at_once);
 	tcase_add_test(tc, pool_free_in_flight);
+	tcase_add_test(tc, pool_call_while_freeing);
 	tcase_add_test(tc, pool_free_then_context);
+	tcase_add_test(tc, pool_deadlines);
+	tcase_add_test(tc, pool_call_after_closing_reply);
 	return tc;
 }

@@ -55,8 +55,9 @@ int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_time
  * reply within timeout_ms milliseconds (0: no timeout). The pool takes the
  * request on success; on error the caller keeps it. *out (may be NULL) is
  * a handle for tw_call_cancel, valid until cb runs.
- * Returns 0 (cb will run exactly once), TW_ENOMEM, or TW_EINVAL (NULL
- * arguments, a request with no frames, a URI of 256 bytes or more). */
+ * Returns 0 (cb will run exactly once), TW_ENOMEM, TW_EINVAL (NULL
+ * arguments, a request with no frames, a URI of 256 bytes or more), or
+ * TW_ECLOSED (called from a callback that tw_pool_free runs). */
 int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
 		 void *arg, tw_call **out);
 
