@@ -3,6 +3,7 @@
  * decoded on the offload pool), deferred replies, reply=false, error
  * replies, unknown ops, close, in-order replies on one comm, malformed
  * requests, and a server freed with a handler in flight. */
+#include <stdlib.h>
 #include <string.h>
 
 #include <check.h>
@@ -61,6 +62,46 @@ START_TEST(server_echo_inline)
 	ck_assert_int_eq(tw_decoded_root(rc.reply)->type, MSGPACK_OBJECT_NIL);
 	rc_clear(&rc);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Large frames 0 packed in block drafts (grown by doubling past the
+ * 256 KiB mapped-block size and past 4 MiB): inline bin data of 300 KiB
+ * and 5 MiB + 3 echoed, every byte compared; every block is freed once
+ * the replies are (blocks_live back to where it was). */
+static uint64_t srv_blocks_live(void)
+{
+	tw_stats st;
+	tw_stats_global(&st);
+	return st.blocks_live;
+}
+
+START_TEST(server_echo_inline_large)
+{
+	static const size_t sizes[] = {300 << 10, (5 << 20) + 3};
+	struct rf f;
+	uint64_t live0;
+	rf_init(&f);
+	live0 = srv_blocks_live();
+	for (size_t i = 0; i < 2; i++) {
+		uint8_t *data = malloc(sizes[i]);
+		struct rc rc;
+		tw_builder *b;
+		const msgpack_object *o;
+		ck_assert_ptr_nonnull(data);
+		tu_fill(data, sizes[i], (unsigned)i + 5);
+		b = rq_begin("echo", 1);
+		rq_bin(b, "data", data, sizes[i]);
+		ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_end(b), 0, &rc), 0);
+		o = tw_decoded_root(rc.reply);
+		ck_assert_int_eq(o->type, MSGPACK_OBJECT_BIN);
+		ck_assert_uint_eq(o->via.bin.size, sizes[i]);
+		ck_assert_int_eq(memcmp(o->via.bin.ptr, data, sizes[i]), 0);
+		rc_clear(&rc);
+		free(data);
+	}
+	ck_assert_uint_eq(srv_blocks_live(), live0);
 	rf_fini(&f);
 }
 END_TEST
@@ -450,6 +491,7 @@ TCase *rpc_server_tcase(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, server_identity);
 	tcase_add_test(tc, server_echo_inline);
+	tcase_add_test(tc, server_echo_inline_large);
 	tcase_add_test(tc, server_echo_oob);
 	tcase_add_test(tc, server_deferred_reply);
 	tcase_add_test(tc, server_reply_false);

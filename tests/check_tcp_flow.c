@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include <check.h>
+#include <event2/event.h>
 
 #include "tests/check_tcp.h"
 #include "tests/readahead_util.h"
@@ -434,6 +435,152 @@ START_TEST(readahead)
 }
 END_TEST
 
+/* Read-ahead fed one byte at a time: after a paced run of small messages
+ * (read-ahead on), the next messages arrive in 1- and 7-byte pieces, so
+ * the head lands in the read-ahead block a few bytes per read, then a
+ * message larger than predicted, then a head with N = 0. Every good
+ * message arrives intact and in order, the bad head ends the comm with
+ * TW_ENOFRAMES, and no block is left behind. */
+static void drip(struct tu *h, struct ra_peer *p, const struct ra_buf *b, size_t step)
+{
+	for (size_t off = 0; off < b->len; off += step) {
+		ra_send(p, b->p + off, b->len - off < step ? b->len - off : step);
+		event_base_loop(h->base, EVLOOP_NONBLOCK);
+	}
+}
+
+START_TEST(readahead_drip)
+{
+	static const size_t small[] = {40, 3}, big[] = {2, 2900, 0, 1};
+	static const uint64_t nzero[] = {16, 0};
+	uint64_t live0 = blocks_live();
+	struct tu h;
+	struct ra_peer p;
+	struct ra_buf b = {0};
+	struct tu_peer *sp;
+	unsigned seed = 0;
+	tu_init(&h);
+	ra_listen(&h, "tcp://127.0.0.1:0", 0);
+	ra_open_tcp(&h, &p);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	for (; seed < 3; seed++) { /* paced: read-ahead comes on */
+		ra_put_msg(&b, small, 2, seed);
+		ra_send(&p, b.p, b.len);
+		b.len = 0;
+		ck_assert(tu_wait_count(&h, &sp->nmsgs, seed + 1, TU_WAIT_MS));
+	}
+	for (size_t step = 1; step <= 7; step += 6) {
+		ra_put_msg(&b, small, 2, seed++);
+		ra_put_msg(&b, small, 2, seed++);
+		ra_put_msg(&b, big, 4, seed++);
+		ra_put_msg(&b, small, 2, seed++);
+		drip(&h, &p, &b, step);
+		b.len = 0;
+		ck_assert(tu_wait_count(&h, &sp->nmsgs, seed, TU_WAIT_MS));
+	}
+	ra_put_u64(&b, nzero, 2);
+	drip(&h, &p, &b, 1);
+	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, TW_ENOFRAMES);
+	ck_assert_uint_eq(sp->nmsgs, seed);
+	for (unsigned i = 0; i < seed; i++) {
+		int is_big = i >= 3 && (i - 3) % 4 == 2;
+		ck_assert_msg(tu_msg_matches(sp->msgs[i], is_big ? big : small, is_big ? 4 : 2, i),
+			      "message %u", i);
+	}
+	ra_buf_free(&b);
+	ra_close(&p);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
+/* Writes made by a callback of the comm's own read go out when the read
+ * ends; what the callback does next decides whether they go at all:
+ * freed or aborted, the reply is dropped with the comm (the client sees
+ * an end and no message); paused, the reply still goes out; written to
+ * another comm, it goes out there. */
+enum { WR_FREE, WR_ABORT, WR_PAUSE, WR_OTHER, WR_CLOSE };
+static int wr_mode;
+static struct tu_peer *wr_other;
+
+static void write_then(struct tu_peer *p, tw_msg *m)
+{
+	tw_comm *c = p->comm;
+	ck_assert_int_eq(tw_comm_write(wr_mode == WR_OTHER ? wr_other->comm : c, tw_msg_hold(m)),
+			 0);
+	switch (wr_mode) {
+	case WR_FREE:
+		tw_comm_free(c);
+		p->comm = NULL;
+		break;
+	case WR_ABORT: tw_comm_abort(c); break;
+	case WR_PAUSE: tw_comm_pause(c); break;
+	case WR_CLOSE: tw_comm_close(c); break;
+	default: break;
+	}
+}
+
+START_TEST(writes_inside_read)
+{
+	static const size_t lens[] = {20, 3000};
+	uint64_t live0 = blocks_live();
+	struct tu h;
+	struct tu_peer *cli, *sp, *other, *osp;
+	tu_init(&h);
+	h.sopts.echo = 0;
+	h.sopts.keep = 1;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &other), 0);
+	other->keep = 1;
+	ck_assert_ptr_nonnull(osp = tu_server_peer(&h, 0));
+	wr_other = osp;
+	for (wr_mode = WR_FREE; wr_mode <= WR_CLOSE; wr_mode++) {
+		size_t idx = h.nsrv;
+		ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+		cli->keep = 1;
+		ck_assert_ptr_nonnull(sp = tu_server_peer(&h, idx));
+		sp->on_recv = write_then;
+		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 50 + wr_mode)),
+				 0);
+		ck_assert(tu_wait_count(&h, &sp->nmsgs, 1, TU_WAIT_MS));
+		switch (wr_mode) {
+		case WR_FREE:
+		case WR_ABORT:
+			ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+			ck_assert_int_eq(cli->close_err, 0);
+			ck_assert_uint_eq(cli->nmsgs, 0);
+			ck_assert_int_eq(sp->closed, wr_mode == WR_ABORT);
+			if (wr_mode == WR_ABORT)
+				ck_assert_int_eq(sp->close_err, TW_ECANCELED);
+			break;
+		case WR_PAUSE:
+		case WR_CLOSE:
+			ck_assert(tu_wait_count(&h, &cli->nmsgs, 1, TU_WAIT_MS));
+			ck_assert(tu_msg_matches(cli->msgs[0], lens, 2, 50 + wr_mode));
+			if (wr_mode == WR_CLOSE) {
+				ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+				ck_assert_int_eq(cli->close_err, 0);
+				ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+				ck_assert_int_eq(sp->close_err, 0);
+			} else {
+				tw_comm_resume(sp->comm);
+				tu_echo_check(cli, lens, 2, 70, TU_WAIT_MS); /* resumed: answers */
+			}
+			ck_assert_uint_eq(cli->nmsgs, wr_mode == WR_PAUSE ? 2 : 1);
+			break;
+		case WR_OTHER:
+			ck_assert(tu_wait_count(&h, &other->nmsgs, 1, TU_WAIT_MS));
+			ck_assert(tu_msg_matches(other->msgs[0], lens, 2, 50 + wr_mode));
+			ck_assert_uint_eq(cli->nmsgs, 0);
+			break;
+		}
+	}
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
+
 TCase *tcp_flow_tcase(void)
 {
 	TCase *tc = tcase_create("flow");
@@ -443,5 +590,7 @@ TCase *tcp_flow_tcase(void)
 	tcase_add_test(tc, own_loop_thread);
 	tcase_add_test(tc, context_free_with_open_comms);
 	tcase_add_loop_test(tc, readahead, 0, N_READAHEAD);
+	tcase_add_test(tc, readahead_drip);
+	tcase_add_test(tc, writes_inside_read);
 	return tc;
 }

@@ -12,6 +12,8 @@
 #include <check.h>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -888,6 +890,161 @@ START_TEST(key_update_while_peer_send_is_full)
 }
 END_TEST
 
+/* Small pieces gathered into one buffer (stream_comm.c coalesce) while
+ * the peer does not read: SSL_write keeps hitting a full socket with a
+ * gathered first buffer, and its retry must start at the same byte with
+ * a buffer at least as long. Shapes around the 4096-byte gather limit
+ * (exactly 4096 with the prelude, 4097, empty frames, 70 tiny frames past
+ * the 64-iovec batch) between large frames; the reader pauses and resumes
+ * now and then so partial writes land anywhere. Every byte arrives in
+ * order, no comm fails (no "bad write retry"), and pieces were gathered. */
+#define GS_SHAPES 8
+#define GS_ROUNDS 12
+static size_t gs_lens[GS_SHAPES][70];
+static size_t gs_nf[GS_SHAPES];
+
+static void gs_shapes(void)
+{
+	static const size_t fixed[][4] = {
+		{4072},       /* 24-byte prelude + 4072: exactly 4096 */
+		{4073},       /* one past */
+		{0, 5, 0},    /* empty frames */
+		{MiB + 3, 1}, /* large, then a tiny frame */
+		{1, 4095},    /* the second piece does not fit */
+		{300000},     /* large alone */
+	};
+	static const size_t nfixed[] = {1, 1, 3, 2, 2, 1};
+	for (size_t s = 0; s < 6; s++) {
+		gs_nf[s] = nfixed[s];
+		memcpy(gs_lens[s], fixed[s], sizeof(fixed[s]));
+	}
+	gs_nf[6] = 70; /* 70 frames of 0..6 bytes: past IOV_BATCH */
+	for (size_t i = 0; i < 70; i++)
+		gs_lens[6][i] = i % 7;
+	gs_nf[7] = 1; /* a small one, sized by its round */
+}
+
+static unsigned char gs_shape_of[1 << 15];
+
+static int gs_small_only(size_t s)
+{
+	return s != 3 && s != 5;
+}
+
+/* The fd of this process's TCP socket whose local (or, with peer, remote)
+ * port is that of addr ("tls://127.0.0.1:PORT"); -1 if none. */
+static int gs_fd_of(const char *addr, int peer)
+{
+	int port = atoi(strrchr(addr, ':') + 1);
+	for (int fd = 3; fd < 1024; fd++) {
+		struct sockaddr_in sa;
+		socklen_t sl = sizeof(sa);
+		int rv = peer ? getpeername(fd, (struct sockaddr *)&sa, &sl)
+			      : getsockname(fd, (struct sockaddr *)&sa, &sl);
+		if (rv == 0 && sa.sin_family == AF_INET && ntohs(sa.sin_port) == port)
+			return fd;
+	}
+	return -1;
+}
+
+/* Small socket buffers on both ends: the writer meets a full socket
+ * every few KiB. */
+static void gs_small_buffers(struct tu_peer *cli)
+{
+	char local[128];
+	int small = 65536, cfd, sfd;
+	ck_assert_int_eq(tw_comm_local_address(cli->comm, local, sizeof(local)), 0);
+	ck_assert_int_ge(cfd = gs_fd_of(local, 0), 0);
+	ck_assert_int_ge(sfd = gs_fd_of(local, 1), 0);
+	ck_assert_int_eq(setsockopt(cfd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+	ck_assert_int_eq(setsockopt(sfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+}
+
+START_TEST(gathered_writes_while_peer_full)
+{
+	struct tu h;
+	struct tu_peer *cli, *sp;
+	size_t n = 0;
+	tw_stats g0, g1;
+	gs_shapes();
+	keep_listener(&h);
+	ck_assert_int_eq(tt_connect(&h, h.ctx, h.addr, &cli, NULL, 0), 0);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	gs_small_buffers(cli);
+	tw_comm_pause(sp->comm);
+	tw_stats_global(&g0);
+	/* GS_ROUNDS rounds of every shape, the reader pausing and resuming,
+	 * then everything read; then rounds of small shapes only, the reader
+	 * paused, until the socket is full (it fills inside gathered pieces) */
+	for (size_t r = 0; n + GS_SHAPES <= sizeof(gs_shape_of); r++) {
+		if (r == GS_ROUNDS) {
+			tw_comm_resume(sp->comm);
+			ck_assert(tu_wait_count(&h, &sp->nmsgs, n, TU_WAIT_MS));
+			tw_comm_pause(sp->comm);
+		}
+		for (size_t s = 0; s < GS_SHAPES; s++) {
+			if (r >= GS_ROUNDS && !gs_small_only(s))
+				continue;
+			gs_lens[7][0] = 1 + n % 3000;
+			gs_shape_of[n] = (unsigned char)s;
+			ck_assert_int_eq(
+				tw_comm_write(cli->comm,
+					      tu_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)n)),
+				0);
+			n++;
+		}
+		/* some of it goes out, the rest waits on a full socket */
+		for (int i = 0; i < 4; i++)
+			event_base_loop(h.base, EVLOOP_NONBLOCK);
+		if (r > GS_ROUNDS && tw_comm_queued_bytes(cli->comm) > 0)
+			break;
+		if (r % 3 == 1 && r < GS_ROUNDS)
+			tw_comm_resume(sp->comm);
+		else
+			tw_comm_pause(sp->comm);
+	}
+	ck_assert_uint_gt(tw_comm_queued_bytes(cli->comm), 0); /* the socket filled */
+	/* the reader takes a little at a time while small messages keep
+	 * coming: the socket fills again and again inside gathered pieces */
+	for (int i = 0; i < 1000 && n + GS_SHAPES <= sizeof(gs_shape_of); i++) {
+		for (size_t s = 0; s < GS_SHAPES; s++) {
+			if (!gs_small_only(s))
+				continue;
+			gs_lens[7][0] = 1 + n % 3000;
+			gs_shape_of[n] = (unsigned char)s;
+			ck_assert_int_eq(
+				tw_comm_write(cli->comm,
+					      tu_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)n)),
+				0);
+			n++;
+		}
+		tw_comm_resume(sp->comm);
+		event_base_loop(h.base, EVLOOP_NONBLOCK);
+		tw_comm_pause(sp->comm);
+		event_base_loop(h.base, EVLOOP_NONBLOCK);
+	}
+	tw_comm_resume(sp->comm);
+	ck_assert(tu_wait_count(&h, &sp->nmsgs, n, TU_WAIT_MS));
+	for (size_t i = 0; i < n; i++) {
+		size_t s = gs_shape_of[i];
+		gs_lens[7][0] = 1 + i % 3000;
+		ck_assert_msg(tu_msg_matches(sp->msgs[i], gs_lens[s], gs_nf[s], (unsigned)i),
+			      "message %zu (shape %zu)", i, s);
+	}
+	tw_stats_global(&g1);
+	ck_assert_uint_gt(g1.write_bytes_gathered, g0.write_bytes_gathered);
+	ck_assert_int_eq(cli->closed, 0);
+	ck_assert_int_eq(sp->closed, 0);
+	tw_comm_close(cli->comm);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_msg(cli->close_err == 0, "%s", cli->last_error);
+	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
+	ck_assert_uint_eq(sp->nmsgs, n);
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *tls_close_tcase(void)
 {
 	TCase *tc = tcase_create("close");
@@ -903,5 +1060,6 @@ TCase *tls_close_tcase(void)
 	tcase_add_loop_test(tc, readahead_scenarios, 0, N_READAHEAD);
 	tcase_add_test(tc, key_update_while_our_send_is_full);
 	tcase_add_test(tc, key_update_while_peer_send_is_full);
+	tcase_add_test(tc, gathered_writes_while_peer_full);
 	return tc;
 }
