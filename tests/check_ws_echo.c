@@ -249,6 +249,37 @@ START_TEST(orderly_close_by_server)
 }
 END_TEST
 
+/* A server's small messages leave in one write each: every wire byte
+ * (WebSocket headers, prelude, frames) is gathered into one buffer, and
+ * the client receives them intact. */
+START_TEST(server_small_writes_gathered)
+{
+	static uint8_t small[64];
+	struct tu h;
+	struct tu_peer *cli = wu_setup_echo(&h, wu_scheme(_i)), *srv = tu_server_peer(&h, 0);
+	tw_stats before, after, s0, s1;
+	tu_fill(small, sizeof(small), 5);
+	srv->echo = 0;
+	before = wu_stats();
+	tw_comm_stats(srv->comm, &s0);
+	for (size_t i = 0; i < 5; i++) {
+		size_t lens[] = {10 + i};
+		tw_msg *m;
+		ck_assert_int_eq(tw_msg_new(&m), 0);
+		ck_assert_int_eq(tw_msg_append_ref(m, small, lens[0], NULL, NULL), 0);
+		ck_assert_int_eq(tw_comm_write(srv->comm, m), 0);
+		ck_assert(tu_wait_count(&h, &cli->nmsgs, i + 1, WU_WAIT_MS));
+		ck_assert(tu_msg_matches(cli->msgs[i], lens, 1, 5));
+	}
+	after = wu_stats();
+	tw_comm_stats(srv->comm, &s1);
+	ck_assert_uint_gt(s1.bytes_sent - s0.bytes_sent, 0);
+	ck_assert_uint_eq(after.write_bytes_gathered - before.write_bytes_gathered,
+			  s1.bytes_sent - s0.bytes_sent);
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *ws_echo_tcase(void)
 {
 	TCase *tc = tcase_create("echo");
@@ -260,6 +291,7 @@ TCase *ws_echo_tcase(void)
 	tcase_add_loop_test(tc, echo_mixed_sizes, 0, 2);
 	tcase_add_loop_test(tc, echo_small_shard, 0, 2);
 	tcase_add_loop_test(tc, server_send_is_zero_copy, 0, 2);
+	tcase_add_loop_test(tc, server_small_writes_gathered, 0, 2);
 	tcase_add_loop_test(tc, orderly_close, 0, 2);
 	tcase_add_loop_test(tc, orderly_close_by_server, 0, 2);
 	return tc;

@@ -31,10 +31,6 @@
  * read per small message instead of two; a misprediction copies at most
  * this much. */
 #define GULP_MAX 4096
-/* Writes of small pieces (preludes, small frames) are copied into one
- * buffer up to this size: one send(2) with no iovec for tcp, one record
- * instead of one per piece for tls. */
-#define GATHER_MAX 4096
 /* How long an orderly close waits for the peer's EOF after our FIN. */
 #define LINGER_SECONDS 2
 
@@ -141,27 +137,6 @@ static void consume(struct stream *s, uint64_t n)
 	s->head_sent = n;
 }
 
-/* Copy the leading iovecs, while they fit, into buf as one; returns the
- * new count. The first iovec never shrinks between retries of the same
- * bytes (the queue only grows behind them), as a TLS write retry needs. */
-static int coalesce(struct iovec *iov, int k, uint8_t *buf)
-{
-	size_t len = 0;
-	int n = 0;
-	while (n < k && iov[n].iov_len <= GATHER_MAX - len) {
-		memcpy(buf + len, iov[n].iov_base, iov[n].iov_len);
-		len += iov[n].iov_len;
-		n++;
-	}
-	if (n < 2)
-		return k; /* nothing gained; buf is unused */
-	TW__ADD(&tw__global_stats, write_bytes_gathered, len);
-	iov[0].iov_base = buf;
-	iov[0].iov_len = len;
-	memmove(&iov[1], &iov[n], (size_t)(k - n) * sizeof(*iov));
-	return k - n + 1;
-}
-
 static void finish_close(struct stream *s);
 static const char *io_error(struct stream *s);
 
@@ -170,7 +145,7 @@ static const char *io_error(struct stream *s);
 static int flush(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
-	uint8_t buf[GATHER_MAX];
+	uint8_t buf[TW__GATHER_MAX];
 	size_t budget = WRITE_BUDGET;
 	int calls = 0;
 	while (s->qn > 0) {
@@ -181,7 +156,7 @@ static int flush(struct stream *s)
 		}
 		int k = gather(s, iov, IOV_BATCH);
 		ssize_t n;
-		k = coalesce(iov, k, buf);
+		k = tw__gather_small(iov, k, buf);
 		n = s->io->writev(s->io_arg, s->fd, iov, k);
 		if (n < 0 && errno == EINTR)
 			continue;

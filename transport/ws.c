@@ -327,9 +327,10 @@ static void write_failed(struct ws *w)
 static ssize_t write_some(struct ws *w)
 {
 	struct iovec iov[IOV_BATCH];
+	uint8_t buf[TW__GATHER_MAX];
 	int k;
 	if (!w->client) {
-		k = gather(w, iov, IOV_BATCH);
+		k = tw__gather_small(iov, gather(w, iov, IOV_BATCH), buf);
 		return w->io->writev(w->io_arg, w->fd, iov, k);
 	}
 	if (w->scratch_sent == w->scratch_len)
