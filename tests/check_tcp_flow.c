@@ -370,66 +370,21 @@ static void ra_setup(struct tu *h, struct ra_env *e, int dask)
 	e->h = h;
 	e->open = ra_open_tcp;
 	e->seed = 77;
+	e->soak_rounds = 8;
 	if (!dask) {
 		ck_assert_int_eq(tu_connect(h, h->addr, &e->good), 0);
 		ck_assert_ptr_nonnull(e->good_srv = tu_server_peer(h, 0));
 	}
 }
 
-static void runs_then_large(struct ra_env *e)
-{
-	ra_runs_then_large(e, 5 * MiB);
-}
-
-static void after_handshake(struct ra_env *e)
-{
-	ra_after_handshake(e, 5 * MiB);
-}
-
-static void soak(struct ra_env *e)
-{
-	for (unsigned i = 0; i < (tu_quick() ? 2u : 8u); i++) {
-		e->seed += 1000;
-		ra_soak(e, 400);
-	}
-}
-
-/* The read-ahead scenarios (tests/readahead_util.h), each on its own
- * context; every block is freed after each. */
-static const struct {
-	void (*run)(struct ra_env *e);
-	int dask; /* the raw peer does the Dask handshake first */
-} readahead_cases[] = {
-	/* (a) 1,000 small messages in one write, with and without read-ahead
-	 * on when they come, and with a large one among them */
-	{ra_pipelined, 0},
-	/* (b) runs of small messages, then a 5 MiB message whose first frame
-	 * is tiny: at most 4096 bytes copied for it, and only when a run of
-	 * two or more came before it; its large frame has a block of its own */
-	{runs_then_large, 0},
-	/* (c) a run, then good messages and a bad head in one write: the good
-	 * ones are delivered in order, the comm ends with the head's own
-	 * code, the other comm carries on */
-	{ra_bad_heads, 0},
-	/* messages read ahead and waiting in the receiver when the comm is
-	 * paused and resumed, closed, freed or aborted, or at the peer's EOF */
-	{ra_pending, 0},
-	/* a large message right after the Dask handshake: nothing copied */
-	{after_handshake, 1},
-	/* the per-wakeup read limit reached with read-ahead bytes pending */
-	{ra_read_calls, 0},
-	/* a random stream in random writes, the comm pausing now and then */
-	{soak, 0},
-};
-#define N_READAHEAD ((int)(sizeof(readahead_cases) / sizeof(readahead_cases[0])))
 
 START_TEST(readahead)
 {
 	struct tu h;
 	struct ra_env e;
 	uint64_t live0 = blocks_live();
-	ra_setup(&h, &e, readahead_cases[_i].dask);
-	readahead_cases[_i].run(&e);
+	ra_setup(&h, &e, ra_cases[_i].dask);
+	ra_cases[_i].run(&e);
 	tu_fini(&h);
 	ck_assert_uint_eq(blocks_live(), live0);
 }
@@ -589,7 +544,7 @@ TCase *tcp_flow_tcase(void)
 	tcase_add_test(tc, backpressure);
 	tcase_add_test(tc, own_loop_thread);
 	tcase_add_test(tc, context_free_with_open_comms);
-	tcase_add_loop_test(tc, readahead, 0, N_READAHEAD);
+	tcase_add_loop_test(tc, readahead, 0, RA_NCASES);
 	tcase_add_test(tc, readahead_drip);
 	tcase_add_test(tc, writes_inside_read);
 	return tc;

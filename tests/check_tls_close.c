@@ -445,6 +445,7 @@ static void ra_tls_setup(struct tu *h, struct ra_env *e, int dask)
 	e->h = h;
 	e->open = ra_open_tls;
 	e->seed = 99;
+	e->soak_rounds = 6;
 	if (!dask) {
 		rv = tt_connect(h, h->ctx, h->addr, &e->good, why, sizeof(why));
 		ck_assert_msg(rv == 0, "tls connect: %s: %s", tw_strerror(rv), why);
@@ -452,52 +453,6 @@ static void ra_tls_setup(struct tu *h, struct ra_env *e, int dask)
 	}
 }
 
-static void runs_then_large(struct ra_env *e)
-{
-	ra_runs_then_large(e, 5 * MiB);
-}
-
-static void after_handshake(struct ra_env *e)
-{
-	ra_after_handshake(e, 5 * MiB);
-}
-
-static void soak(struct ra_env *e)
-{
-	for (unsigned i = 0; i < (tu_quick() ? 2u : 6u); i++) {
-		e->seed += 1000;
-		ra_soak(e, 400);
-	}
-}
-
-/* The read-ahead scenarios (tests/readahead_util.h), each on its own
- * context; every block is freed after each. */
-static const struct {
-	void (*run)(struct ra_env *e);
-	int dask; /* the raw peer does the Dask handshake first */
-} readahead_cases[] = {
-	/* (a) 1,000 small messages in one write, with and without read-ahead
-	 * on when they come, and with a large one among them */
-	{ra_pipelined, 0},
-	/* (b) runs of small messages, then a 5 MiB message whose first frame
-	 * is tiny: at most 4096 bytes copied for it, and only when a run of
-	 * two or more came before it; its large frame has a block of its own */
-	{runs_then_large, 0},
-	/* (c) a run, then good messages and a bad head in one write: the good
-	 * ones are delivered in order, the comm ends with the head's own
-	 * code, the other comm carries on */
-	{ra_bad_heads, 0},
-	/* messages read ahead and waiting in the receiver when the comm is
-	 * paused and resumed, closed, freed or aborted, or at the peer's EOF */
-	{ra_pending, 0},
-	/* a large message right after the Dask handshake: nothing copied */
-	{after_handshake, 1},
-	/* the per-wakeup read limit reached with read-ahead bytes pending */
-	{ra_read_calls, 0},
-	/* a random stream in random writes, the comm pausing now and then */
-	{soak, 0},
-};
-#define N_READAHEAD ((int)(sizeof(readahead_cases) / sizeof(readahead_cases[0])))
 
 START_TEST(readahead_scenarios)
 {
@@ -506,8 +461,8 @@ START_TEST(readahead_scenarios)
 	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
 	uint64_t live0 = blocks_live();
 	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
-	ra_tls_setup(&h, &e, readahead_cases[_i].dask);
-	readahead_cases[_i].run(&e);
+	ra_tls_setup(&h, &e, ra_cases[_i].dask);
+	ra_cases[_i].run(&e);
 	tt_fini(&h);
 	ck_assert_uint_eq(blocks_live(), live0);
 	sigaction(SIGPIPE, &old, NULL);
@@ -1057,7 +1012,7 @@ TCase *tls_close_tcase(void)
 	tcase_add_test(tc, many_sequential_connections);
 	tcase_add_test(tc, listener_freed_mid_handshake);
 	tcase_add_test(tc, peer_ends_mid_message);
-	tcase_add_loop_test(tc, readahead_scenarios, 0, N_READAHEAD);
+	tcase_add_loop_test(tc, readahead_scenarios, 0, RA_NCASES);
 	tcase_add_test(tc, key_update_while_our_send_is_full);
 	tcase_add_test(tc, key_update_while_peer_send_is_full);
 	tcase_add_test(tc, gathered_writes_while_peer_full);

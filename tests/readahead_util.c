@@ -913,3 +913,44 @@ void ra_after_handshake(struct ra_env *e, size_t large)
 		wants_free(&ws);
 	}
 }
+
+static void runs_then_large(struct ra_env *e)
+{
+	ra_runs_then_large(e, (size_t)5 << 20);
+}
+
+static void after_handshake(struct ra_env *e)
+{
+	ra_after_handshake(e, (size_t)5 << 20);
+}
+
+static void soak(struct ra_env *e)
+{
+	for (unsigned i = 0; i < (tu_quick() ? 2u : e->soak_rounds); i++) {
+		e->seed += 1000;
+		ra_soak(e, 400);
+	}
+}
+
+const struct ra_case ra_cases[RA_NCASES] = {
+	/* (a) 1,000 small messages in one write, with and without read-ahead
+	 * on when they come, and with a large one among them */
+	{ra_pipelined, 0},
+	/* (b) runs of small messages, then a 5 MiB message whose first frame
+	 * is tiny: at most 4096 bytes copied for it, and only when a run of
+	 * two or more came before it; its large frame has a block of its own */
+	{runs_then_large, 0},
+	/* (c) a run, then good messages and a bad head in one write: the good
+	 * ones are delivered in order, the comm ends with the head's own
+	 * code, the other comm carries on */
+	{ra_bad_heads, 0},
+	/* messages read ahead and waiting in the receiver when the comm is
+	 * paused and resumed, closed, freed or aborted, or at the peer's EOF */
+	{ra_pending, 0},
+	/* a large message right after the Dask handshake: nothing copied */
+	{after_handshake, 1},
+	/* the per-wakeup read limit reached with read-ahead bytes pending */
+	{ra_read_calls, 0},
+	/* a random stream in random writes, the comm pausing now and then */
+	{soak, 0},
+};

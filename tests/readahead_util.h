@@ -71,6 +71,7 @@ struct ra_env {
 	ra_open_fn open;
 	struct tu_peer *good, *good_srv;
 	unsigned seed;
+	unsigned soak_rounds; /* of the soak scenario, without TW_TEST_QUICK */
 };
 /* (a) 1,000 small messages in one write, after a paced run and without. */
 void ra_pipelined(struct ra_env *e);
@@ -89,5 +90,14 @@ void ra_soak(struct ra_env *e, unsigned nmsgs);
 /* After the Dask handshake (a ra_listen(..., 1) listener): a large
  * message right after it copies nothing. */
 void ra_after_handshake(struct ra_env *e, size_t large);
+
+/* The scenarios above as one table, for a loop test per transport: each
+ * runs on its own context, with a 5 MiB large message. */
+struct ra_case {
+	void (*run)(struct ra_env *e);
+	int dask; /* the raw peer does the Dask handshake first */
+};
+extern const struct ra_case ra_cases[];
+#define RA_NCASES 7
 
 #endif
