@@ -1,13 +1,24 @@
 /* rpc-peers: the small-RPC baselines for bench/rpc-bench.sh: a 10-byte
- * echo over loopback tcp with ZeroMQ REQ/REP and NNG req/rep.
+ * echo over loopback tcp with ZeroMQ REQ/REP, NNG req/rep, and raw epoll
+ * (the floor: the syscalls any epoll-driven peer pays per message, send,
+ * epoll_wait and recv on each side, with no protocol at all).
  *
  *   rpc-peers zmq-server PORT | zmq-client PORT COUNT
  *   rpc-peers nng-server PORT | nng-client PORT COUNT
+ *   rpc-peers raw-server PORT | raw-client PORT COUNT
  * Clients print "<name>: N round trips/s, p50 X us, p99 Y us".
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -100,8 +111,92 @@ static int nng_client(const char *port, long count)
 	return 0;
 }
 
+/* Raw epoll: nonblocking sockets, one epoll set, 10 bytes each way. */
+static int raw_setup(int fd)
+{
+	int one = 1, ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN};
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (ep < 0 || fcntl(fd, F_SETFL, O_NONBLOCK) != 0 ||
+	    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0)
+		return -1;
+	return ep;
+}
+
+/* Wait for and read exactly n bytes; -1 at EOF or on an error. */
+static int raw_read(int ep, int fd, char *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		struct epoll_event ev;
+		ssize_t r;
+		if (epoll_wait(ep, &ev, 1, -1) < 0 && errno != EINTR)
+			return -1;
+		r = recv(fd, buf + got, n - got, 0);
+		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+			return -1;
+		got += r > 0 ? (size_t)r : 0;
+	}
+	return 0;
+}
+
+static struct sockaddr_in raw_addr(const char *port)
+{
+	struct sockaddr_in a;
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons((uint16_t)atoi(port));
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
+
+static int raw_server(const char *port)
+{
+	struct sockaddr_in a = raw_addr(port);
+	int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(l, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(l, 8) != 0)
+		return 1;
+	for (;;) { /* one client at a time, each round a new one */
+		char buf[10];
+		int fd = accept(l, NULL, NULL), ep = fd < 0 ? -1 : raw_setup(fd);
+		while (ep >= 0 && raw_read(ep, fd, buf, sizeof(buf)) == 0 &&
+		       send(fd, buf, sizeof(buf), MSG_NOSIGNAL) == (ssize_t)sizeof(buf))
+			;
+		if (ep >= 0)
+			close(ep);
+		if (fd >= 0)
+			close(fd);
+	}
+}
+
+static int raw_client(const char *port, long count)
+{
+	struct sockaddr_in a = raw_addr(port);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), ep;
+	double *lat = malloc((size_t)count * sizeof(double)), t0;
+	char buf[10];
+	if (lat == NULL || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+	    (ep = raw_setup(fd)) < 0)
+		return 1;
+	t0 = tw_ex_now();
+	for (long i = 0; i < count; i++) {
+		double t = tw_ex_now();
+		if (send(fd, "0123456789", 10, MSG_NOSIGNAL) != 10 ||
+		    raw_read(ep, fd, buf, sizeof(buf)) != 0)
+			return 1;
+		lat[i] = (tw_ex_now() - t) * 1e6;
+	}
+	report("raw epoll", lat, (size_t)count, tw_ex_now() - t0);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "raw-server") == 0)
+		return raw_server(argv[2]);
+	if (argc == 4 && strcmp(argv[1], "raw-client") == 0)
+		return raw_client(argv[2], atol(argv[3]));
 	if (argc == 3 && strcmp(argv[1], "zmq-server") == 0)
 		return zmq_server(argv[2]);
 	if (argc == 4 && strcmp(argv[1], "zmq-client") == 0)
@@ -110,6 +205,7 @@ int main(int argc, char **argv)
 		return nng_server(argv[2]);
 	if (argc == 4 && strcmp(argv[1], "nng-client") == 0)
 		return nng_client(argv[2], atol(argv[3]));
-	fprintf(stderr, "usage: rpc-peers {zmq,nng}-server PORT | {zmq,nng}-client PORT COUNT\n");
+	fprintf(stderr,
+		"usage: rpc-peers {zmq,nng,raw}-server PORT | {zmq,nng,raw}-client PORT COUNT\n");
 	return 2;
 }
