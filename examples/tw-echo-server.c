@@ -90,7 +90,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	tw_stats_global(&g);
 	if (!quiet || err != 0)
 		printf("%s: %s; echoed %llu messages, %llu bytes in their frames; "
-		       "process copied %llu payload bytes; peak RSS %llu MiB above idle\n",
+		       "process so far: copied %llu payload bytes, peak RSS %llu MiB above idle\n",
 		       peer, err ? tw_strerror(err) : "closed", (unsigned long long)c->msgs,
 		       (unsigned long long)c->bytes, (unsigned long long)g.payload_bytes_copied,
 		       (unsigned long long)((tw_ex_peak_rss() - idle_rss) >> 20));

@@ -31,8 +31,9 @@ typedef struct tw_stats {
 	uint64_t block_cache_hits; /* large blocks served from the cache */
 	uint64_t merges_zero_copy; /* tw_merge results that are views */
 	uint64_t merges_copied;    /* tw_merge results that needed a copy */
-	/* bytes of small pieces (preludes and frames, at most 4 KiB per
-	 * write) copied into one buffer before a tcp send or tls record */
+	/* bytes of small pieces (preludes, WebSocket headers, frames; at
+	 * most 4 KiB per write) copied into one buffer before a send or a
+	 * TLS record */
 	uint64_t write_bytes_gathered;
 } tw_stats;
 
