@@ -63,7 +63,9 @@ int tw_request_wants_reply(const tw_request *r);
 /* tw_request_reply_builder: the builder for the reply, made on first use
  * with the comm's negotiated compression; pack exactly one value (with
  * tw_builder_pack_object to return a part of the request with its
- * payloads). NULL when out of memory. */
+ * payloads). The request owns it: never tw_builder_free or
+ * tw_builder_finish it; tw_request_reply sends it. NULL when it cannot
+ * be made. */
 tw_builder *tw_request_reply_builder(tw_request *r);
 
 /* tw_request_reply: send the packed value (nil when nothing was packed),
