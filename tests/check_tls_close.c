@@ -888,6 +888,15 @@ static int gs_small_only(size_t s)
 
 /* The fd of this process's TCP socket whose local (or, with peer, remote)
  * port is that of addr ("tls://127.0.0.1:PORT"); -1 if none. */
+/* Write message number *n, of shape s, and count it. */
+static void gs_write(tw_comm *c, size_t s, size_t *n)
+{
+	gs_lens[7][0] = 1 + *n % 3000;
+	gs_shape_of[*n] = (unsigned char)s;
+	ck_assert_int_eq(tw_comm_write(c, tu_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)*n)), 0);
+	(*n)++;
+}
+
 static int gs_fd_of(const char *addr, int peer)
 {
 	int port = atoi(strrchr(addr, ':') + 1);
@@ -937,17 +946,9 @@ START_TEST(gathered_writes_while_peer_full)
 			ck_assert(tu_wait_count(&h, &sp->nmsgs, n, TU_WAIT_MS));
 			tw_comm_pause(sp->comm);
 		}
-		for (size_t s = 0; s < GS_SHAPES; s++) {
-			if (r >= GS_ROUNDS && !gs_small_only(s))
-				continue;
-			gs_lens[7][0] = 1 + n % 3000;
-			gs_shape_of[n] = (unsigned char)s;
-			ck_assert_int_eq(
-				tw_comm_write(cli->comm,
-					      tu_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)n)),
-				0);
-			n++;
-		}
+		for (size_t s = 0; s < GS_SHAPES; s++)
+			if (r < GS_ROUNDS || gs_small_only(s))
+				gs_write(cli->comm, s, &n);
 		/* some of it goes out, the rest waits on a full socket */
 		for (int i = 0; i < 4; i++)
 			event_base_loop(h.base, EVLOOP_NONBLOCK);
@@ -962,17 +963,9 @@ START_TEST(gathered_writes_while_peer_full)
 	/* the reader takes a little at a time while small messages keep
 	 * coming: the socket fills again and again inside gathered pieces */
 	for (int i = 0; i < 1000 && n + GS_SHAPES <= sizeof(gs_shape_of); i++) {
-		for (size_t s = 0; s < GS_SHAPES; s++) {
-			if (!gs_small_only(s))
-				continue;
-			gs_lens[7][0] = 1 + n % 3000;
-			gs_shape_of[n] = (unsigned char)s;
-			ck_assert_int_eq(
-				tw_comm_write(cli->comm,
-					      tu_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)n)),
-				0);
-			n++;
-		}
+		for (size_t s = 0; s < GS_SHAPES; s++)
+			if (gs_small_only(s))
+				gs_write(cli->comm, s, &n);
 		tw_comm_resume(sp->comm);
 		event_base_loop(h.base, EVLOOP_NONBLOCK);
 		tw_comm_pause(sp->comm);
