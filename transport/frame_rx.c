@@ -329,7 +329,6 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 			rx->gulping = 0;
 			return took_gulp(rx, n);
 		}
-		rx->gulping = 0;
 		rx->have += n;
 		return tw__rx_check_head(rx);
 	case RX_SMALL: {

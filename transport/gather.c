@@ -8,13 +8,15 @@ int tw__gather_small(struct iovec *iov, int k, uint8_t *buf)
 {
 	size_t len = 0;
 	int n = 0;
-	while (n < k && iov[n].iov_len <= TW__GATHER_MAX - len) {
-		memcpy(buf + len, iov[n].iov_base, iov[n].iov_len);
-		len += iov[n].iov_len;
-		n++;
-	}
+	while (n < k && iov[n].iov_len <= TW__GATHER_MAX - len)
+		len += iov[n++].iov_len;
 	if (n < 2)
-		return k; /* nothing gained; buf is unused */
+		return k; /* nothing gained: copy nothing */
+	len = 0;
+	for (int i = 0; i < n; i++) {
+		memcpy(buf + len, iov[i].iov_base, iov[i].iov_len);
+		len += iov[i].iov_len;
+	}
 	TW__ADD(&tw__global_stats, write_bytes_gathered, len);
 	iov[0].iov_base = buf;
 	iov[0].iov_len = len;

@@ -154,10 +154,8 @@ static int flush(struct stream *s)
 			event_active(s->wev, EV_WRITE, 0);
 			return 0;
 		}
-		int k = gather(s, iov, IOV_BATCH);
-		ssize_t n;
-		k = tw__gather_small(iov, k, buf);
-		n = s->io->writev(s->io_arg, s->fd, iov, k);
+		int k = tw__gather_small(iov, gather(s, iov, IOV_BATCH), buf);
+		ssize_t n = s->io->writev(s->io_arg, s->fd, iov, k);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -285,14 +283,11 @@ static void drain_input(struct stream *s)
 }
 
 /* The socket ran dry: a message left incomplete starts the clock of the
- * minimum receive rate; none in progress stops it. Small messages that
- * arrive whole leave the receiver idle and the clock stopped, so for them
- * this is one check per wakeup. */
+ * minimum receive rate; none in progress stops it (cheap when it is not
+ * running, which is what small messages that arrive whole leave). */
 static void ran_dry(struct stream *s)
 {
-	int busy = !tw__rx_idle(&s->rx);
-	if (busy || s->base.rate.on)
-		tw__comm_rate_watch(&s->base, busy);
+	tw__comm_rate_watch(&s->base, !tw__rx_idle(&s->rx));
 }
 
 static void on_rate_timer(evutil_socket_t fd, short what, void *arg)

@@ -131,6 +131,12 @@ void tw__comm_disarm_timeout(tw_comm *c);
 void tw__comm_rate_watch(tw_comm *c, int busy);
 /* Stop the clock: we stop reading (pause, close, stop). */
 void tw__comm_rate_stop(tw_comm *c);
+/* The timer fired; busy as above. Returns 0 when the peer keeps up (the
+ * timer is armed for the next check, or the clock stopped), or 1 when it
+ * is too slow: the error text is set, and the transport ends the comm
+ * with TW_ETIMEDOUT. Bytes unread in fd's socket count as received. */
+int tw__comm_rate_due(tw_comm *c, int busy, int fd);
+
 /* Small pieces of a write (preludes, WebSocket headers, small frames)
  * are copied into one buffer of up to this many bytes: one send(2) with
  * no iovec over tcp, one record instead of one per piece over tls. */
@@ -147,11 +153,7 @@ int tw__gather_small(struct iovec *iov, int k, uint8_t *buf);
 
 /* tw__mono_ms: CLOCK_MONOTONIC in milliseconds. */
 uint64_t tw__mono_ms(void);
-/* The timer fired; busy as above. Returns 0 when the peer keeps up (the
- * timer is armed for the next check, or the clock stopped), or 1 when it
- * is too slow: the error text is set, and the transport ends the comm
- * with TW_ETIMEDOUT. Bytes unread in fd's socket count as received. */
-int tw__comm_rate_due(tw_comm *c, int busy, int fd);
+
 /* Run fn(c, arg) as a callback of c: a tw_comm_free inside is deferred.
  * Returns 1 when c may still be used, 0 when it ended or was freed. */
 int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);

@@ -762,9 +762,7 @@ static int rx_busy(const struct ws *w)
  * minimum receive rate; none in progress stops it. */
 static void ran_dry(struct ws *w)
 {
-	int busy = w->state == WS_OPEN && rx_busy(w);
-	if (busy || w->base.rate.on)
-		tw__comm_rate_watch(&w->base, busy);
+	tw__comm_rate_watch(&w->base, w->state == WS_OPEN && rx_busy(w));
 }
 
 /* The peer is too slow (tw_context_set_min_receive_rate): close 1008,
