@@ -366,11 +366,7 @@ static void ra_setup(struct tu *h, struct ra_env *e, int dask)
 {
 	tu_init(h);
 	ra_listen(h, "tcp://127.0.0.1:0", dask);
-	memset(e, 0, sizeof(*e));
-	e->h = h;
-	e->open = ra_open_tcp;
-	e->seed = 77;
-	e->soak_rounds = 8;
+	ra_env_init(e, h, ra_open_tcp, 77, 8);
 	if (!dask) {
 		ck_assert_int_eq(tu_connect(h, h->addr, &e->good), 0);
 		ck_assert_ptr_nonnull(e->good_srv = tu_server_peer(h, 0));

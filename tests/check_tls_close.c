@@ -441,11 +441,7 @@ static void ra_tls_setup(struct tu *h, struct ra_env *e, int dask)
 	int rv;
 	tt_init(h);
 	ra_listen(h, "tls://127.0.0.1:0", dask);
-	memset(e, 0, sizeof(*e));
-	e->h = h;
-	e->open = ra_open_tls;
-	e->seed = 99;
-	e->soak_rounds = 6;
+	ra_env_init(e, h, ra_open_tls, 99, 6);
 	if (!dask) {
 		rv = tt_connect(h, h->ctx, h->addr, &e->good, why, sizeof(why));
 		ck_assert_msg(rv == 0, "tls connect: %s: %s", tw_strerror(rv), why);

@@ -914,6 +914,16 @@ void ra_after_handshake(struct ra_env *e, size_t large)
 	}
 }
 
+void ra_env_init(struct ra_env *e, struct tu *h, ra_open_fn open, unsigned seed,
+		 unsigned soak_rounds)
+{
+	memset(e, 0, sizeof(*e));
+	e->h = h;
+	e->open = open;
+	e->seed = seed;
+	e->soak_rounds = soak_rounds;
+}
+
 static void runs_then_large(struct ra_env *e)
 {
 	ra_runs_then_large(e, (size_t)5 << 20);

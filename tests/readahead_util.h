@@ -73,6 +73,9 @@ struct ra_env {
 	unsigned seed;
 	unsigned soak_rounds; /* of the soak scenario, without TW_TEST_QUICK */
 };
+/* Fill e for harness h with the transport's opener; good is left NULL. */
+void ra_env_init(struct ra_env *e, struct tu *h, ra_open_fn open, unsigned seed,
+		 unsigned soak_rounds);
 /* (a) 1,000 small messages in one write, after a paced run and without. */
 void ra_pipelined(struct ra_env *e);
 /* (b) runs of small messages (0..5, paced or in the same write), then a
