@@ -24,7 +24,8 @@ struct tw_block {
 	_Atomic size_t refs;
 	uint8_t *data;
 	size_t size;
-	size_t map_len; /* KIND_MAP: bytes mapped (page multiple) */
+	size_t map_len;   /* KIND_MAP: bytes mapped (page multiple) */
+	size_t committed; /* KIND_MAP: bytes usable from the start; the rest PROT_NONE */
 	enum kind kind;
 	int uncached; /* trimmed reservations: odd sizes the cache would never reuse */
 	void (*release)(void *data, void *arg);
@@ -148,6 +149,7 @@ static tw_block *init(struct tw_block *b, uint8_t *data, size_t size, size_t map
 	b->data = data;
 	b->size = size;
 	b->map_len = map_len;
+	b->committed = map_len;
 	b->kind = kind;
 	b->uncached = 0;
 	b->release = NULL;
@@ -157,27 +159,36 @@ static tw_block *init(struct tw_block *b, uint8_t *data, size_t size, size_t map
 	return b;
 }
 
-static int new_mapped(size_t size, tw_block **out)
+/* Address space with no commit charge: a peer's declared size costs
+ * nothing until its bytes arrive. Usable at once (PROT_READ|WRITE), or,
+ * for a receiver (lazy), only once tw__block_commit makes it so: strict
+ * overcommit (vm.overcommit_memory=2) ignores MAP_NORESERVE, and
+ * RLIMIT_DATA counts every writable private page, but neither charges
+ * PROT_NONE pages until they are made writable. */
+static void *map_fresh(size_t len, int lazy)
+{
+	int prot = lazy ? PROT_NONE : PROT_READ | PROT_WRITE;
+	void *p = mmap(NULL, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static int new_mapped(size_t size, int lazy, tw_block **out)
 {
 	struct tw_block *b = malloc(sizeof(*b));
-	size_t len = page_round(size);
+	size_t len = page_round(size), committed = len;
 	void *p;
 	if (b == NULL)
 		return TW_ENOMEM;
-	p = cache_take(len);
-	if (p != NULL) {
+	if ((p = cache_take(len)) != NULL) {
 		TW__ADD(&tw__global_stats, block_cache_hits, 1);
-	} else {
-		/* No commit charge up front: a peer's declared size costs
-		 * nothing until its bytes arrive. */
-		p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-		if (p == MAP_FAILED) {
-			free(b);
-			return TW_ENOMEM;
-		}
+	} else if ((p = map_fresh(len, lazy)) == NULL) {
+		free(b);
+		return TW_ENOMEM;
+	} else if (lazy) {
+		committed = 0;
 	}
 	*out = init(b, p, size, len, KIND_MAP);
+	b->committed = committed;
 	return 0;
 }
 
@@ -187,10 +198,40 @@ int tw_block_new(size_t size, tw_block **out)
 	if (out == NULL)
 		return TW_EINVAL;
 	if (size >= TW__MAP_MIN_BYTES)
-		return new_mapped(size, out);
+		return new_mapped(size, 0, out);
 	if ((b = malloc(HDR_BYTES + size)) == NULL)
 		return TW_ENOMEM;
 	*out = init(b, (uint8_t *)b + HDR_BYTES, size, 0, KIND_HEAP);
+	return 0;
+}
+
+int tw__block_new_lazy(size_t size, tw_block **out)
+{
+	return size >= TW__MAP_MIN_BYTES ? new_mapped(size, 1, out) : tw_block_new(size, out);
+}
+
+int tw__block_commit(tw_block *b, size_t off, size_t *len)
+{
+	size_t step, end;
+	if (b->kind != KIND_MAP || off + *len <= b->committed)
+		return 0;
+	/* Once the bytes reach the end of what is usable, make the next
+	 * quarter of it usable (at least TW__COMMIT_MIN_BYTES): few mprotect
+	 * calls for a large frame, and a peer that stops early holds at most
+	 * a step more than it sent. */
+	if (off >= b->committed) {
+		step = b->committed / 4 > TW__COMMIT_MIN_BYTES ? b->committed / 4
+							       : TW__COMMIT_MIN_BYTES;
+		end = page_round(*len < step ? off + *len : off + step);
+		if (end > b->map_len)
+			end = b->map_len;
+		if (mprotect(b->data + b->committed, end - b->committed, PROT_READ | PROT_WRITE) !=
+		    0)
+			return TW_ENOMEM;
+		b->committed = end;
+	}
+	if (*len > b->committed - off)
+		*len = b->committed - off;
 	return 0;
 }
 
@@ -223,27 +264,23 @@ tw_block *tw__block_seal(uint8_t *data, size_t size)
 int tw__block_reserve(size_t capacity, tw_block **out)
 {
 	struct tw_block *b = malloc(sizeof(*b));
-	size_t len = page_round(capacity ? capacity : 1);
-	void *p;
+	size_t len = page_round(capacity ? capacity : 1), qlen = 0;
+	void *p, *q;
 	if (b == NULL)
 		return TW_ENOMEM;
-	/* Address space only: pages are committed as bytes land in them. */
-	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-		 0);
-	if (p == MAP_FAILED) {
+	if ((p = map_fresh(len, 1)) == NULL) {
 		free(b);
 		return TW_ENOMEM;
 	}
 	/* Move already-touched cached pages to the front of the reservation:
 	 * faulting in fresh pages costs more than the bytes we receive. */
-	{
-		size_t qlen;
-		void *q = cache_take_le(len, &qlen);
-		if (q != NULL &&
-		    mremap(q, qlen, qlen, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED)
-			munmap(q, qlen);
+	if ((q = cache_take_le(len, &qlen)) != NULL &&
+	    mremap(q, qlen, qlen, MREMAP_MAYMOVE | MREMAP_FIXED, p) == MAP_FAILED) {
+		munmap(q, qlen);
+		qlen = 0;
 	}
 	*out = init(b, p, capacity, len, KIND_MAP);
+	b->committed = qlen;
 	b->uncached = 1;
 	return 0;
 }
@@ -257,6 +294,8 @@ void tw__block_trim(tw_block *b, size_t size)
 		munmap(b->data + keep, b->map_len - keep);
 		b->map_len = keep;
 	}
+	if (b->committed > keep)
+		b->committed = keep;
 	TW__SUB(&tw__global_stats, block_bytes_live, b->size - size);
 	TW__SUB(&tw__global_stats, block_bytes_allocated, b->size - size);
 	b->size = size;
@@ -294,7 +333,8 @@ void tw_block_free(tw_block *b)
 		free(b);
 		return;
 	case KIND_MAP:
-		if (b->uncached)
+		/* The cache hands out usable pages only. */
+		if (b->uncached || b->committed < b->map_len)
 			munmap(b->data, b->map_len);
 		else
 			cache_put(b->data, b->map_len);

@@ -14,11 +14,6 @@ static inline tw_slice tw__slice(tw_block *b, size_t off, size_t len)
 	return s;
 }
 
-/* tw__block_reserve: a block of `capacity` bytes of address space whose
- * pages are committed only as they are written (receiving a message of
- * unknown size, e.g. a fragmented WebSocket message); tw__block_trim then
- * sets its size to what was used (<= capacity) and returns the rest. Only
- * the owner of the single reference may trim, before sharing it. */
 /* A draft is the data of a heap block not yet made: tw__block_draft
  * allocates room for cap bytes (NULL when out of memory), _grow moves it
  * to cap bytes like realloc (NULL and the draft untouched on failure),
@@ -29,7 +24,26 @@ uint8_t *tw__block_draft_grow(uint8_t *data, size_t cap);
 void tw__block_draft_free(uint8_t *data);
 tw_block *tw__block_seal(uint8_t *data, size_t size);
 
+/* Receiving blocks: memory follows the bytes that arrive, not the size a
+ * peer declared (BH-04, BH-24 of bug-cases.md), under every overcommit
+ * policy and RLIMIT_DATA.
+ *
+ * tw__block_new_lazy: as tw_block_new, but a mapped block (size >=
+ * TW__MAP_MIN_BYTES) starts as address space only. tw__block_reserve: a
+ * mapped block of `capacity` bytes of address space for a message of
+ * unknown size (a fragmented WebSocket message); tw__block_trim then sets
+ * its size to what was used (<= capacity) and returns the rest. Only the
+ * owner of the single reference may trim, before sharing it.
+ *
+ * tw__block_commit: before writing *len bytes at off (off no further than
+ * the bytes already written), make them usable; on return *len may be
+ * smaller (write that much, then ask again), never 0 when it was not.
+ * 0, or TW_ENOMEM when the system refuses the memory. A no-op for blocks
+ * made otherwise. Both ENOMEM cases fail a message, never the process. */
+#define TW__COMMIT_MIN_BYTES ((size_t)64 << 10)
+int tw__block_new_lazy(size_t size, tw_block **out);
 int tw__block_reserve(size_t capacity, tw_block **out);
+int tw__block_commit(tw_block *b, size_t off, size_t *len);
 void tw__block_trim(tw_block *b, size_t size);
 
 /* Release every cached mapping (context teardown, tests). */

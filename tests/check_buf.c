@@ -5,6 +5,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <taskwire/buf.h>
@@ -13,6 +16,7 @@
 #include <taskwire/stats.h>
 
 #include "core/block.h"
+#include "tests/proc_status.h"
 #include "tests/unit.h"
 
 #define DEFAULT_CACHE_BYTES ((size_t)256 << 20)
@@ -212,6 +216,111 @@ START_TEST(block_cache_stats)
 }
 END_TEST
 
+/* A receiving block (tw__block_new_lazy) has no writable page until it
+ * is committed; commit follows the bytes, at most a quarter ahead (and at
+ * least TW__COMMIT_MIN_BYTES), in few steps; a block committed whole is
+ * cached like any other, one left part-way is unmapped. */
+START_TEST(block_lazy_commit)
+{
+	size_t size = (size_t)32 << 20, off = 0, len, steps = 0;
+	tw_stats before;
+	tw_block *b;
+	uint8_t *p;
+	tw_block_cache_set_limit(0);
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+	ck_assert_int_eq(tw__block_new_lazy(size, &b), 0);
+	ck_assert_uint_eq(tw_block_size(b), size);
+	p = tw_block_data(b);
+	ck_assert_uint_eq(writable_bytes(p, size), 0);
+	len = size;
+	ck_assert_int_eq(tw__block_commit(b, 0, &len), 0);
+	ck_assert_uint_eq(len, TW__COMMIT_MIN_BYTES);
+	ck_assert_uint_eq(writable_bytes(p, size), TW__COMMIT_MIN_BYTES);
+	while (off < size) {
+		len = size - off;
+		ck_assert_int_eq(tw__block_commit(b, off, &len), 0);
+		ck_assert_uint_gt(len, 0);
+		memset(p + off, 0xab, len);
+		off += len;
+		steps++;
+		ck_assert_uint_eq(writable_bytes(p, size), off);
+		ck_assert_uint_le(off, TW__COMMIT_MIN_BYTES + (off - len) + (off - len) / 4);
+	}
+	ck_assert_uint_lt(steps, 40);
+	len = 10; /* committed already: unchanged */
+	ck_assert_int_eq(tw__block_commit(b, 100, &len), 0);
+	ck_assert_uint_eq(len, 10);
+	before = stats_now();
+	tw_block_free(b);
+	ck_assert_int_eq(tw_block_new(size, &b), 0); /* the cache's, written */
+	ck_assert_uint_eq(stats_now().block_cache_hits, before.block_cache_hits + 1);
+	ck_assert_uint_eq(tw_block_data(b)[size - 1], 0xab);
+	tw_block_free(b);
+	/* Left part-way: unmapped, not cached (the cache hands out usable
+	 * pages only). */
+	ck_assert_int_eq(tw__block_new_lazy((size_t)3 << 20, &b), 0);
+	len = 1;
+	ck_assert_int_eq(tw__block_commit(b, 0, &len), 0);
+	ck_assert_uint_eq(len, 1);
+	tw_block_free(b);
+	before = stats_now();
+	ck_assert_int_eq(tw_block_new((size_t)3 << 20, &b), 0);
+	ck_assert_uint_eq(stats_now().block_cache_hits, before.block_cache_hits);
+	ck_assert_uint_eq(writable_bytes(tw_block_data(b), (size_t)3 << 20), (size_t)3 << 20);
+	tw_block_free(b);
+	/* Small sizes are plain heap blocks, usable at once. */
+	ck_assert_int_eq(tw__block_new_lazy(1000, &b), 0);
+	len = 1000;
+	ck_assert_int_eq(tw__block_commit(b, 0, &len), 0);
+	ck_assert_uint_eq(len, 1000);
+	tw_block_free(b);
+}
+END_TEST
+
+/* Under RLIMIT_DATA a commit past the limit fails with TW_ENOMEM (no
+ * crash), while a reservation far larger than the limit is fine: the
+ * memory a peer can make us take is what it sent. Run in a child, as the
+ * limit is process-wide; skipped where the limit is not enforced (under
+ * valgrind, which keeps its own). mmap, not malloc, probes the limit:
+ * ASan's malloc aborts where glibc's returns NULL. */
+START_TEST(block_commit_rlimit)
+{
+	pid_t pid = fork();
+	int status;
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		uint64_t d0 = status_bytes("VmData");
+		struct rlimit rl = {d0 + ((size_t)64 << 20), d0 + ((size_t)64 << 20)};
+		size_t len = (size_t)128 << 20, off = 0;
+		tw_block *b;
+		void *p;
+		if (setrlimit(RLIMIT_DATA, &rl) != 0)
+			_exit(10);
+		p = mmap(NULL, (size_t)128 << 20, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p != MAP_FAILED)
+			_exit(0); /* not enforced here: nothing to show */
+		tw_block_cache_set_limit(0);
+		if (tw__block_new_lazy((size_t)1 << 30, &b) != 0)
+			_exit(11);
+		while (len > 0 && tw__block_commit(b, off, &len) == 0) {
+			memset(tw_block_data(b) + off, 1, len);
+			off += len;
+			len = ((size_t)128 << 20) - off;
+		}
+		tw_block_free(b);
+		/* failed between 32 and 64 MiB in, with memory to spare after */
+		if (len == 0 || off < ((size_t)32 << 20) || off > ((size_t)64 << 20))
+			_exit(12);
+		p = mmap(NULL, (size_t)1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			 -1, 0);
+		_exit(p == MAP_FAILED ? 13 : 0);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+}
+END_TEST
+
 START_TEST(slice_data)
 {
 	tw_block *b;
@@ -385,6 +494,8 @@ static Suite *buf_suite(void)
 	tcase_add_test(blocks, block_wrap_empty_and_no_release);
 	tcase_add_test(blocks, block_cache);
 	tcase_add_test(blocks, block_cache_stats);
+	tcase_add_test(blocks, block_lazy_commit);
+	tcase_add_test(blocks, block_commit_rlimit);
 	tcase_add_test(blocks, slice_data);
 	tcase_add_test(msgs, msg_empty);
 	tcase_add_test(msgs, msg_append_copy);

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@
 
 #include "tests/tcp_util.h"
 #include "tests/tls_util.h"
+#include "tests/proc_status.h"
 #include "tests/ws_util.h"
 
 #define MiB      ((size_t)1 << 20)
@@ -423,8 +426,10 @@ END_TEST
 /* (6) BH-24's 200 connections at once against one server with the
  * default message limit (4 GiB): each declares a 1 GiB frame (tcp, ws;
  * TW_TEST_QUICK: 20 of 64 MiB) and drips a byte per 100 ms, with a grace
- * period of 1 s so that all are open before the first is cut. The server's RSS grows with the bytes
- * received, not with what was declared (under 64 MiB for all of them),
+ * period of 1 s so that all are open before the first is cut. The
+ * server's RSS and its writable memory (VmData: what RLIMIT_DATA and
+ * strict overcommit charge) grow with the bytes received, not with what
+ * was declared (under 64 MiB each, for all of them),
  * every one is cut by the rate, fds return to where they were, and the
  * canary echoes throughout. */
 START_TEST(many_drippers)
@@ -434,7 +439,7 @@ START_TEST(many_drippers)
 	struct tu h;
 	struct tu_peer *cli = setup(&h, t, 1000), **sp = calloc(nconn, sizeof(*sp));
 	struct wu_raw *r = calloc(nconn, sizeof(*r));
-	uint64_t rss0, rss_max;
+	uint64_t rss0, rss_max, data0, data_max;
 	uint8_t head[64];
 	size_t n = msg_head(t, tu_quick() ? 64 * MiB : GiB, head);
 	long long t0;
@@ -442,17 +447,19 @@ START_TEST(many_drippers)
 	tt_canary(cli, 11);
 	fds = tt_fd_count();
 	rss0 = rss_max = tu_rss_bytes();
+	data0 = data_max = status_bytes("VmData");
 	for (size_t i = 0; i < nconn; i++)
 		raw_open(&h, t, &r[i], &sp[i]);
 	if (getenv("TU_VERBOSE") != NULL)
-		fprintf(stderr, "%s: %zu connections opened: RSS grew by %llu KiB\n", schemes[t],
-			nconn, (unsigned long long)((tu_rss_bytes() - rss0) >> 10));
+		fprintf(stderr, "%s: %zu connections opened: RSS grew by %llu KiB, VmData by %llu KiB\n",
+			schemes[t], nconn, (unsigned long long)((tu_rss_bytes() - rss0) >> 10),
+			(unsigned long long)((status_bytes("VmData") - data0) >> 10));
 	for (size_t i = 0; i < nconn; i++)
 		ck_assert_uint_eq(wu_raw_send(&r[i], head, n), n);
 	t0 = now_ms();
 	for (size_t k = 0; open > 0 && now_ms() - t0 < WAIT_MS; k++) {
 		uint8_t b = t == WS ? KEY[k % 4] : 0; /* a zero byte, masked */
-		uint64_t rss;
+		uint64_t rss, data;
 		tu_run_for(&h, 100);
 		open = 0;
 		for (size_t i = 0; i < nconn; i++) {
@@ -463,6 +470,8 @@ START_TEST(many_drippers)
 		}
 		if ((rss = tu_rss_bytes()) > rss_max)
 			rss_max = rss;
+		if ((data = status_bytes("VmData")) > data_max)
+			data_max = data;
 		tu_echo_check(cli, (size_t[]){100}, 1, (unsigned)k, WAIT_MS);
 	}
 	ck_assert_msg(open == 0, "%zu of %zu drippers still open", open, nconn);
@@ -473,15 +482,75 @@ START_TEST(many_drippers)
 	}
 	ck_assert_msg(rss_max - rss0 < 64 * MiB, "RSS grew by %llu KiB",
 		      (unsigned long long)((rss_max - rss0) >> 10));
+	ck_assert_msg(data_max - data0 < 64 * MiB, "VmData grew by %llu KiB",
+		      (unsigned long long)((data_max - data0) >> 10));
 	if (getenv("TU_VERBOSE") != NULL)
-		fprintf(stderr, "%s: %zu drippers: RSS grew by at most %llu KiB\n", schemes[t],
-			nconn, (unsigned long long)((rss_max - rss0) >> 10));
+		fprintf(stderr, "%s: %zu drippers: RSS grew by at most %llu KiB, VmData by %llu KiB\n",
+			schemes[t], nconn, (unsigned long long)((rss_max - rss0) >> 10),
+			(unsigned long long)((data_max - data0) >> 10));
 	tu_run_for(&h, 50);
 	ck_assert_int_eq(tt_fd_count(), fds);
 	ck_assert_int_eq(tt_close_wait_count(tt_uri_port(h.addr)), 0);
 	tt_canary(cli, 12);
 	free(sp);
 	free(r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* (7) Memory the system refuses while a message arrives (an
+ * RLIMIT_DATA 32 MiB above what the process holds; strict overcommit
+ * refuses alike): a peer declares a 1 GiB frame and sends 48 MiB of it;
+ * its comm ends with TW_ENOMEM and says so, the process and the canary
+ * go on, and memory freed by the close serves the canary again. Skipped
+ * where RLIMIT_DATA is not enforced (valgrind keeps its own). The soft
+ * limit is put back after, for CK_FORK=no runs. */
+START_TEST(memory_refused)
+{
+	int t = _i ? WS : TCP;
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = setup(&h, t, GRACE_MS);
+	struct rlimit old, lim;
+	size_t piece = 256 << 10, n, sent = 0;
+	uint8_t head[64], *zeros = malloc(piece);
+	void *probe;
+	ck_assert_ptr_nonnull(zeros);
+	for (size_t i = 0; i < piece; i++)
+		zeros[i] = t == WS ? KEY[i % 4] : 0; /* zero bytes, masked */
+	raw_open(&h, t, &r, &sp);
+	tt_canary(cli, 14);
+	ck_assert_int_eq(getrlimit(RLIMIT_DATA, &old), 0);
+	lim = (struct rlimit){status_bytes("VmData") + 32 * MiB, old.rlim_max};
+	ck_assert_int_eq(setrlimit(RLIMIT_DATA, &lim), 0);
+	probe = mmap(NULL, 64 * MiB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (probe == MAP_FAILED) {
+		n = msg_head(t, GiB, head);
+		wu_raw_send(&r, head, n);
+		while (!sp->closed && sent < 48 * MiB && wu_raw_send(&r, zeros, piece) == piece) {
+			sent += piece;
+			tu_run_for(&h, 2);
+		}
+		tu_wait_flag(&h, &sp->closed, WAIT_MS);
+	} else {
+		munmap(probe, 64 * MiB);
+	}
+	ck_assert_int_eq(setrlimit(RLIMIT_DATA, &old), 0);
+	if (probe == MAP_FAILED) {
+		ck_assert_msg(sp->closed, "comm open after %zu bytes", sent);
+		ck_assert_msg(sp->close_err == TW_ENOMEM, "err %s (%s)",
+			      tw_strerror(sp->close_err), sp->last_error);
+		ck_assert_msg(strstr(sp->last_error, "out of memory") != NULL, "%s",
+			      sp->last_error);
+		ck_assert_uint_eq(sp->nmsgs, 0);
+	}
+	if (getenv("TU_VERBOSE") != NULL)
+		fprintf(stderr, "%s: %s after %zu bytes sent: %s\n", schemes[t],
+			probe == MAP_FAILED ? "refused" : "RLIMIT_DATA not enforced, skipped", sent,
+			sp->last_error);
+	tt_canary(cli, 15);
+	wu_raw_close(&r);
+	free(zeros);
 	tt_fini(&h);
 }
 END_TEST
@@ -537,6 +606,7 @@ int main(void)
 	tcase_add_loop_test(tc, rate_off, 0, 4);
 	tcase_add_loop_test(tc, slow_server_cut, 0, 2);
 	tcase_add_loop_test(tc, many_drippers, 0, 2);
+	tcase_add_loop_test(tc, memory_refused, 0, 2);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

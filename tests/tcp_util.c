@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "tests/tcp_util.h"
+#include "tests/proc_status.h"
 
 #define TICK_MS 20
 #define PERIOD  251
@@ -484,15 +485,7 @@ int tu_raw_wait_closed(struct tu *h, int fd, int ms)
 
 uint64_t tu_rss_bytes(void)
 {
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	unsigned long long kb = 0;
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
-			break;
-	fclose(f);
-	return (uint64_t)kb * 1024;
+	return status_bytes("VmRSS");
 }
 
 tw_msg *tu_request(const char *op, const tw_slice *data)

@@ -4,6 +4,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/block.h"
 #include "core/msg.h"
 #include "core/stats.h"
 #include "transport/frame_rx.h"
@@ -132,7 +133,7 @@ static int place_slab(struct tw__rx *rx, size_t i)
 		for (size_t k = i; k < rx->dec.n; k++)
 			if (rx->dec.lens[k] <= rx->small_frame_bytes)
 				need += rx->dec.lens[k];
-		if (tw_block_new(need, &rx->slab) != 0)
+		if (tw__block_new_lazy(need, &rx->slab) != 0)
 			return TW_ENOMEM;
 	}
 	tw__msg_append_owned(rx->msg, (tw_slice){tw_block_hold(rx->slab), rx->slab_off, len});
@@ -147,7 +148,7 @@ static int place_block(struct tw__rx *rx, size_t i, size_t span)
 	tw_block *b;
 	for (size_t k = i; k < i + span; k++)
 		sum += rx->dec.lens[k];
-	if (tw_block_new(sum, &b) != 0)
+	if (tw__block_new_lazy(sum, &b) != 0)
 		return TW_ENOMEM;
 	for (size_t k = i; k < i + span; k++) {
 		tw__msg_append_owned(rx->msg, (tw_slice){tw_block_hold(b), off, rx->dec.lens[k]});
@@ -210,20 +211,23 @@ static int got_lengths(struct tw__rx *rx)
 	return settle(rx);
 }
 
+/* Where the frames' next bytes go, as far as their blocks' memory is
+ * committed (a frame's memory follows its bytes: core/block.h). */
 static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 {
 	const tw_slice *f = tw__msg_frames(rx->msg);
-	size_t placed = tw_msg_nframes(rx->msg), skip = rx->cur_have;
+	size_t placed = tw_msg_nframes(rx->msg), have = rx->cur_have;
 	int k = 0;
-	for (size_t i = rx->cur; i < placed && k < max; i++) {
-		if (f[i].len == skip) {
-			skip = 0;
+	for (size_t i = rx->cur; i < placed && k < max; i++, have = 0) {
+		size_t len = f[i].len - have;
+		if (len == 0)
 			continue;
-		}
-		iov[k].iov_base = tw_slice_data(&f[i]) + skip;
-		iov[k].iov_len = f[i].len - skip;
-		k++;
-		skip = 0;
+		if (tw__block_commit(f[i].block, f[i].offset + have, &len) != 0)
+			return fail(rx, TW_ENOMEM);
+		iov[k].iov_base = tw_slice_data(&f[i]) + have;
+		iov[k++].iov_len = len;
+		if (len < f[i].len - have)
+			break; /* the rest is not usable yet */
 	}
 	return k;
 }

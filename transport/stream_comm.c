@@ -254,7 +254,12 @@ static void read_ended(struct stream *s, ssize_t n)
 static void protocol_error(struct stream *s, int err)
 {
 	const struct tw__sdec *d = &s->rx.dec;
-	tw__comm_seterr(&s->base,
+	if (err == TW_ENOMEM) /* ours, not the peer's: memory for its bytes refused */
+		tw__comm_seterr(&s->base, "out of memory receiving a message of %llu bytes",
+				(unsigned long long)d->total);
+	else
+		tw__comm_seterr(
+			&s->base,
 			"bad message from peer: %s (total %llu, frames %llu, limits %llu bytes, "
 			"%llu frames)",
 			tw_strerror(err), (unsigned long long)d->total, (unsigned long long)d->n,

@@ -550,7 +550,7 @@ static int place_frame(struct ws *w, const struct tw__ws_event *ev)
 	if (span <= 1 && ev->fin) {
 		w->span_left = 1;
 		w->reserved = 0;
-		return ev->length == 0 ? 0 : tw_block_new(ev->length, &w->blk);
+		return ev->length == 0 ? 0 : tw__block_new_lazy(ev->length, &w->blk);
 	}
 	w->span_left = span > 1 ? (size_t)span : 1;
 	w->reserved = 1;
@@ -724,6 +724,11 @@ static int read_once(struct ws *w, size_t *budget)
 		uint64_t room = tw__ws_dec_payload_room(&w->dec);
 		uint8_t *dst = payload_dst(w);
 		size_t want = room < *budget ? (size_t)room : *budget;
+		if (w->nframes != 0 && w->blk != NULL &&
+		    tw__block_commit(w->blk, w->blk_off, &want) != 0) {
+			fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
+			return -1;
+		}
 		n = 0;
 		if (want > 0 && (n = io_read(w, dst, want)) <= 0)
 			goto io;
