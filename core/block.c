@@ -207,7 +207,12 @@ int tw_block_new(size_t size, tw_block **out)
 
 int tw__block_new_lazy(size_t size, tw_block **out)
 {
-	return size >= TW__MAP_MIN_BYTES ? new_mapped(size, 1, out) : tw_block_new(size, out);
+	int rv;
+	if (size <= TW__COMMIT_MIN_BYTES)
+		return tw_block_new(size, out);
+	if ((rv = new_mapped(size, 1, out)) == 0 && size < TW__MAP_MIN_BYTES)
+		(*out)->uncached = 1; /* mid-size: would only churn the cache */
+	return rv;
 }
 
 int tw__block_commit(tw_block *b, size_t off, size_t *len)
@@ -222,16 +227,18 @@ int tw__block_commit(tw_block *b, size_t off, size_t *len)
 	if (off >= b->committed) {
 		step = b->committed / 4 > TW__COMMIT_MIN_BYTES ? b->committed / 4
 							       : TW__COMMIT_MIN_BYTES;
-		end = page_round(*len < step ? off + *len : off + step);
+		end = page_round(off + step);
 		if (end > b->map_len)
 			end = b->map_len;
 		if (mprotect(b->data + b->committed, end - b->committed, PROT_READ | PROT_WRITE) !=
 		    0)
 			return TW_ENOMEM;
 		b->committed = end;
+		if (*len > end - off)
+			*len = end - off;
+		return 1;
 	}
-	if (*len > b->committed - off)
-		*len = b->committed - off;
+	*len = b->committed - off;
 	return 0;
 }
 

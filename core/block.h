@@ -28,8 +28,9 @@ tw_block *tw__block_seal(uint8_t *data, size_t size);
  * peer declared (BH-04, BH-24 of bug-cases.md), under every overcommit
  * policy and RLIMIT_DATA.
  *
- * tw__block_new_lazy: as tw_block_new, but a mapped block (size >=
- * TW__MAP_MIN_BYTES) starts as address space only. tw__block_reserve: a
+ * tw__block_new_lazy: as tw_block_new, but a block of more than
+ * TW__COMMIT_MIN_BYTES is mapped and starts as address space only.
+ * tw__block_reserve: a
  * mapped block of `capacity` bytes of address space for a message of
  * unknown size (a fragmented WebSocket message); tw__block_trim then sets
  * its size to what was used (<= capacity) and returns the rest. Only the
@@ -38,8 +39,11 @@ tw_block *tw__block_seal(uint8_t *data, size_t size);
  * tw__block_commit: before writing *len bytes at off (off no further than
  * the bytes already written), make them usable; on return *len may be
  * smaller (write that much, then ask again), never 0 when it was not.
- * 0, or TW_ENOMEM when the system refuses the memory. A no-op for blocks
- * made otherwise. Both ENOMEM cases fail a message, never the process. */
+ * Returns 1 when it committed more memory (one step: a caller filling
+ * several places in one read stops there, so one read commits at most
+ * one step ahead of the bytes), 0 when none was needed, or TW_ENOMEM
+ * when the system refuses the memory. A no-op (0) for blocks made
+ * otherwise. Both ENOMEM cases fail a message, never the process. */
 #define TW__COMMIT_MIN_BYTES ((size_t)64 << 10)
 int tw__block_new_lazy(size_t size, tw_block **out);
 int tw__block_reserve(size_t capacity, tw_block **out);

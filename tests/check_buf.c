@@ -217,9 +217,10 @@ START_TEST(block_cache_stats)
 END_TEST
 
 /* A receiving block (tw__block_new_lazy) has no writable page until it
- * is committed; commit follows the bytes, at most a quarter ahead (and at
- * least TW__COMMIT_MIN_BYTES), in few steps; a block committed whole is
- * cached like any other, one left part-way is unmapped. */
+ * is committed; commit follows the bytes, a quarter of what arrived (at
+ * least TW__COMMIT_MIN_BYTES) at a time, in few steps, and says when it
+ * committed more; a block committed whole is cached like any other, one
+ * left part-way is unmapped. */
 START_TEST(block_lazy_commit)
 {
 	size_t size = (size_t)32 << 20, off = 0, len, steps = 0;
@@ -233,12 +234,12 @@ START_TEST(block_lazy_commit)
 	p = tw_block_data(b);
 	ck_assert_uint_eq(writable_bytes(p, size), 0);
 	len = size;
-	ck_assert_int_eq(tw__block_commit(b, 0, &len), 0);
+	ck_assert_int_eq(tw__block_commit(b, 0, &len), 1);
 	ck_assert_uint_eq(len, TW__COMMIT_MIN_BYTES);
 	ck_assert_uint_eq(writable_bytes(p, size), TW__COMMIT_MIN_BYTES);
 	while (off < size) {
 		len = size - off;
-		ck_assert_int_eq(tw__block_commit(b, off, &len), 0);
+		ck_assert_int_eq(tw__block_commit(b, off, &len), off == 0 ? 0 : 1);
 		ck_assert_uint_gt(len, 0);
 		memset(p + off, 0xab, len);
 		off += len;
@@ -259,20 +260,25 @@ START_TEST(block_lazy_commit)
 	/* Left part-way: unmapped, not cached (the cache hands out usable
 	 * pages only). */
 	ck_assert_int_eq(tw__block_new_lazy((size_t)3 << 20, &b), 0);
-	len = 1;
-	ck_assert_int_eq(tw__block_commit(b, 0, &len), 0);
+	len = 1; /* a whole step even so, as a slab's next frames need it */
+	ck_assert_int_eq(tw__block_commit(b, 0, &len), 1);
 	ck_assert_uint_eq(len, 1);
+	ck_assert_uint_eq(writable_bytes(tw_block_data(b), (size_t)3 << 20), TW__COMMIT_MIN_BYTES);
 	tw_block_free(b);
 	before = stats_now();
 	ck_assert_int_eq(tw_block_new((size_t)3 << 20, &b), 0);
 	ck_assert_uint_eq(stats_now().block_cache_hits, before.block_cache_hits);
 	ck_assert_uint_eq(writable_bytes(tw_block_data(b), (size_t)3 << 20), (size_t)3 << 20);
 	tw_block_free(b);
-	/* Small sizes are plain heap blocks, usable at once. */
-	ck_assert_int_eq(tw__block_new_lazy(1000, &b), 0);
-	len = 1000;
+	/* Up to TW__COMMIT_MIN_BYTES: plain heap blocks, usable at once;
+	 * above it, even below TW__MAP_MIN_BYTES, address space only. */
+	ck_assert_int_eq(tw__block_new_lazy(TW__COMMIT_MIN_BYTES, &b), 0);
+	len = TW__COMMIT_MIN_BYTES;
 	ck_assert_int_eq(tw__block_commit(b, 0, &len), 0);
-	ck_assert_uint_eq(len, 1000);
+	ck_assert_uint_eq(len, TW__COMMIT_MIN_BYTES);
+	tw_block_free(b);
+	ck_assert_int_eq(tw__block_new_lazy(TW__COMMIT_MIN_BYTES + 1, &b), 0);
+	ck_assert_uint_eq(writable_bytes(tw_block_data(b), TW__COMMIT_MIN_BYTES + 1), 0);
 	tw_block_free(b);
 }
 END_TEST
@@ -303,7 +309,7 @@ START_TEST(block_commit_rlimit)
 		tw_block_cache_set_limit(0);
 		if (tw__block_new_lazy((size_t)1 << 30, &b) != 0)
 			_exit(11);
-		while (len > 0 && tw__block_commit(b, off, &len) == 0) {
+		while (len > 0 && tw__block_commit(b, off, &len) >= 0) {
 			memset(tw_block_data(b) + off, 1, len);
 			off += len;
 			len = ((size_t)128 << 20) - off;

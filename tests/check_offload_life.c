@@ -253,6 +253,7 @@ START_TEST(context_free_with_jobs_queued)
 	ox_send(&o, 0, ox_large(0, NULL));
 	ox_wait_delivered(&o, 0, 1);
 	gate = ox_gate(o.h.ctx);
+	ox_wait_started(gate); /* holding the worker, not queued behind it */
 	for (size_t c = 0; c < 3; c++) {
 		for (size_t i = c == 0; i < 2; i++)
 			ox_send(&o, c, ox_large(i, NULL));

@@ -429,9 +429,10 @@ END_TEST
  * period of 1 s so that all are open before the first is cut. The
  * server's RSS and its writable memory (VmData: what RLIMIT_DATA and
  * strict overcommit charge) grow with the bytes received, not with what
- * was declared (under 64 MiB each, for all of them),
- * every one is cut by the rate, fds return to where they were, and the
- * canary echoes throughout. */
+ * was declared (under 64 MiB each, for all of them), every one is cut
+ * by the rate, their partial messages are released when they end (before
+ * the comms are freed), fds return to where they were, and the canary
+ * echoes throughout. */
 START_TEST(many_drippers)
 {
 	int t = _i ? WS : TCP, fds;
@@ -439,7 +440,8 @@ START_TEST(many_drippers)
 	struct tu h;
 	struct tu_peer *cli = setup(&h, t, 1000), **sp = calloc(nconn, sizeof(*sp));
 	struct wu_raw *r = calloc(nconn, sizeof(*r));
-	uint64_t rss0, rss_max, data0, data_max;
+	uint64_t rss0, rss_max, data0, data_max, live0;
+	tw_stats st;
 	uint8_t head[64];
 	size_t n = msg_head(t, tu_quick() ? 64 * MiB : GiB, head);
 	long long t0;
@@ -448,6 +450,8 @@ START_TEST(many_drippers)
 	fds = tt_fd_count();
 	rss0 = rss_max = tu_rss_bytes();
 	data0 = data_max = status_bytes("VmData");
+	tw_stats_global(&st);
+	live0 = st.block_bytes_live;
 	for (size_t i = 0; i < nconn; i++)
 		raw_open(&h, t, &r[i], &sp[i]);
 	if (getenv("TU_VERBOSE") != NULL)
@@ -484,6 +488,10 @@ START_TEST(many_drippers)
 		      (unsigned long long)((rss_max - rss0) >> 10));
 	ck_assert_msg(data_max - data0 < 64 * MiB, "VmData grew by %llu KiB",
 		      (unsigned long long)((data_max - data0) >> 10));
+	/* Ended, not yet freed: their partial messages are gone already. */
+	tw_stats_global(&st);
+	ck_assert_msg(st.block_bytes_live < live0 + 64 * 1024, "%llu block bytes live, %llu before",
+		      (unsigned long long)st.block_bytes_live, (unsigned long long)live0);
 	if (getenv("TU_VERBOSE") != NULL)
 		fprintf(stderr, "%s: %zu drippers: RSS grew by at most %llu KiB, VmData by %llu KiB\n",
 			schemes[t], nconn, (unsigned long long)((rss_max - rss0) >> 10),

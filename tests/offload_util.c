@@ -409,6 +409,13 @@ int ox_ran(struct ox_job *j)
 	return ran;
 }
 
+void ox_wait_started(struct ox_job *j)
+{
+	for (int i = 0; i < 10000 && !ox_ran(j); i++)
+		usleep(1000);
+	ck_assert_msg(ox_ran(j), "job not started by a worker in 10 s");
+}
+
 void ox_job_free(struct ox_job *j)
 {
 	if (j == NULL)

@@ -136,6 +136,10 @@ struct ox_job *ox_gate(tw_context *ctx);
 struct ox_job *ox_marker(tw_context *ctx);
 void ox_open(struct ox_job *j);
 int ox_ran(struct ox_job *j);
+/* Wait (up to 10 s) until a worker has started j: a gate is then holding
+ * its worker, not merely queued (a queued job is canceled by a context
+ * free). Asserts it started. */
+void ox_wait_started(struct ox_job *j);
 void ox_job_free(struct ox_job *j);
 /* Wait for j's done on the harness loop. */
 void ox_wait_job(struct tu *h, struct ox_job *j);

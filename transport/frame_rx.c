@@ -212,7 +212,8 @@ static int got_lengths(struct tw__rx *rx)
 }
 
 /* Where the frames' next bytes go, as far as their blocks' memory is
- * committed (a frame's memory follows its bytes: core/block.h). */
+ * committed, and at most one step of newly committed memory per read (a
+ * frame's memory follows its bytes: core/block.h). */
 static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 {
 	const tw_slice *f = tw__msg_frames(rx->msg);
@@ -222,12 +223,13 @@ static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 		size_t len = f[i].len - have;
 		if (len == 0)
 			continue;
-		if (tw__block_commit(f[i].block, f[i].offset + have, &len) != 0)
-			return fail(rx, TW_ENOMEM);
+		int rv = tw__block_commit(f[i].block, f[i].offset + have, &len);
+		if (rv < 0)
+			return fail(rx, rv);
 		iov[k].iov_base = tw_slice_data(&f[i]) + have;
 		iov[k++].iov_len = len;
-		if (len < f[i].len - have)
-			break; /* the rest is not usable yet */
+		if (rv == 1 || len < f[i].len - have)
+			break; /* one step of new memory per read */
 	}
 	return k;
 }

@@ -466,6 +466,9 @@ static void s_stop(tw_comm *c)
 	event_del(s->linger_ev);
 	tw__comm_rate_stop(c);
 	release_queue(s);
+	/* A message cut short is dropped now, not when the comm is freed:
+	 * an ended comm holds no memory for its peer's bytes. */
+	tw__rx_fini(&s->rx);
 	if (s->io->free != NULL)
 		s->io->free(s->io_arg);
 	close(s->fd);

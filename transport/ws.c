@@ -725,7 +725,7 @@ static int read_once(struct ws *w, size_t *budget)
 		uint8_t *dst = payload_dst(w);
 		size_t want = room < *budget ? (size_t)room : *budget;
 		if (w->nframes != 0 && w->blk != NULL &&
-		    tw__block_commit(w->blk, w->blk_off, &want) != 0) {
+		    tw__block_commit(w->blk, w->blk_off, &want) < 0) {
 			fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
 			return -1;
 		}
@@ -923,6 +923,7 @@ static void w_stop(tw_comm *c)
 	for (size_t i = 0; i < w->qn; i++)
 		out_free(&w->q[(w->qhead + i) % w->qcap]);
 	w->qn = 0;
+	reset_rx(w); /* an ended comm holds no memory for its peer's bytes */
 	if (w->io->free != NULL)
 		w->io->free(w->io_arg);
 	close(w->fd);

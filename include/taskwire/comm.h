@@ -37,7 +37,9 @@ typedef void (*tw_recv_cb)(tw_comm *comm, tw_msg *msg, void *arg);
  * messages, or tw_comm_close finished flushing), else the reason
  * (TW_ETRUNCATED, TW_ETOOBIG, TW_EIO ...; details in tw_comm_last_error).
  * Runs exactly once per comm that had callbacks set, unless the
- * application freed the comm first. */
+ * application freed the comm first. By then the socket is closed, queued
+ * writes and any message cut short are released; the comm itself (its
+ * stats, tw_comm_last_error) lives until tw_comm_free. */
 typedef void (*tw_close_cb)(tw_comm *comm, int err, void *arg);
 /* The write queue became empty: every queued message was handed to the
  * kernel. */
