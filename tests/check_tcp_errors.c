@@ -241,6 +241,8 @@ START_TEST(bad_uris)
 		"tcp://127.0.0.1", "127.0.0.1:80",   "tcp://127.0.0.1:99999", "tcp://[::1:80",
 		"tcp://:80",       "tcp://1.2.3.4:8x", "tcp://",              "",
 		"://127.0.0.1:80", "tcp://127.0.0.1:",
+		/* ws serves path / only: another is refused both ways */
+		"ws://127.0.0.1:80/foo", "wss://127.0.0.1:80/dask/", "ws://127.0.0.1:80/?x=1",
 	};
 	struct tu h;
 	tw_listener *l = NULL;

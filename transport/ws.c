@@ -1225,13 +1225,20 @@ static int wss_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb,
 	return 0;
 }
 
+/* Connectors send `GET /`, the only path a listener (ours, Dask's)
+ * serves: a URI naming another would be silently ignored, so it is
+ * refused, as tw_listen refuses it. */
 static int ws_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
+	if (strcmp(u->path, "/") != 0)
+		return TW_EADDR;
 	return tw__tcp_connect_with(ctx, u, plain_client, NULL, cb, arg);
 }
 
 static int wss_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
+	if (strcmp(u->path, "/") != 0)
+		return TW_EADDR;
 	return tw__tls_connect_then(ctx, u, client_then, cb, arg);
 }
 

@@ -57,9 +57,11 @@ typedef void (*tw_connect_cb)(tw_comm *comm, int err, void *arg);
 typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);
 
 /* tw_listen: listen on `uri` (a numeric host, or a name resolved
- * synchronously). accept_cb runs for each new comm. Returns 0 and sets
- * *out, or TW_EADDR (malformed URI), TW_ESCHEME (unknown scheme),
- * TW_EADDRINUSE, TW_EIO, TW_ENOMEM. */
+ * synchronously). accept_cb runs for each new comm. A ws:// or wss://
+ * URI may name no path but `/` (the only one served, as by Dask's ws
+ * listener; an upgrade request for another gets 404). Returns 0 and sets
+ * *out, or TW_EADDR (malformed URI, or another path), TW_ESCHEME (unknown
+ * scheme), TW_EADDRINUSE, TW_EIO, TW_ENOMEM. */
 int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *arg,
 	      tw_listener **out);
 
@@ -74,8 +76,10 @@ void tw_listener_free(tw_listener *l);
 
 /* tw_connect: connect to `uri`; cb runs once with the result, on the loop
  * thread, never before tw_connect returns. The connect fails with
- * TW_ETIMEDOUT after the context's connect timeout. Returns 0 (cb will
- * run), or TW_EADDR, TW_ESCHEME, TW_ENOMEM (cb never runs). */
+ * TW_ETIMEDOUT after the context's connect timeout. ws:// and wss://
+ * connectors request path `/`, and refuse a URI naming another.
+ * Returns 0 (cb will run), or TW_EADDR (malformed URI, or a ws path other
+ * than `/`), TW_ESCHEME, TW_ENOMEM (cb never runs). */
 int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg);
 
 /* tw_comm_set_callbacks: set the receive, close and drain callbacks (drain
