@@ -50,13 +50,26 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
 	return 0;
 }
 
+static int is_map(const uint8_t *p)
+{
+	return (p[0] & 0xf0) == 0x80 || p[0] == 0xde || p[0] == 0xdf;
+}
+
 int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 {
 	const char *why;
-	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0)
+	uint64_t queued;
+	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0 ||
+	    !is_map(packed))
 		return TW_EINVAL;
 	if (b->comm->ended)
 		return TW_ECLOSED;
+	/* Writers are told to wait, as tw_comm_write tells them: the batch
+	 * and the comm's write queue together stay under the high-water mark
+	 * (one map alone always goes). */
+	queued = b->body.size + tw_comm_queued_bytes(b->comm);
+	if (queued > 0 && queued + len > b->comm->limits.write_hwm_bytes)
+		return TW_EAGAIN;
 	if (msgpack_sbuffer_write(&b->body, packed, len) != 0)
 		return TW_ENOMEM;
 	b->n++;

@@ -233,6 +233,14 @@ static void on_drain(tw_comm *comm, void *arg)
 		q->drain_cb(comm, q->arg);
 }
 
+/* Messages received and not yet delivered (the one being delivered has
+ * left the queue). */
+static int backlog(const tw_comm *comm)
+{
+	const struct queue *q = comm->deliver;
+	return q->head != NULL;
+}
+
 static void on_resume(tw_comm *comm)
 {
 	struct queue *q = comm->deliver;
@@ -268,11 +276,13 @@ int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_cl
 	comm->deliver = q;
 	comm->deliver_free = detach;
 	comm->deliver_resume = on_resume;
+	comm->deliver_backlog = backlog;
 	rv = tw_comm_set_callbacks(comm, on_recv, on_close, on_drain, q);
 	if (rv != 0) {
 		comm->deliver = NULL;
 		comm->deliver_free = NULL;
 		comm->deliver_resume = NULL;
+		comm->deliver_backlog = NULL;
 		free(q);
 	}
 	return rv;

@@ -375,11 +375,15 @@ static int connect_one(struct dest *d)
 	return rv;
 }
 
+/* A comm ready for a call. Not one that already took in bytes of a next
+ * message (a peer answering twice, say): a request written now would take
+ * them for its reply. It waits until they arrive whole, nobody asked for
+ * them, and on_reply drops it. */
 static struct pcomm *idle_comm(struct dest *d)
 {
 	for (struct pcomm *pc = d->comms; pc != NULL; pc = pc->next)
 		if (pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
-		    pc->comm->recv_cb != NULL)
+		    pc->comm->recv_cb != NULL && !tw__comm_rx_pending(pc->comm))
 			return pc;
 	return NULL;
 }

@@ -30,6 +30,7 @@ struct sconn {
 	tw_msg *pending;  /* a reply the write queue refused, sent on drain */
 	int close_after;  /* close once `pending` is written (close:true) */
 	int stream;       /* after connection_stream: one-way maps */
+	int closing;      /* close-stream came, or we dropped it: serve nothing more */
 };
 
 struct tw_request {
@@ -50,7 +51,9 @@ struct tw_server {
 	size_t nsops;
 	tw_listener **ls;
 	size_t nls;
-	struct sconn conns; /* list head */
+	struct sconn conns; /* list head: served comms, and comms in their handshake */
+	int depth;          /* stream batches being dispatched */
+	int dying;          /* tw_server_free ran inside one: free when it ends */
 	char id[64];
 };
 
@@ -156,6 +159,7 @@ static void conn_free(struct sconn *sc)
 
 static void drop(struct sconn *sc, int err, const char *why)
 {
+	sc->closing = 1; /* messages owed before the end are not served */
 	tw__comm_seterr(sc->comm, "%s", why);
 	tw__comm_end(sc->comm, err);
 }
@@ -176,6 +180,9 @@ static int stream_map(struct sconn *sc, const tw_decoded *d, const msgpack_objec
 	if (op == NULL)
 		return 0;
 	if (tw_obj_str_eq(op, "close-stream")) {
+		/* maps after it, in this batch or already received, are
+		 * dropped: tw_comm_close still delivers what arrived before */
+		sc->closing = 1;
 		tw_comm_close(sc->comm);
 		return 1;
 	}
@@ -184,21 +191,27 @@ static int stream_map(struct sconn *sc, const tw_decoded *d, const msgpack_objec
 	return 0;
 }
 
-/* A stream message: a map or an array of maps, no replies. */
+static void server_destroy(tw_server *s);
+
+/* A stream message: a map or an array of maps, no replies. A handler may
+ * free the server: the batch stops there, and the server goes after it. */
 static void stream_message(struct sconn *sc, tw_decoded *d)
 {
 	const msgpack_object *root = tw_decoded_root(d);
-	if (root->type == MSGPACK_OBJECT_MAP) {
-		stream_map(sc, d, root);
-	} else if (root->type == MSGPACK_OBJECT_ARRAY) {
-		for (uint32_t i = 0; i < root->via.array.size; i++)
-			if (stream_map(sc, d, &root->via.array.ptr[i]))
-				break;
-	} else {
+	tw_server *s = sc->srv;
+	if (root->type != MSGPACK_OBJECT_MAP && root->type != MSGPACK_OBJECT_ARRAY) {
 		tw_decoded_free(d);
 		return drop(sc, TW_EPROTO, "stream message is not a map or a list of maps");
 	}
+	s->depth++;
+	if (root->type == MSGPACK_OBJECT_MAP)
+		stream_map(sc, d, root);
+	for (uint32_t i = 0; root->type == MSGPACK_OBJECT_ARRAY && i < root->via.array.size; i++)
+		if (stream_map(sc, d, &root->via.array.ptr[i]) || s->dying)
+			break;
 	tw_decoded_free(d);
+	if (--s->depth == 0 && s->dying)
+		server_destroy(s);
 }
 
 static void set_flag(int *flag, const msgpack_object *v)
@@ -246,6 +259,10 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 	const struct op *h;
 	tw_request *r;
 	int rv;
+	if (sc->closing) {
+		tw_decoded_free(d);
+		return;
+	}
 	if (err != 0)
 		return drop(sc, err, detail);
 	if (sc->stream)
@@ -260,14 +277,15 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw_decoded_free(d);
 		return drop(sc, rv, "out of memory");
 	}
-	if (strcmp(r->op, "connection_stream") == 0) {
+	/* compared as msgpack strs: "close\0x" is not "close" */
+	if (tw_obj_str_eq(op, "connection_stream")) {
 		sc->stream = 1; /* no reply: from now on, one-way maps */
 		request_free(r);
 		return;
 	}
 	sc->busy = r;
 	tw_comm_pause(comm);
-	if (strcmp(r->op, "close") == 0) {
+	if (tw_obj_str_eq(op, "close")) {
 		r->close = 1;
 		if (r->reply)
 			tw_pack_str(tw_builder_packer(tw_request_reply_builder(r)), "OK");
@@ -309,10 +327,21 @@ static void on_close(tw_comm *comm, int err, void *arg)
 
 static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
 {
-	tw_server *s = arg;
-	struct sconn *sc;
+	struct sconn *sc = arg;
 	(void)info;
-	if (err != 0 || (sc = calloc(1, sizeof(*sc))) == NULL) {
+	if (err != 0 ||
+	    tw_comm_set_decoded_callbacks(comm, on_decoded, on_close, on_drain, sc) != 0)
+		conn_free(sc);
+}
+
+/* The comm joins the server's list at once, so that tw_server_free frees
+ * it even in the middle of its handshake. */
+static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	tw_server *s = arg;
+	struct sconn *sc = calloc(1, sizeof(*sc));
+	(void)l;
+	if (sc == NULL) {
 		tw_comm_free(comm);
 		return;
 	}
@@ -322,15 +351,8 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 	sc->prev = &s->conns;
 	s->conns.next->prev = sc;
 	s->conns.next = sc;
-	if (tw_comm_set_decoded_callbacks(comm, on_decoded, on_close, on_drain, sc) != 0)
+	if (tw_comm_handshake(comm, 1, on_handshake, sc) != 0)
 		conn_free(sc);
-}
-
-static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
-{
-	(void)l;
-	if (tw_comm_handshake(comm, 1, on_handshake, arg) != 0)
-		tw_comm_free(comm);
 }
 
 int tw_server_listen(tw_server *s, const char *uri)
@@ -359,6 +381,15 @@ void tw_server_free(tw_server *s)
 {
 	if (s == NULL)
 		return;
+	if (s->depth > 0) { /* inside a stream batch: when it ends */
+		s->dying = 1;
+		return;
+	}
+	server_destroy(s);
+}
+
+static void server_destroy(tw_server *s)
+{
 	for (size_t i = 0; i < s->nls; i++)
 		tw_listener_free(s->ls[i]);
 	while (s->conns.next != &s->conns)

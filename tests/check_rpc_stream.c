@@ -133,7 +133,8 @@ START_TEST(stream_free_flushes)
 END_TEST
 
 /* tw_batched_free while the comm's write queue is above its high-water
- * mark: the queued maps still go out (nothing dropped silently). */
+ * mark: the queued maps still go out (nothing dropped silently), though a
+ * new one is told to wait (TW_EAGAIN). */
 START_TEST(stream_free_above_hwm)
 {
 	struct rf f;
@@ -144,8 +145,10 @@ START_TEST(stream_free_above_hwm)
 	uint8_t *zeros = calloc(1, n);
 	int rv;
 	rf_init(&f);
-	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1), 0);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1 << 20), 0);
 	open_stream(&f, &w, 60000, &b);
+	for (int64_t i = 0; i < 3; i++) /* queued in the batch, under the mark */
+		send_item(b, "item", i);
 	pad = rq_begin("pad", 1); /* an op with no stream handler: skipped */
 	rq_bin(pad, "data", zeros, n);
 	free(zeros);
@@ -153,9 +156,12 @@ START_TEST(stream_free_above_hwm)
 	while ((rv = tw_comm_write(w.comm, m)) == TW_EAGAIN)
 		tu_run_for(&f.h, 5);
 	ck_assert_int_eq(rv, 0);
-	for (int64_t i = 0; i < 3; i++)
-		send_item(b, "item", i);
-	ck_assert_uint_gt(tw_comm_queued_bytes(w.comm), 1);
+	ck_assert_uint_gt(tw_comm_queued_bytes(w.comm), 1 << 20);
+	/* now above it: a further map is told to wait */
+	{
+		static const uint8_t map[] = {0x81, 0xa2, 'o', 'p', 0xa4, 'i', 't', 'e', 'm'};
+		ck_assert_int_eq(tw_batched_send(b, map, sizeof(map)), TW_EAGAIN);
+	}
 	tw_batched_free(b);
 	ck_assert(tu_wait_count(&f.h, &f.s.items, 3, TU_WAIT_MS));
 	ck_assert_uint_eq(f.s.item_errors, 0);

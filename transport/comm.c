@@ -321,6 +321,12 @@ uint64_t tw_comm_queued_bytes(const tw_comm *c)
 	return c->ops->queued(c);
 }
 
+int tw__comm_rx_pending(const tw_comm *c)
+{
+	return (c->ops->rx_pending != NULL && c->ops->rx_pending(c)) ||
+	       (c->deliver_backlog != NULL && c->deliver_backlog(c));
+}
+
 void tw_comm_close(tw_comm *c)
 {
 	if (!c->ended)

@@ -493,8 +493,14 @@ static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 	tw__rx_set_place(&((struct stream *)c)->rx, fn, arg);
 }
 
+static int s_rx_pending(const tw_comm *c)
+{
+	const struct stream *s = (const struct stream *)c;
+	return !tw__rx_idle(&s->rx) || (s->io->pending != NULL && s->io->pending(s->io_arg));
+}
+
 static const struct tw__comm_ops stream_ops = {
-	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place, s_pause,
+	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place, s_pause, s_rx_pending,
 };
 
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,

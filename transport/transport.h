@@ -36,7 +36,8 @@ struct tw__comm_ops {
 	void (*stop)(tw_comm *c);             /* release I/O now; no callbacks */
 	void (*destroy)(tw_comm *c);          /* free the memory */
 	void (*set_place)(tw_comm *c, tw__place_fn fn, void *arg);
-	void (*pause)(tw_comm *c); /* stop reading until start */
+	void (*pause)(tw_comm *c);           /* stop reading until start */
+	int (*rx_pending)(const tw_comm *c); /* bytes of a next message already taken in */
 };
 
 /* The clock of the minimum receive rate (tw_context_set_min_receive_rate).
@@ -77,6 +78,7 @@ struct tw_comm {
 	void *deliver;
 	void (*deliver_free)(void *d);
 	void (*deliver_resume)(tw_comm *c);
+	int (*deliver_backlog)(const tw_comm *c); /* messages received, not yet delivered */
 };
 
 struct tw__stream_io;
@@ -106,6 +108,10 @@ void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx);
 int tw__comm_deliver(tw_comm *c, tw_msg *m);
 /* The queue drained: run the drain callback. Same returns. */
 int tw__comm_drained(tw_comm *c);
+/* 1 when c holds received bytes or messages not yet delivered (read
+ * ahead, in TLS, queued for decoding): a request written now would have
+ * them arrive before its reply. */
+int tw__comm_rx_pending(const tw_comm *c);
 /* tw__comm_hold / tw__comm_release: keep c alive across a stretch that
  * runs callbacks (a tw_comm_free inside waits); release frees it if one
  * came and returns 0 then, else !c->ended. */

@@ -952,8 +952,14 @@ static void w_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 	((struct ws *)c)->place_arg = arg;
 }
 
+static int w_rx_pending(const tw_comm *c)
+{
+	const struct ws *w = (const struct ws *)c;
+	return rx_busy(w) || (w->io->pending != NULL && w->io->pending(w->io_arg));
+}
+
 static const struct tw__comm_ops ws_ops = {
-	w_start, w_write, w_queued, w_close, w_stop, w_destroy, w_set_place, w_pause,
+	w_start, w_write, w_queued, w_close, w_stop, w_destroy, w_set_place, w_pause, w_rx_pending,
 };
 
 /* The upgrade. */

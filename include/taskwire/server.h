@@ -47,9 +47,11 @@ int tw_server_listen(tw_server *s, const char *uri);
  * bytes. Returns 0, TW_ERANGE (buf too small or no such listener). */
 int tw_server_address(const tw_server *s, size_t i, char *buf, size_t len);
 
-/* tw_server_free: stop listening and abort every comm. Requests still
- * unanswered stay valid until their handlers reply (the reply is then
- * dropped). Accepts NULL. */
+/* tw_server_free: stop listening and abort every comm, those still in
+ * their handshake too. Requests still unanswered stay valid until their
+ * handlers reply (the reply is then dropped). May be called from any
+ * handler: from a stream handler, the rest of that batch is not
+ * dispatched and the server goes when the batch ends. Accepts NULL. */
 void tw_server_free(tw_server *s);
 
 /* The request: its op, its argument `key` (NULL when absent), the whole

@@ -40,7 +40,10 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
 
 /* tw_batched_send: queue one msgpack map (`packed`, len bytes, copied; it
  * must not hold out-of-band placeholders) for the next batch. Returns 0,
- * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack value), TW_ECLOSED. */
+ * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack map), TW_ECLOSED, or
+ * TW_EAGAIN when the queued batch and the comm's write queue would pass
+ * the comm's write high-water mark (tw_context_set_write_hwm_bytes; one map
+ * alone is always taken): send again after the comm's drain callback. */
 int tw_batched_send(tw_batched *b, const void *packed, size_t len);
 
 /* tw_batched_flush: write what is queued now, as one array message.

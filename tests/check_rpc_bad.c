@@ -1,0 +1,742 @@
+/* The RPC layer (tw_server, tw_pool, streams, the batched sender) against
+ * misbehaving peers and unlucky call orders, from an attack on it: servers
+ * freed mid-handshake and from handlers, ops with NUL bytes, duplicate
+ * replies, a batched sender against a peer that never reads, maps after
+ * close-stream, pipelined requests, resets mid-reply, cancels from
+ * callbacks, big stream batches. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <event2/event.h>
+#include <msgpack.h>
+
+#include "tests/rpc_util.h"
+#include "tests/tcp_util.h"
+
+/* Diagnostics, with TU_VERBOSE set. */
+#define SAY(...)                                                                                   \
+	do {                                                                                       \
+		if (getenv("TU_VERBOSE") != NULL)                                                  \
+			fprintf(stderr, __VA_ARGS__);                                              \
+	} while (0)
+
+/* ---- raw wire helpers ---- */
+
+static void le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Append one single-frame message (frame 0 = f, n bytes) to sb. */
+static void wire1(msgpack_sbuffer *out, const void *f, size_t n)
+{
+	uint8_t pre[24];
+	le64(pre, 8 + 8 + n);
+	le64(pre + 8, 1);
+	le64(pre + 16, n);
+	msgpack_sbuffer_write(out, (const char *)pre, sizeof(pre));
+	msgpack_sbuffer_write(out, f, n);
+}
+
+static void pk_str(msgpack_packer *pk, const char *s, size_t n)
+{
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+static void handshake_bytes(msgpack_sbuffer *out)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	pk_str(&pk, "compression", 11);
+	msgpack_pack_nil(&pk);
+	pk_str(&pk, "python", 6);
+	msgpack_pack_array(&pk, 3);
+	msgpack_pack_uint8(&pk, 3);
+	msgpack_pack_uint8(&pk, 11);
+	msgpack_pack_uint8(&pk, 2);
+	pk_str(&pk, "pickle-protocol", 15);
+	msgpack_pack_uint8(&pk, 5);
+	wire1(out, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* Read whatever the server sent within ms (driving the loop). */
+static size_t raw_read(struct tu *h, int fd, uint8_t *buf, size_t cap, int ms)
+{
+	size_t got = 0;
+	for (int t = 0; t < ms && got < cap; t += 10) {
+		ssize_t n;
+		tu_run_for(h, 10);
+		while ((n = recv(fd, buf + got, cap - got, MSG_DONTWAIT)) > 0)
+			got += (size_t)n;
+		if (n == 0)
+			break;
+	}
+	return got;
+}
+
+/* ---- 1. tw_server_free while an accepted comm is mid-handshake ---- */
+
+START_TEST(server_free_mid_handshake)
+{
+	struct tu h;
+	tw_server *s;
+	char addr[128];
+	msgpack_sbuffer hs;
+	int fd;
+	uint8_t buf[4096];
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &s), 0);
+	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(s, 0, addr, sizeof(addr)), 0);
+	fd = tu_raw_connect(addr);
+	ck_assert_int_ge(fd, 0);
+	/* the server accepts and writes its handshake; we have not answered */
+	raw_read(&h, fd, buf, sizeof(buf), 200);
+	tw_server_free(s);
+	/* now finish the handshake: on_handshake runs with the freed server */
+	msgpack_sbuffer_init(&hs);
+	handshake_bytes(&hs);
+	ck_assert_uint_eq(send(fd, hs.data, hs.size, 0), hs.size);
+	msgpack_sbuffer_destroy(&hs);
+	tu_run_for(&h, 300);
+	close(fd);
+	tu_run_for(&h, 100);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 2. tw_server_free from inside a stream handler (batch of 2) ---- */
+
+static tw_server *g_srv;
+static int g_calls;
+
+static void stream_kill(tw_comm *c, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	(void)c, (void)d, (void)m, (void)arg;
+	g_calls++;
+	if (g_srv != NULL) {
+		tw_server_free(g_srv);
+		g_srv = NULL;
+	}
+}
+
+START_TEST(server_free_in_stream_handler)
+{
+	struct tu h;
+	char addr[128];
+	struct rw w;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &g_srv), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(g_srv, "kill", stream_kill, NULL), 0);
+	ck_assert_int_eq(tw_server_listen(g_srv, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(g_srv, 0, addr, sizeof(addr)), 0);
+	ck_assert_int_eq(rw_open(&h, h.ctx, addr, &w), 0);
+	{
+		tw_builder *b = rq_begin("connection_stream", 1);
+		rq_bool(b, "reply", 0);
+		rw_send(&w, rq_end(b));
+	}
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_array(&pk, 3);
+	for (int i = 0; i < 3; i++) {
+		msgpack_pack_map(&pk, 1);
+		pk_str(&pk, "op", 2);
+		pk_str(&pk, "kill", 4);
+	}
+	rw_send(&w, rq_raw(sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	tu_wait_flag(&h, &w.closed, 2000);
+	ck_assert_int_eq(g_calls, 1); /* the server is gone after the first */
+	rw_free(&w);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 3. tw_server_free from inside an op handler ---- */
+
+static void op_kill(tw_request *r, void *arg)
+{
+	(void)arg;
+	tw_server_free(g_srv);
+	g_srv = NULL;
+	ck_assert_int_eq(tw_request_reply(r), TW_ECLOSED);
+}
+
+START_TEST(server_free_in_op_handler)
+{
+	struct tu h;
+	char addr[128];
+	struct rw w;
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &g_srv), 0);
+	ck_assert_int_eq(tw_server_add_op(g_srv, "kill", op_kill, NULL), 0);
+	ck_assert_int_eq(tw_server_listen(g_srv, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(g_srv, 0, addr, sizeof(addr)), 0);
+	ck_assert_int_eq(rw_open(&h, h.ctx, addr, &w), 0);
+	rw_send(&w, rq_op("kill"));
+	rw_send(&w, rq_op("identity"));
+	ck_assert(tu_wait_flag(&h, &w.closed, 5000));
+	rw_free(&w);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 4. op with an embedded NUL: "close\0junk" is not `close` ---- */
+
+START_TEST(op_with_nul_is_not_builtin)
+{
+	struct rf f;
+	struct rw w;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	const tw_decoded *d;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 1);
+	pk_str(&pk, "op", 2);
+	pk_str(&pk, "close\0junk", 10);
+	rw_send(&w, rq_raw(sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	d = rw_msg(&w, 0);
+	ck_assert_ptr_nonnull(d);
+	/* Dask (and tw's own find_op) treat "close\0junk" as an unknown op:
+	 * reply nil, keep the comm open. */
+	ck_assert_int_eq(tw_decoded_root(d)->type, MSGPACK_OBJECT_NIL);
+	rw_send(&w, rq_op("identity"));
+	ck_assert_ptr_nonnull(rw_msg(&w, 1));
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
+/* ---- 5. a peer that answers one call twice: the extra reply, which
+ * arrived before the second request was even written, is taken as the
+ * reply of a call made from the first call's callback ---- */
+
+struct dup_srv {
+	tw_listener *l;
+	char addr[128];
+	int nreq;
+};
+
+static void dup_close(tw_comm *c, int err, void *arg)
+{
+	(void)err, (void)arg;
+	tw_comm_free(c);
+}
+
+static void dup_recv(tw_comm *c, tw_msg *m, void *arg)
+{
+	struct dup_srv *s = arg;
+	(void)m;
+	s->nreq++;
+	if (s->nreq == 1) {
+		tw_comm_write(c, rq_raw("\xa6reply1", 7));
+		tw_comm_write(c, rq_raw("\xa5stale", 6));
+	} else {
+		tw_comm_write(c, rq_raw("\xa6reply2", 7));
+	}
+}
+
+static void dup_hs(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	(void)info;
+	if (err != 0) {
+		tw_comm_free(c);
+		return;
+	}
+	ck_assert_int_eq(tw_comm_set_callbacks(c, dup_recv, dup_close, NULL, arg), 0);
+}
+
+static void dup_accept(tw_listener *l, tw_comm *c, void *arg)
+{
+	(void)l;
+	ck_assert_int_eq(tw_comm_handshake(c, 1, dup_hs, arg), 0);
+}
+
+struct chain {
+	tw_pool *pool;
+	const char *uri;
+	struct rc second;
+	char first[32];
+	int first_err;
+	int done1;
+};
+
+static void chain_first(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct chain *ch = arg;
+	(void)call;
+	ch->first_err = err;
+	if (err == 0) {
+		const msgpack_object *o = tw_decoded_root(reply);
+		snprintf(ch->first, sizeof(ch->first), "%.*s", (int)o->via.str.size,
+			 o->via.str.ptr);
+	}
+	tw_decoded_free(reply);
+	ch->done1 = 1;
+	rc_start(ch->pool, ch->uri, rq_op("second"), 5000, &ch->second);
+}
+
+START_TEST(pool_duplicate_reply_misattributed)
+{
+	struct tu h;
+	struct dup_srv s = {0};
+	tw_pool *pool;
+	struct chain ch;
+	const msgpack_object *o;
+	tu_init(&h);
+	ck_assert_int_eq(tw_listen(h.ctx, "tcp://127.0.0.1:0", dup_accept, &s, &s.l), 0);
+	ck_assert_int_eq(tw_listener_address(s.l, s.addr, sizeof(s.addr)), 0);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
+	memset(&ch, 0, sizeof(ch));
+	ch.pool = pool;
+	ch.uri = s.addr;
+	ck_assert_int_eq(tw_pool_call(pool, s.addr, rq_op("first"), 5000, chain_first, &ch, NULL),
+			 0);
+	ck_assert(tu_wait_flag(&h, &ch.done1, 5000));
+	ck_assert_str_eq(ch.first, "reply1");
+	ck_assert(rc_wait(&h, &ch.second, 6000));
+	if (ch.second.err == 0) {
+		o = tw_decoded_root(ch.second.reply);
+		/* the second call must not get the first call's stale extra reply */
+		ck_assert_msg(!tw_obj_str_eq(o, "stale"),
+			      "second call answered with the stale duplicate of the first's reply");
+	}
+	rc_clear(&ch.second);
+	tw_pool_free(pool);
+	tw_listener_free(s.l);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 6. batched sender on a peer that never reads: told to wait (TW_EAGAIN)
+ * at the write high-water mark, not queueing without bound ---- */
+
+START_TEST(batched_unbounded)
+{
+	struct tu h;
+	struct bh b;
+	struct tu_peer *cli;
+	tw_batched *bs;
+	static uint8_t map[1024];
+	size_t accepted = 0;
+	int err = 0;
+	tu_init(&h);
+	tw_context_set_write_hwm_bytes(h.ctx, 1 << 20);
+	bh_start(&b, h.base, NULL, 0);
+	ck_assert_int_eq(tu_connect_async(&h, b.addr, &cli, &err), 0);
+	ck_assert(tu_wait_connected(&h, &err, 5000));
+	ck_assert_int_eq(err, 0);
+	ck_assert_int_eq(tw_batched_new(cli->comm, 1, &bs), 0);
+	/* a fixmap {"x": bin 1000} */
+	map[0] = 0x81;
+	map[1] = 0xa1;
+	map[2] = 'x';
+	map[3] = 0xc5;
+	map[4] = 0x03;
+	map[5] = 0xe8;
+	for (int i = 0; i < 64 * 1024; i++) { /* 64 MiB of maps */
+		int rv = tw_batched_send(bs, map, 1006);
+		if (rv != 0) {
+			ck_assert_int_eq(rv, TW_EAGAIN); /* told to wait, not failed */
+			break;
+		}
+		accepted += 1006;
+		if (i % 256 == 0)
+			tu_run_for(&h, 1);
+	}
+	tu_run_for(&h, 50);
+	SAY("batched: accepted %zu bytes, comm queue %llu bytes (hwm 1 MiB)\n", accepted,
+	    (unsigned long long)tw_comm_queued_bytes(cli->comm));
+	ck_assert_msg(accepted < ((size_t)16 << 20),
+		      "tw_batched_send accepted %zu bytes for a peer that reads nothing", accepted);
+	tw_batched_free(bs);
+	tu_peer_free(cli);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 7. handshake + a 1 MiB request in one write (pipelined) ---- */
+
+START_TEST(pipelined_handshake_big_request)
+{
+	struct rf f;
+	msgpack_sbuffer out, fr;
+	msgpack_packer pk;
+	int fd;
+	static uint8_t buf[4 << 20];
+	size_t got;
+	char *data = malloc(1 << 20);
+	rf_init(&f);
+	memset(data, 'a', 1 << 20);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	msgpack_sbuffer_init(&fr);
+	msgpack_packer_init(&pk, &fr, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 2);
+	pk_str(&pk, "op", 2);
+	pk_str(&pk, "nbytes", 6);
+	pk_str(&pk, "data", 4);
+	msgpack_pack_bin(&pk, 1 << 20);
+	msgpack_pack_bin_body(&pk, data, 1 << 20);
+	wire1(&out, fr.data, fr.size);
+	fd = tu_raw_connect(f.s.addr);
+	ck_assert_int_ge(fd, 0);
+	tu_raw_send(&f.h, fd, out.data, out.size);
+	got = raw_read(&f.h, fd, buf, sizeof(buf), 2000);
+	/* server handshake, then the reply: an int 1 MiB */
+	{
+		size_t off = 0, nmsg = 0;
+		while (off + 24 <= got) {
+			uint64_t total = 0;
+			for (int i = 7; i >= 0; i--)
+				total = total << 8 | buf[off + i];
+			if (nmsg == 1)
+				ck_assert_msg(buf[off + 24] == 0xce && buf[off + 25] == 0x00 &&
+						      buf[off + 26] == 0x10,
+					      "second message is not uint32 1048576");
+			off += 8 + total;
+			nmsg++;
+		}
+		ck_assert_msg(nmsg == 2, "got %zu messages (%zu bytes)", nmsg, got);
+	}
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	msgpack_sbuffer_destroy(&fr);
+	free(data);
+	rf_fini(&f);
+}
+END_TEST
+
+/* ---- 8. pipelining 20k requests without reading replies: memory ---- */
+
+START_TEST(pipelined_no_read)
+{
+	struct rf f;
+	msgpack_sbuffer out;
+	int fd;
+	uint64_t rss0, rss1;
+	rf_init(&f);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	for (int i = 0; i < 200000; i++) {
+		static const uint8_t req[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e',  'c',  'h', 'o',
+					      0xa4, 'd',  'a', 't', 'a',  0xc5, 0x04, 0x00};
+		static uint8_t fr[sizeof(req) + 1024];
+		memcpy(fr, req, sizeof(req));
+		wire1(&out, fr, sizeof(fr));
+	}
+	fd = tu_raw_connect(f.s.addr);
+	rss0 = tu_rss_bytes();
+	/* send with a nonblocking loop, but never read */
+	{
+		size_t off = 0;
+		for (int t = 0; t < 3000 && off < out.size; t++) {
+			ssize_t n = send(fd, out.data + off, out.size - off, MSG_DONTWAIT);
+			if (n > 0)
+				off += (size_t)n;
+			tu_run_for(&f.h, 1);
+		}
+		SAY("pipelined: sent %zu of %zu bytes\n", off, out.size);
+	}
+	rss1 = tu_rss_bytes();
+	{
+		tw_stats st;
+		tw_stats_global(&st);
+		SAY("pipelined: rss grew %lld KiB, block bytes live %llu KiB\n",
+		    (long long)(rss1 - rss0) / 1024,
+		    (unsigned long long)st.block_bytes_live / 1024);
+		ck_assert_uint_lt(st.block_bytes_live, (uint64_t)100 << 20);
+	}
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	rf_fini(&f);
+}
+END_TEST
+
+/* ---- 9. close-stream, then more maps in the same read (offloaded) ---- */
+
+static void item_map(msgpack_sbuffer *out, const char *op, int64_t i)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	char name[32];
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	snprintf(name, sizeof(name), "m%lld", (long long)i);
+	msgpack_pack_map(&pk, 3);
+	pk_str(&pk, "op", 2);
+	pk_str(&pk, op, strlen(op));
+	pk_str(&pk, "i", 1);
+	msgpack_pack_int64(&pk, i);
+	pk_str(&pk, "name", 4);
+	pk_str(&pk, name, strlen(name));
+	wire1(out, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+START_TEST(stream_data_after_close_stream)
+{
+	struct rf f;
+	msgpack_sbuffer out;
+	int fd;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 0), 0);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out,
+	      "\x82\xa2op\xb1"
+	      "connection_stream\xa5reply\xc2",
+	      29);
+	item_map(&out, "item", 0);
+	item_map(&out, "close-stream", 99);
+	item_map(&out, "item", 1);
+	item_map(&out, "item", 2);
+	fd = tu_raw_connect(f.s.addr);
+	tu_raw_send(&f.h, fd, out.data, out.size);
+	tu_raw_wait_closed(&f.h, fd, 3000);
+	tu_run_for(&f.h, 200);
+	SAY("stream after close-stream: %zu items handled\n", f.s.items);
+	ck_assert_msg(f.s.items == 1, "%zu stream maps handled; only 1 came before close-stream",
+		      f.s.items);
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	rf_fini(&f);
+}
+END_TEST
+
+/* ---- 10. a server that resets the connection mid-reply ---- */
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <arpa/inet.h>
+
+struct rst_srv {
+	int lfd;
+	unsigned port;
+};
+
+static void *rst_thread(void *arg)
+{
+	struct rst_srv *r = arg;
+	msgpack_sbuffer hs;
+	uint8_t buf[4096], part[40];
+	struct linger lg = {1, 0};
+	int fd = accept(r->lfd, NULL, NULL);
+	if (fd < 0)
+		return NULL;
+	msgpack_sbuffer_init(&hs);
+	handshake_bytes(&hs);
+	send(fd, hs.data, hs.size, 0);
+	msgpack_sbuffer_destroy(&hs);
+	/* their handshake, then their request */
+	{
+		size_t got = 0;
+		ssize_t n;
+		int msgs = 0;
+		while (msgs < 2 && (n = recv(fd, buf + got, sizeof(buf) - got, 0)) > 0) {
+			got += (size_t)n;
+			msgs = 0;
+			for (size_t off = 0; off + 8 <= got;) {
+				uint64_t t = 0;
+				for (int i = 7; i >= 0; i--)
+					t = t << 8 | buf[off + i];
+				if (off + 8 + t > got)
+					break;
+				off += 8 + t;
+				msgs++;
+			}
+		}
+	}
+	/* a reply of one 100-byte frame, cut after 10 bytes, then RST */
+	le64(part, 8 + 8 + 100);
+	le64(part + 8, 1);
+	le64(part + 16, 100);
+	memset(part + 24, 0xa0, 16);
+	send(fd, part, sizeof(part), 0);
+	usleep(100000);
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(fd);
+	return NULL;
+}
+
+START_TEST(pool_reset_mid_reply)
+{
+	struct tu h;
+	struct rst_srv r;
+	struct sockaddr_in sa = {0};
+	socklen_t sl = sizeof(sa);
+	pthread_t th;
+	tw_pool *pool;
+	struct rc rc;
+	char uri[64];
+	tu_init(&h);
+	r.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(r.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(r.lfd, 4), 0);
+	getsockname(r.lfd, (struct sockaddr *)&sa, &sl);
+	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+	pthread_create(&th, NULL, rst_thread, &r);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
+	rc_call(&h, pool, uri, rq_op("x"), 5000, &rc);
+	SAY("reset mid-reply: err %d (%s)\n", rc.err, tw_strerror(rc.err));
+	ck_assert_msg(rc.err == TW_EIO || rc.err == TW_ECLOSED,
+		      "err %d (%s) is not one rpc.h documents", rc.err, tw_strerror(rc.err));
+	pthread_join(th, NULL);
+	close(r.lfd);
+	rc_clear(&rc);
+	tw_pool_free(pool);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 11. cancel other calls from inside callbacks ---- */
+
+struct cx {
+	tw_call *victim;
+	int runs, err;
+};
+
+static void cx_cb(tw_call *c, int err, tw_decoded *reply, void *arg)
+{
+	struct cx *x = arg;
+	(void)c;
+	x->runs++;
+	x->err = err;
+	tw_decoded_free(reply);
+	if (x->victim != NULL) {
+		tw_call *v = x->victim;
+		x->victim = NULL;
+		tw_call_cancel(v);
+	}
+}
+
+START_TEST(cancel_from_callbacks)
+{
+	struct rf f;
+	struct cx a = {0}, b = {0}, c = {0}, d = {0}, e = {0};
+	tw_call *cb_, *cc_, *ce_;
+	char refused[64];
+	rf_init(&f);
+	tw_pool_set_limit(f.pool, 1);
+	/* A slow; B waits; A's callback cancels B */
+	ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_slow(0.1), 5000, cx_cb, &a, NULL), 0);
+	ck_assert_int_eq(tw_pool_call(f.pool, f.s.addr, rq_op("identity"), 5000, cx_cb, &b, &cb_),
+			 0);
+	a.victim = cb_;
+	tu_run_for(&f.h, 500);
+	ck_assert_int_eq(a.runs, 1);
+	ck_assert_int_eq(b.runs, 1);
+	ck_assert_int_eq(b.err, TW_ECANCELED);
+	/* refused: C, D, E doomed together; C's callback cancels E */
+	ru_refused_uri(refused, sizeof(refused));
+	ck_assert_int_eq(tw_pool_call(f.pool, refused, rq_op("x"), 5000, cx_cb, &c, &cc_), 0);
+	ck_assert_int_eq(tw_pool_call(f.pool, refused, rq_op("x"), 5000, cx_cb, &d, NULL), 0);
+	ck_assert_int_eq(tw_pool_call(f.pool, refused, rq_op("x"), 5000, cx_cb, &e, &ce_), 0);
+	c.victim = ce_;
+	tu_run_for(&f.h, 500);
+	ck_assert_int_eq(c.runs, 1);
+	ck_assert_int_eq(d.runs, 1);
+	ck_assert_int_eq(e.runs, 1);
+	(void)cc_;
+	rf_fini(&f);
+}
+END_TEST
+
+/* ---- 12. a stream batch of 100k maps, some without op / non-maps ---- */
+
+START_TEST(stream_big_batch)
+{
+	struct rf f;
+	msgpack_sbuffer out, sb;
+	msgpack_packer pk;
+	int fd;
+	rf_init(&f);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out,
+	      "\x82\xa2op\xb1"
+	      "connection_stream\xa5reply\xc2",
+	      29);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_array(&pk, 100003);
+	msgpack_pack_int(&pk, 7); /* not a map */
+	msgpack_pack_map(&pk, 0); /* no op */
+	msgpack_pack_map(&pk, 1); /* op not a str */
+	pk_str(&pk, "op", 2);
+	msgpack_pack_int(&pk, 3);
+	for (int64_t i = 0; i < 100000; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "m%lld", (long long)i);
+		msgpack_pack_map(&pk, 3);
+		pk_str(&pk, "op", 2);
+		pk_str(&pk, "item", 4);
+		pk_str(&pk, "i", 1);
+		msgpack_pack_int64(&pk, i);
+		pk_str(&pk, "name", 4);
+		pk_str(&pk, name, strlen(name));
+	}
+	wire1(&out, sb.data, sb.size);
+	wire1(&out, "\x90", 1); /* an empty batch */
+	fd = tu_raw_connect(f.s.addr);
+	tu_raw_send(&f.h, fd, out.data, out.size);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 100000, 20000));
+	tu_run_for(&f.h, 100);
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	msgpack_sbuffer_destroy(&sb);
+	rf_fini(&f);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("rpc_bad");
+	TCase *tc = tcase_create("attack");
+	SRunner *sr;
+	int failed;
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, server_free_mid_handshake);
+	tcase_add_test(tc, server_free_in_stream_handler);
+	tcase_add_test(tc, server_free_in_op_handler);
+	tcase_add_test(tc, op_with_nul_is_not_builtin);
+	tcase_add_test(tc, pool_duplicate_reply_misattributed);
+	tcase_add_test(tc, batched_unbounded);
+	tcase_add_test(tc, pipelined_handshake_big_request);
+	tcase_add_test(tc, pipelined_no_read);
+	tcase_add_test(tc, stream_data_after_close_stream);
+	tcase_add_test(tc, pool_reset_mid_reply);
+	tcase_add_test(tc, cancel_from_callbacks);
+	tcase_add_test(tc, stream_big_batch);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
