@@ -151,12 +151,17 @@ static int zstd_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *
 static int lz4_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *out)
 {
 	uint32_t v;
+	*out = 0;
+	if (n == 0)
+		return 0; /* nothing, as zstd's empty input (BH-32 (c)) */
 	if (n < 4)
 		return TW_EPROTO;
 	memcpy(&v, in, 4);
 	*out = le32toh(v);
 	if (*out > max_bytes)
 		return TW_ETOOBIG;
+	if (*out > (uint64_t)INT32_MAX)
+		return TW_EPROTO; /* past what an lz4 block can hold */
 	/* a prefix its block cannot reach is a lie: refuse it before allocating */
 	return *out > (uint64_t)(n - 4) * LZ4_MAX_RATIO ? TW_EPROTO : 0;
 }
@@ -191,6 +196,10 @@ int tw__decompress(enum tw__codec c, const uint8_t *in, size_t n, uint8_t *dst, 
 #ifdef TW_HAVE_LZ4
 	case TW__CODEC_LZ4: {
 		int got;
+		if (n == 0 && dst_len == 0) {
+			*out_len = 0;
+			return 0;
+		}
 		if (n < 4 || n - 4 > (size_t)INT32_MAX || dst_len > (size_t)INT32_MAX)
 			return TW_EPROTO;
 		got = LZ4_decompress_safe((const char *)in + 4, (char *)dst, (int)(n - 4),

@@ -11,6 +11,7 @@
 #include <taskwire/merge.h>
 #include <taskwire/serial.h>
 
+#include "core/block.h"
 #include "core/stats.h"
 #include "core/zalloc.h"
 #include "protocol/compress.h"
@@ -193,6 +194,10 @@ static int inflate(tw_decoded *d, const tw_slice *parts, const enum tw__codec *c
 		}
 		off += got;
 	}
+	/* A streaming zstd frame's size is the bound of its blocks: what it
+	 * did not fill goes back now, not when the message is freed. */
+	if (off < total)
+		tw__block_trim(b, off);
 	d->budget -= off;
 	return add_slice(d, (tw_slice){b, 0, off});
 }
@@ -410,6 +415,10 @@ static int decode(tw_decoded *d)
 	return index_holders(d);
 }
 
+/* Unpacking frame 0 (or a sub-header) makes one 24-byte object per value,
+ * and a value can take one byte: weigh its bytes by that. */
+#define FRAME0_WEIGHT 24
+
 struct cost {
 	tw_decoded *d;
 	uint64_t bytes, stop;
@@ -429,9 +438,19 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	if (k >= n || c->d->used[k] || c->bytes >= c->stop)
 		return 0; /* repeated: counted once; or the answer is known */
 	c->d->used[k] = 1;
+	/* parsing the sub-header is work too, as frame 0's is */
+	c->bytes += (uint64_t)tw_msg_frame(c->d->msg, (size_t)k)->len * (FRAME0_WEIGHT - 1);
 	if (unpack_frame(c->d, (size_t)k, &sub) != 0 ||
-	    get_uint(tw_map_get(&sub, "num-sub-frames"), &num) != 0 || num > n - k - 1 ||
-	    codecs_of(c->d, &sub, num, (size_t)k, &codecs) != 0) {
+	    get_uint(tw_map_get(&sub, "num-sub-frames"), &num) != 0 || num > n - k - 1)
+		return 0;
+	/* Groups that overlap are refused by tw_decode; counting them here
+	 * would take time quadratic in the frames: stop at the first. */
+	for (uint64_t i = 1; i <= num; i++) {
+		if (c->d->used[k + i])
+			return 1;
+		c->d->used[k + i] = 1;
+	}
+	if (codecs_of(c->d, &sub, num, (size_t)k, &codecs) != 0) {
 		free(codecs);
 		return 0;
 	}
@@ -445,10 +464,6 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	free(codecs);
 	return 0;
 }
-
-/* Unpacking frame 0 makes one 24-byte object per value, and a value can
- * take one byte: weigh its bytes by that. */
-#define FRAME0_WEIGHT 24
 
 uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop)
 {
@@ -466,8 +481,10 @@ uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop)
 	memset(&d, 0, sizeof(d));
 	d.msg = (tw_msg *)msg;
 	d.budget = UINT64_MAX; /* an estimate: the limits are tw_decode's */
-	if (init_zone(&d) == 0 && alloc_used(&d) == 0 && unpack_frame(&d, 0, &root) == 0)
+	if (init_zone(&d) == 0 && alloc_used(&d) == 0 && unpack_frame(&d, 0, &root) == 0) {
+		d.used[0] = 1; /* frame 0 is no group's, as in decode */
 		tw__walk_placeholders(&root, cost_of_group, &c, &why);
+	}
 	fini_zone(&d);
 	free_used(&d);
 	return c.bytes;

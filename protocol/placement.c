@@ -47,6 +47,13 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 #define PLAN_MAX_FRAME0 ((size_t)1 << 20)
+/* Sub-headers are hints too, parsed on the loop thread as they arrive: a
+ * Dask sub-header is a few hundred bytes (a long `lengths` list at most
+ * some KiB), so a larger one, or more than PLACE_MAX_SUBS bytes of them
+ * in one message, is left to tw_decode (every msgpack byte can cost a
+ * 24-byte object: a 32 MiB array of nils took 900 MiB and a second here). */
+#define PLACE_MAX_SUB  ((size_t)64 << 10)
+#define PLACE_MAX_SUBS ((size_t)1 << 20)
 
 /* Frame 0 is complete: list the sub-header frames. */
 static void plan(struct tw__dask_place *p, const tw_msg *msg, size_t n)
@@ -86,6 +93,10 @@ static void read_sub(struct tw__dask_place *p, const tw_msg *msg, uint64_t k)
 	const msgpack_object *cnt, *off, *comp;
 	msgpack_zone zone;
 	msgpack_object sub;
+	size_t len = tw_msg_frame(msg, (size_t)k)->len;
+	if (len > PLACE_MAX_SUB || len > PLACE_MAX_SUBS - p->parsed)
+		return;
+	p->parsed += len;
 	if (!msgpack_zone_init(&zone, 1024))
 		return;
 	if (unpack(msg, (size_t)k, &zone, &sub) != 0)

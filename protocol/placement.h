@@ -18,6 +18,7 @@ struct tw__dask_place {
 	uint64_t *subs;     /* sub-header frame indices, ascending */
 	size_t nsubs, next; /* next sub-header to read once it is complete */
 	int planned;        /* frame 0 read for this message */
+	size_t parsed;      /* sub-header bytes parsed for this message */
 };
 
 /* The hook (a tw__place_fn): hints only, never an error; tw_decode checks
