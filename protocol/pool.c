@@ -377,8 +377,7 @@ static int connect_one(struct dest *d)
 
 /* A comm ready for a call. Not one that already took in bytes of a next
  * message (a peer answering twice, say): a request written now would take
- * them for its reply. It waits until they arrive whole, nobody asked for
- * them, and on_reply drops it. */
+ * them for its reply. dispatch drops it (drop_stale). */
 static struct pcomm *idle_comm(struct dest *d)
 {
 	for (struct pcomm *pc = d->comms; pc != NULL; pc = pc->next)
@@ -388,6 +387,19 @@ static struct pcomm *idle_comm(struct dest *d)
 	return NULL;
 }
 
+/* Idle comms that took in bytes nobody asked for (see idle_comm) are
+ * dropped, not left holding a place under the limit while their peer
+ * says nothing more. */
+static void drop_stale(struct dest *d)
+{
+	for (struct pcomm *pc = d->comms, *next; pc != NULL; pc = next) {
+		next = pc->next;
+		if (pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
+		    pc->comm->recv_cb != NULL && tw__comm_rx_pending(pc->comm))
+			drop_comm(pc);
+	}
+}
+
 /* Give waiting calls to idle comms; connect more while under the limit. */
 static void dispatch(struct dest *d)
 {
@@ -395,6 +407,7 @@ static void dispatch(struct dest *d)
 	int rv;
 	if (d == NULL || d->pool->closing)
 		return;
+	drop_stale(d);
 	while (d->wait_head != NULL && (pc = idle_comm(d)) != NULL) {
 		tw_call *c = d->wait_head;
 		unwait(c);
@@ -520,6 +533,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 				    p->idle_timeout_ms)
 				drop_comm(pc);
 		}
+		dispatch(d); /* calls waiting for a place a dropped comm held */
 		if (gone(d) && !d->kicked) { /* a kicked one is on_kick's */
 			unlink_dest(d);
 			free(d);

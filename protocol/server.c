@@ -31,6 +31,8 @@ struct sconn {
 	int close_after;  /* close once `pending` is written (close:true) */
 	int stream;       /* after connection_stream: one-way maps */
 	int closing;      /* close-stream came, or we dropped it: serve nothing more */
+	int in_batch;     /* a stream batch is being dispatched to handlers */
+	int gone;         /* conn_free ran during it: free after it */
 };
 
 struct tw_request {
@@ -145,7 +147,9 @@ static void request_free(tw_request *r)
 	free(r);
 }
 
-/* Forget a comm: its unanswered request is orphaned, not freed. */
+/* Forget a comm: its unanswered request is orphaned, not freed. Inside a
+ * stream batch (a handler aborted the comm, or freed the server) the
+ * memory stays until the batch loop sees `gone`. */
 static void conn_free(struct sconn *sc)
 {
 	if (sc->busy != NULL)
@@ -154,7 +158,10 @@ static void conn_free(struct sconn *sc)
 	sc->next->prev = sc->prev;
 	tw_msg_free(sc->pending);
 	tw_comm_free(sc->comm);
-	free(sc);
+	if (sc->in_batch)
+		sc->gone = 1;
+	else
+		free(sc);
 }
 
 static void drop(struct sconn *sc, int err, const char *why)
@@ -204,12 +211,16 @@ static void stream_message(struct sconn *sc, tw_decoded *d)
 		return drop(sc, TW_EPROTO, "stream message is not a map or a list of maps");
 	}
 	s->depth++;
+	sc->in_batch = 1;
 	if (root->type == MSGPACK_OBJECT_MAP)
 		stream_map(sc, d, root);
 	for (uint32_t i = 0; root->type == MSGPACK_OBJECT_ARRAY && i < root->via.array.size; i++)
-		if (stream_map(sc, d, &root->via.array.ptr[i]) || s->dying)
+		if (stream_map(sc, d, &root->via.array.ptr[i]) || s->dying || sc->gone)
 			break;
+	sc->in_batch = 0;
 	tw_decoded_free(d);
+	if (sc->gone)
+		free(sc);
 	if (--s->depth == 0 && s->dying)
 		server_destroy(s);
 }

@@ -4,7 +4,10 @@
  * replies, a batched sender against a peer that never reads, maps after
  * close-stream, pipelined requests, resets mid-reply, cancels from
  * callbacks, big stream batches. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -439,7 +442,7 @@ START_TEST(pipelined_no_read)
 	rf_init(&f);
 	msgpack_sbuffer_init(&out);
 	handshake_bytes(&out);
-	for (int i = 0; i < 200000; i++) {
+	for (int i = 0, n = tu_quick() ? 20000 : 200000; i < n; i++) { /* quick: valgrind */
 		static const uint8_t req[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e',  'c',  'h', 'o',
 					      0xa4, 'd',  'a', 't', 'a',  0xc5, 0x04, 0x00};
 		static uint8_t fr[sizeof(req) + 1024];
@@ -672,6 +675,7 @@ START_TEST(stream_big_batch)
 	struct rf f;
 	msgpack_sbuffer out, sb;
 	msgpack_packer pk;
+	int64_t nmaps = tu_quick() ? 10000 : 100000; /* quick: valgrind */
 	int fd;
 	rf_init(&f);
 	msgpack_sbuffer_init(&out);
@@ -682,13 +686,13 @@ START_TEST(stream_big_batch)
 	      29);
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_array(&pk, 100003);
+	msgpack_pack_array(&pk, (uint32_t)nmaps + 3);
 	msgpack_pack_int(&pk, 7); /* not a map */
 	msgpack_pack_map(&pk, 0); /* no op */
 	msgpack_pack_map(&pk, 1); /* op not a str */
 	pk_str(&pk, "op", 2);
 	msgpack_pack_int(&pk, 3);
-	for (int64_t i = 0; i < 100000; i++) {
+	for (int64_t i = 0; i < nmaps; i++) {
 		char name[32];
 		snprintf(name, sizeof(name), "m%lld", (long long)i);
 		msgpack_pack_map(&pk, 3);
@@ -703,13 +707,207 @@ START_TEST(stream_big_batch)
 	wire1(&out, "\x90", 1); /* an empty batch */
 	fd = tu_raw_connect(f.s.addr);
 	tu_raw_send(&f.h, fd, out.data, out.size);
-	ck_assert(tu_wait_count(&f.h, &f.s.items, 100000, 20000));
+	ck_assert(tu_wait_count(&f.h, &f.s.items, (size_t)nmaps, 20000));
 	tu_run_for(&f.h, 100);
 	ck_assert_uint_eq(f.s.item_errors, 0);
 	close(fd);
 	msgpack_sbuffer_destroy(&out);
 	msgpack_sbuffer_destroy(&sb);
 	rf_fini(&f);
+}
+END_TEST
+
+/* ---- 13. a stream handler aborts its own comm mid-batch: the rest of
+ * the batch is skipped (the loop went on over the freed connection) ---- */
+
+static int r1_calls;
+static void stream_abort(tw_comm *c, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	(void)d, (void)m, (void)arg;
+	r1_calls++;
+	tw_comm_abort(c);
+}
+
+START_TEST(stream_handler_aborts_comm)
+{
+	struct tu h;
+	tw_server *srv;
+	char addr[128];
+	struct rw w;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &srv), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(srv, "abort", stream_abort, NULL), 0);
+	ck_assert_int_eq(tw_server_listen(srv, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(srv, 0, addr, sizeof(addr)), 0);
+	ck_assert_int_eq(rw_open(&h, h.ctx, addr, &w), 0);
+	{
+		tw_builder *b = rq_begin("connection_stream", 1);
+		rq_bool(b, "reply", 0);
+		rw_send(&w, rq_end(b));
+	}
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_array(&pk, 3);
+	for (int i = 0; i < 3; i++) {
+		msgpack_pack_map(&pk, 1);
+		pk_str(&pk, "op", 2);
+		pk_str(&pk, "abort", 5);
+	}
+	rw_send(&w, rq_raw(sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	tu_wait_flag(&h, &w.closed, 2000);
+	rw_free(&w);
+	tw_server_free(srv);
+	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 14-16. a pooled comm holding part of a message nobody asked for is
+ * dropped, so the next call gets a new comm (it hung: the comm was never
+ * reused yet held the only place under the limit, and the idle sweep
+ * dropped it without dispatching the waiting call) ---- */
+
+struct raw_srv {
+	int lfd;
+	int fds[4];
+	int n;
+	char addr[64];
+};
+
+static void raw_srv_start(struct raw_srv *s)
+{
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	memset(s, 0, sizeof(*s));
+	s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(s->lfd, 8), 0);
+	getsockname(s->lfd, (struct sockaddr *)&a, &al);
+	fcntl(s->lfd, F_SETFL, O_NONBLOCK);
+	snprintf(s->addr, sizeof(s->addr), "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+}
+
+/* Accept a connection within ms, send our handshake; return its fd. */
+static int raw_srv_accept(struct tu *h, struct raw_srv *s, int ms)
+{
+	msgpack_sbuffer hs;
+	for (int t = 0; t < ms; t += 10) {
+		int fd = accept(s->lfd, NULL, NULL);
+		if (fd >= 0) {
+			msgpack_sbuffer_init(&hs);
+			handshake_bytes(&hs);
+			ck_assert_int_eq(send(fd, hs.data, hs.size, 0), (ssize_t)hs.size);
+			msgpack_sbuffer_destroy(&hs);
+			s->fds[s->n++] = fd;
+			return fd;
+		}
+		tu_run_for(h, 10);
+	}
+	return -1;
+}
+
+/* Drain what the client sent for ms (its handshake and requests). */
+static size_t raw_drain(struct tu *h, int fd, int ms)
+{
+	uint8_t buf[4096];
+	size_t got = 0;
+	for (int t = 0; t < ms; t += 10) {
+		ssize_t n;
+		tu_run_for(h, 10);
+		while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+			got += (size_t)n;
+	}
+	return got;
+}
+
+static void raw_reply(int fd, const char *s, int partial_after)
+{
+	msgpack_sbuffer out, sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&out);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	pk_str(&pk, s, strlen(s));
+	wire1(&out, sb.data, sb.size);
+	if (partial_after) {
+		/* the header of a next message (one frame of 100 bytes), 2 of them sent */
+		uint8_t pre[26] = {0};
+		le64(pre, 8 + 8 + 100);
+		le64(pre + 8, 1);
+		le64(pre + 16, 100);
+		pre[24] = 0xa1;
+		msgpack_sbuffer_write(&out, (const char *)pre, sizeof(pre));
+	}
+	ck_assert_int_eq(send(fd, out.data, out.size, 0), (ssize_t)out.size);
+	msgpack_sbuffer_destroy(&out);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static void pool_partial_common(int limit, uint32_t idle_ms, uint32_t call_timeout)
+{
+	struct tu h;
+	struct raw_srv s;
+	tw_pool *pool;
+	struct rc r1, r2;
+	int fd, fd2;
+	tu_init(&h);
+	raw_srv_start(&s);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
+	ck_assert_int_eq(tw_pool_set_limit(pool, (size_t)limit), 0);
+	ck_assert_int_eq(tw_pool_set_idle(pool, 16, idle_ms), 0);
+	rc_start(pool, s.addr, rq_op("first"), 5000, &r1);
+	fd = raw_srv_accept(&h, &s, 2000);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_uint_gt(raw_drain(&h, fd, 200), 0);
+	raw_reply(fd, "reply1", 1);
+	ck_assert(rc_wait(&h, &r1, 3000));
+	ck_assert_int_eq(r1.err, 0);
+	rc_clear(&r1);
+	tu_run_for(&h, 100);
+	/* second call: the only comm holds a partial unsolicited message */
+	rc_start(pool, s.addr, rq_op("second"), call_timeout, &r2);
+	fd2 = raw_srv_accept(&h, &s, 4000);
+	if (fd2 >= 0) {
+		raw_drain(&h, fd2, 200);
+		raw_reply(fd2, "reply2", 0);
+	}
+	rc_wait(&h, &r2, 6000);
+	SAY("partial: limit=%d idle=%u timeout=%u: second call done=%d err=%d (%s), new comm %s, "
+	    "open comms %zu\n",
+	    limit, idle_ms, call_timeout, r2.done, r2.err, tw_strerror(r2.err),
+	    fd2 >= 0 ? "opened" : "never opened", tw_pool_open_comms(pool, s.addr));
+	ck_assert_msg(r2.done, "second call still waiting after 10 s (no timeout set)");
+	ck_assert_msg(r2.err == 0, "second call: %s", tw_strerror(r2.err)); /* on a new comm */
+	rc_clear(&r2);
+	tw_pool_free(pool);
+	for (int i = 0; i < s.n; i++)
+		close(s.fds[i]);
+	close(s.lfd);
+	tu_fini(&h);
+}
+
+START_TEST(pool_partial_limit1_sweep_hangs)
+{
+	/* limit 1, idle timeout 1 s, no call timeout */
+	pool_partial_common(1, 1000, 0);
+}
+END_TEST
+
+START_TEST(pool_partial_limit1_timeout)
+{
+	/* limit 1, default idle, call timeout 3 s */
+	pool_partial_common(1, 60000, 3000);
+}
+END_TEST
+
+START_TEST(pool_partial_default_limit)
+{
+	pool_partial_common(512, 60000, 0);
 }
 END_TEST
 
@@ -733,6 +931,10 @@ int main(void)
 	tcase_add_test(tc, pool_reset_mid_reply);
 	tcase_add_test(tc, cancel_from_callbacks);
 	tcase_add_test(tc, stream_big_batch);
+	tcase_add_test(tc, stream_handler_aborts_comm);
+	tcase_add_test(tc, pool_partial_limit1_sweep_hangs);
+	tcase_add_test(tc, pool_partial_limit1_timeout);
+	tcase_add_test(tc, pool_partial_default_limit);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
