@@ -533,7 +533,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 				    p->idle_timeout_ms)
 				drop_comm(pc);
 		}
-		dispatch(d); /* calls waiting for a place a dropped comm held */
+		dispatch(d);                 /* calls waiting for a place a dropped comm held */
 		if (gone(d) && !d->kicked) { /* a kicked one is on_kick's */
 			unlink_dest(d);
 			free(d);
