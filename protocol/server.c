@@ -225,10 +225,23 @@ static void stream_message(struct sconn *sc, tw_decoded *d)
 		server_destroy(s);
 }
 
+/* `reply` and `close` are read as Python's truth: Dask's handle_comm tests
+ * `if reply:`, so 0, nil, "" and empty containers are false. */
 static void set_flag(int *flag, const msgpack_object *v)
 {
-	if (v->type == MSGPACK_OBJECT_BOOLEAN)
-		*flag = v->via.boolean;
+	switch (v->type) {
+	case MSGPACK_OBJECT_NIL: *flag = 0; break;
+	case MSGPACK_OBJECT_BOOLEAN: *flag = v->via.boolean; break;
+	case MSGPACK_OBJECT_POSITIVE_INTEGER:
+	case MSGPACK_OBJECT_NEGATIVE_INTEGER: *flag = v->via.u64 != 0; break;
+	case MSGPACK_OBJECT_FLOAT32:
+	case MSGPACK_OBJECT_FLOAT64: *flag = v->via.f64 != 0.0; break;
+	case MSGPACK_OBJECT_STR: *flag = v->via.str.size != 0; break;
+	case MSGPACK_OBJECT_BIN: *flag = v->via.bin.size != 0; break;
+	case MSGPACK_OBJECT_ARRAY: *flag = v->via.array.size != 0; break;
+	case MSGPACK_OBJECT_MAP: *flag = v->via.map.size != 0; break;
+	default: *flag = 1; break; /* ext: an object, true */
+	}
 }
 
 /* The request's op (a str), `reply` (default true) and `close` (default

@@ -230,6 +230,74 @@ START_TEST(op_with_nul_is_not_builtin)
 }
 END_TEST
 
+/* ---- 4b. `reply` read as Python reads it (Dask: `if reply:`): 0, nil,
+ * "" and [] mean no reply; 1 and "x" mean a reply ---- */
+
+static tw_msg *identity_with_reply(void (*put)(msgpack_packer *pk))
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	tw_msg *m;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 2);
+	pk_str(&pk, "op", 2);
+	pk_str(&pk, "identity", 8);
+	pk_str(&pk, "reply", 5);
+	put(&pk);
+	m = rq_raw(sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+	return m;
+}
+
+static void put_zero(msgpack_packer *pk)
+{
+	msgpack_pack_int(pk, 0);
+}
+static void put_nil(msgpack_packer *pk)
+{
+	msgpack_pack_nil(pk);
+}
+static void put_empty_str(msgpack_packer *pk)
+{
+	pk_str(pk, "", 0);
+}
+static void put_empty_array(msgpack_packer *pk)
+{
+	msgpack_pack_array(pk, 0);
+}
+static void put_one(msgpack_packer *pk)
+{
+	msgpack_pack_int(pk, 1);
+}
+static void put_str(msgpack_packer *pk)
+{
+	pk_str(pk, "x", 1);
+}
+
+START_TEST(reply_flag_is_python_truth)
+{
+	void (*no[])(msgpack_packer *) = {put_zero, put_nil, put_empty_str, put_empty_array};
+	void (*yes[])(msgpack_packer *) = {put_one, put_str};
+	struct rf f;
+	struct rw w;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	for (size_t i = 0; i < 4; i++)
+		rw_send(&w, identity_with_reply(no[i]));
+	for (size_t i = 0; i < 2; i++)
+		rw_send(&w, identity_with_reply(yes[i]));
+	/* requests are served in order: the two replies are the last two's */
+	ck_assert_ptr_nonnull(rw_msg(&w, 1));
+	tu_run_for(&f.h, 50);
+	ck_assert_uint_eq(w.n, 2);
+	ck_assert_int_eq(tw_decoded_root(w.msgs[0])->type, MSGPACK_OBJECT_MAP);
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
 /* ---- 5. a peer that answers one call twice: the extra reply, which
  * arrived before the second request was even written, is taken as the
  * reply of a call made from the first call's callback ---- */
@@ -923,6 +991,7 @@ int main(void)
 	tcase_add_test(tc, server_free_in_stream_handler);
 	tcase_add_test(tc, server_free_in_op_handler);
 	tcase_add_test(tc, op_with_nul_is_not_builtin);
+	tcase_add_test(tc, reply_flag_is_python_truth);
 	tcase_add_test(tc, pool_duplicate_reply_misattributed);
 	tcase_add_test(tc, batched_unbounded);
 	tcase_add_test(tc, pipelined_handshake_big_request);

@@ -2,7 +2,9 @@
  * distributed.core.Server.handle_comm).
  *
  * A request is a map with `op` (str) and arguments; `reply` (default
- * true) false means no reply; `close` true closes the comm after replying.
+ * true) false means no reply; `close` true closes the comm after replying
+ * (both read as Python's truth, as Dask does: 0, nil, "" and empty
+ * containers are false).
  * The server runs the op's handler, which replies at once or later
  * (deferred) with exactly one call of tw_request_reply or
  * tw_request_reply_error. Requests of one comm are served one at a time,
