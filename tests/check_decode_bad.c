@@ -126,21 +126,32 @@ static size_t lying_zstd(uint8_t *buf, size_t nblocks, int with_fcs, uint64_t fc
 	return o;
 }
 
+/* A message whose one payload is a lying zstd frame of nblocks empty
+ * blocks (with a declared content size fcs when with_fcs); *zl gets the
+ * frame's size. */
+static tw_msg *lying_zstd_msg(size_t nblocks, int with_fcs, uint64_t fcs, size_t *zl)
+{
+	uint8_t *z = malloc(32 + 5 * nblocks);
+	tw_msg *m;
+	ck_assert_ptr_nonnull(z);
+	*zl = lying_zstd(z, nblocks, with_fcs, fcs);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	add_placeholder0(m, 1);
+	add_subheader(m, 1, "zstd");
+	ck_assert_int_eq(tw_msg_append_copy(m, z, *zl), 0);
+	free(z);
+	return m;
+}
+
 START_TEST(zstd_streaming_lie_allocates_bound)
 {
-	size_t nblocks = 32767; /* 32767 * 128 KiB just under 4 GiB */
-	uint8_t *z = malloc(16 + 5 * nblocks);
-	size_t zl = lying_zstd(z, nblocks, 0, 0);
+	size_t zl;
+	tw_msg *m = lying_zstd_msg(32767, 0, 0, &zl); /* 32767 * 128 KiB: just under 4 GiB */
 	const tw_payload *pl;
-	tw_msg *m;
 	tw_decoded *d = NULL;
 	char why[256] = "";
 	long vm0, vm1;
 	int rv;
-	ck_assert_int_eq(tw_msg_new(&m), 0);
-	add_placeholder0(m, 1);
-	add_subheader(m, 1, "zstd");
-	ck_assert_int_eq(tw_msg_append_copy(m, z, zl), 0);
 	vm0 = status_kb("VmSize");
 	rv = tw_decode(m, NULL, &d, why, sizeof(why));
 	ck_assert_msg(rv == 0, "rv %d (%s)", rv, why); /* a valid frame of 0 bytes */
@@ -157,7 +168,6 @@ START_TEST(zstd_streaming_lie_allocates_bound)
 			  4096);
 	tw_decoded_free(d);
 	tw_msg_free(m);
-	free(z);
 }
 END_TEST
 
@@ -167,18 +177,12 @@ END_TEST
  * and the mapping released. */
 START_TEST(zstd_declared_lie_allocates)
 {
-	size_t nblocks = 8192;
-	uint8_t *z = malloc(32 + 5 * nblocks);
-	size_t zl = lying_zstd(z, nblocks, 1, (uint64_t)1 << 30);
-	tw_msg *m;
+	size_t zl;
+	tw_msg *m = lying_zstd_msg(8192, 1, (uint64_t)1 << 30, &zl);
 	tw_decoded *d = NULL;
 	char why[256] = "";
 	long vm0, vm1;
 	int rv;
-	ck_assert_int_eq(tw_msg_new(&m), 0);
-	add_placeholder0(m, 1);
-	add_subheader(m, 1, "zstd");
-	ck_assert_int_eq(tw_msg_append_copy(m, z, zl), 0);
 	vm0 = status_kb("VmPeak");
 	rv = tw_decode(m, NULL, &d, why, sizeof(why));
 	vm1 = status_kb("VmPeak");
@@ -186,7 +190,6 @@ START_TEST(zstd_declared_lie_allocates)
 	    (vm1 - vm0) / 1024);
 	tw_decoded_free(d);
 	tw_msg_free(m);
-	free(z);
 	/* refused: its blocks produce nothing of the declared 1 GiB */
 	ck_assert_int_eq(rv, TW_EPROTO);
 }

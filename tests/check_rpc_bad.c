@@ -122,49 +122,56 @@ END_TEST
 
 /* ---- 2. tw_server_free from inside a stream handler (batch of 2) ---- */
 
-static tw_server *g_srv;
-static int g_calls;
-
-static void stream_kill(tw_comm *c, const tw_decoded *d, const msgpack_object *m, void *arg)
+/* A server with stream op `op` (fn, with the server as its arg), and a
+ * comm that turns stream and
+ * sends one batch of three {"op": op} maps; returns once the comm closed
+ * (or 2 s passed). The caller frees w and, unless fn did, the server. */
+static tw_server *stream_batch(struct tu *h, const char *op, tw_stream_fn fn, struct rw *w)
 {
-	(void)c, (void)d, (void)m, (void)arg;
-	g_calls++;
-	if (g_srv != NULL) {
-		tw_server_free(g_srv);
-		g_srv = NULL;
-	}
-}
-
-START_TEST(server_free_in_stream_handler)
-{
-	struct tu h;
+	tw_server *srv;
 	char addr[128];
-	struct rw w;
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
-	tu_init(&h);
-	ck_assert_int_eq(tw_server_new(h.ctx, &g_srv), 0);
-	ck_assert_int_eq(tw_server_add_stream_op(g_srv, "kill", stream_kill, NULL), 0);
-	ck_assert_int_eq(tw_server_listen(g_srv, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_eq(tw_server_address(g_srv, 0, addr, sizeof(addr)), 0);
-	ck_assert_int_eq(rw_open(&h, h.ctx, addr, &w), 0);
-	{
-		tw_builder *b = rq_begin("connection_stream", 1);
-		rq_bool(b, "reply", 0);
-		rw_send(&w, rq_end(b));
-	}
+	tw_builder *b = rq_begin("connection_stream", 1);
+	ck_assert_int_eq(tw_server_new(h->ctx, &srv), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(srv, op, fn, srv), 0);
+	ck_assert_int_eq(tw_server_listen(srv, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(srv, 0, addr, sizeof(addr)), 0);
+	ck_assert_int_eq(rw_open(h, h->ctx, addr, w), 0);
+	rq_bool(b, "reply", 0);
+	rw_send(w, rq_end(b));
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_array(&pk, 3);
 	for (int i = 0; i < 3; i++) {
 		msgpack_pack_map(&pk, 1);
 		pk_str(&pk, "op", 2);
-		pk_str(&pk, "kill", 4);
+		pk_str(&pk, op, strlen(op));
 	}
-	rw_send(&w, rq_raw(sb.data, sb.size));
+	rw_send(w, rq_raw(sb.data, sb.size));
 	msgpack_sbuffer_destroy(&sb);
-	tu_wait_flag(&h, &w.closed, 2000);
-	ck_assert_int_eq(g_calls, 1); /* the server is gone after the first */
+	tu_wait_flag(h, &w->closed, 2000);
+	return srv;
+}
+
+static tw_server *g_srv;
+static int g_calls;
+
+/* arg: the server, freed by the first map */
+static void stream_kill(tw_comm *c, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	(void)c, (void)d, (void)m;
+	if (g_calls++ == 0)
+		tw_server_free(arg);
+}
+
+START_TEST(server_free_in_stream_handler)
+{
+	struct tu h;
+	struct rw w;
+	tu_init(&h);
+	stream_batch(&h, "kill", stream_kill, &w); /* freed by its handler */
+	ck_assert_int_eq(g_calls, 1);              /* the server is gone after the first */
 	rw_free(&w);
 	tu_fini(&h);
 }
@@ -800,32 +807,9 @@ START_TEST(stream_handler_aborts_comm)
 {
 	struct tu h;
 	tw_server *srv;
-	char addr[128];
 	struct rw w;
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
 	tu_init(&h);
-	ck_assert_int_eq(tw_server_new(h.ctx, &srv), 0);
-	ck_assert_int_eq(tw_server_add_stream_op(srv, "abort", stream_abort, NULL), 0);
-	ck_assert_int_eq(tw_server_listen(srv, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_eq(tw_server_address(srv, 0, addr, sizeof(addr)), 0);
-	ck_assert_int_eq(rw_open(&h, h.ctx, addr, &w), 0);
-	{
-		tw_builder *b = rq_begin("connection_stream", 1);
-		rq_bool(b, "reply", 0);
-		rw_send(&w, rq_end(b));
-	}
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_array(&pk, 3);
-	for (int i = 0; i < 3; i++) {
-		msgpack_pack_map(&pk, 1);
-		pk_str(&pk, "op", 2);
-		pk_str(&pk, "abort", 5);
-	}
-	rw_send(&w, rq_raw(sb.data, sb.size));
-	msgpack_sbuffer_destroy(&sb);
-	tu_wait_flag(&h, &w.closed, 2000);
+	srv = stream_batch(&h, "abort", stream_abort, &w);
 	rw_free(&w);
 	tw_server_free(srv);
 	tu_fini(&h);
