@@ -375,14 +375,20 @@ static int connect_one(struct dest *d)
 	return rv;
 }
 
+/* Connected, handshaken and not serving a call. */
+static int unbusy(const struct pcomm *pc)
+{
+	return pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
+	       pc->comm->recv_cb != NULL;
+}
+
 /* A comm ready for a call. Not one that already took in bytes of a next
  * message (a peer answering twice, say): a request written now would take
  * them for its reply. dispatch drops it (drop_stale). */
 static struct pcomm *idle_comm(struct dest *d)
 {
 	for (struct pcomm *pc = d->comms; pc != NULL; pc = pc->next)
-		if (pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
-		    pc->comm->recv_cb != NULL && !tw__comm_rx_pending(pc->comm))
+		if (unbusy(pc) && !tw__comm_rx_pending(pc->comm))
 			return pc;
 	return NULL;
 }
@@ -394,8 +400,7 @@ static void drop_stale(struct dest *d)
 {
 	for (struct pcomm *pc = d->comms, *next; pc != NULL; pc = next) {
 		next = pc->next;
-		if (pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
-		    pc->comm->recv_cb != NULL && tw__comm_rx_pending(pc->comm))
+		if (unbusy(pc) && tw__comm_rx_pending(pc->comm))
 			drop_comm(pc);
 	}
 }
