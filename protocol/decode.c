@@ -90,7 +90,9 @@ const msgpack_object *tw_map_get(const msgpack_object *m, const char *key)
 	size_t n = strlen(key);
 	if (m == NULL || m->type != MSGPACK_OBJECT_MAP)
 		return NULL;
-	for (uint32_t i = 0; i < m->via.map.size; i++) {
+	/* from the end: of duplicate keys the last counts, as in the dict
+	 * Python's msgpack makes of the same bytes */
+	for (uint32_t i = m->via.map.size; i-- > 0;) {
 		const msgpack_object *k = &m->via.map.ptr[i].key;
 		if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == n &&
 		    memcmp(k->via.str.ptr, key, n) == 0)

@@ -15,13 +15,13 @@ int tw__walk_placeholders(const msgpack_object *o, tw__holder_fn fn, void *arg, 
 	}
 	if (o->type != MSGPACK_OBJECT_MAP)
 		return 0;
-	/* one pass for both keys, each taken at its first occurrence as
-	 * tw_map_get would */
+	/* one pass for both keys, each taken at its last occurrence as
+	 * tw_map_get (and Python's dict) would */
 	const msgpack_object *vals[2] = {NULL, NULL};
 	for (uint32_t i = 0; i < o->via.map.size; i++) {
 		const msgpack_object *k = &o->via.map.ptr[i].key;
 		for (int kind = 0; kind < 2; kind++)
-			if (vals[kind] == NULL && tw_obj_str_eq(k, keys[kind]))
+			if (tw_obj_str_eq(k, keys[kind]))
 				vals[kind] = &o->via.map.ptr[i].val;
 	}
 	for (int kind = 0; kind < 2; kind++) {

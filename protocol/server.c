@@ -456,17 +456,66 @@ tw_builder *tw_request_reply_builder(tw_request *r)
 	return r->b;
 }
 
-/* Send the finished reply; close or read on. */
-static int send_reply(struct sconn *sc, tw_request *r, tw_msg *m)
+/* {"status": "uncaught-error", ...}: what Python's rpc raises as an
+ * Exception (DESIGN.md, RPC conventions). */
+static void pack_error(msgpack_packer *pk, const char *e, const char *tb)
 {
-	int rv = 0;
-	sc->busy = NULL;
-	if (m != NULL && (rv = tw_comm_write(sc->comm, m)) == TW_EAGAIN) {
+	msgpack_pack_map(pk, 5);
+	tw_pack_str(pk, "status");
+	tw_pack_str(pk, "uncaught-error");
+	tw_pack_str(pk, "exception");
+	tw_pack_str(pk, e);
+	tw_pack_str(pk, "traceback");
+	msgpack_pack_nil(pk);
+	tw_pack_str(pk, "exception_text");
+	tw_pack_str(pk, e);
+	tw_pack_str(pk, "traceback_text");
+	tw_pack_str(pk, tb);
+}
+
+/* Queue m; TW_EAGAIN parks it until the drain callback. */
+static int queue_reply(struct sconn *sc, tw_msg *m)
+{
+	int rv = tw_comm_write(sc->comm, m);
+	if (rv == TW_EAGAIN) {
 		sc->pending = m;
 		rv = 0;
 	} else if (rv != 0) {
 		tw_msg_free(m);
 	}
+	return rv;
+}
+
+/* The comm refused a reply (more frames than its limit): the caller gets
+ * an error reply saying so at once, not silence until its timeout. When
+ * even that fails the comm ends, which fails the call, and sc is gone:
+ * returns 1 then. */
+static int refused_reply(struct sconn *sc, int why)
+{
+	char text[128];
+	tw_builder b;
+	tw_msg *m = NULL;
+	snprintf(text, sizeof(text), "reply not sent: %s", tw_strerror(why));
+	if (tw__builder_init(&b, tw_comm_compression(sc->comm)) == 0) {
+		pack_error(tw_builder_packer(&b), text, "");
+		if (tw_builder_finish(&b, &m) != 0)
+			m = NULL;
+		tw__builder_fini(&b);
+	}
+	if (m != NULL && queue_reply(sc, m) == 0)
+		return 0;
+	drop(sc, why, text);
+	return 1;
+}
+
+/* Send the finished reply; close or read on. */
+static int send_reply(struct sconn *sc, tw_request *r, tw_msg *m)
+{
+	int rv = 0;
+	sc->busy = NULL;
+	if (m != NULL && (rv = queue_reply(sc, m)) != 0 && rv != TW_ECLOSED &&
+	    refused_reply(sc, rv))
+		return rv;
 	if (r->close && sc->pending != NULL)
 		sc->close_after = 1; /* the reply first: on_drain closes */
 	else if (r->close)
@@ -507,7 +556,6 @@ int tw_request_reply(tw_request *r)
 int tw_request_reply_error(tw_request *r, const char *exception_text, const char *traceback_text)
 {
 	tw_builder *b;
-	msgpack_packer *pk;
 	const char *e = exception_text != NULL ? exception_text : "";
 	if (r->b != NULL && !tw__builder_empty(r->b)) {
 		/* the error replaces a reply the handler had begun to pack */
@@ -516,17 +564,6 @@ int tw_request_reply_error(tw_request *r, const char *exception_text, const char
 	}
 	if ((b = tw_request_reply_builder(r)) == NULL)
 		return tw_request_reply(r); /* reports the same error */
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 5);
-	tw_pack_str(pk, "status");
-	tw_pack_str(pk, "uncaught-error");
-	tw_pack_str(pk, "exception");
-	tw_pack_str(pk, e);
-	tw_pack_str(pk, "traceback");
-	msgpack_pack_nil(pk);
-	tw_pack_str(pk, "exception_text");
-	tw_pack_str(pk, e);
-	tw_pack_str(pk, "traceback_text");
-	tw_pack_str(pk, traceback_text != NULL ? traceback_text : "");
+	pack_error(tw_builder_packer(b), e, traceback_text != NULL ? traceback_text : "");
 	return tw_request_reply(r);
 }

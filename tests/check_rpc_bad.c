@@ -305,6 +305,47 @@ START_TEST(reply_flag_is_python_truth)
 }
 END_TEST
 
+/* ---- 4c. duplicate keys: the last counts, as in the dict Python's
+ * msgpack makes ({"op": "close", "reply": false, "op": "echo", ...} is an
+ * echo with a reply) ---- */
+
+START_TEST(duplicate_keys_last_wins)
+{
+	struct rf f;
+	struct rw w;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	const tw_decoded *d;
+	rf_init(&f);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 6);
+	pk_str(&pk, "op", 2);
+	pk_str(&pk, "close", 5);
+	pk_str(&pk, "reply", 5);
+	msgpack_pack_false(&pk);
+	pk_str(&pk, "data", 4);
+	pk_str(&pk, "first", 5);
+	pk_str(&pk, "op", 2);
+	pk_str(&pk, "echo", 4);
+	pk_str(&pk, "data", 4);
+	pk_str(&pk, "last", 4);
+	pk_str(&pk, "reply", 5);
+	msgpack_pack_true(&pk);
+	rw_send(&w, rq_raw(sb.data, sb.size));
+	msgpack_sbuffer_destroy(&sb);
+	d = rw_msg(&w, 0);
+	ck_assert_ptr_nonnull(d);
+	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "last"));
+	rw_send(&w, rq_op("identity"));
+	ck_assert_ptr_nonnull(rw_msg(&w, 1));
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
 /* ---- 5. a peer that answers one call twice: the extra reply, which
  * arrived before the second request was even written, is taken as the
  * reply of a call made from the first call's callback ---- */
@@ -976,6 +1017,7 @@ int main(void)
 	tcase_add_test(tc, server_free_in_op_handler);
 	tcase_add_test(tc, op_with_nul_is_not_builtin);
 	tcase_add_test(tc, reply_flag_is_python_truth);
+	tcase_add_test(tc, duplicate_keys_last_wins);
 	tcase_add_test(tc, pool_duplicate_reply_misattributed);
 	tcase_add_test(tc, batched_unbounded);
 	tcase_add_test(tc, pipelined_handshake_big_request);

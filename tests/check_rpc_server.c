@@ -243,6 +243,45 @@ START_TEST(server_error_reply)
 }
 END_TEST
 
+/* Replies with `n` payloads: 2 frames each, plus the header. */
+static void op_payloads(tw_request *r, void *arg)
+{
+	tw_slice one = ru_pattern(16, 7);
+	tw_builder *b = tw_request_reply_builder(r);
+	int n = *(const int *)arg;
+	msgpack_pack_array(tw_builder_packer(b), (size_t)n);
+	for (int i = 0; i < n; i++)
+		ck_assert_int_eq(tw_builder_pack_bytes(b, &one), 0);
+	tw_block_free(one.block);
+	*(int *)arg = tw_request_reply(r);
+}
+
+/* A reply the server's comm refuses (more frames than its limit) answers
+ * the caller at once with an error saying so, not at the call's timeout;
+ * the comm serves on. */
+START_TEST(server_reply_refused)
+{
+	struct rf f;
+	struct rc rc;
+	int n = 20;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_max_frames(f.h.ctx, 16), 0);
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, "payloads", op_payloads, &n), 0);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("payloads"), 5000, &rc), TW_EREMOTE);
+	ck_assert_int_eq(n, TW_ETOOBIG);
+	ck_assert(tw_obj_str_eq(field(&rc, "status"), "uncaught-error"));
+	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"),
+				"reply not sent: message larger than the limit"));
+	rc_clear(&rc);
+	n = 3; /* 7 frames: sent */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("payloads"), 5000, &rc), 0);
+	ck_assert_int_eq(n, 0);
+	ck_assert_int_eq(tw_decoded_root(rc.reply)->via.array.size, 3);
+	rc_clear(&rc);
+	rf_fini(&f);
+}
+END_TEST
+
 START_TEST(server_unknown_op)
 {
 	struct rf f;
@@ -496,6 +535,7 @@ TCase *rpc_server_tcase(void)
 	tcase_add_test(tc, server_deferred_reply);
 	tcase_add_test(tc, server_reply_false);
 	tcase_add_test(tc, server_error_reply);
+	tcase_add_test(tc, server_reply_refused);
 	tcase_add_test(tc, server_unknown_op);
 	tcase_add_test(tc, server_close);
 	tcase_add_test(tc, server_in_order);

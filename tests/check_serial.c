@@ -628,6 +628,42 @@ START_TEST(rt_no_sub_frames)
 }
 END_TEST
 
+/* Duplicate keys: the last counts, as in the dict Python's msgpack makes,
+ * for tw_map_get and for placeholders alike: {"op": "x", "data": {
+ * "__Serialized__": 9, "__Serialized__": 1}, "op": "echo"} is an echo of
+ * frame 1's group (9 would be out of range). */
+START_TEST(duplicate_keys_last_wins)
+{
+	struct mp f;
+	msgpack_packer *pk = mp_start(&f);
+	tw_msg *m = new_msg();
+	tw_decoded *d;
+	const tw_payload *pl;
+	msgpack_pack_map(pk, 3);
+	pstr(pk, "op");
+	pstr(pk, "x");
+	pstr(pk, "data");
+	msgpack_pack_map(pk, 2);
+	pstr(pk, "__Serialized__");
+	msgpack_pack_uint64(pk, 9);
+	pstr(pk, "__Serialized__");
+	msgpack_pack_uint64(pk, 1);
+	pstr(pk, "op");
+	pstr(pk, "echo");
+	mp_append(&f, m);
+	sub_header(m, 1, NULL, 0);
+	append(m, "abc", 3);
+	d = decode_ok(m);
+	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "op"), "echo"));
+	pl = data_payload(d);
+	ck_assert_uint_eq(pl->nframes, 1);
+	ck_assert_uint_eq(pl->frames[0].len, 3);
+	ck_assert_int_eq(memcmp(tw_slice_data(&pl->frames[0]), "abc", 3), 0);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
 /* Bad input: each case is a message, the code and words of its detail. */
 
 struct bad {
@@ -1346,6 +1382,7 @@ static Suite *serial_suite(void)
 	tcase_add_test(tc, rt_split_compressed);
 	tcase_add_test(tc, rt_pickled);
 	tcase_add_test(tc, rt_no_sub_frames);
+	tcase_add_test(tc, duplicate_keys_last_wins);
 	tcase_add_test(tc, nesting_32);
 	tcase_add_test(tc, nils_within_limit);
 	suite_add_tcase(s, tc);

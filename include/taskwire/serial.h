@@ -141,7 +141,8 @@ int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t
 void tw_decoded_free(tw_decoded *d);
 
 /* tw_map_get: the value of str key `key` in map `m`, or NULL when m is not
- * a map or has no such key. */
+ * a map or has no such key. Of duplicate keys the last counts, as in the
+ * dict Python's msgpack unpacks from the same bytes. */
 const msgpack_object *tw_map_get(const msgpack_object *m, const char *key);
 
 /* tw_obj_str_eq: 1 when o is a str equal to s. */

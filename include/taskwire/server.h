@@ -76,7 +76,9 @@ tw_builder *tw_request_reply_builder(tw_request *r);
  * unless the caller asked for no reply, then read the next request (or
  * close the comm when the request said `close`). Frees r in every case.
  * Returns 0, or TW_ENOMEM / TW_ECLOSED (the comm went away: the reply is
- * dropped). */
+ * dropped), or TW_ETOOBIG (the reply has more frames than the comm's
+ * limit, tw_context_set_max_frames: the caller got an uncaught-error reply
+ * "reply not sent: ..." instead, at once, and the comm serves on). */
 int tw_request_reply(tw_request *r);
 
 /* tw_request_reply_error: reply {"status": "uncaught-error", "exception":
