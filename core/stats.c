@@ -5,10 +5,12 @@
 
 struct tw__stats tw__global_stats;
 
-#define LOAD(f) out->f = atomic_load_explicit(&st->f, memory_order_relaxed)
+#define LOAD(f) all.f = atomic_load_explicit(&st->f, memory_order_relaxed)
 
-void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out)
+void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out, size_t size)
 {
+	tw_stats all;
+	size_t n = size < sizeof(all) ? size : sizeof(all);
 	LOAD(msgs_sent);
 	LOAD(msgs_received);
 	LOAD(bytes_sent);
@@ -22,9 +24,11 @@ void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out)
 	LOAD(merges_zero_copy);
 	LOAD(merges_copied);
 	LOAD(write_bytes_gathered);
+	memcpy(out, &all, n);
+	memset((char *)out + n, 0, size - n); /* fields this library lacks */
 }
 
-void tw_stats_global(tw_stats *out)
+void tw_stats_global_sized(tw_stats *out, size_t size)
 {
-	tw__stats_snapshot(&tw__global_stats, out);
+	tw__stats_snapshot(&tw__global_stats, out, size);
 }

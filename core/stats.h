@@ -31,6 +31,8 @@ extern struct tw__stats tw__global_stats;
 			TW__ADD((comm_st), field, (n));                                            \
 	} while (0)
 
-void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out);
+/* Snapshot st into out, a tw_stats of `size` bytes as its caller was
+ * compiled (include/taskwire/stats.h). */
+void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out, size_t size);
 
 #endif

@@ -2,6 +2,7 @@
  * core/msg.c). Stats are process-wide, so every check compares counters
  * before and after. */
 #include <check.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -460,6 +461,36 @@ START_TEST(msg_append_invalid)
 }
 END_TEST
 
+/* tw_stats as an older or a newer program was compiled: an older one's
+ * smaller struct gets its fields and nothing past them; a newer one's
+ * larger struct gets zeros in the fields this library lacks. */
+START_TEST(stats_sized)
+{
+	union {
+		tw_stats st;
+		uint8_t bytes[sizeof(tw_stats) + 64];
+	} u;
+	size_t old = offsetof(tw_stats, blocks_allocated);
+	tw_block *b;
+	ck_assert_int_eq(tw_block_new(100, &b), 0);
+	memset(&u, 0xAB, sizeof(u));
+	tw_stats_global_sized(&u.st, old);
+	for (size_t i = old; i < sizeof(u); i++)
+		ck_assert_uint_eq(u.bytes[i], 0xAB);
+	ck_assert_uint_ne(u.st.msgs_sent, 0xABABABABABABABABull);
+	memset(&u, 0xAB, sizeof(u));
+	tw_stats_global_sized(&u.st, sizeof(u));
+	ck_assert_uint_ge(u.st.block_bytes_live, 100);
+	for (size_t i = sizeof(tw_stats); i < sizeof(u); i++)
+		ck_assert_uint_eq(u.bytes[i], 0);
+	memset(&u, 0xAB, sizeof(u));
+	tw_stats_global(&u.st);
+	ck_assert_uint_ge(u.st.block_bytes_live, 100);
+	ck_assert_uint_eq(u.bytes[sizeof(tw_stats)], 0xAB);
+	tw_block_free(b);
+}
+END_TEST
+
 START_TEST(msg_many_frames)
 {
 	tw_stats before = stats_now(), st;
@@ -509,6 +540,7 @@ static Suite *buf_suite(void)
 	tcase_add_test(msgs, msg_append_slice);
 	tcase_add_test(msgs, msg_append_invalid);
 	tcase_add_test(msgs, msg_many_frames);
+	tcase_add_test(msgs, stats_sized);
 	suite_add_tcase(s, blocks);
 	suite_add_tcase(s, msgs);
 	return s;

@@ -358,9 +358,9 @@ void tw_comm_free(tw_comm *c)
 	destroy_comm(c);
 }
 
-void tw_comm_stats(const tw_comm *c, tw_stats *out)
+void tw_comm_stats_sized(const tw_comm *c, tw_stats *out, size_t size)
 {
-	tw__stats_snapshot(&c->stats, out);
+	tw__stats_snapshot(&c->stats, out, size);
 }
 
 const char *tw_comm_last_error(const tw_comm *c)

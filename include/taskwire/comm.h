@@ -120,8 +120,9 @@ void tw_comm_abort(tw_comm *comm);
 void tw_comm_free(tw_comm *comm);
 
 /* tw_comm_stats: this comm's message and byte counters into *out (other
- * fields zero). */
-void tw_comm_stats(const tw_comm *comm, tw_stats *out);
+ * fields zero); sized as tw_stats_global (taskwire/stats.h). */
+#define tw_comm_stats(comm, out) tw_comm_stats_sized((comm), (out), sizeof(*(out)))
+void tw_comm_stats_sized(const tw_comm *comm, tw_stats *out, size_t size);
 
 /* tw_comm_last_error: text of the last error on this comm (OS error, the
  * offending value), "" if none. Valid until the comm is freed. */

@@ -1,11 +1,12 @@
 /* taskwire: statistics.
  *
  * Counters kept as atomics, so any thread may read them while the loop and
- * worker threads update them. Process-wide counters cover every context;
+ * worker threads update them. Counts are of messages and bytes. Process-wide counters cover every context;
  * per-comm counters (tw_comm_stats) fill the message and byte fields only. */
 #ifndef TASKWIRE_STATS_H
 #define TASKWIRE_STATS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -37,8 +38,15 @@ typedef struct tw_stats {
 	uint64_t write_bytes_gathered;
 } tw_stats;
 
+/* The struct only ever grows at its end, and the functions that fill it
+ * take its size as the caller was compiled: a program built against an
+ * older header gets the fields it knows, one built against a newer header
+ * gets zeros in the fields this library lacks, and neither is written
+ * past its struct. Call them through the macros, which pass the size. */
+
 /* tw_stats_global: copy the process-wide counters into *out. Any thread. */
-void tw_stats_global(tw_stats *out);
+#define tw_stats_global(out) tw_stats_global_sized((out), sizeof(*(out)))
+void tw_stats_global_sized(tw_stats *out, size_t size);
 
 #pragma GCC visibility pop
 
