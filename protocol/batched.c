@@ -20,13 +20,38 @@ struct tw_batched {
 	struct timeval interval;
 	msgpack_sbuffer body; /* the queued maps, packed back to back */
 	uint32_t n;
+	int refused; /* a send got TW_EAGAIN: drain_cb is owed */
+	tw_batched_drain_fn drain_cb;
+	void *drain_arg;
 };
 
+/* The batch and the comm's write queue leave room for len more bytes
+ * (one map alone always goes). */
+static int room(const tw_batched *b, size_t len)
+{
+	uint64_t queued = b->body.size + tw_comm_queued_bytes(b->comm);
+	return queued == 0 || queued + len <= b->comm->limits.write_hwm_bytes;
+}
+
+/* Flush; a refused sender is told when all it queued went to the kernel,
+ * as the comm's drain callback would tell it (that one may be someone
+ * else's), checked each interval. */
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
+	tw_batched *b = arg;
 	(void)fd;
 	(void)what;
-	tw_batched_flush(arg);
+	tw_batched_flush(b);
+	if (!b->refused)
+		return;
+	if (!b->comm->ended && (b->n > 0 || tw_comm_queued_bytes(b->comm) > 0)) {
+		if (!evtimer_pending(b->timer, NULL))
+			evtimer_add(b->timer, &b->interval);
+		return;
+	}
+	b->refused = 0;
+	if (b->drain_cb != NULL)
+		b->drain_cb(b, b->drain_arg); /* last: it may free b */
 }
 
 int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
@@ -55,10 +80,17 @@ static int is_map(const uint8_t *p)
 	return (p[0] & 0xf0) == 0x80 || p[0] == 0xde || p[0] == 0xdf;
 }
 
+void tw_batched_set_drain_cb(tw_batched *b, tw_batched_drain_fn fn, void *arg)
+{
+	if (b == NULL)
+		return;
+	b->drain_cb = fn;
+	b->drain_arg = arg;
+}
+
 int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 {
 	const char *why;
-	uint64_t queued;
 	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0 ||
 	    !is_map(packed))
 		return TW_EINVAL;
@@ -67,9 +99,12 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 	/* Writers are told to wait, as tw_comm_write tells them: the batch
 	 * and the comm's write queue together stay under the high-water mark
 	 * (one map alone always goes). */
-	queued = b->body.size + tw_comm_queued_bytes(b->comm);
-	if (queued > 0 && queued + len > b->comm->limits.write_hwm_bytes)
+	if (!room(b, len)) {
+		b->refused = 1;
+		if (!evtimer_pending(b->timer, NULL))
+			evtimer_add(b->timer, &b->interval);
 		return TW_EAGAIN;
+	}
 	if (msgpack_sbuffer_write(&b->body, packed, len) != 0)
 		return TW_ENOMEM;
 	b->n++;

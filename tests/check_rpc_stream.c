@@ -198,6 +198,86 @@ START_TEST(stream_single_map_and_bad)
 }
 END_TEST
 
+/* The server's side of a stream answers over its own comm (as Dask's
+ * scheduler does to workers): a batched sender on it is told to wait at
+ * the high-water mark, and its drain callback, not the comm's (which is
+ * the server's), says when to send again. */
+struct flood {
+	tw_batched *b;
+	size_t sent, refused, drained;
+	int rv_in_drain;
+};
+
+static uint8_t flood_map[8 + (64 << 10)]; /* {"x": bin of 64 KiB} */
+
+static int flood_send(struct flood *fl)
+{
+	int rv = tw_batched_send(fl->b, flood_map, sizeof(flood_map));
+	fl->sent += rv == 0;
+	return rv;
+}
+
+static void flood_drain(tw_batched *b, void *arg)
+{
+	struct flood *fl = arg;
+	ck_assert_ptr_eq(b, fl->b);
+	fl->drained++;
+	fl->rv_in_drain = flood_send(fl);
+}
+
+static void flood_op(tw_comm *c, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct flood *fl = arg;
+	int rv;
+	(void)d, (void)m;
+	ck_assert_int_eq(tw_batched_new(c, 1, &fl->b), 0);
+	tw_batched_set_drain_cb(fl->b, flood_drain, fl);
+	while ((rv = flood_send(fl)) == 0 && fl->sent < 1000)
+		;
+	ck_assert_int_eq(rv, TW_EAGAIN);
+	fl->refused++;
+}
+
+static size_t maps_received(const struct rw *w)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < w->n; i++)
+		n += tw_decoded_root(w->msgs[i])->via.array.size;
+	return n;
+}
+
+START_TEST(stream_server_side_drain)
+{
+	static const uint8_t flood[] = {0x81, 0xa2, 'o', 'p', 0xa5, 'f', 'l', 'o', 'o', 'd'};
+	struct flood fl = {0};
+	struct rf f;
+	struct rw w;
+	flood_map[0] = 0x81;
+	flood_map[1] = 0xa1;
+	flood_map[2] = 'x';
+	flood_map[3] = 0xc6; /* bin 32, big-endian length 0x00010000 */
+	flood_map[5] = 0x01;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1 << 20), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(f.s.srv, "flood", flood_op, &fl), 0);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, stream_start());
+	rw_send(&w, rq_raw(flood, sizeof(flood)));
+	ck_assert(tu_wait_count(&f.h, &fl.drained, 1, TU_WAIT_MS));
+	ck_assert_uint_eq(fl.refused, 1);
+	ck_assert_uint_lt(fl.sent, 1000); /* told to wait near 1 MiB, not at 64 MiB */
+	ck_assert_int_eq(fl.rv_in_drain, 0);
+	while (maps_received(&w) < fl.sent && w.n < RW_MAX_MSGS && !w.closed)
+		rw_msg(&w, w.n);
+	ck_assert_uint_eq(maps_received(&w), fl.sent);
+	ck_assert_uint_eq(fl.drained, 1); /* once per refusal */
+	tw_batched_free(fl.b);
+	ck_assert_int_eq(w.closed, 0);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
 TCase *rpc_stream_tcase(void)
 {
 	TCase *tc = tcase_create("stream");
@@ -206,5 +286,6 @@ TCase *rpc_stream_tcase(void)
 	tcase_add_test(tc, stream_free_flushes);
 	tcase_add_test(tc, stream_free_above_hwm);
 	tcase_add_test(tc, stream_single_map_and_bad);
+	tcase_add_test(tc, stream_server_side_drain);
 	return tc;
 }

@@ -43,8 +43,21 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
  * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack map), TW_ECLOSED, or
  * TW_EAGAIN when the queued batch and the comm's write queue would pass
  * the comm's write high-water mark (tw_context_set_write_hwm_bytes; one map
- * alone is always taken): send again after the comm's drain callback. */
+ * alone is always taken): send again from the sender's drain callback
+ * (tw_batched_set_drain_cb). */
 int tw_batched_send(tw_batched *b, const void *packed, size_t len);
+
+/* Called once after tw_batched_send returned TW_EAGAIN, when the batch
+ * and the comm's write queue are empty (all handed to the kernel, as for
+ * the comm's drain callback), or the comm ended (sends then return
+ * TW_ECLOSED). It may send, or free the sender. */
+typedef void (*tw_batched_drain_fn)(tw_batched *b, void *arg);
+
+/* tw_batched_set_drain_cb: set (fn NULL: clear) the drain callback. The
+ * sender checks for room at each interval while it waits, so this works
+ * on comms whose own drain callback belongs to someone else (a tw_server's
+ * stream comms). Loop thread. */
+void tw_batched_set_drain_cb(tw_batched *b, tw_batched_drain_fn fn, void *arg);
 
 /* tw_batched_flush: write what is queued now, as one array message.
  * Returns 0 or the tw_comm_write error (the batch is kept on TW_EAGAIN and
