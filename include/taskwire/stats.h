@@ -1,7 +1,7 @@
 /* taskwire: statistics.
  *
  * Counters kept as atomics, so any thread may read them while the loop and
- * worker threads update them. Counts are of messages and bytes. Process-wide counters cover every context;
+ * worker threads update them. Process-wide counters cover every context;
  * per-comm counters (tw_comm_stats) fill the message and byte fields only. */
 #ifndef TASKWIRE_STATS_H
 #define TASKWIRE_STATS_H
