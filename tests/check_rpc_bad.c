@@ -208,7 +208,9 @@ END_TEST
 
 /* ---- 4. op with an embedded NUL: "close\0junk" is not `close` ---- */
 
-START_TEST(op_with_nul_is_not_builtin)
+/* One request packed by `put`, on a fresh comm: its reply goes to
+ * `check`, then an identity call shows the comm still serving. */
+static void raw_request(void (*put)(msgpack_packer *pk), void (*check)(const tw_decoded *d))
 {
 	struct rf f;
 	struct rw w;
@@ -219,21 +221,36 @@ START_TEST(op_with_nul_is_not_builtin)
 	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 1);
-	pk_str(&pk, "op", 2);
-	pk_str(&pk, "close\0junk", 10);
+	put(&pk);
 	rw_send(&w, rq_raw(sb.data, sb.size));
 	msgpack_sbuffer_destroy(&sb);
 	d = rw_msg(&w, 0);
 	ck_assert_ptr_nonnull(d);
-	/* Dask (and tw's own find_op) treat "close\0junk" as an unknown op:
-	 * reply nil, keep the comm open. */
-	ck_assert_int_eq(tw_decoded_root(d)->type, MSGPACK_OBJECT_NIL);
+	check(d);
 	rw_send(&w, rq_op("identity"));
 	ck_assert_ptr_nonnull(rw_msg(&w, 1));
 	ck_assert_int_eq(w.closed, 0);
 	rw_free(&w);
 	rf_fini(&f);
+}
+
+static void put_nul_op(msgpack_packer *pk)
+{
+	msgpack_pack_map(pk, 1);
+	pk_str(pk, "op", 2);
+	pk_str(pk, "close\0junk", 10);
+}
+
+/* Dask (and tw's own find_op) treat "close\0junk" as an unknown op: reply
+ * nil, keep the comm open. */
+static void check_nil(const tw_decoded *d)
+{
+	ck_assert_int_eq(tw_decoded_root(d)->type, MSGPACK_OBJECT_NIL);
+}
+
+START_TEST(op_with_nul_is_not_builtin)
+{
+	raw_request(put_nul_op, check_nil);
 }
 END_TEST
 
@@ -309,40 +326,31 @@ END_TEST
  * msgpack makes ({"op": "close", "reply": false, "op": "echo", ...} is an
  * echo with a reply) ---- */
 
+static void put_dup_keys(msgpack_packer *pk)
+{
+	msgpack_pack_map(pk, 6);
+	pk_str(pk, "op", 2);
+	pk_str(pk, "close", 5);
+	pk_str(pk, "reply", 5);
+	msgpack_pack_false(pk);
+	pk_str(pk, "data", 4);
+	pk_str(pk, "first", 5);
+	pk_str(pk, "op", 2);
+	pk_str(pk, "echo", 4);
+	pk_str(pk, "data", 4);
+	pk_str(pk, "last", 4);
+	pk_str(pk, "reply", 5);
+	msgpack_pack_true(pk);
+}
+
+static void check_last(const tw_decoded *d)
+{
+	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "last"));
+}
+
 START_TEST(duplicate_keys_last_wins)
 {
-	struct rf f;
-	struct rw w;
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	const tw_decoded *d;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 6);
-	pk_str(&pk, "op", 2);
-	pk_str(&pk, "close", 5);
-	pk_str(&pk, "reply", 5);
-	msgpack_pack_false(&pk);
-	pk_str(&pk, "data", 4);
-	pk_str(&pk, "first", 5);
-	pk_str(&pk, "op", 2);
-	pk_str(&pk, "echo", 4);
-	pk_str(&pk, "data", 4);
-	pk_str(&pk, "last", 4);
-	pk_str(&pk, "reply", 5);
-	msgpack_pack_true(&pk);
-	rw_send(&w, rq_raw(sb.data, sb.size));
-	msgpack_sbuffer_destroy(&sb);
-	d = rw_msg(&w, 0);
-	ck_assert_ptr_nonnull(d);
-	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "last"));
-	rw_send(&w, rq_op("identity"));
-	ck_assert_ptr_nonnull(rw_msg(&w, 1));
-	ck_assert_int_eq(w.closed, 0);
-	rw_free(&w);
-	rf_fini(&f);
+	raw_request(put_dup_keys, check_last);
 }
 END_TEST
 
