@@ -110,7 +110,11 @@ static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
 	const msgpack_object *root, *c, *p;
 	tw_decoded *d;
 	enum tw__codec peer;
-	int rv = tw_decode(msg, NULL, &d, comm->error, sizeof(comm->error));
+	/* the handshake's bound (HANDSHAKE_MAX_BYTES, set while it runs)
+	 * covers what decoding allocates too: payloads the info map may
+	 * reference are decompressed within it, not within 4 GiB */
+	tw_decode_limits lim = {comm->limits.max_message_bytes};
+	int rv = tw_decode(msg, &lim, &d, comm->error, sizeof(comm->error));
 	if (rv != 0)
 		return TW_EPROTO;
 	root = tw_decoded_root(d);

@@ -37,15 +37,30 @@ static void le64(uint8_t *p, uint64_t v)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* Append one message of nf frames (f[i], n[i] bytes) to sb: the stream
+ * prelude (total, N, lengths; little-endian u64s), then the frames. */
+static void wire_n(msgpack_sbuffer *out, const void *const *f, const size_t *n, size_t nf)
+{
+	uint8_t u[8];
+	uint64_t total = 8 + 8 * nf;
+	for (size_t i = 0; i < nf; i++)
+		total += n[i];
+	le64(u, total);
+	msgpack_sbuffer_write(out, (const char *)u, 8);
+	le64(u, nf);
+	msgpack_sbuffer_write(out, (const char *)u, 8);
+	for (size_t i = 0; i < nf; i++) {
+		le64(u, n[i]);
+		msgpack_sbuffer_write(out, (const char *)u, 8);
+	}
+	for (size_t i = 0; i < nf; i++)
+		msgpack_sbuffer_write(out, f[i], n[i]);
+}
+
 /* Append one single-frame message (frame 0 = f, n bytes) to sb. */
 static void wire1(msgpack_sbuffer *out, const void *f, size_t n)
 {
-	uint8_t pre[24];
-	le64(pre, 8 + 8 + n);
-	le64(pre + 8, 1);
-	le64(pre + 16, n);
-	msgpack_sbuffer_write(out, (const char *)pre, sizeof(pre));
-	msgpack_sbuffer_write(out, f, n);
+	wire_n(out, &f, &n, 1);
 }
 
 static void pk_str(msgpack_packer *pk, const char *s, size_t n)
@@ -54,22 +69,29 @@ static void pk_str(msgpack_packer *pk, const char *s, size_t n)
 	msgpack_pack_str_body(pk, s, n);
 }
 
+/* Dask's handshake info map, with `extra` more entries for the caller to
+ * pack after it. */
+static void handshake_map(msgpack_packer *pk, uint32_t extra)
+{
+	msgpack_pack_map(pk, 3 + extra);
+	pk_str(pk, "compression", 11);
+	msgpack_pack_nil(pk);
+	pk_str(pk, "python", 6);
+	msgpack_pack_array(pk, 3);
+	msgpack_pack_uint8(pk, 3);
+	msgpack_pack_uint8(pk, 11);
+	msgpack_pack_uint8(pk, 2);
+	pk_str(pk, "pickle-protocol", 15);
+	msgpack_pack_uint8(pk, 5);
+}
+
 static void handshake_bytes(msgpack_sbuffer *out)
 {
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 3);
-	pk_str(&pk, "compression", 11);
-	msgpack_pack_nil(&pk);
-	pk_str(&pk, "python", 6);
-	msgpack_pack_array(&pk, 3);
-	msgpack_pack_uint8(&pk, 3);
-	msgpack_pack_uint8(&pk, 11);
-	msgpack_pack_uint8(&pk, 2);
-	pk_str(&pk, "pickle-protocol", 15);
-	msgpack_pack_uint8(&pk, 5);
+	handshake_map(&pk, 0);
 	wire1(out, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 }
@@ -117,6 +139,83 @@ START_TEST(server_free_mid_handshake)
 	close(fd);
 	tu_run_for(&h, 100);
 	tu_fini(&h);
+}
+END_TEST
+
+/* ---- 1b. a zstd bomb inside the Dask handshake: 64 KB of RLE blocks
+ * that inflate to 2 GiB; the handshake's 64 KiB bound applies to what
+ * decoding allocates, not only to the wire ---- */
+
+static size_t zstd_rle_bomb(uint8_t *buf, size_t nblocks)
+{
+	size_t o = 0;
+	buf[o++] = 0x28, buf[o++] = 0xb5, buf[o++] = 0x2f, buf[o++] = 0xfd;
+	buf[o++] = 0x00; /* no content size */
+	buf[o++] = 0x38; /* window 128 KiB */
+	for (size_t b = 0; b < nblocks; b++) {
+		/* an RLE block of 128 KiB: one byte repeated */
+		uint32_t bh = (131072u << 3) | (1u << 1) | (b + 1 == nblocks ? 1u : 0u);
+		buf[o++] = (uint8_t)bh, buf[o++] = (uint8_t)(bh >> 8),
+		buf[o++] = (uint8_t)(bh >> 16);
+		buf[o++] = 0x41;
+	}
+	return o;
+}
+
+START_TEST(handshake_zstd_bomb)
+{
+	enum { NBLOCKS = 16000 };
+	static uint8_t z[16 + 4 * NBLOCKS], buf[4096];
+	msgpack_sbuffer f0, f1, wire;
+	msgpack_packer pk;
+	tw_stats before, after;
+	struct rf f;
+	struct rc rc;
+	int fd;
+	rf_init(&f);
+	msgpack_sbuffer_init(&f0);
+	msgpack_packer_init(&pk, &f0, msgpack_sbuffer_write);
+	handshake_map(&pk, 1);
+	pk_str(&pk, "x", 1);
+	msgpack_pack_map(&pk, 1);
+	pk_str(&pk, "__Serialized__", 14);
+	msgpack_pack_uint8(&pk, 1);
+	msgpack_sbuffer_init(&f1);
+	msgpack_packer_init(&pk, &f1, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	pk_str(&pk, "serializer", 10);
+	pk_str(&pk, "dask", 4);
+	pk_str(&pk, "num-sub-frames", 14);
+	msgpack_pack_uint8(&pk, 1);
+	pk_str(&pk, "compression", 11);
+	msgpack_pack_array(&pk, 1);
+	pk_str(&pk, "zstd", 4);
+	{
+		const void *fr[3] = {f0.data, f1.data, z};
+		size_t n[3] = {f0.size, f1.size, zstd_rle_bomb(z, NBLOCKS)};
+		msgpack_sbuffer_init(&wire);
+		wire_n(&wire, fr, n, 3);
+	}
+	ck_assert_uint_le(wire.size, 65536); /* within the handshake's wire bound */
+	fd = tu_raw_connect(f.s.addr);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_uint_gt(raw_read(&f.h, fd, buf, sizeof(buf), 200), 0); /* its handshake */
+	tw_stats_global(&before);
+	ck_assert_uint_eq(send(fd, wire.data, wire.size, 0), wire.size);
+	raw_read(&f.h, fd, buf, sizeof(buf), 5000); /* until the server closes */
+	tw_stats_global(&after);
+	SAY("handshake bomb: %llu block bytes allocated\n",
+	    (unsigned long long)(after.block_bytes_allocated - before.block_bytes_allocated));
+	ck_assert_uint_lt(after.block_bytes_allocated - before.block_bytes_allocated, 1u << 20);
+	ck_assert_int_eq(recv(fd, buf, 1, MSG_DONTWAIT), 0); /* refused: closed */
+	/* the server serves on */
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("identity"), 5000, &rc), 0);
+	rc_clear(&rc);
+	close(fd);
+	msgpack_sbuffer_destroy(&f0);
+	msgpack_sbuffer_destroy(&f1);
+	msgpack_sbuffer_destroy(&wire);
+	rf_fini(&f);
 }
 END_TEST
 
@@ -1021,6 +1120,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, server_free_mid_handshake);
+	tcase_add_test(tc, handshake_zstd_bomb);
 	tcase_add_test(tc, server_free_in_stream_handler);
 	tcase_add_test(tc, server_free_in_op_handler);
 	tcase_add_test(tc, op_with_nul_is_not_builtin);
