@@ -666,7 +666,8 @@ static void sync_done(tw_call *c, int err, tw_decoded *reply, void *arg)
 	pthread_mutex_unlock(&s->lock);
 }
 
-/* On the loop thread: start the call (or record why it could not start). */
+/* On the loop thread: start the call (or record why it could not start:
+ * the request is freed then, as tw_rpc_call_sync takes it in every case). */
 static void sync_start(void *arg)
 {
 	struct sync *s = arg;
@@ -693,8 +694,10 @@ int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t
 		     tw_decoded **reply)
 {
 	struct sync s;
-	if (ctx == NULL || uri == NULL || request == NULL || reply == NULL)
+	if (ctx == NULL || uri == NULL || request == NULL || reply == NULL) {
+		tw_msg_free(request); /* taken in every case */
 		return TW_EINVAL;
+	}
 	memset(&s, 0, sizeof(s));
 	pthread_mutex_init(&s.lock, NULL);
 	pthread_cond_init(&s.cv, NULL);
@@ -706,6 +709,9 @@ int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t
 		pthread_mutex_lock(&s.lock);
 		if (tw_context_call(ctx, sync_start, &s) != 0) {
 			pthread_mutex_unlock(&s.lock);
+			pthread_cond_destroy(&s.cv);
+			pthread_mutex_destroy(&s.lock);
+			tw_msg_free(request);
 			return TW_ENOMEM;
 		}
 		while (!s.done)

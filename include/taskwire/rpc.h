@@ -78,8 +78,10 @@ void tw_pool_free(tw_pool *p);
  * context's loop until the reply comes (ctx must be on a base that is not
  * being dispatched, on the calling thread), or, for a context with its own
  * loop thread, waits for it. Same errors as tw_reply_cb; *reply is set
- * when the result is 0 or TW_EREMOTE. The request is taken on success
- * (return 0 or any error after sending). */
+ * when the result is 0 or TW_EREMOTE, and freed by the caller
+ * (tw_decoded_free). The request is taken in every case: it is freed on
+ * every error, TW_EINVAL (a NULL argument, a request with no frames, a URI
+ * of 256 bytes or more) included, so the caller never frees it. */
 int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t timeout_ms,
 		     tw_decoded **reply);
 
