@@ -187,7 +187,9 @@ int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void
 {
 	struct hs *h;
 	int rv;
-	if (comm == NULL || cb == NULL || comm->recv_cb != NULL)
+	/* once per comm: a second one would free the placement state the
+	 * transport holds from the first (comm->proto) */
+	if (comm == NULL || cb == NULL || comm->recv_cb != NULL || comm->proto != NULL)
 		return TW_EINVAL;
 	if ((h = calloc(1, sizeof(*h))) == NULL)
 		return TW_ENOMEM;

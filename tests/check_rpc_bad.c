@@ -219,6 +219,81 @@ START_TEST(handshake_zstd_bomb)
 }
 END_TEST
 
+/* ---- 1c. tw_comm_handshake twice on one comm: refused during and after
+ * the first (a second one freed the placement state a ws comm still used:
+ * a use-after-free on the next large message) ---- */
+
+struct twice {
+	int done, err, during, after, got;
+	tw_comm *comm;
+};
+
+static void twice_hs(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	struct twice *t = arg;
+	(void)info;
+	t->err = err;
+	t->after = tw_comm_handshake(c, 0, twice_hs, t);
+	t->done = 1;
+}
+
+static void twice_connected(tw_comm *c, int err, void *arg)
+{
+	struct twice *t = arg;
+	ck_assert_int_eq(err, 0);
+	t->comm = c;
+	ck_assert_int_eq(tw_comm_handshake(c, 0, twice_hs, t), 0);
+	t->during = tw_comm_handshake(c, 0, twice_hs, t);
+}
+
+static void twice_recv(tw_comm *c, tw_decoded *d, int err, const char *detail, void *arg)
+{
+	struct twice *t = arg;
+	const uint8_t *p;
+	size_t n;
+	(void)c;
+	ck_assert_msg(err == 0, "%s", detail);
+	ck_assert_int_eq(tw_decoded_bytes(d, tw_decoded_root(d), &p, &n), 0);
+	ck_assert_uint_eq(n, 1 << 20);
+	t->got = 1;
+	tw_decoded_free(d);
+}
+
+static void twice_close(tw_comm *c, int err, void *arg)
+{
+	(void)c, (void)err, (void)arg;
+}
+
+START_TEST(handshake_twice)
+{
+	static const char *const uris[] = {"tcp://127.0.0.1:0", "ws://127.0.0.1:0"};
+	struct tu h;
+	struct rs s;
+	struct twice t = {0};
+	tw_slice big = ru_pattern(1 << 20, 3);
+	tw_builder *b;
+	tu_init(&h);
+	rs_start(&s, h.ctx, h.base, uris[_i]);
+	ck_assert_int_eq(tw_connect(h.ctx, s.addr, twice_connected, &t), 0);
+	ck_assert(tu_wait_flag(&h, &t.done, 5000));
+	ck_assert_int_eq(t.err, 0);
+	ck_assert_int_eq(t.during, TW_EINVAL);
+	ck_assert_int_eq(t.after, TW_EINVAL);
+	/* the comm works on, large payloads (placed by the handshake's state)
+	 * included */
+	ck_assert_int_eq(tw_comm_set_decoded_callbacks(t.comm, twice_recv, twice_close, NULL, &t),
+			 0);
+	b = rq_begin("echo", 1);
+	rq_bytes(b, "data", &big);
+	ck_assert_int_eq(tw_comm_write(t.comm, rq_end(b)), 0);
+	ck_assert(tu_wait_flag(&h, &t.got, 5000));
+	tw_block_free(big.block);
+	tw_comm_free(t.comm);
+	rs_stop(&s);
+	tu_fini(&h);
+}
+END_TEST
+
 /* ---- 2. tw_server_free from inside a stream handler (batch of 2) ---- */
 
 /* A server with stream op `op` (fn, with the server as its arg), and a
@@ -1121,6 +1196,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, server_free_mid_handshake);
 	tcase_add_test(tc, handshake_zstd_bomb);
+	tcase_add_loop_test(tc, handshake_twice, 0, 2);
 	tcase_add_test(tc, server_free_in_stream_handler);
 	tcase_add_test(tc, server_free_in_op_handler);
 	tcase_add_test(tc, op_with_nul_is_not_builtin);

@@ -43,7 +43,8 @@ typedef void (*tw_handshake_cb)(tw_comm *comm, int err, const tw_handshake_info 
  * After success the comm also places the shards of split payloads
  * adjacently (so tw_decode merges them without a copy) and
  * tw_comm_compression tells the negotiated codec. Returns 0 (cb runs
- * exactly once), TW_EINVAL (callbacks already set, NULL cb) or TW_ENOMEM. */
+ * exactly once), TW_EINVAL (callbacks already set, a handshake already
+ * run or running on this comm, NULL cb) or TW_ENOMEM. */
 int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void *arg);
 
 /* tw_comm_compression: the negotiated codec name ("zstd", "lz4") to pass
