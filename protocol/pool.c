@@ -25,6 +25,7 @@ struct pcomm {
 	tw_comm *comm;
 	tw_call *busy;
 	struct timeval idle_since;
+	int served; /* answered a call: not a peer that speaks first */
 };
 
 /* An address's comms and calls. Freed by on_kick or on_sweep once it has
@@ -137,6 +138,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 }
 
 static void dispatch(struct dest *d);
+static void drop_unasked(struct pcomm *pc);
 
 /* Nothing left: no comm (idle, carrying a call, or connecting) and no
  * waiting call (every call is one or the other). */
@@ -245,12 +247,13 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 	(void)detail;
 	if (c == NULL) { /* a message nobody asked for */
 		tw_decoded_free(reply);
-		drop_comm(pc);
+		drop_unasked(pc);
 		dispatch(d);
 		maybe_gone(d);
 		return;
 	}
 	pc->busy = NULL;
+	pc->served = 1;
 	c->pc = NULL;
 	/* the loop's cached time: idle ages are counted in seconds */
 	event_base_gettimeofday_cached(d->pool->ctx->base, &pc->idle_since);
@@ -293,6 +296,19 @@ static void connect_failed(struct dest *d, int err)
 		unwait(c);
 		finish(c, err, NULL);
 	}
+}
+
+/* Drop a comm that received a message nobody asked for. If it never
+ * answered a call, its peer speaks first, so it fails like its connect
+ * did: reconnecting would only meet the same (a new comm a few
+ * microseconds, without end, while the call waited). */
+static void drop_unasked(struct pcomm *pc)
+{
+	struct dest *d = pc->dest;
+	int speaks_first = !pc->served;
+	drop_comm(pc);
+	if (speaks_first)
+		connect_failed(d, TW_EPROTO);
 }
 
 static void pc_forget(struct pcomm *pc, int err)
@@ -401,7 +417,7 @@ static void drop_stale(struct dest *d)
 	for (struct pcomm *pc = d->comms, *next; pc != NULL; pc = next) {
 		next = pc->next;
 		if (unbusy(pc) && tw__comm_rx_pending(pc->comm))
-			drop_comm(pc);
+			drop_unasked(pc);
 	}
 }
 

@@ -1186,6 +1186,48 @@ START_TEST(pool_partial_default_limit)
 }
 END_TEST
 
+/* ---- 17. a peer that speaks first: its handshake and a message nobody
+ * asked for in one write. Each new comm was dropped as stale and the pool
+ * reconnected at once, without end (5,000 connects a second, the call
+ * waiting for ever with no timeout); now the call fails like a failed
+ * connect ---- */
+
+START_TEST(pool_peer_speaks_first)
+{
+	struct tu h;
+	struct raw_srv s;
+	tw_pool *pool;
+	struct rc r;
+	msgpack_sbuffer out;
+	int accepted = 0;
+	tu_init(&h);
+	raw_srv_start(&s);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out, "\xa5hello", 6);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
+	rc_start(pool, s.addr, rq_op("identity"), 0, &r);
+	for (int t = 0; t < 1000 && !r.done && accepted < 100; t += 10) {
+		int fd;
+		while (accepted < 100 && (fd = accept(s.lfd, NULL, NULL)) >= 0) {
+			accepted++;
+			ck_assert_int_eq(send(fd, out.data, out.size, 0), (ssize_t)out.size);
+			raw_drain(&h, fd, 20);
+			close(fd);
+		}
+		tu_run_for(&h, 10);
+	}
+	SAY("speaks first: %d connections, call done %d err %d\n", accepted, r.done, r.err);
+	ck_assert_int_eq(r.done, 1);
+	ck_assert_int_eq(r.err, TW_EPROTO);
+	ck_assert_int_eq(accepted, 1);
+	tw_pool_free(pool);
+	msgpack_sbuffer_destroy(&out);
+	close(s.lfd);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("rpc_bad");
@@ -1214,6 +1256,7 @@ int main(void)
 	tcase_add_test(tc, pool_partial_limit1_sweep_hangs);
 	tcase_add_test(tc, pool_partial_limit1_timeout);
 	tcase_add_test(tc, pool_partial_default_limit);
+	tcase_add_test(tc, pool_peer_speaks_first);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

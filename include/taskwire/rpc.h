@@ -36,7 +36,9 @@ typedef struct tw_call tw_call;
  * `traceback_text`); or, with reply NULL: TW_ETIMEDOUT, TW_ECANCELED,
  * TW_ECONNREFUSED (nothing listens there), TW_EHANDSHAKE (no Dask handshake),
  * TW_ETLS (the TLS handshake failed), TW_ECLOSED or TW_EIO (the comm failed during the
- * call), a decode error, or TW_EADDR/TW_ESCHEME. Runs once, on the loop
+ * call), TW_EPROTO (a new comm's peer sent a message before any request:
+ * not a Dask server; the pool does not reconnect to it for the waiting
+ * calls), a decode error, or TW_EADDR/TW_ESCHEME. Runs once, on the loop
  * thread, never from inside tw_pool_call. */
 typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg);
 
