@@ -183,7 +183,9 @@ void tw_context_free(tw_context *ctx)
 			abort(); /* cannot stop the loop thread safely without memory */
 		pthread_join(ctx->thread, NULL);
 	}
-	kill_all(ctx);
+	kill_all(ctx); /* connects first: they cancel their lookups */
+	if (ctx->dns_release != NULL)
+		ctx->dns_release(ctx->dns);
 	if (ctx->offload_release != NULL)
 		ctx->offload_release(ctx->offload);
 	run_calls(-1, 0, ctx);
@@ -257,6 +259,17 @@ int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
 	if (ctx == NULL || bytes == 0 || bytes > TW__MAP_MIN_BYTES)
 		return TW_EINVAL;
 	ctx->limits.small_frame_bytes = bytes;
+	return 0;
+}
+
+int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	if (ctx->dns_release != NULL)
+		ctx->dns_release(ctx->dns);
+	ctx->dns = dns;
+	ctx->dns_release = NULL;
 	return 0;
 }
 

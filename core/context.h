@@ -62,6 +62,11 @@ struct tw_context {
 	void *tls;
 	void (*tls_release)(void *tls);
 	char error[512]; /* last connect/accept failure; loop thread */
+	/* The resolver for names in URIs (an evdns_base: core knows no DNS
+	 * types): the application's, or the transport's own, which
+	 * dns_release frees with the context. */
+	void *dns;
+	void (*dns_release)(void *dns);
 	/* The offload pool (protocol/), stopped before pending calls run. */
 	void *offload;
 	void (*offload_stop)(void *offload);    /* take no more jobs; loop thread */

@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <check.h>
+#include <event2/dns.h>
+#include <event2/event.h>
 
 #include "tests/check_tcp.h"
 #include "tests/tcp_util.h"
 
-#define MiB ((size_t)1 << 20)
-#define GiB ((uint64_t)1 << 30)
+#define MiB         ((size_t)1 << 20)
+#define GiB         ((uint64_t)1 << 30)
 #define BAD_WAIT_MS 10000
 
 /* Append u64 little-endian words to buf at *len. */
@@ -238,11 +240,20 @@ END_TEST
 START_TEST(bad_uris)
 {
 	static const char *const bad[] = {
-		"tcp://127.0.0.1", "127.0.0.1:80",   "tcp://127.0.0.1:99999", "tcp://[::1:80",
-		"tcp://:80",       "tcp://1.2.3.4:8x", "tcp://",              "",
-		"://127.0.0.1:80", "tcp://127.0.0.1:",
+		"tcp://127.0.0.1",
+		"127.0.0.1:80",
+		"tcp://127.0.0.1:99999",
+		"tcp://[::1:80",
+		"tcp://:80",
+		"tcp://1.2.3.4:8x",
+		"tcp://",
+		"",
+		"://127.0.0.1:80",
+		"tcp://127.0.0.1:",
 		/* ws serves path / only: another is refused both ways */
-		"ws://127.0.0.1:80/foo", "wss://127.0.0.1:80/dask/", "ws://127.0.0.1:80/?x=1",
+		"ws://127.0.0.1:80/foo",
+		"wss://127.0.0.1:80/dask/",
+		"ws://127.0.0.1:80/?x=1",
 	};
 	struct tu h;
 	tw_listener *l = NULL;
@@ -313,6 +324,152 @@ START_TEST(ipv6_echo)
 	ck_assert_str_eq(h.addr, a);
 	ck_assert_int_eq(tw_comm_peer_address(srv->comm, a, 8), TW_ERANGE);
 	tu_fini(&h);
+}
+END_TEST
+
+/* A DNS server on 127.0.0.1 that answers every query with NXDOMAIN
+ * (nxdomain = 1) or never (0). */
+struct fake_dns {
+	int fd, nxdomain, queries;
+	struct event *ev;
+	struct evdns_base *dns;
+};
+
+static void fake_dns_read(evutil_socket_t fd, short what, void *arg)
+{
+	struct fake_dns *f = arg;
+	uint8_t q[512];
+	struct sockaddr_storage from;
+	socklen_t fl = sizeof(from);
+	ssize_t n;
+	(void)what;
+	while ((n = recvfrom(fd, q, sizeof(q), MSG_DONTWAIT, (struct sockaddr *)&from, &fl)) >=
+	       12) {
+		f->queries++;
+		if (!f->nxdomain)
+			continue;
+		q[2] = (uint8_t)(0x80 | (q[2] & 0x01)); /* a response, RD kept */
+		q[3] = 0x83;                            /* RA, rcode 3: NXDOMAIN */
+		sendto(fd, q, (size_t)n, 0, (struct sockaddr *)&from, fl);
+		fl = sizeof(from);
+	}
+}
+
+static void fake_dns_start(struct tu *h, struct fake_dns *f, int nxdomain)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	char ns[64];
+	memset(f, 0, sizeof(*f));
+	f->nxdomain = nxdomain;
+	f->fd = socket(AF_INET, SOCK_DGRAM, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(f->fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(f->fd, (struct sockaddr *)&sa, &sl), 0);
+	f->ev = event_new(h->base, f->fd, EV_READ | EV_PERSIST, fake_dns_read, f);
+	event_add(f->ev, NULL);
+	f->dns = evdns_base_new(h->base, 0);
+	ck_assert_ptr_nonnull(f->dns);
+	snprintf(ns, sizeof(ns), "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	ck_assert_int_eq(evdns_base_nameserver_ip_add(f->dns, ns), 0);
+	ck_assert_int_eq(tw_context_set_dns_base(h->ctx, f->dns), 0);
+}
+
+/* The resolver goes before the context: no lookup is in flight by now
+ * (each test waited for its connect), and the context stops using it. */
+static void fake_dns_fini(struct tu *h, struct fake_dns *f)
+{
+	ck_assert_int_eq(tw_context_set_dns_base(h->ctx, NULL), 0);
+	evdns_base_free(f->dns, 0);
+	event_free(f->ev);
+	close(f->fd);
+	tu_fini(h);
+}
+
+static void count_tick(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd, (void)what;
+	(*(int *)arg)++;
+}
+
+/* Every address a name resolves to is tried in turn: two.test is
+ * 127.0.0.2 (nothing listens: refused) and 127.0.0.1 (the listener), in
+ * both orders, from a hosts file given to the resolver. */
+START_TEST(connect_each_address)
+{
+	static const char *const hosts[] = {"127.0.0.2 two.test\n127.0.0.1 two.test\n",
+					    "127.0.0.1 two.test\n127.0.0.2 two.test\n"};
+	char path[] = "/tmp/tw-hosts-XXXXXX", uri[64];
+	struct tu h;
+	struct fake_dns f;
+	struct tu_peer *cli;
+	size_t lens[] = {5};
+	int fd;
+	tu_init(&h);
+	fake_dns_start(&h, &f, 1);
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, hosts[_i], strlen(hosts[_i])), (ssize_t)strlen(hosts[_i]));
+	close(fd);
+	ck_assert_int_eq(evdns_base_load_hosts(f.dns, path), 0);
+	unlink(path);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	snprintf(uri, sizeof(uri), "tcp://two.test:%s", strrchr(h.addr, ':') + 1);
+	ck_assert_int_eq(tu_connect(&h, uri, &cli), 0);
+	cli->keep = 1;
+	tu_echo_check(cli, lens, 1, 1, TU_WAIT_MS);
+	fake_dns_fini(&h, &f);
+}
+END_TEST
+
+/* A name whose DNS server never answers: tw_connect returns at once, the
+ * loop runs on (a 10 ms ticker keeps ticking), and the connect timeout
+ * ends it with TW_ETIMEDOUT (the blocking lookup held the loop for 10 s
+ * and then said TW_EADDR). */
+START_TEST(connect_dns_never_answers)
+{
+	struct tu h;
+	struct fake_dns f;
+	struct tu_peer *p;
+	struct timeval ten_ms = {0, 10000};
+	struct event *tick;
+	int err, ticks = 0;
+	tu_init(&h);
+	fake_dns_start(&h, &f, 0);
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(h.ctx, 300), 0);
+	tick = event_new(h.base, -1, EV_PERSIST, count_tick, &ticks);
+	event_add(tick, &ten_ms);
+	ck_assert_int_eq(tu_connect_async(&h, "tcp://scheduler.invalid:8786", &p, &err), 0);
+	ck_assert_int_eq(err, 1); /* not from inside tw_connect */
+	ck_assert(tu_wait_connected(&h, &err, TU_WAIT_MS));
+	ck_assert_int_eq(err, TW_ETIMEDOUT);
+	ck_assert_ptr_null(p);
+	ck_assert_int_ge(f.queries, 1);
+	ck_assert_int_ge(ticks, 10);
+	ck_assert_ptr_nonnull(strstr(tw_context_last_error(h.ctx), "still resolving"));
+	event_free(tick);
+	fake_dns_fini(&h, &f);
+}
+END_TEST
+
+/* A name that does not exist: TW_EADDR, and why. */
+START_TEST(connect_dns_nxdomain)
+{
+	struct tu h;
+	struct fake_dns f;
+	struct tu_peer *p;
+	int err;
+	tu_init(&h);
+	fake_dns_start(&h, &f, 1);
+	ck_assert_int_eq(tu_connect_async(&h, "tcp://scheduler.invalid:8786", &p, &err), 0);
+	ck_assert(tu_wait_connected(&h, &err, TU_WAIT_MS));
+	ck_assert_int_eq(err, TW_EADDR);
+	ck_assert_ptr_null(p);
+	ck_assert_int_ge(f.queries, 1);
+	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "cannot resolve scheduler.invalid") !=
+			      NULL,
+		      "%s", tw_context_last_error(h.ctx));
+	fake_dns_fini(&h, &f);
 }
 END_TEST
 
@@ -499,6 +656,9 @@ TCase *tcp_errors_tcase(void)
 	tcase_add_test(tc, bad_uris);
 	tcase_add_test(tc, listen_in_use);
 	tcase_add_test(tc, ipv6_echo);
+	tcase_add_loop_test(tc, connect_each_address, 0, 2);
+	tcase_add_test(tc, connect_dns_never_answers);
+	tcase_add_test(tc, connect_dns_nxdomain);
 	tcase_add_test(tc, close_after_write);
 	tcase_add_test(tc, free_in_recv);
 	tcase_add_test(tc, free_in_close);

@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 
@@ -58,27 +59,42 @@ static void tune_socket(int fd)
 	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
+static void hints_for(struct evutil_addrinfo *hints, int flags)
+{
+	memset(hints, 0, sizeof(*hints));
+	hints->ai_family = AF_UNSPEC;
+	hints->ai_socktype = SOCK_STREAM;
+	hints->ai_protocol = IPPROTO_TCP;
+	hints->ai_flags = flags;
+}
+
+/* Listeners resolve at once (a name blocks the caller: listen on numeric
+ * addresses from a running loop). */
 static int resolve(const struct tw__uri *u, int passive, struct evutil_addrinfo **out)
 {
 	struct evutil_addrinfo hints;
 	char port[8];
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_protocol = IPPROTO_TCP;
-	hints.ai_flags = passive ? EVUTIL_AI_PASSIVE : 0;
+	hints_for(&hints, passive ? EVUTIL_AI_PASSIVE : 0);
 	snprintf(port, sizeof(port), "%u", (unsigned)u->port);
 	return evutil_getaddrinfo(u->host, port, &hints, out) == 0 ? 0 : TW_EADDR;
 }
 
-/* Connector. */
+/* Connector: numeric hosts resolve at once, names through libevent's
+ * asynchronous resolver (evdns: /etc/resolv.conf and /etc/hosts, or the
+ * application's, tw_context_set_dns_base), so the loop never waits on DNS.
+ * Then each address is tried in turn, as Python's create_connection
+ * does (localhost is ::1 and 127.0.0.1). One timer bounds it all. */
 
 struct connect_req {
 	struct tw__node node;
 	tw_context *ctx;
 	int fd;
-	int err;
-	struct event *ev;
+	int err;               /* the last attempt's, reported when none is left */
+	struct event *ev;      /* the socket of this attempt becoming writable */
+	struct event *step;    /* go on from the loop, never from tw_connect */
+	struct event *timer;   /* the connect timeout */
+	struct evdns_getaddrinfo_request *dns;
+	struct evutil_addrinfo *ai, *next; /* the addresses; the next to try */
 	tw__upgrade_fn upgrade;
 	void *up_arg;
 	tw_connect_cb cb;
@@ -86,11 +102,25 @@ struct connect_req {
 	struct tw__uri uri;
 };
 
-static void connect_free(struct connect_req *r)
+static void end_attempt(struct connect_req *r)
 {
+	if (r->ev != NULL)
+		event_free(r->ev);
+	r->ev = NULL;
 	if (r->fd >= 0)
 		close(r->fd);
-	event_free(r->ev);
+	r->fd = -1;
+}
+
+static void connect_free(struct connect_req *r)
+{
+	if (r->dns != NULL) /* its callback runs now, with EVUTIL_EAI_CANCEL */
+		evdns_getaddrinfo_cancel(r->dns);
+	end_attempt(r);
+	event_free(r->step);
+	event_free(r->timer);
+	if (r->ai != NULL)
+		evutil_freeaddrinfo(r->ai);
 	free(r);
 }
 
@@ -108,19 +138,11 @@ static int map_errno(int e)
 	}
 }
 
-/* The TCP connection is up (or failed): hand the socket to the
- * transport's upgrade step, which reports to the application. */
-static void on_connected(evutil_socket_t fd, short what, void *arg)
+/* Connected (the socket goes to the transport's upgrade step, which
+ * reports to the application), or failed. */
+static void finish_connect(struct connect_req *r, int err)
 {
-	struct connect_req *r = arg;
-	int err = r->err, soerr = 0;
-	socklen_t sl = sizeof(soerr);
-	(void)fd;
 	tw__ctx_untrack(&r->node);
-	if (err == 0 && (what & EV_TIMEOUT))
-		err = TW_ETIMEDOUT;
-	if (err == 0 && getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
-		err = map_errno(soerr);
 	if (err == 0) {
 		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg);
 		r->fd = -1;
@@ -128,6 +150,132 @@ static void on_connected(evutil_socket_t fd, short what, void *arg)
 		r->cb(NULL, err, r->arg);
 	}
 	connect_free(r);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg);
+
+/* Start a connect to the next address; none left: report the last
+ * attempt's error. */
+static void try_next(struct connect_req *r)
+{
+	for (; r->next != NULL; r->next = r->next->ai_next) {
+		const struct evutil_addrinfo *a = r->next;
+		r->fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (r->fd < 0) {
+			r->err = TW_EIO;
+			continue;
+		}
+		if (connect(r->fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+			r->err = map_errno(errno);
+			end_attempt(r);
+			continue;
+		}
+		tune_socket(r->fd);
+		if ((r->ev = event_new(r->ctx->base, r->fd, EV_WRITE, on_writable, r)) == NULL ||
+		    event_add(r->ev, NULL) != 0) {
+			end_attempt(r);
+			return finish_connect(r, TW_ENOMEM);
+		}
+		return;
+	}
+	finish_connect(r, r->err != 0 ? r->err : TW_EIO);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	struct connect_req *r = arg;
+	int soerr = 0;
+	socklen_t sl = sizeof(soerr);
+	(void)fd;
+	(void)what;
+	if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
+		return finish_connect(r, 0);
+	r->err = map_errno(soerr != 0 ? soerr : errno);
+	end_attempt(r);
+	r->next = r->next->ai_next;
+	try_next(r);
+}
+
+static void on_step(evutil_socket_t fd, short what, void *arg)
+{
+	struct connect_req *r = arg;
+	(void)fd;
+	(void)what;
+	if (r->ai == NULL)
+		return finish_connect(r, r->err); /* the name did not resolve */
+	try_next(r);
+}
+
+static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct connect_req *r = arg;
+	(void)fd;
+	(void)what;
+	snprintf(r->ctx->error, sizeof(r->ctx->error), "connect to %s:%u: no connection within %u ms%s",
+		 r->uri.host, (unsigned)r->uri.port, (unsigned)r->ctx->limits.connect_timeout_ms,
+		 r->dns != NULL ? " (still resolving the name)" : "");
+	finish_connect(r, TW_ETIMEDOUT);
+}
+
+static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
+{
+	struct connect_req *r = arg;
+	r->dns = NULL;
+	if (result == EVUTIL_EAI_CANCEL) { /* connect_free is freeing r */
+		if (res != NULL)
+			evutil_freeaddrinfo(res);
+		return;
+	}
+	if (result != 0 || res == NULL) {
+		r->err = TW_EADDR;
+		snprintf(r->ctx->error, sizeof(r->ctx->error), "cannot resolve %s: %s", r->uri.host,
+			 evutil_gai_strerror(result));
+		if (res != NULL)
+			evutil_freeaddrinfo(res);
+	} else {
+		r->ai = r->next = res;
+	}
+	event_active(r->step, EV_TIMEOUT, 0); /* may run inside evdns_getaddrinfo */
+}
+
+static void release_dns(void *dns)
+{
+	evdns_base_free(dns, 0);
+}
+
+/* The application's resolver, or the context's own, made on first use. */
+static struct evdns_base *dns_base(tw_context *ctx)
+{
+	if (ctx->dns == NULL) {
+		ctx->dns = evdns_base_new(ctx->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+							     EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+		ctx->dns_release = ctx->dns != NULL ? release_dns : NULL;
+	}
+	return ctx->dns;
+}
+
+/* Numeric at once; a name through evdns. TW_EADDR: neither. */
+static int start_resolve(struct connect_req *r)
+{
+	struct evutil_addrinfo hints;
+	char port[8];
+	int rv;
+	struct evdns_base *dns;
+	hints_for(&hints, EVUTIL_AI_NUMERICHOST);
+	snprintf(port, sizeof(port), "%u", (unsigned)r->uri.port);
+	rv = evutil_getaddrinfo(r->uri.host, port, &hints, &r->ai);
+	if (rv == 0) {
+		r->next = r->ai;
+		event_active(r->step, EV_TIMEOUT, 0);
+		return 0;
+	}
+	if (rv != EVUTIL_EAI_NONAME)
+		return TW_EADDR;
+	if ((dns = dns_base(r->ctx)) == NULL)
+		return TW_ENOMEM;
+	hints_for(&hints, 0);
+	r->dns = evdns_getaddrinfo(dns, r->uri.host, port, &hints, on_resolved, r);
+	return 0;
 }
 
 static void plain_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
@@ -150,46 +298,32 @@ static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
 			 void *up_arg, tw_connect_cb cb, void *arg)
 {
-	struct evutil_addrinfo *ai;
-	struct connect_req *r;
+	struct connect_req *r = calloc(1, sizeof(*r));
 	struct timeval tv;
-	if (resolve(u, 0, &ai) != 0)
-		return TW_EADDR;
-	if ((r = calloc(1, sizeof(*r))) == NULL) {
-		evutil_freeaddrinfo(ai);
+	int rv;
+	if (r == NULL)
 		return TW_ENOMEM;
-	}
 	r->ctx = ctx;
+	r->fd = -1;
 	r->upgrade = upgrade;
 	r->up_arg = up_arg;
 	r->cb = cb;
 	r->arg = arg;
 	r->uri = *u;
-	r->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	r->ev = event_new(ctx->base, r->fd, EV_WRITE, on_connected, r);
-	if (r->ev == NULL) {
-		if (r->fd >= 0)
-			close(r->fd);
-		free(r);
-		evutil_freeaddrinfo(ai);
+	r->step = event_new(ctx->base, -1, 0, on_step, r);
+	r->timer = evtimer_new(ctx->base, on_connect_timeout, r);
+	if (r->step == NULL || r->timer == NULL) {
+		connect_free(r);
 		return TW_ENOMEM;
 	}
-	if (r->fd < 0)
-		r->err = TW_EIO;
-	else if (connect(r->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS)
-		r->err = map_errno(errno);
-	else
-		tune_socket(r->fd);
-	evutil_freeaddrinfo(ai);
-	tw__ctx_track(ctx, &r->node, kill_connect);
-	/* Report even an immediate failure from the loop, never from here. */
-	if (r->err != 0) {
-		event_active(r->ev, EV_WRITE, 0);
-		return 0;
+	if ((rv = start_resolve(r)) != 0) {
+		connect_free(r);
+		return rv;
 	}
+	tw__ctx_track(ctx, &r->node, kill_connect);
 	tv.tv_sec = ctx->limits.connect_timeout_ms / 1000;
 	tv.tv_usec = (ctx->limits.connect_timeout_ms % 1000) * 1000;
-	event_add(r->ev, &tv);
+	event_add(r->timer, &tv);
 	return 0;
 }
 

@@ -75,7 +75,10 @@ int tw_listener_address(const tw_listener *l, char *buf, size_t len);
 void tw_listener_free(tw_listener *l);
 
 /* tw_connect: connect to `uri`; cb runs once with the result, on the loop
- * thread, never before tw_connect returns. The connect fails with
+ * thread, never before tw_connect returns. A host name is resolved
+ * without blocking the loop (tw_context_set_dns_base), and each address it
+ * resolves to is tried in turn; one that does not resolve fails the
+ * connect with TW_EADDR. The connect, resolving included, fails with
  * TW_ETIMEDOUT after the context's connect timeout. ws:// and wss://
  * connectors request path `/`, and refuse a URI naming another.
  * Returns 0 (cb will run), or TW_EADDR (malformed URI, or a ws path other
