@@ -262,17 +262,6 @@ int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
 	return 0;
 }
 
-int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns)
-{
-	if (ctx == NULL)
-		return TW_EINVAL;
-	if (ctx->dns_release != NULL)
-		ctx->dns_release(ctx->dns);
-	ctx->dns = dns;
-	ctx->dns_release = NULL;
-	return 0;
-}
-
 const char *tw_context_last_error(const tw_context *ctx)
 {
 	return ctx->error;

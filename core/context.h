@@ -62,9 +62,8 @@ struct tw_context {
 	void *tls;
 	void (*tls_release)(void *tls);
 	char error[512]; /* last connect/accept failure; loop thread */
-	/* The resolver for names in URIs (an evdns_base: core knows no DNS
-	 * types): the application's, or the transport's own, which
-	 * dns_release frees with the context. */
+	/* The resolver for names in URIs (transport/tcp.c; core knows no DNS
+	 * types): dns_release drops the context's reference. */
 	void *dns;
 	void (*dns_release)(void *dns);
 	/* The offload pool (protocol/), stopped before pending calls run. */

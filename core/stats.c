@@ -24,6 +24,8 @@ void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out, size_t size)
 	LOAD(merges_zero_copy);
 	LOAD(merges_copied);
 	LOAD(write_bytes_gathered);
+	if (out == NULL)
+		return;
 	memcpy(out, &all, n);
 	memset((char *)out + n, 0, size - n); /* fields this library lacks */
 }
@@ -31,4 +33,9 @@ void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out, size_t size)
 void tw_stats_global_sized(tw_stats *out, size_t size)
 {
 	tw__stats_snapshot(&tw__global_stats, out, size);
+}
+
+void(tw_stats_global)(tw_stats *out)
+{
+	tw__stats_snapshot(&tw__global_stats, out, TW__STATS_V1_BYTES);
 }

@@ -487,6 +487,13 @@ START_TEST(stats_sized)
 	tw_stats_global(&u.st);
 	ck_assert_uint_ge(u.st.block_bytes_live, 100);
 	ck_assert_uint_eq(u.bytes[sizeof(tw_stats)], 0xAB);
+	/* the function programs linked before the macro call: 13 fields */
+	memset(&u, 0xAB, sizeof(u));
+	(tw_stats_global)(&u.st);
+	ck_assert_uint_ge(u.st.block_bytes_live, 100);
+	for (size_t i = 13 * sizeof(uint64_t); i < sizeof(u); i++)
+		ck_assert_uint_eq(u.bytes[i], 0xAB);
+	tw_stats_global_sized(NULL, 0);
 	tw_block_free(b);
 }
 END_TEST

@@ -375,10 +375,12 @@ static void fake_dns_start(struct tu *h, struct fake_dns *f, int nxdomain)
 	ck_assert_int_eq(tw_context_set_dns_base(h->ctx, f->dns), 0);
 }
 
-/* The resolver goes before the context: no lookup is in flight by now
- * (each test waited for its connect), and the context stops using it. */
+/* The resolver goes before the context: the context stops using it, and
+ * the loop runs once more first, for evdns to report lookups canceled by
+ * a connect timeout. */
 static void fake_dns_fini(struct tu *h, struct fake_dns *f)
 {
+	tu_run_for(h, 20);
 	ck_assert_int_eq(tw_context_set_dns_base(h->ctx, NULL), 0);
 	evdns_base_free(f->dns, 0);
 	event_free(f->ev);

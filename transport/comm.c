@@ -363,6 +363,11 @@ void tw_comm_stats_sized(const tw_comm *c, tw_stats *out, size_t size)
 	tw__stats_snapshot(&c->stats, out, size);
 }
 
+void(tw_comm_stats)(const tw_comm *c, tw_stats *out)
+{
+	tw__stats_snapshot(&c->stats, out, TW__STATS_V1_BYTES);
+}
+
 const char *tw_comm_last_error(const tw_comm *c)
 {
 	return c->error;

@@ -85,16 +85,83 @@ static int resolve(const struct tw__uri *u, int passive, struct evutil_addrinfo 
  * Then each address is tried in turn, as Python's create_connection
  * does (localhost is ::1 and 127.0.0.1). One timer bounds it all. */
 
+/* The resolver, shared by the context and its lookups in flight: evdns
+ * reports a canceled lookup later, from the loop, so a base we made is
+ * freed after the last of them (evdns_base_free under a pending callback
+ * is a use-after-free inside libevent). */
+struct tw__dns {
+	struct evdns_base *base;
+	struct event_base *loop;
+	int refs;  /* the context's, plus one per lookup in flight */
+	int owned; /* ours: freed with the last reference */
+};
+
+static void dns_free_later(evutil_socket_t fd, short what, void *arg)
+{
+	struct tw__dns *d = arg;
+	(void)fd;
+	(void)what;
+	evdns_base_free(d->base, 0);
+	free(d);
+}
+
+/* Drop a reference; from_cb: inside an evdns callback, where the base may
+ * not be freed (it is, from the loop's next pass). */
+static void dns_unref(struct tw__dns *d, int from_cb)
+{
+	if (--d->refs > 0)
+		return;
+	if (!d->owned)
+		free(d);
+	else if (!from_cb)
+		dns_free_later(-1, 0, d);
+	else if (event_base_once(d->loop, -1, EV_TIMEOUT, dns_free_later, d, NULL) != 0)
+		return; /* no memory: the base stays, rather than be freed under evdns */
+}
+
+static void dns_release(void *d)
+{
+	dns_unref(d, 0);
+}
+
+static struct tw__dns *dns_wrap(tw_context *ctx, struct evdns_base *base, int owned)
+{
+	struct tw__dns *d = calloc(1, sizeof(*d));
+	if (d != NULL) {
+		d->base = base;
+		d->loop = ctx->base;
+		d->refs = 1;
+		d->owned = owned;
+	}
+	return d;
+}
+
+int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *base)
+{
+	struct tw__dns *d = NULL;
+	if (ctx == NULL)
+		return TW_EINVAL;
+	if (base != NULL && (d = dns_wrap(ctx, base, 0)) == NULL)
+		return TW_ENOMEM;
+	if (ctx->dns_release != NULL)
+		ctx->dns_release(ctx->dns);
+	ctx->dns = d;
+	ctx->dns_release = d != NULL ? dns_release : NULL;
+	return 0;
+}
+
 struct connect_req {
 	struct tw__node node;
 	tw_context *ctx;
 	int fd;
-	int err;               /* the last attempt's, reported when none is left */
-	struct event *ev;      /* the socket of this attempt becoming writable */
-	struct event *step;    /* go on from the loop, never from tw_connect */
-	struct event *timer;   /* the connect timeout */
-	struct evdns_getaddrinfo_request *dns;
-	struct evutil_addrinfo *ai, *next; /* the addresses; the next to try */
+	int err;                               /* the last attempt's, reported when none is left */
+	struct event *ev;                      /* the socket of this attempt becoming writable */
+	struct event *step;                    /* go on from the loop, never from tw_connect */
+	struct event *timer;                   /* the connect timeout */
+	struct evdns_getaddrinfo_request *dns; /* the lookup in flight */
+	struct tw__dns *resolver;              /* its reference, while in flight */
+	int orphan;                            /* freed: waits for its lookup's report */
+	struct evutil_addrinfo *ai, *next;     /* the addresses; the next to try */
 	tw__upgrade_fn upgrade;
 	void *up_arg;
 	tw_connect_cb cb;
@@ -112,15 +179,23 @@ static void end_attempt(struct connect_req *r)
 	r->fd = -1;
 }
 
+/* With a lookup in flight, r stays until evdns reports its cancel. */
 static void connect_free(struct connect_req *r)
 {
-	if (r->dns != NULL) /* its callback runs now, with EVUTIL_EAI_CANCEL */
-		evdns_getaddrinfo_cancel(r->dns);
 	end_attempt(r);
-	event_free(r->step);
-	event_free(r->timer);
+	if (r->step != NULL)
+		event_free(r->step);
+	if (r->timer != NULL)
+		event_free(r->timer);
+	r->step = r->timer = NULL;
 	if (r->ai != NULL)
 		evutil_freeaddrinfo(r->ai);
+	r->ai = r->next = NULL;
+	if (r->dns != NULL) {
+		r->orphan = 1;
+		evdns_getaddrinfo_cancel(r->dns);
+		return;
+	}
 	free(r);
 }
 
@@ -211,8 +286,9 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	struct connect_req *r = arg;
 	(void)fd;
 	(void)what;
-	snprintf(r->ctx->error, sizeof(r->ctx->error), "connect to %s:%u: no connection within %u ms%s",
-		 r->uri.host, (unsigned)r->uri.port, (unsigned)r->ctx->limits.connect_timeout_ms,
+	snprintf(r->ctx->error, sizeof(r->ctx->error),
+		 "connect to %s:%u: no connection within %u ms%s", r->uri.host,
+		 (unsigned)r->uri.port, (unsigned)r->ctx->limits.connect_timeout_ms,
 		 r->dns != NULL ? " (still resolving the name)" : "");
 	finish_connect(r, TW_ETIMEDOUT);
 }
@@ -220,12 +296,17 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 {
 	struct connect_req *r = arg;
+	struct tw__dns *d = r->resolver;
 	r->dns = NULL;
-	if (result == EVUTIL_EAI_CANCEL) { /* connect_free is freeing r */
+	r->resolver = NULL;
+	if (r->orphan) { /* the connect ended meanwhile */
 		if (res != NULL)
 			evutil_freeaddrinfo(res);
+		free(r);
+		dns_unref(d, 1);
 		return;
 	}
+	dns_unref(d, 1);
 	if (result != 0 || res == NULL) {
 		r->err = TW_EADDR;
 		snprintf(r->ctx->error, sizeof(r->ctx->error), "cannot resolve %s: %s", r->uri.host,
@@ -238,18 +319,20 @@ static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 	event_active(r->step, EV_TIMEOUT, 0); /* may run inside evdns_getaddrinfo */
 }
 
-static void release_dns(void *dns)
-{
-	evdns_base_free(dns, 0);
-}
-
 /* The application's resolver, or the context's own, made on first use. */
-static struct evdns_base *dns_base(tw_context *ctx)
+static struct tw__dns *resolver(tw_context *ctx)
 {
+	struct evdns_base *base;
 	if (ctx->dns == NULL) {
-		ctx->dns = evdns_base_new(ctx->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
-							     EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-		ctx->dns_release = ctx->dns != NULL ? release_dns : NULL;
+		base = evdns_base_new(ctx->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+							 EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+		if (base == NULL)
+			return NULL;
+		if ((ctx->dns = dns_wrap(ctx, base, 1)) == NULL) {
+			evdns_base_free(base, 0);
+			return NULL;
+		}
+		ctx->dns_release = dns_release;
 	}
 	return ctx->dns;
 }
@@ -260,7 +343,7 @@ static int start_resolve(struct connect_req *r)
 	struct evutil_addrinfo hints;
 	char port[8];
 	int rv;
-	struct evdns_base *dns;
+	struct tw__dns *d;
 	hints_for(&hints, EVUTIL_AI_NUMERICHOST);
 	snprintf(port, sizeof(port), "%u", (unsigned)r->uri.port);
 	rv = evutil_getaddrinfo(r->uri.host, port, &hints, &r->ai);
@@ -271,10 +354,13 @@ static int start_resolve(struct connect_req *r)
 	}
 	if (rv != EVUTIL_EAI_NONAME)
 		return TW_EADDR;
-	if ((dns = dns_base(r->ctx)) == NULL)
+	if ((d = resolver(r->ctx)) == NULL)
 		return TW_ENOMEM;
 	hints_for(&hints, 0);
-	r->dns = evdns_getaddrinfo(dns, r->uri.host, port, &hints, on_resolved, r);
+	d->refs++;
+	r->resolver = d;
+	/* NULL: answered already (hosts file), on_resolved has run */
+	r->dns = evdns_getaddrinfo(d->base, r->uri.host, port, &hints, on_resolved, r);
 	return 0;
 }
 

@@ -124,6 +124,7 @@ void tw_comm_free(tw_comm *comm);
 
 /* tw_comm_stats: this comm's message and byte counters into *out (other
  * fields zero); sized as tw_stats_global (taskwire/stats.h). */
+void(tw_comm_stats)(const tw_comm *comm, tw_stats *out); /* 13 fields, as tw_stats_global */
 #define tw_comm_stats(comm, out) tw_comm_stats_sized((comm), (out), sizeof(*(out)))
 void tw_comm_stats_sized(const tw_comm *comm, tw_stats *out, size_t size);
 

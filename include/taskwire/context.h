@@ -70,14 +70,16 @@ const char *tw_context_last_error(const tw_context *ctx);
 struct evdns_base;
 
 /* tw_context_set_dns_base: resolve host names in connect URIs with `dns`,
- * libevent's asynchronous resolver made on the context's base (the caller
- * keeps owning it and frees it after the context). NULL, the default: the
+ * libevent's asynchronous resolver made on the context's base. The caller
+ * keeps owning it and frees it after the context, once the loop has run
+ * again (evdns reports a canceled lookup from the loop). NULL, the default: the
  * context makes its own on the first name, from /etc/resolv.conf and
  * /etc/hosts. Numeric addresses never use it; the connect timeout bounds
  * resolving and connecting together, and every address a name resolves
  * to is tried in turn. A name that does not resolve fails the connect
  * with TW_EADDR ("cannot resolve ..." in tw_context_last_error). Set it
- * before connecting. Loop thread. Returns 0, or TW_EINVAL (ctx NULL). */
+ * before connecting. Loop thread. Returns 0, TW_ENOMEM or TW_EINVAL (ctx
+ * NULL). */
 int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns);
 
 /* Limits. Each applies to comms made after the call; call on the loop

@@ -44,7 +44,10 @@ typedef struct tw_stats {
  * gets zeros in the fields this library lacks, and neither is written
  * past its struct. Call them through the macros, which pass the size. */
 
-/* tw_stats_global: copy the process-wide counters into *out. Any thread. */
+/* tw_stats_global: copy the process-wide counters into *out. Any thread.
+ * (The function of that name, for programs linked before the macro, fills
+ * the 13 fields the struct had then.) */
+void(tw_stats_global)(tw_stats *out);
 #define tw_stats_global(out) tw_stats_global_sized((out), sizeof(*(out)))
 void tw_stats_global_sized(tw_stats *out, size_t size);
 
