@@ -1,5 +1,6 @@
 /* The batched sender (include/taskwire/stream.h): maps written within one
  * interval leave as one array message, like Dask's BatchedSend. */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,8 @@
 #include "transport/transport.h"
 
 struct tw_batched {
-	tw_comm *comm;
+	tw_comm *comm; /* NULL once freed (by its server, say) */
+	struct tw__watch watch;
 	struct event *timer;
 	struct timeval interval;
 	msgpack_sbuffer body; /* the queued maps, packed back to back */
@@ -24,6 +26,21 @@ struct tw_batched {
 	tw_batched_drain_fn drain_cb;
 	void *drain_arg;
 };
+
+/* The comm was freed under us (a server frees its stream comms when they
+ * close): sends now say TW_ECLOSED, and a refused sender is told from the
+ * timer, outside the free. */
+static void comm_gone(struct tw__watch *w)
+{
+	tw_batched *b = (tw_batched *)((char *)w - offsetof(tw_batched, watch));
+	b->comm = NULL;
+	msgpack_sbuffer_clear(&b->body);
+	b->n = 0;
+	if (b->refused)
+		event_active(b->timer, EV_TIMEOUT, 0);
+	else
+		evtimer_del(b->timer);
+}
 
 /* The batch and the comm's write queue leave room for len more bytes
  * (one map alone always goes). */
@@ -44,7 +61,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	tw_batched_flush(b);
 	if (!b->refused)
 		return;
-	if (!b->comm->ended && (b->n > 0 || tw_comm_queued_bytes(b->comm) > 0)) {
+	if (b->comm != NULL && !b->comm->ended && (b->n > 0 || tw_comm_queued_bytes(b->comm) > 0)) {
 		if (!evtimer_pending(b->timer, NULL))
 			evtimer_add(b->timer, &b->interval);
 		return;
@@ -68,6 +85,8 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
 		return TW_ENOMEM;
 	}
 	b->comm = comm;
+	b->watch.gone = comm_gone;
+	tw__comm_watch(comm, &b->watch);
 	b->interval.tv_sec = (time_t)(interval_ms / 1000);
 	b->interval.tv_usec = (suseconds_t)(interval_ms % 1000) * 1000;
 	msgpack_sbuffer_init(&b->body);
@@ -94,7 +113,7 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0 ||
 	    !is_map(packed))
 		return TW_EINVAL;
-	if (b->comm->ended)
+	if (b->comm == NULL || b->comm->ended)
 		return TW_ECLOSED;
 	/* Writers are told to wait, as tw_comm_write tells them: the batch
 	 * and the comm's write queue together stay under the high-water mark
@@ -123,6 +142,8 @@ static int flush(tw_batched *b, int force)
 	tw_msg *m;
 	size_t hwm;
 	int rv;
+	if (b->comm == NULL)
+		return TW_ECLOSED;
 	if (b->n == 0)
 		return 0;
 	tw__packbuf_init(&head);
@@ -164,8 +185,9 @@ void tw_batched_free(tw_batched *b)
 {
 	if (b == NULL)
 		return;
-	if (!b->comm->ended)
+	if (b->comm != NULL && !b->comm->ended)
 		flush(b, 1);
+	tw__comm_unwatch(&b->watch);
 	event_free(b->timer);
 	msgpack_sbuffer_destroy(&b->body);
 	free(b);

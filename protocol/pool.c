@@ -280,16 +280,13 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	maybe_gone(d);
 }
 
-/* The connect (or its handshake) failed: the waiting calls fail too when
- * no other comm of the address can take them. All of them, with this
- * error: failing one must not start a connect for the next (that made one
- * connect attempt, and one connect timeout, per waiting call in turn).
- * Calls their callbacks make are dispatched from the loop (the kick). */
-static void connect_failed(struct dest *d, int err)
+/* Fail every call waiting for the address, with err: failing one must
+ * not start a connect for the next (that made one connect attempt, and
+ * one connect timeout, per waiting call in turn). Calls their callbacks
+ * make are dispatched from the loop (the kick). */
+static void fail_waiting(struct dest *d, int err)
 {
 	tw_call *c;
-	if (d->comms != NULL || d->connecting != 0)
-		return;
 	for (c = d->wait_head; c != NULL; c = c->next)
 		c->doomed = 1;
 	while ((c = d->wait_head) != NULL && c->doomed) {
@@ -298,17 +295,25 @@ static void connect_failed(struct dest *d, int err)
 	}
 }
 
+/* The connect (or its handshake) failed: the waiting calls fail too when
+ * no other comm of the address can take them. */
+static void connect_failed(struct dest *d, int err)
+{
+	if (d->comms == NULL && d->connecting == 0)
+		fail_waiting(d, err);
+}
+
 /* Drop a comm that received a message nobody asked for. If it never
- * answered a call, its peer speaks first, so it fails like its connect
- * did: reconnecting would only meet the same (a new comm a few
- * microseconds, without end, while the call waited). */
+ * answered a call, the peer at this address speaks first: the calls
+ * waiting for it fail, whatever other comms it has (connecting to it
+ * again for them only met the same, thousands of times a second). */
 static void drop_unasked(struct pcomm *pc)
 {
 	struct dest *d = pc->dest;
 	int speaks_first = !pc->served;
 	drop_comm(pc);
 	if (speaks_first)
-		connect_failed(d, TW_EPROTO);
+		fail_waiting(d, TW_EPROTO);
 }
 
 static void pc_forget(struct pcomm *pc, int err)

@@ -1192,22 +1192,35 @@ END_TEST
  * waiting for ever with no timeout); now the call fails like a failed
  * connect ---- */
 
+/* _i: 1 call (default limit), 4 calls (default limit: 4 comms at once),
+ * 3 calls with a limit of 1 */
+static int all_done(const struct rc *r, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!r[i].done)
+			return 0;
+	return 1;
+}
+
 START_TEST(pool_peer_speaks_first)
 {
+	static const int ncalls[] = {1, 4, 3}, limits[] = {512, 512, 1};
 	struct tu h;
 	struct raw_srv s;
 	tw_pool *pool;
-	struct rc r;
+	struct rc r[4];
 	msgpack_sbuffer out;
-	int accepted = 0;
+	int accepted = 0, n = ncalls[_i];
 	tu_init(&h);
 	raw_srv_start(&s);
 	msgpack_sbuffer_init(&out);
 	handshake_bytes(&out);
 	wire1(&out, "\xa5hello", 6);
 	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
-	rc_start(pool, s.addr, rq_op("identity"), 0, &r);
-	for (int t = 0; t < 1000 && !r.done && accepted < 100; t += 10) {
+	ck_assert_int_eq(tw_pool_set_limit(pool, (size_t)limits[_i]), 0);
+	for (int i = 0; i < n; i++)
+		rc_start(pool, s.addr, rq_op("identity"), 0, &r[i]);
+	for (int t = 0; t < 1000 && !all_done(r, n) && accepted < 100; t += 10) {
 		int fd;
 		while (accepted < 100 && (fd = accept(s.lfd, NULL, NULL)) >= 0) {
 			accepted++;
@@ -1217,10 +1230,12 @@ START_TEST(pool_peer_speaks_first)
 		}
 		tu_run_for(&h, 10);
 	}
-	SAY("speaks first: %d connections, call done %d err %d\n", accepted, r.done, r.err);
-	ck_assert_int_eq(r.done, 1);
-	ck_assert_int_eq(r.err, TW_EPROTO);
-	ck_assert_int_eq(accepted, 1);
+	SAY("speaks first: %d calls, %d connections\n", n, accepted);
+	for (int i = 0; i < n; i++) {
+		ck_assert_int_eq(r[i].done, 1);
+		ck_assert_int_eq(r[i].err, TW_EPROTO);
+	}
+	ck_assert_int_le(accepted, n);
 	tw_pool_free(pool);
 	msgpack_sbuffer_destroy(&out);
 	close(s.lfd);
@@ -1256,7 +1271,7 @@ int main(void)
 	tcase_add_test(tc, pool_partial_limit1_sweep_hangs);
 	tcase_add_test(tc, pool_partial_limit1_timeout);
 	tcase_add_test(tc, pool_partial_default_limit);
-	tcase_add_test(tc, pool_peer_speaks_first);
+	tcase_add_loop_test(tc, pool_peer_speaks_first, 0, 3);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

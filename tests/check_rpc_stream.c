@@ -206,6 +206,7 @@ struct flood {
 	tw_batched *b;
 	size_t sent, refused, drained;
 	int rv_in_drain;
+	uint32_t interval_ms;
 };
 
 static uint8_t flood_map[8 + (64 << 10)]; /* {"x": bin of 64 KiB} */
@@ -230,7 +231,7 @@ static void flood_op(tw_comm *c, const tw_decoded *d, const msgpack_object *m, v
 	struct flood *fl = arg;
 	int rv;
 	(void)d, (void)m;
-	ck_assert_int_eq(tw_batched_new(c, 1, &fl->b), 0);
+	ck_assert_int_eq(tw_batched_new(c, fl->interval_ms, &fl->b), 0);
 	tw_batched_set_drain_cb(fl->b, flood_drain, fl);
 	while ((rv = flood_send(fl)) == 0 && fl->sent < 1000)
 		;
@@ -249,7 +250,7 @@ static size_t maps_received(const struct rw *w)
 START_TEST(stream_server_side_drain)
 {
 	static const uint8_t flood[] = {0x81, 0xa2, 'o', 'p', 0xa5, 'f', 'l', 'o', 'o', 'd'};
-	struct flood fl = {0};
+	struct flood fl = {.interval_ms = 1};
 	struct rf f;
 	struct rw w;
 	flood_map[0] = 0x81;
@@ -278,6 +279,38 @@ START_TEST(stream_server_side_drain)
 }
 END_TEST
 
+/* The server frees its stream comm when the peer goes: a sender waiting
+ * to send on it is told (its drain callback, sends say TW_ECLOSED) and
+ * outlives it (it read the freed comm at its next interval). */
+START_TEST(stream_sender_outlives_comm)
+{
+	static const uint8_t flood[] = {0x81, 0xa2, 'o', 'p', 0xa5, 'f', 'l', 'o', 'o', 'd'};
+	struct flood fl = {.interval_ms = 60000}; /* no interval passes */
+	struct rf f;
+	struct rw w;
+	flood_map[0] = 0x81;
+	flood_map[1] = 0xa1;
+	flood_map[2] = 'x';
+	flood_map[3] = 0xc6;
+	flood_map[5] = 0x01;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1 << 20), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(f.s.srv, "flood", flood_op, &fl), 0);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, stream_start());
+	rw_send(&w, rq_raw(flood, sizeof(flood)));
+	ck_assert(tu_wait_count(&f.h, &fl.refused, 1, TU_WAIT_MS));
+	rw_free(&w); /* the peer goes; the server frees its comm */
+	ck_assert(tu_wait_count(&f.h, &fl.drained, 1, TU_WAIT_MS));
+	ck_assert_int_eq(fl.rv_in_drain, TW_ECLOSED);
+	ck_assert_int_eq(tw_batched_flush(fl.b), TW_ECLOSED);
+	tu_run_for(&f.h, 20);
+	ck_assert_uint_eq(fl.drained, 1);
+	tw_batched_free(fl.b);
+	rf_fini(&f);
+}
+END_TEST
+
 TCase *rpc_stream_tcase(void)
 {
 	TCase *tc = tcase_create("stream");
@@ -287,5 +320,6 @@ TCase *rpc_stream_tcase(void)
 	tcase_add_test(tc, stream_free_above_hwm);
 	tcase_add_test(tc, stream_single_map_and_bad);
 	tcase_add_test(tc, stream_server_side_drain);
+	tcase_add_test(tc, stream_sender_outlives_comm);
 	return tc;
 }

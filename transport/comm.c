@@ -14,8 +14,33 @@
 #include "transport/transport.h"
 
 /* Free what every comm has, then the transport's part. */
+void tw__comm_watch(tw_comm *c, struct tw__watch *w)
+{
+	w->next = c->watchers;
+	w->pprev = &c->watchers;
+	if (c->watchers != NULL)
+		c->watchers->pprev = &w->next;
+	c->watchers = w;
+}
+
+void tw__comm_unwatch(struct tw__watch *w)
+{
+	if (w->pprev == NULL)
+		return;
+	*w->pprev = w->next;
+	if (w->next != NULL)
+		w->next->pprev = w->pprev;
+	w->next = NULL;
+	w->pprev = NULL;
+}
+
 static void destroy_comm(tw_comm *c)
 {
+	while (c->watchers != NULL) {
+		struct tw__watch *w = c->watchers;
+		tw__comm_unwatch(w);
+		w->gone(w);
+	}
 	if (c->timeout_ev != NULL)
 		event_free(c->timeout_ev);
 	if (c->proto_free != NULL)

@@ -51,6 +51,17 @@ struct tw__rate {
 	uint64_t msgs;     /* stats.msgs_received then: a message since is a new one */
 };
 
+/* Told when a comm is freed, by whoever freed it: a batched sender on a
+ * server's stream comm, which the server frees when it closes. */
+struct tw__watch {
+	struct tw__watch *next, **pprev;
+	void (*gone)(struct tw__watch *w);
+};
+
+/* Watch c until it is freed, or until tw__comm_unwatch. */
+void tw__comm_watch(tw_comm *c, struct tw__watch *w);
+void tw__comm_unwatch(struct tw__watch *w);
+
 /* What every comm has. The application owns the comm; `depth` counts the
  * callbacks running so a free inside one is deferred. */
 struct tw_comm {
@@ -79,6 +90,7 @@ struct tw_comm {
 	void (*deliver_free)(void *d);
 	void (*deliver_resume)(tw_comm *c);
 	int (*deliver_backlog)(const tw_comm *c); /* messages received, not yet delivered */
+	struct tw__watch *watchers;
 };
 
 struct tw__stream_io;

@@ -34,8 +34,11 @@ typedef struct tw_batched tw_batched;
 #define TW_DEFAULT_BATCH_INTERVAL_MS 2 /* Dask's BatchedSend: 2 ms */
 
 /* tw_batched_new: a batched sender on comm (which the caller keeps
- * owning; free the sender before the comm). interval_ms 0 means the
- * default. Returns 0, TW_ENOMEM, TW_EINVAL. Loop thread. */
+ * owning, or a tw_server does for its stream comms). The sender may
+ * outlive its comm: once the comm is freed, sends return TW_ECLOSED (and
+ * a refused sender's drain callback runs); free the sender in any case.
+ * interval_ms 0 means the default. Returns 0, TW_ENOMEM, TW_EINVAL. Loop
+ * thread. */
 int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
 
 /* tw_batched_send: queue one msgpack map (`packed`, len bytes, copied; it
