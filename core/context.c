@@ -167,11 +167,23 @@ static void kill_all(void *arg)
 	}
 }
 
+static void exit_loop(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	event_base_loopexit(arg, NULL);
+}
+
+/* The loop runs one more pass after the kill: callbacks that libevent
+ * defers to it (evdns reporting the lookups canceled just now) still run,
+ * and free what they hold. */
 static void stop_loop(void *arg)
 {
+	static const struct timeval now = {0, 0};
 	tw_context *ctx = arg;
 	kill_all(ctx);
-	event_base_loopbreak(ctx->base);
+	if (event_base_once(ctx->base, -1, EV_TIMEOUT, exit_loop, ctx->base, &now) != 0)
+		event_base_loopbreak(ctx->base);
 }
 
 void tw_context_free(tw_context *ctx)
