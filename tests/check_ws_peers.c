@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <check.h>
 
@@ -153,6 +156,79 @@ START_TEST(websockets_server)
 }
 END_TEST
 
+/* With small_sockets set, every TCP socket this process makes gets 4 KiB
+ * kernel buffers, so writes block often, as on a slow link. Exported
+ * (visibility and -export-dynamic), so libevent's listeners come here
+ * too. */
+static int small_sockets;
+
+__attribute__((visibility("default"))) int socket(int domain, int type, int protocol)
+{
+	int fd = (int)syscall(SYS_socket, domain, type, protocol);
+	int v = 4096;
+	if (fd >= 0 && small_sockets && (domain == AF_INET || domain == AF_INET6)) {
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v));
+	}
+	return fd;
+}
+
+/* Tornado (Dask's ws comm is tornado's) pings every 0.3 s and reads 200
+ * messages of 64 KiB slowly, queued at once by the server, so pongs fall
+ * due while the server's writes block. Over wss a pong written then went
+ * out as the bytes OpenSSL held for the blocked data frame (the next
+ * frame header sent twice, the pong lost): the client read a corrupt
+ * stream. */
+static tw_msg *pinger_msg(unsigned k, size_t size)
+{
+	uint8_t *p = malloc(size);
+	tw_msg *m;
+	ck_assert_ptr_nonnull(p);
+	for (size_t i = 0; i < size; i++)
+		p[i] = (uint8_t)(((k % 251 + i) * 131 + 7) % 251);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, p, size), 0);
+	free(p);
+	return m;
+}
+
+START_TEST(pongs_while_writes_block)
+{
+	struct tu h;
+	static struct tt_proc py;
+	struct certs c;
+	struct tu_peer *sp;
+	char path[512], uri[64], tail[4096];
+	wu_init(&h, wu_scheme(_i));
+	/* pings every 0.3 s: under the ping-rate policy's default (BH-22) */
+	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h.ctx, 0), 0);
+	h.sopts.echo = 0;
+	h.sopts.keep = 1;
+	small_sockets = 1;
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", wu_scheme(_i));
+	ck_assert_int_eq(tu_listen(&h, uri), 0);
+	script("ws_slow_pinger.py", path, sizeof(path));
+	certs(&c);
+	char *argv[] = {TT_PYTHON, path,    h.addr, c.ca,   c.cert, c.key,
+			"200",     "65536", "0.3",  "0.02", NULL};
+	if (_i == 0)
+		memmove(&argv[3], &argv[6], 5 * sizeof(argv[0]));
+	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	sp = tu_server_peer(&h, 0);
+	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, RUN_MS), "no go: %s",
+		      tt_log_tail(&py, tail, sizeof(tail)));
+	for (unsigned k = 0; k < 200; k++)
+		ck_assert_int_eq(tw_comm_write(sp->comm, pinger_msg(k, 65536)), 0);
+	ck_assert_msg(tt_wait_exit(&h, &py, RUN_MS) && WIFEXITED(py.status) &&
+			      WEXITSTATUS(py.status) == 0,
+		      "client: %s; server comm: closed %d (%s)",
+		      tt_log_tail(&py, tail, sizeof(tail)), sp->closed, sp->last_error);
+	wait_ok(&h, &py, "OK 200 messages");
+	small_sockets = 0;
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *ws_peers_tcase(void)
 {
 	TCase *tc = tcase_create("websockets");
@@ -160,6 +236,7 @@ TCase *ws_peers_tcase(void)
 	tcase_add_checked_fixture(tc, NULL, tt_stop_all);
 	tcase_add_loop_test(tc, websockets_client, 0, 2);
 	tcase_add_loop_test(tc, websockets_server, 0, 2);
+	tcase_add_loop_test(tc, pongs_while_writes_block, 0, 2);
 	return tc;
 }
 

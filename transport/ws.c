@@ -99,8 +99,13 @@ struct ws {
 	size_t qhead, qn, qcap;
 	size_t seg, seg_off; /* cursor: segment of q[qhead], bytes of it sent */
 	uint64_t queued_bytes;
-	uint8_t ctrl[TW__WS_MAX_CONTROL_FRAME];
+	/* room for a close queued behind a control frame already begun */
+	uint8_t ctrl[2 * TW__WS_MAX_CONTROL_FRAME];
 	size_t ctrl_len, ctrl_sent;
+	/* The last write took less than offered: over TLS, OpenSSL may hold
+	 * the rest in a record that the next write must repeat, so nothing
+	 * may be written in between, and those bytes may not change. */
+	int data_owed, ctrl_owed;
 	uint8_t *scratch; /* client: masked bytes being written */
 	size_t scratch_len, scratch_sent;
 	int close_sent, close_rcvd, err_after_close;
@@ -298,6 +303,7 @@ static int write_ctrl(struct ws *w)
 {
 	struct iovec iov = {w->ctrl + w->ctrl_sent, w->ctrl_len - w->ctrl_sent};
 	ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
+	w->ctrl_owed = n < 0 || (size_t)n < iov.iov_len;
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
 	w->ctrl_sent += (size_t)n;
@@ -309,7 +315,7 @@ static int write_ctrl(struct ws *w)
 
 static int at_boundary(const struct ws *w)
 {
-	return w->seg_off == 0 && w->scratch_sent == w->scratch_len;
+	return w->seg_off == 0 && w->scratch_sent == w->scratch_len && !w->data_owed;
 }
 
 static void write_failed(struct ws *w)
@@ -323,21 +329,32 @@ static void write_failed(struct ws *w)
 	tw__comm_end(&w->base, err);
 }
 
-/* Write segments until the socket is full or the budget is spent. */
-static ssize_t write_some(struct ws *w)
+/* Write segments until the socket is full or the budget is spent; *owed:
+ * the write took less than it was offered. Over TLS OpenSSL may then hold
+ * a record of the rest, which the next write must repeat: nothing may go
+ * between (a pong sent there went out as the held bytes of a data frame,
+ * corrupting the stream). */
+static ssize_t write_some(struct ws *w, int *owed)
 {
 	struct iovec iov[IOV_BATCH];
 	uint8_t buf[TW__GATHER_MAX];
+	size_t offered = 0;
+	ssize_t n;
 	int k;
 	if (!w->client) {
 		k = tw__gather_small(iov, gather(w, iov, IOV_BATCH), buf);
-		return w->io->writev(w->io_arg, w->fd, iov, k);
+	} else {
+		if (w->scratch_sent == w->scratch_len)
+			fill_scratch(w);
+		iov[0].iov_base = w->scratch + w->scratch_sent;
+		iov[0].iov_len = w->scratch_len - w->scratch_sent;
+		k = 1;
 	}
-	if (w->scratch_sent == w->scratch_len)
-		fill_scratch(w);
-	iov[0].iov_base = w->scratch + w->scratch_sent;
-	iov[0].iov_len = w->scratch_len - w->scratch_sent;
-	return w->io->writev(w->io_arg, w->fd, iov, 1);
+	for (int i = 0; i < k; i++)
+		offered += iov[i].iov_len;
+	n = w->io->writev(w->io_arg, w->fd, iov, k);
+	*owed = n < 0 || (size_t)n < offered;
+	return n;
 }
 
 static void flush(struct ws *w)
@@ -361,7 +378,7 @@ static void flush(struct ws *w)
 			event_active(w->wev, EV_WRITE, 0);
 			return;
 		}
-		n = write_some(w);
+		n = write_some(w, &w->data_owed);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			goto wait;
 		if (n < 0)
@@ -446,15 +463,32 @@ static uint64_t w_queued(const tw_comm *c)
 	return ((const struct ws *)c)->queued_bytes;
 }
 
-/* Queue a control frame (pong, close); a pending one is replaced only by a
- * close. */
+/* A control frame already begun (partly written, or owed to TLS) goes
+ * out whole and unchanged: a new one is encoded after it. */
+static int ctrl_begun(const struct ws *w)
+{
+	return w->ctrl_len > 0 && (w->ctrl_sent > 0 || w->ctrl_owed);
+}
+
+static uint8_t *ctrl_slot(struct ws *w)
+{
+	return ctrl_begun(w) ? w->ctrl + w->ctrl_len : w->ctrl;
+}
+
+/* Queue a control frame of len bytes encoded at ctrl_slot(): after one
+ * begun, or in place of one not begun (a pong not yet written gives way
+ * to a newer pong or to a close). */
 static void queue_ctrl(struct ws *w, int len)
 {
-	if (len > 0) {
+	if (len <= 0)
+		return;
+	if (ctrl_begun(w)) {
+		w->ctrl_len += (size_t)len;
+	} else {
 		w->ctrl_len = (size_t)len;
 		w->ctrl_sent = 0;
-		event_active(w->wev, EV_WRITE, 0);
 	}
+	event_active(w->wev, EV_WRITE, 0);
 }
 
 /* Receiving. */
@@ -478,7 +512,7 @@ static void reset_rx(struct ws *w)
  * yet written gives way to it. */
 static void send_close_now(struct ws *w, unsigned code, const char *why)
 {
-	if (!w->close_sent && w->ctrl_sent == 0 && at_boundary(w)) {
+	if (!w->close_sent && !ctrl_begun(w) && at_boundary(w)) {
 		uint8_t key[4];
 		int len;
 		if (w->client)
@@ -522,7 +556,7 @@ static int got_ping(struct ws *w, const struct tw__ws_event *ev)
 	 * never queues pongs. */
 	if (w->client)
 		tw__ws_mask_key(key);
-	if (w->ctrl_sent == 0)
+	if (!ctrl_begun(w))
 		queue_ctrl(w, tw__ws_encode_pong(w->ctrl, ev->payload, ev->payload_len,
 						 w->client ? key : NULL));
 	return 0;
@@ -630,8 +664,8 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 	if (!w->close_sent) {
 		if (w->client)
 			tw__ws_mask_key(key);
-		queue_ctrl(w,
-			   tw__ws_encode_close(w->ctrl, ev->code, NULL, 0, w->client ? key : NULL));
+		queue_ctrl(w, tw__ws_encode_close(ctrl_slot(w), ev->code, NULL, 0,
+						  w->client ? key : NULL));
 		w->close_sent = 1;
 		w->state = WS_CLOSING;
 		w->qn = w->qn; /* queued data after a close is dropped by end */
