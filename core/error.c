@@ -12,7 +12,7 @@ const char *tw_strerror(int err)
 	case TW_EIO: return "I/O error";
 	case TW_ETIMEDOUT: return "timed out";
 	case TW_ECONNREFUSED: return "connection refused";
-	case TW_EADDR: return "malformed address";
+	case TW_EADDR: return "malformed or unresolvable address";
 	case TW_ESCHEME: return "unknown URI scheme";
 	case TW_EADDRINUSE: return "address in use";
 	case TW_ENOFRAMES: return "message declares zero frames";

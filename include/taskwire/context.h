@@ -70,9 +70,13 @@ const char *tw_context_last_error(const tw_context *ctx);
 struct evdns_base;
 
 /* tw_context_set_dns_base: resolve host names in connect URIs with `dns`,
- * libevent's asynchronous resolver made on the context's base. The caller
- * keeps owning it and frees it after the context, once the loop has run
- * again (evdns reports a canceled lookup from the loop). NULL, the default: the
+ * libevent's asynchronous resolver made on the context's base
+ * (tw_context_base; link with libevent_extra). The caller keeps owning it.
+ * To free it: with no connect resolving, clear it (NULL) on the loop
+ * thread (tw_context_call for a context with its own loop thread, whose
+ * base goes with the context), then evdns_base_free; or, on a base of
+ * your own, after tw_context_free and one more pass of the loop (evdns
+ * reports a canceled lookup from the loop). NULL, the default: the
  * context makes its own on the first name, from /etc/resolv.conf and
  * /etc/hosts. Numeric addresses never use it; the connect timeout bounds
  * resolving and connecting together, and every address a name resolves

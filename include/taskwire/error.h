@@ -22,7 +22,7 @@ enum tw_error {
 	TW_EIO = -5,          /* socket error; errno text on the object */
 	TW_ETIMEDOUT = -6,    /* a bounded wait (connect, handshake) expired */
 	TW_ECONNREFUSED = -7, /* the peer refused the connection */
-	TW_EADDR = -8,        /* malformed URI or address */
+	TW_EADDR = -8,        /* malformed URI or address, or a name that does not resolve */
 	TW_ESCHEME = -9,      /* URI scheme with no transport */
 	TW_EADDRINUSE = -10,  /* listen address already in use */
 	TW_ENOFRAMES = -11,   /* prelude declares N = 0 frames */

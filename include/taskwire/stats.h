@@ -46,7 +46,7 @@ typedef struct tw_stats {
 
 /* tw_stats_global: copy the process-wide counters into *out. Any thread.
  * (The function of that name, for programs linked before the macro, fills
- * the 13 fields the struct had then.) */
+ * the first 13 fields, the struct of then, however large it grows.) */
 void(tw_stats_global)(tw_stats *out);
 #define tw_stats_global(out) tw_stats_global_sized((out), sizeof(*(out)))
 void tw_stats_global_sized(tw_stats *out, size_t size);
