@@ -247,23 +247,30 @@ static size_t maps_received(const struct rw *w)
 	return n;
 }
 
-START_TEST(stream_server_side_drain)
+/* A server with stream op "flood" (a 1 MiB write high-water mark) and a
+ * client stream that asks for the flood. */
+static void flood_start(struct rf *f, struct rw *w, struct flood *fl)
 {
 	static const uint8_t flood[] = {0x81, 0xa2, 'o', 'p', 0xa5, 'f', 'l', 'o', 'o', 'd'};
-	struct flood fl = {.interval_ms = 1};
-	struct rf f;
-	struct rw w;
 	flood_map[0] = 0x81;
 	flood_map[1] = 0xa1;
 	flood_map[2] = 'x';
 	flood_map[3] = 0xc6; /* bin 32, big-endian length 0x00010000 */
 	flood_map[5] = 0x01;
-	rf_init(&f);
-	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1 << 20), 0);
-	ck_assert_int_eq(tw_server_add_stream_op(f.s.srv, "flood", flood_op, &fl), 0);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
-	rw_send(&w, stream_start());
-	rw_send(&w, rq_raw(flood, sizeof(flood)));
+	rf_init(f);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f->h.ctx, 1 << 20), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(f->s.srv, "flood", flood_op, fl), 0);
+	ck_assert_int_eq(rw_open(&f->h, f->h.ctx, f->s.addr, w), 0);
+	rw_send(w, stream_start());
+	rw_send(w, rq_raw(flood, sizeof(flood)));
+}
+
+START_TEST(stream_server_side_drain)
+{
+	struct flood fl = {.interval_ms = 1};
+	struct rf f;
+	struct rw w;
+	flood_start(&f, &w, &fl);
 	ck_assert(tu_wait_count(&f.h, &fl.drained, 1, TU_WAIT_MS));
 	ck_assert_uint_eq(fl.refused, 1);
 	ck_assert_uint_lt(fl.sent, 1000); /* told to wait near 1 MiB, not at 64 MiB */
@@ -284,21 +291,10 @@ END_TEST
  * outlives it (it read the freed comm at its next interval). */
 START_TEST(stream_sender_outlives_comm)
 {
-	static const uint8_t flood[] = {0x81, 0xa2, 'o', 'p', 0xa5, 'f', 'l', 'o', 'o', 'd'};
 	struct flood fl = {.interval_ms = 60000}; /* no interval passes */
 	struct rf f;
 	struct rw w;
-	flood_map[0] = 0x81;
-	flood_map[1] = 0xa1;
-	flood_map[2] = 'x';
-	flood_map[3] = 0xc6;
-	flood_map[5] = 0x01;
-	rf_init(&f);
-	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1 << 20), 0);
-	ck_assert_int_eq(tw_server_add_stream_op(f.s.srv, "flood", flood_op, &fl), 0);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
-	rw_send(&w, stream_start());
-	rw_send(&w, rq_raw(flood, sizeof(flood)));
+	flood_start(&f, &w, &fl);
 	ck_assert(tu_wait_count(&f.h, &fl.refused, 1, TU_WAIT_MS));
 	rw_free(&w); /* the peer goes; the server frees its comm */
 	ck_assert(tu_wait_count(&f.h, &fl.drained, 1, TU_WAIT_MS));
