@@ -18,6 +18,7 @@
 
 #include <taskwire/error.h>
 
+#include "transport/dns.h"
 #include "transport/transport.h"
 
 /* One buffer goes through recv/send: the kernel skips copying in and
@@ -84,71 +85,6 @@ static int resolve(const struct tw__uri *u, int passive, struct evutil_addrinfo 
  * application's, tw_context_set_dns_base), so the loop never waits on DNS.
  * Then each address is tried in turn, as Python's create_connection
  * does (localhost is ::1 and 127.0.0.1). One timer bounds it all. */
-
-/* The resolver, shared by the context and its lookups in flight: evdns
- * reports a canceled lookup later, from the loop, so a base we made is
- * freed after the last of them (evdns_base_free under a pending callback
- * is a use-after-free inside libevent). */
-struct tw__dns {
-	struct evdns_base *base;
-	struct event_base *loop;
-	int refs;  /* the context's, plus one per lookup in flight */
-	int owned; /* ours: freed with the last reference */
-};
-
-static void dns_free_later(evutil_socket_t fd, short what, void *arg)
-{
-	struct tw__dns *d = arg;
-	(void)fd;
-	(void)what;
-	evdns_base_free(d->base, 0);
-	free(d);
-}
-
-/* Drop a reference; from_cb: inside an evdns callback, where the base may
- * not be freed (it is, from the loop's next pass). */
-static void dns_unref(struct tw__dns *d, int from_cb)
-{
-	if (--d->refs > 0)
-		return;
-	if (!d->owned)
-		free(d);
-	else if (!from_cb)
-		dns_free_later(-1, 0, d);
-	else if (event_base_once(d->loop, -1, EV_TIMEOUT, dns_free_later, d, NULL) != 0)
-		return; /* no memory: the base stays, rather than be freed under evdns */
-}
-
-static void dns_release(void *d)
-{
-	dns_unref(d, 0);
-}
-
-static struct tw__dns *dns_wrap(tw_context *ctx, struct evdns_base *base, int owned)
-{
-	struct tw__dns *d = calloc(1, sizeof(*d));
-	if (d != NULL) {
-		d->base = base;
-		d->loop = ctx->base;
-		d->refs = 1;
-		d->owned = owned;
-	}
-	return d;
-}
-
-int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *base)
-{
-	struct tw__dns *d = NULL;
-	if (ctx == NULL)
-		return TW_EINVAL;
-	if (base != NULL && (d = dns_wrap(ctx, base, 0)) == NULL)
-		return TW_ENOMEM;
-	if (ctx->dns_release != NULL)
-		ctx->dns_release(ctx->dns);
-	ctx->dns = d;
-	ctx->dns_release = d != NULL ? dns_release : NULL;
-	return 0;
-}
 
 struct connect_req {
 	struct tw__node node;
@@ -303,10 +239,10 @@ static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 		if (res != NULL)
 			evutil_freeaddrinfo(res);
 		free(r);
-		dns_unref(d, 1);
+		tw__dns_unref(d, 1);
 		return;
 	}
-	dns_unref(d, 1);
+	tw__dns_unref(d, 1);
 	if (result != 0 || res == NULL) {
 		r->err = TW_EADDR;
 		snprintf(r->ctx->error, sizeof(r->ctx->error), "cannot resolve %s: %s", r->uri.host,
@@ -317,24 +253,6 @@ static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 		r->ai = r->next = res;
 	}
 	event_active(r->step, EV_TIMEOUT, 0); /* may run inside evdns_getaddrinfo */
-}
-
-/* The application's resolver, or the context's own, made on first use. */
-static struct tw__dns *resolver(tw_context *ctx)
-{
-	struct evdns_base *base;
-	if (ctx->dns == NULL) {
-		base = evdns_base_new(ctx->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
-							 EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-		if (base == NULL)
-			return NULL;
-		if ((ctx->dns = dns_wrap(ctx, base, 1)) == NULL) {
-			evdns_base_free(base, 0);
-			return NULL;
-		}
-		ctx->dns_release = dns_release;
-	}
-	return ctx->dns;
 }
 
 /* Numeric at once; a name through evdns. TW_EADDR: neither. */
@@ -354,7 +272,7 @@ static int start_resolve(struct connect_req *r)
 	}
 	if (rv != EVUTIL_EAI_NONAME)
 		return TW_EADDR;
-	if ((d = resolver(r->ctx)) == NULL)
+	if ((d = tw__dns_resolver(r->ctx)) == NULL)
 		return TW_ENOMEM;
 	hints_for(&hints, 0);
 	d->refs++;
