@@ -49,7 +49,8 @@ static void tcp_shutdown(void *io, int fd)
 	shutdown(fd, SHUT_WR);
 }
 
-const struct tw__stream_io tw__tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL, NULL, NULL};
+const struct tw__stream_io tw__tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL,
+					 NULL,      NULL,       NULL};
 
 /* TCP_NODELAY: a message's last segment must not wait for an ACK.
  * Keepalive: find peers that vanished without a FIN. */

@@ -26,6 +26,7 @@
 struct tls_io {
 	SSL *ssl;
 	char error[256];
+	int write_held; /* the last SSL_write_ex failed: OpenSSL holds its record */
 };
 
 enum { READING, WRITING };
@@ -115,6 +116,7 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 		int r;
 		io_begin();
 		r = SSL_write_ex(t->ssl, iov[i].iov_base, want, &put);
+		t->write_held = r != 1;
 		if (r != 1)
 			return io_fail(t, r, done, WRITING);
 		done += put;
@@ -151,8 +153,13 @@ static int tls_pending(void *io)
 	return SSL_has_pending(((struct tls_io *)io)->ssl);
 }
 
-static const struct tw__stream_io tls_io_ops = {tls_readv, tls_writev,  tls_shutdown,
-						tls_error, tls_pending, tls_free};
+static int tls_write_held(void *io)
+{
+	return ((struct tls_io *)io)->write_held;
+}
+
+static const struct tw__stream_io tls_io_ops = {tls_readv,   tls_writev, tls_shutdown,  tls_error,
+						tls_pending, tls_free,   tls_write_held};
 
 /* A TLS handshake in progress, on either side. */
 struct handshake {

@@ -195,6 +195,10 @@ struct tw__stream_io {
 	 * records), which the socket's readiness will not announce; or NULL. */
 	int (*pending)(void *io);
 	void (*free)(void *io);
+	/* 1 when the layer holds bytes of a write that did not go through
+	 * (an OpenSSL record after WANT_WRITE), which the next write must
+	 * repeat unchanged, with nothing written between; or NULL. */
+	int (*write_held)(void *io);
 };
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
 		   void *io_arg, tw_comm **out);

@@ -102,9 +102,11 @@ struct ws {
 	/* room for a close queued behind a control frame already begun */
 	uint8_t ctrl[2 * TW__WS_MAX_CONTROL_FRAME];
 	size_t ctrl_len, ctrl_sent;
-	/* The last write took less than offered: over TLS, OpenSSL may hold
-	 * the rest in a record that the next write must repeat, so nothing
-	 * may be written in between, and those bytes may not change. */
+	/* The I/O layer holds bytes of the last data or control write (an
+	 * OpenSSL record after WANT_WRITE) that the next write must repeat:
+	 * nothing may be written in between, and those bytes may not change
+	 * (a pong written there went out as the held bytes of a data frame,
+	 * corrupting the stream). */
 	int data_owed, ctrl_owed;
 	uint8_t *scratch; /* client: masked bytes being written */
 	size_t scratch_len, scratch_sent;
@@ -298,12 +300,17 @@ static void fill_scratch(struct ws *w)
 
 static void end_after_close(struct ws *w);
 
+static int write_held(const struct ws *w)
+{
+	return w->io->write_held != NULL && w->io->write_held(w->io_arg);
+}
+
 /* Write a pending control frame, whole, before any more segments. */
 static int write_ctrl(struct ws *w)
 {
 	struct iovec iov = {w->ctrl + w->ctrl_sent, w->ctrl_len - w->ctrl_sent};
 	ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
-	w->ctrl_owed = n < 0 || (size_t)n < iov.iov_len;
+	w->ctrl_owed = write_held(w);
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
 	w->ctrl_sent += (size_t)n;
@@ -329,32 +336,21 @@ static void write_failed(struct ws *w)
 	tw__comm_end(&w->base, err);
 }
 
-/* Write segments until the socket is full or the budget is spent; *owed:
- * the write took less than it was offered. Over TLS OpenSSL may then hold
- * a record of the rest, which the next write must repeat: nothing may go
- * between (a pong sent there went out as the held bytes of a data frame,
- * corrupting the stream). */
-static ssize_t write_some(struct ws *w, int *owed)
+/* Write segments until the socket is full or the budget is spent. */
+static ssize_t write_some(struct ws *w)
 {
 	struct iovec iov[IOV_BATCH];
 	uint8_t buf[TW__GATHER_MAX];
-	size_t offered = 0;
-	ssize_t n;
 	int k;
 	if (!w->client) {
 		k = tw__gather_small(iov, gather(w, iov, IOV_BATCH), buf);
-	} else {
-		if (w->scratch_sent == w->scratch_len)
-			fill_scratch(w);
-		iov[0].iov_base = w->scratch + w->scratch_sent;
-		iov[0].iov_len = w->scratch_len - w->scratch_sent;
-		k = 1;
+		return w->io->writev(w->io_arg, w->fd, iov, k);
 	}
-	for (int i = 0; i < k; i++)
-		offered += iov[i].iov_len;
-	n = w->io->writev(w->io_arg, w->fd, iov, k);
-	*owed = n < 0 || (size_t)n < offered;
-	return n;
+	if (w->scratch_sent == w->scratch_len)
+		fill_scratch(w);
+	iov[0].iov_base = w->scratch + w->scratch_sent;
+	iov[0].iov_len = w->scratch_len - w->scratch_sent;
+	return w->io->writev(w->io_arg, w->fd, iov, 1);
 }
 
 static void flush(struct ws *w)
@@ -378,7 +374,8 @@ static void flush(struct ws *w)
 			event_active(w->wev, EV_WRITE, 0);
 			return;
 		}
-		n = write_some(w, &w->data_owed);
+		n = write_some(w);
+		w->data_owed = write_held(w);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			goto wait;
 		if (n < 0)
