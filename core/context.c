@@ -1,5 +1,7 @@
 /* Contexts: limits, the event loop, cross-thread calls
  * (include/taskwire/context.h). */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -272,6 +274,14 @@ int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
 		return TW_EINVAL;
 	ctx->limits.small_frame_bytes = bytes;
 	return 0;
+}
+
+void tw__ctx_seterr(tw_context *ctx, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(ctx->error, sizeof(ctx->error), fmt, ap);
+	va_end(ap);
 }
 
 const char *tw_context_last_error(const tw_context *ctx)

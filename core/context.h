@@ -76,5 +76,7 @@ struct tw_context {
 
 void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *));
 void tw__ctx_untrack(struct tw__node *n);
+/* Why the last connect or accept failed (tw_context_last_error). */
+void tw__ctx_seterr(tw_context *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -55,7 +55,7 @@ static int identity(tw_context *ctx, const char *uri)
 	tw_decoded *reply = NULL;
 	int rv = tw_rpc_call_sync(ctx, uri, op_message("identity"), 10000, &reply);
 	if (rv != 0) {
-		fprintf(stderr, "tw-scheduler-probe: identity: %s %s\n", tw_strerror(rv),
+		fprintf(stderr, "tw-scheduler-probe: identity: %s: %s\n", tw_strerror(rv),
 			tw_context_last_error(ctx));
 		tw_decoded_free(reply);
 		return -1;
@@ -131,7 +131,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	struct probe *p = arg;
 	(void)comm;
 	if (!p->closing || !p->started) {
-		fprintf(stderr, "tw-scheduler-probe: stream ended early: %s %s\n", tw_strerror(err),
+		fprintf(stderr, "tw-scheduler-probe: stream ended early: %s: %s\n", tw_strerror(err),
 			tw_comm_last_error(comm));
 		p->failed = 1;
 	} else {
@@ -190,7 +190,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	struct probe *p = arg;
 	if (err == 0 && (err = tw_comm_handshake(comm, 0, on_handshake, p)) == 0)
 		return;
-	fprintf(stderr, "tw-scheduler-probe: connect: %s %s\n", tw_strerror(err),
+	fprintf(stderr, "tw-scheduler-probe: connect: %s: %s\n", tw_strerror(err),
 		tw_context_last_error(p->ctx));
 	tw_comm_free(comm);
 	p->failed = 1;

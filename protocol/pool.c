@@ -1,5 +1,6 @@
 /* Calls to remote ops over pooled comms (include/taskwire/rpc.h). */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,19 +42,22 @@ struct dest {
 	size_t nwaiting;
 	struct dest *kick_next; /* on the pool's kick list */
 	int kicked;
+	char why[TW__WHY_BYTES]; /* why its last connect failed */
 };
 
 struct tw_call {
 	tw_call *next, **pprev;     /* waiting list */
 	tw_call *dl_prev, *dl_next; /* the pool's deadlines, soonest first */
 	uint64_t deadline_ms;       /* tw__mono_ms; 0: no timeout */
+	uint32_t timeout_ms;
 	struct dest *dest;
 	struct pcomm *pc; /* the comm carrying it, once sent */
 	tw_msg *req;      /* until written */
 	tw_reply_cb cb;
 	void *arg;
 	int waiting;
-	int doomed; /* failing with its address (connect_failed) */
+	int doomed;              /* failing with its address (connect_failed) */
+	char why[TW__WHY_BYTES]; /* tw_call_error */
 };
 
 struct tw_pool {
@@ -71,6 +75,42 @@ struct tw_pool {
 };
 
 static void fail(tw_call *c, int err);
+
+static void vsay(char *why, const char *fmt, va_list ap)
+{
+	vsnprintf(why, TW__WHY_BYTES, fmt, ap);
+}
+
+/* Why c failed (tw_call_error), or why d's connect did. */
+__attribute__((format(printf, 2, 3))) static void say(tw_call *c, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsay(c->why, fmt, ap);
+	va_end(ap);
+}
+
+__attribute__((format(printf, 2, 3))) static void say_dest(struct dest *d, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsay(d->why, fmt, ap);
+	va_end(ap);
+}
+
+/* Where a call stood when its time ran out. */
+static const char *stage(const tw_call *c)
+{
+	const struct dest *d = c->dest;
+	if (c->pc != NULL)
+		return "the request was sent and no reply came";
+	if (d->open >= d->pool->limit)
+		return "every comm the pool allows to the address was busy";
+	for (const struct pcomm *pc = d->comms; pc != NULL; pc = pc->next)
+		if (pc->comm != NULL && pc->node.next != NULL)
+			return "still in the Dask handshake";
+	return d->connecting > 0 ? "still connecting" : "waiting for a comm";
+}
 
 /* Call timeouts: one timer per pool, armed for the soonest deadline, and
  * the calls' deadlines in a list, soonest first. Calls with one timeout
@@ -132,8 +172,12 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	p->armed_ms = 0;
-	while (p->dl_head != NULL && p->dl_head->deadline_ms <= now)
-		fail(p->dl_head, TW_ETIMEDOUT);
+	while (p->dl_head != NULL && p->dl_head->deadline_ms <= now) {
+		tw_call *c = p->dl_head;
+		say(c, "no reply from %s within %u ms: %s", c->dest->uri, (unsigned)c->timeout_ms,
+		    stage(c));
+		fail(c, TW_ETIMEDOUT);
+	}
 	dl_arm(p);
 }
 
@@ -230,7 +274,24 @@ static void fail(tw_call *c, int err)
 
 void tw_call_cancel(tw_call *c)
 {
+	say(c, "canceled");
 	fail(c, TW_ECANCELED);
+}
+
+const char *tw_call_error(const tw_call *c)
+{
+	return c->why;
+}
+
+/* An uncaught-error reply: the remote exception's text, when a str. */
+static void say_remote(tw_call *c, const tw_decoded *reply)
+{
+	const msgpack_object *t = tw_map_get(tw_decoded_root(reply), "exception_text");
+	if (t != NULL && t->type == MSGPACK_OBJECT_STR)
+		say(c, "%s's handler failed: %.*s", c->dest->uri, (int)t->via.str.size,
+		    t->via.str.ptr);
+	else
+		say(c, "%s's handler failed", c->dest->uri);
 }
 
 static int is_error_reply(const tw_decoded *reply)
@@ -244,7 +305,6 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 	tw_call *c = pc->busy;
 	struct dest *d = pc->dest;
 	(void)comm;
-	(void)detail;
 	if (c == NULL) { /* a message nobody asked for */
 		tw_decoded_free(reply);
 		drop_unasked(pc);
@@ -257,9 +317,14 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 	c->pc = NULL;
 	/* the loop's cached time: idle ages are counted in seconds */
 	event_base_gettimeofday_cached(d->pool->ctx->base, &pc->idle_since);
-	if (err != 0)
+	if (err != 0) {
+		say(c, "bad reply from %s: %s", d->uri, detail != NULL ? detail : tw_strerror(err));
 		drop_comm(pc);
-	finish(c, err != 0 ? err : is_error_reply(reply) ? TW_EREMOTE : 0, reply);
+	} else if (is_error_reply(reply)) {
+		say_remote(c, reply);
+		err = TW_EREMOTE;
+	}
+	finish(c, err, reply);
 	dispatch(d);
 	maybe_gone(d);
 }
@@ -269,7 +334,9 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	struct pcomm *pc = arg;
 	tw_call *c = pc->busy;
 	struct dest *d = pc->dest;
-	(void)comm;
+	if (c != NULL)
+		say(c, "the comm to %s ended before the reply: %s", d->uri,
+		    err != 0 ? tw_comm_last_error(comm) : "the peer closed it");
 	pc->busy = NULL;
 	drop_comm(pc);
 	if (c != NULL) {
@@ -291,6 +358,7 @@ static void fail_waiting(struct dest *d, int err)
 		c->doomed = 1;
 	while ((c = d->wait_head) != NULL && c->doomed) {
 		unwait(c);
+		memcpy(c->why, d->why, sizeof(c->why));
 		finish(c, err, NULL);
 	}
 }
@@ -312,8 +380,11 @@ static void drop_unasked(struct pcomm *pc)
 	struct dest *d = pc->dest;
 	int speaks_first = !pc->served;
 	drop_comm(pc);
-	if (speaks_first)
+	if (speaks_first) {
+		say_dest(d, "the peer at %s sent a message before any request: not a Dask server",
+			 d->uri);
 		fail_waiting(d, TW_EPROTO);
+	}
 }
 
 static void pc_forget(struct pcomm *pc, int err)
@@ -344,6 +415,9 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 		err = TW_ENOMEM;
 	if (err != 0 && err != TW_ENOMEM)
 		err = err == TW_ETLS ? TW_ETLS : TW_EHANDSHAKE;
+	if (err != 0 && d != NULL)
+		say_dest(d, "Dask handshake with %s failed: %s", d->uri,
+			 err == TW_ENOMEM ? tw_strerror(err) : tw_comm_last_error(comm));
 	evutil_gettimeofday(&pc->idle_since, NULL);
 	pc_forget(pc, err);
 	if (err == 0 && d != NULL)
@@ -357,6 +431,10 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	if (err == 0 && pc->dest != NULL &&
 	    (err = tw_comm_handshake(comm, 0, on_handshake, pc)) == 0)
 		return;
+	if (pc->dest != NULL)
+		say_dest(pc->dest, "%s",
+			 comm == NULL ? tw_context_last_error(pc->dest->pool->ctx)
+				      : tw_strerror(err));
 	pc_forget(pc, err != 0 ? err : TW_ECANCELED);
 }
 
@@ -389,6 +467,7 @@ static int connect_one(struct dest *d)
 	d->connecting++;
 	tw__ctx_track(d->pool->ctx, &pc->node, kill_pc);
 	if ((rv = tw_connect(d->pool->ctx, d->uri, on_connect, pc)) != 0) {
+		say_dest(d, "cannot connect to %s: %s", d->uri, tw_strerror(rv));
 		tw__ctx_untrack(&pc->node);
 		d->connecting--;
 		drop_comm(pc);
@@ -440,6 +519,8 @@ static void dispatch(struct dest *d)
 		c->pc = pc;
 		pc->busy = c;
 		if ((rv = tw_comm_write(pc->comm, c->req)) != 0) {
+			say(c, "the request to %s could not be written: %s", d->uri,
+			    tw_strerror(rv));
 			fail(c, rv);
 			return;
 		}
@@ -498,6 +579,7 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	d->wait_tail = &c->next;
 	d->nwaiting++;
 	if (timeout_ms > 0) {
+		c->timeout_ms = timeout_ms;
 		c->deadline_ms = tw__mono_ms() + timeout_ms;
 		dl_insert(p, c);
 	}
@@ -637,11 +719,14 @@ void tw_pool_free(tw_pool *p)
 	p->closing = 1;
 	while (p->dests != NULL) {
 		struct dest *d = p->dests;
-		while (d->wait_head != NULL)
+		while (d->wait_head != NULL) {
+			say(d->wait_head, "canceled: the pool was freed");
 			fail(d->wait_head, TW_ECANCELED);
+		}
 		while (d->comms != NULL) {
 			struct pcomm *pc = d->comms;
 			if (pc->busy != NULL) {
+				say(pc->busy, "canceled: the pool was freed");
 				fail(pc->busy, TW_ECANCELED);
 				continue;
 			}
@@ -678,7 +763,8 @@ struct sync {
 static void sync_done(tw_call *c, int err, tw_decoded *reply, void *arg)
 {
 	struct sync *s = arg;
-	(void)c;
+	if (err != 0) /* on the loop thread, where the context's error is written */
+		tw__ctx_seterr(s->ctx, "%s", c != NULL ? tw_call_error(c) : tw_strerror(err));
 	pthread_mutex_lock(&s->lock);
 	s->err = err;
 	s->reply = reply;

@@ -6,6 +6,8 @@
 
 #include <taskwire/rpc.h>
 
+#define TW__WHY_BYTES 256 /* tw_call_error's text, truncated */
+
 /* tw__pool_ndests: the addresses p keeps an entry for (one with comms or
  * calls, or one freed on the loop's next pass). */
 size_t tw__pool_ndests(const tw_pool *p);

@@ -1234,6 +1234,7 @@ START_TEST(pool_peer_speaks_first)
 	for (int i = 0; i < n; i++) {
 		ck_assert_int_eq(r[i].done, 1);
 		ck_assert_int_eq(r[i].err, TW_EPROTO);
+		rc_assert_why(&r[i], "sent a message before any request: not a Dask server");
 	}
 	ck_assert_int_le(accepted, n);
 	tw_pool_free(pool);

@@ -72,6 +72,9 @@ static const uint8_t handshake_info[] = {0x83, 0xab, 'c',  'o',  'm', 'p', 'r', 
 					 0x03, 0x0b, 0x02, 0xaf, 'p', 'i', 'c', 'k', 'l', 'e', '-',
 					 'p',  'r',  'o',  't',  'o', 'c', 'o', 'l', 0x05};
 
+/* The last call_peer's tw_call_error. */
+static struct rc peer_rc;
+
 /* One call's error against a peer that greets with greet (len bytes)
  * and then says nothing. */
 static int call_peer(struct tu *h, const void *greet, size_t len, uint32_t hs_ms, uint32_t call_ms,
@@ -86,6 +89,8 @@ static int call_peer(struct tu *h, const void *greet, size_t len, uint32_t hs_ms
 	ck_assert_int_eq(tw_pool_new(h->ctx, &p), 0);
 	err = rc_call(h, p, b.addr, rq_op("identity"), call_ms, &rc);
 	ck_assert_ptr_null(rc.reply);
+	rc_assert_why(&rc, b.addr);
+	peer_rc = rc;
 	*accepted = b.n;
 	tw_pool_free(p);
 	bh_stop(&b);
@@ -99,6 +104,8 @@ START_TEST(timeout_slow_handler)
 	rf_init(&f);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_slow(1.0), 100, &rc), TW_ETIMEDOUT);
 	ck_assert_ptr_null(rc.reply);
+	rc_assert_why(&rc, f.s.addr);
+	rc_assert_why(&rc, "within 100 ms: the request was sent and no reply came");
 	/* the comm that carried it is aborted, never reused */
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
 	assert_ndests(&f.h, f.pool, 0);
@@ -120,8 +127,10 @@ START_TEST(timeout_black_hole)
 	tu_init(&h);
 	ck_assert_int_eq(call_peer(&h, NULL, 0, 200, 20000, &n), TW_EHANDSHAKE);
 	ck_assert_uint_eq(n, 1);
+	rc_assert_why(&peer_rc, "handshake: not a byte from the peer within 200 ms");
 	ck_assert_int_eq(call_peer(&h, NULL, 0, 20000, 200, &n), TW_ETIMEDOUT);
 	ck_assert_uint_eq(n, 1);
+	rc_assert_why(&peer_rc, "within 200 ms: still in the Dask handshake");
 	tu_fini(&h);
 }
 END_TEST
@@ -142,13 +151,16 @@ START_TEST(timeout_half_handshake)
 	free(full);
 	full = encoded(not_map, sizeof(not_map), &len);
 	ck_assert_int_eq(call_peer(&h, full, len, 20000, 20000, &n), TW_EHANDSHAKE);
+	rc_assert_why(&peer_rc, "handshake: not a map");
 	free(full);
 	full = encoded(no_pickle, sizeof(no_pickle), &len);
 	ck_assert_int_eq(call_peer(&h, full, len, 20000, 20000, &n), TW_EHANDSHAKE);
+	rc_assert_why(&peer_rc, "`pickle-protocol` missing");
 	free(full);
 	/* a whole, valid handshake and then silence: the call times out */
 	full = encoded(handshake_info, sizeof(handshake_info), &len);
 	ck_assert_int_eq(call_peer(&h, full, len, 300, 300, &n), TW_ETIMEDOUT);
+	rc_assert_why(&peer_rc, "the request was sent and no reply came");
 	free(full);
 	tu_fini(&h);
 }
@@ -165,9 +177,14 @@ START_TEST(timeout_refused_and_bad_uri)
 	ru_refused_uri(uri, sizeof(uri));
 	ck_assert_int_eq(rc_call(&h, p, uri, rq_op("identity"), 5000, &rc), TW_ECONNREFUSED);
 	ck_assert_uint_eq(tw_pool_open_comms(p, uri), 0);
+	rc_assert_why(&rc, "connect to 127.0.0.1:");
+	rc_assert_why(&rc, "Connection refused");
 	ck_assert_int_eq(rc_call(&h, p, "nope://127.0.0.1:1", rq_op("identity"), 0, &rc),
 			 TW_ESCHEME);
+	rc_assert_why(&rc, "cannot connect to nope://127.0.0.1:1: ");
+	rc_assert_why(&rc, tw_strerror(TW_ESCHEME));
 	ck_assert_int_eq(rc_call(&h, p, "tcp://127.0.0.1", rq_op("identity"), 0, &rc), TW_EADDR);
+	rc_assert_why(&rc, tw_strerror(TW_EADDR));
 	assert_ndests(&h, p, 0);
 	tw_pool_free(p);
 	tu_fini(&h);
@@ -349,6 +366,7 @@ START_TEST(server_gone)
 	ck_assert(tu_run_until(&f.h, no_comms_at, addr, TU_WAIT_MS));
 	assert_ndests(&f.h, f.pool, 0);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, addr, rq_echo_str("y"), 0, &rc), TW_ECONNREFUSED);
+	rc_assert_why(&rc, "Connection refused");
 	assert_ndests(&f.h, f.pool, 0);
 	tw_pool_free(f.pool);
 	tu_fini(&f.h);
@@ -373,6 +391,12 @@ START_TEST(pool_tls_errors)
 	bad = tt_context(&h, "other-ca.pem", "cert.pem", "key.pem");
 	ck_assert_int_eq(tw_pool_new(bad, &p), 0);
 	ck_assert_int_eq(rc_call(&h, p, tls.addr, rq_op("identity"), 0, &rc), TW_ETLS);
+	rc_assert_why(&rc, "TLS handshake with the server failed: ");
+	/* the next failure's own reason, not the TLS one left on the context */
+	ru_refused_uri(uri, sizeof(uri));
+	ck_assert_int_eq(rc_call(&h, p, uri, rq_op("identity"), 0, &rc), TW_ECONNREFUSED);
+	rc_assert_why(&rc, "Connection refused");
+	ck_assert_ptr_nonnull(strstr(tw_context_last_error(bad), "Connection refused"));
 	tw_pool_free(p);
 	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
 	ck_assert_int_eq(rc_call(&h, p, tls.addr, rq_op("identity"), 0, &rc), 0);
@@ -387,6 +411,7 @@ START_TEST(pool_tls_errors)
 	ck_assert_int_eq(rc_call(&h, p, tt_uri_as(tls.addr, "tcp", uri, sizeof(uri)),
 				 rq_op("identity"), 0, &rc),
 			 TW_EHANDSHAKE);
+	rc_assert_why(&rc, "Dask handshake with tcp://");
 	tw_pool_free(p);
 	rs_stop(&tls);
 	rs_stop(&tcp);
@@ -672,6 +697,7 @@ START_TEST(pool_cancel)
 	tw_call_cancel(b.call); /* waiting for the only comm */
 	ck_assert_int_eq(b.done, 1);
 	ck_assert_int_eq(b.err, TW_ECANCELED);
+	ck_assert_str_eq(b.why, "canceled");
 	ck_assert_int_eq(a.done, 0);
 	tw_call_cancel(a.call); /* sent */
 	ck_assert_int_eq(a.done, 1);

@@ -222,6 +222,7 @@ START_TEST(server_error_reply)
 	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"), "fail: this op always fails"));
 	ck_assert(tw_obj_str_eq(field(&rc, "exception"), "fail: this op always fails"));
 	ck_assert(tw_obj_str_eq(field(&rc, "traceback_text"), "rpc_util.c op_fail"));
+	rc_assert_why(&rc, "'s handler failed: fail: this op always fails");
 	ck_assert_int_eq(field(&rc, "traceback")->type, MSGPACK_OBJECT_NIL);
 	rc_clear(&rc);
 	/* sum of something that is not bytes: the handler's own error */
@@ -431,6 +432,8 @@ START_TEST(server_free_in_flight)
 	ck_assert(rc_wait(&f.h, &b, TU_WAIT_MS));
 	ck_assert_msg(a.err == TW_ECLOSED || a.err == TW_EIO, "%s", tw_strerror(a.err));
 	ck_assert_msg(b.err == TW_ECLOSED || b.err == TW_EIO, "%s", tw_strerror(b.err));
+	rc_assert_why(&a, "ended before the reply: ");
+	rc_assert_why(&b, "ended before the reply: ");
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
 	/* the slow handler's timer fires and replies to its orphan */
 	f.s.last_reply_rv = 1;

@@ -63,9 +63,13 @@ static void sync_checks(tw_context *ctx, const char *addr, int own_base)
 	tw_decoded_free(d);
 	ck_assert_int_eq(sync_call(ctx, addr, rq_slow(1.0), 100, &d), TW_ETIMEDOUT);
 	ck_assert_ptr_null(d);
+	/* the call's own reason, on the context */
+	ck_assert_ptr_nonnull(strstr(tw_context_last_error(ctx),
+				     "within 100 ms: the request was sent and no reply came"));
 	ru_refused_uri(refused, sizeof(refused));
 	ck_assert_int_eq(sync_call(ctx, refused, rq_op("identity"), 10000, &d), TW_ECONNREFUSED);
 	ck_assert_ptr_null(d);
+	ck_assert_ptr_nonnull(strstr(tw_context_last_error(ctx), "Connection refused"));
 	refused_requests_are_freed(ctx, addr, own_base);
 }
 

@@ -125,6 +125,9 @@ static void rc_done(tw_call *call, int err, tw_decoded *reply, void *arg)
 	rc->reply = reply;
 	rc->seq = ++rc_clock;
 	rc->late = rc_forbid;
+	snprintf(rc->why, sizeof(rc->why), "%s", tw_call_error(call));
+	if (err == 0)
+		ck_assert_str_eq(rc->why, "");
 	if (err != 0 && err != TW_EREMOTE)
 		ck_assert_ptr_null(reply);
 }
@@ -168,6 +171,12 @@ void rc_assert_str(const struct rc *rc, const char *s)
 	ck_assert_msg(rc->done && rc->err == 0, "call: %s", tw_strerror(rc->err));
 	o = tw_decoded_root(rc->reply);
 	ck_assert_msg(tw_obj_str_eq(o, s), "reply is not \"%s\" (type %d)", s, (int)o->type);
+}
+
+void rc_assert_why(const struct rc *rc, const char *part)
+{
+	ck_assert_msg(strstr(rc->why, part) != NULL, "tw_call_error \"%s\" lacks \"%s\"", rc->why,
+		      part);
 }
 
 /* The test server. */

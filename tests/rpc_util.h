@@ -37,6 +37,7 @@ struct rc {
 	unsigned seq; /* completion order (1, 2, ...) across all calls */
 	int late;     /* the callback ran while *rc_forbid was set */
 	tw_call *call;
+	char why[256]; /* tw_call_error, as the callback saw it */
 };
 /* Set while no callback may run (e.g. after tw_pool_free returned). */
 extern int rc_forbid;
@@ -49,6 +50,8 @@ int rc_call(struct tu *h, tw_pool *p, const char *uri, tw_msg *req, uint32_t tim
 void rc_clear(struct rc *rc);
 /* Assert that the reply is the str s. */
 void rc_assert_str(const struct rc *rc, const char *s);
+/* Assert that the call's tw_call_error text contains part. */
+void rc_assert_why(const struct rc *rc, const char *part);
 
 /* A tw_server with test ops besides the built-ins:
  *   sum(data)     sum of float64 values (out-of-band or bin)

@@ -92,6 +92,8 @@ struct connect_req {
 	tw_context *ctx;
 	int fd;
 	int err;                               /* the last attempt's, reported when none is left */
+	int os_err;                            /* its errno, for tw_context_last_error */
+	int said;                              /* ctx->error already tells why it failed */
 	struct event *ev;                      /* the socket of this attempt becoming writable */
 	struct event *step;                    /* go on from the loop, never from tw_connect */
 	struct event *timer;                   /* the connect timeout */
@@ -150,6 +152,21 @@ static int map_errno(int e)
 	}
 }
 
+static void attempt_failed(struct connect_req *r, int e)
+{
+	r->err = map_errno(e);
+	r->os_err = e;
+}
+
+/* Every failed connect says why in tw_context_last_error, so the text
+ * there is never an earlier connect's. */
+static void say_failed(struct connect_req *r, int err)
+{
+	if (!r->said)
+		tw__ctx_seterr(r->ctx, "connect to %s:%u: %s", r->uri.host, (unsigned)r->uri.port,
+			       r->os_err != 0 ? strerror(r->os_err) : tw_strerror(err));
+}
+
 /* Connected (the socket goes to the transport's upgrade step, which
  * reports to the application), or failed. */
 static void finish_connect(struct connect_req *r, int err)
@@ -159,6 +176,7 @@ static void finish_connect(struct connect_req *r, int err)
 		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg);
 		r->fd = -1;
 	} else {
+		say_failed(r, err);
 		r->cb(NULL, err, r->arg);
 	}
 	connect_free(r);
@@ -174,11 +192,11 @@ static void try_next(struct connect_req *r)
 		const struct evutil_addrinfo *a = r->next;
 		r->fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 		if (r->fd < 0) {
-			r->err = TW_EIO;
+			attempt_failed(r, errno);
 			continue;
 		}
 		if (connect(r->fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-			r->err = map_errno(errno);
+			attempt_failed(r, errno);
 			end_attempt(r);
 			continue;
 		}
@@ -202,7 +220,7 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
 		return finish_connect(r, 0);
-	r->err = map_errno(soerr != 0 ? soerr : errno);
+	attempt_failed(r, soerr != 0 ? soerr : errno);
 	end_attempt(r);
 	r->next = r->next->ai_next;
 	try_next(r);
@@ -223,10 +241,10 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	struct connect_req *r = arg;
 	(void)fd;
 	(void)what;
-	snprintf(r->ctx->error, sizeof(r->ctx->error),
-		 "connect to %s:%u: no connection within %u ms%s", r->uri.host,
-		 (unsigned)r->uri.port, (unsigned)r->ctx->limits.connect_timeout_ms,
-		 r->dns != NULL ? " (still resolving the name)" : "");
+	tw__ctx_seterr(r->ctx, "connect to %s:%u: no connection within %u ms%s", r->uri.host,
+		       (unsigned)r->uri.port, (unsigned)r->ctx->limits.connect_timeout_ms,
+		       r->dns != NULL ? " (still resolving the name)" : "");
+	r->said = 1;
 	finish_connect(r, TW_ETIMEDOUT);
 }
 
@@ -246,8 +264,9 @@ static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 	tw__dns_unref(d, 1);
 	if (result != 0 || res == NULL) {
 		r->err = TW_EADDR;
-		snprintf(r->ctx->error, sizeof(r->ctx->error), "cannot resolve %s: %s", r->uri.host,
-			 evutil_gai_strerror(result));
+		r->said = 1;
+		tw__ctx_seterr(r->ctx, "cannot resolve %s: %s", r->uri.host,
+			       evutil_gai_strerror(result));
 		if (res != NULL)
 			evutil_freeaddrinfo(res);
 	} else {
@@ -288,10 +307,12 @@ static void plain_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_c
 {
 	tw_comm *c = NULL;
 	int err = tw__stream_new(ctx, fd, "tcp", &tw__tcp_io, NULL, &c);
-	(void)u;
 	(void)up_arg;
-	if (err != 0)
+	if (err != 0) {
+		tw__ctx_seterr(ctx, "connect to %s:%u: %s", u->host, (unsigned)u->port,
+			       tw_strerror(err));
 		close(fd);
+	}
 	cb(c, err, arg);
 }
 

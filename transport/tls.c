@@ -195,8 +195,8 @@ static void hs_report(struct handshake *h, int err, const char *why)
 {
 	tw__ctx_untrack(&h->node);
 	if (why != NULL)
-		snprintf(h->ctx->error, sizeof(h->ctx->error), "TLS handshake with %s failed: %s",
-			 h->l != NULL ? "a client" : "the server", why);
+		tw__ctx_seterr(h->ctx, "TLS handshake with %s failed: %s",
+			       h->l != NULL ? "a client" : "the server", why);
 	if (h->l == NULL)
 		h->cb(NULL, err, h->arg);
 	hs_free(h);
@@ -227,6 +227,9 @@ static void hs_done(struct handshake *h)
 		else
 			free(t);
 	}
+	if (c == NULL)
+		tw__ctx_seterr(h->ctx, "TLS handshake with %s: %s",
+			       h->l != NULL ? "a client" : "the server", tw_strerror(err));
 	if (h->l != NULL && c != NULL)
 		h->l->accept_cb(h->l, c, h->l->arg);
 	else if (h->l == NULL)
@@ -338,9 +341,8 @@ static const tw_tls_config *current_config(tw_context *ctx, int server)
 	const tw_tls_config *cfg = ctx->tls;
 	if (cfg != NULL && (!server || cfg->has_cert))
 		return cfg;
-	snprintf(ctx->error, sizeof(ctx->error),
-		 "TLS handshake with %s failed: no TLS configuration%s",
-		 server ? "a client" : "the server", server ? " with a certificate" : "");
+	tw__ctx_seterr(ctx, "TLS handshake with %s failed: no TLS configuration%s",
+		       server ? "a client" : "the server", server ? " with a certificate" : "");
 	return NULL;
 }
 
@@ -351,6 +353,8 @@ static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_con
 	struct handshake *h;
 	int err = cfg != NULL ? hs_start(ctx, fd, cfg->client, &h) : TW_EINVAL;
 	if (err != 0) {
+		if (cfg != NULL)
+			tw__ctx_seterr(ctx, "TLS handshake with the server: %s", tw_strerror(err));
 		close(fd);
 		cb(NULL, err, arg);
 		return;
@@ -422,9 +426,9 @@ int tw__tls_listen_then(tw_context *ctx, const struct tw__uri *u, const char *sc
 {
 	int err;
 	if (ctx->tls == NULL || !((tw_tls_config *)ctx->tls)->has_cert) {
-		snprintf(ctx->error, sizeof(ctx->error),
-			 "%s:// listeners need a TLS configuration with a certificate and key",
-			 scheme);
+		tw__ctx_seterr(
+			ctx, "%s:// listeners need a TLS configuration with a certificate and key",
+			scheme);
 		return TW_EINVAL;
 	}
 	if ((err = tw__tcp_listen_with(ctx, u, scheme, tls_accept, cb, arg, out)) != 0)

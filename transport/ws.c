@@ -1000,8 +1000,8 @@ static void upgrade_failed(struct ws *w, int err, const char *why)
 {
 	tw_connect_cb cb = w->cb;
 	void *arg = w->cb_arg;
-	snprintf(w->base.ctx->error, sizeof(w->base.ctx->error), "WebSocket upgrade %s: %s",
-		 w->client ? "refused by the server" : "of a client failed", why);
+	tw__ctx_seterr(w->base.ctx, "WebSocket upgrade %s: %s",
+		       w->client ? "refused by the server" : "of a client failed", why);
 	tw_comm_free(&w->base);
 	if (cb != NULL)
 		cb(NULL, err, arg);
@@ -1160,6 +1160,7 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	int rv, len;
 	(void)l;
 	if ((rv = ws_new(ctx, fd, io, io_arg, 1, &w)) != 0) {
+		tw__ctx_seterr(ctx, "WebSocket upgrade: %s", tw_strerror(rv));
 		if (io->free != NULL)
 			io->free(io_arg);
 		close(fd);

@@ -62,8 +62,10 @@ struct event_base *tw_context_base(tw_context *ctx);
 int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
 
 /* tw_context_last_error: why the last connect or accepted connection of
- * this context failed before it became a comm (a TLS handshake refused,
- * with OpenSSL's reason), "" if none. Loop thread; valid until the next
+ * this context failed before it became a comm (the OS error, a name that
+ * did not resolve, a TLS handshake refused with OpenSSL's reason), "" if
+ * none. Every failed connect writes it before its tw_connect_cb runs, so
+ * there it is that connect's reason. Loop thread; valid until the next
  * failure. */
 const char *tw_context_last_error(const tw_context *ctx);
 

@@ -38,8 +38,9 @@ typedef struct tw_call tw_call;
  * TW_ETLS (the TLS handshake failed), TW_ECLOSED or TW_EIO (the comm failed during the
  * call), TW_EPROTO (a new comm's peer sent a message before any request:
  * not a Dask server; the pool does not reconnect to it for the waiting
- * calls), a decode error, or TW_EADDR/TW_ESCHEME. Runs once, on the loop
- * thread, never from inside tw_pool_call. */
+ * calls), a decode error, or TW_EADDR/TW_ESCHEME; tw_call_error(call)
+ * says why in words. Runs once, on the loop thread, never from inside
+ * tw_pool_call. */
 typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg);
 
 /* tw_pool_new: a pool on ctx. Returns 0, TW_ENOMEM or TW_EINVAL. */
@@ -67,6 +68,15 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
  * request was sent, is aborted. */
 void tw_call_cancel(tw_call *call);
 
+/* tw_call_error: why the call failed, in words for logs: the address and
+ * the cause, e.g. "connect to 10.0.0.5:8786: Connection refused", "no
+ * reply from tcp://10.0.0.5:8786 within 500 ms: the request was sent and
+ * no reply came", "tcp://10.0.0.5:8786's handler failed: <the remote
+ * exception_text>" (TW_EREMOTE). At most 255 bytes, truncated; "" when
+ * err is 0. Valid only inside the call's tw_reply_cb (the call is freed
+ * when it returns); loop thread. */
+const char *tw_call_error(const tw_call *call);
+
 /* tw_pool_open_comms: comms open or connecting to uri (for tests and
  * monitoring). */
 size_t tw_pool_open_comms(const tw_pool *p, const char *uri);
@@ -81,7 +91,9 @@ void tw_pool_free(tw_pool *p);
  * being dispatched, on the calling thread), or, for a context with its own
  * loop thread, waits for it. Same errors as tw_reply_cb; *reply is set
  * when the result is 0 or TW_EREMOTE, and freed by the caller
- * (tw_decoded_free). The request is taken in every case: it is freed on
+ * (tw_decoded_free). On an error, tw_context_last_error(ctx) holds the
+ * call's tw_call_error text (on a context with its own loop thread, until
+ * that thread records another failure). The request is taken in every case: it is freed on
  * every error, TW_EINVAL (a NULL argument, a request with no frames, a URI
  * of 256 bytes or more) included, so the caller never frees it. */
 int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t timeout_ms,
