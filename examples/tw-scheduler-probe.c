@@ -131,8 +131,8 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	struct probe *p = arg;
 	(void)comm;
 	if (!p->closing || !p->started) {
-		fprintf(stderr, "tw-scheduler-probe: stream ended early: %s: %s\n", tw_strerror(err),
-			tw_comm_last_error(comm));
+		fprintf(stderr, "tw-scheduler-probe: stream ended early: %s: %s\n",
+			tw_strerror(err), tw_comm_last_error(comm));
 		p->failed = 1;
 	} else {
 		printf("stream closed by the scheduler\n");
