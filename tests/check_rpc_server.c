@@ -3,6 +3,8 @@
  * decoded on the offload pool), deferred replies, reply=false, error
  * replies, unknown ops, close, in-order replies on one comm, malformed
  * requests, and a server freed with a handler in flight. */
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -299,6 +301,57 @@ START_TEST(server_unknown_op)
 }
 END_TEST
 
+/* An op whose reply is its own number (arg). */
+static void op_number(tw_request *r, void *arg)
+{
+	msgpack_pack_uint64(tw_builder_packer(tw_request_reply_builder(r)), (uintptr_t)arg);
+	tw_request_reply(r);
+}
+
+/* The reply to op `name`: its number, or -1 for nil (no such op). */
+static int64_t number_of(struct rf *f, const char *name)
+{
+	struct rc rc;
+	const msgpack_object *o;
+	int64_t v;
+	ck_assert_int_eq(rc_call(&f->h, f->pool, f->s.addr, rq_op(name), 0, &rc), 0);
+	o = tw_decoded_root(rc.reply);
+	ck_assert(o->type == MSGPACK_OBJECT_NIL || o->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
+	v = o->type == MSGPACK_OBJECT_NIL ? -1 : (int64_t)o->via.u64;
+	rc_clear(&rc);
+	return v;
+}
+
+/* Two hundred ops added in a scrambled order (as many as a scheduler
+ * has), names that share prefixes and lengths: each request finds its
+ * own; adding a name again replaces its handler; near misses are unknown. */
+START_TEST(server_many_ops)
+{
+	struct rf f;
+	char name[16];
+	rf_init(&f);
+	for (unsigned i = 0; i < 200; i++) {
+		unsigned k = i * 7919 % 200; /* 7919 is prime: a permutation */
+		snprintf(name, sizeof(name), "o%u", k);
+		ck_assert_int_eq(tw_server_add_op(f.s.srv, name, op_number, (void *)(uintptr_t)k),
+				 0);
+	}
+	for (unsigned k = 0; k < 200; k += 13) {
+		snprintf(name, sizeof(name), "o%u", k);
+		ck_assert_int_eq(number_of(&f, name), k);
+	}
+	ck_assert_int_eq(number_of(&f, "o199"), 199);
+	ck_assert_int_eq(number_of(&f, "o200"), -1);
+	ck_assert_int_eq(number_of(&f, "o"), -1);
+	ck_assert_int_eq(number_of(&f, "o01"), -1);
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, "o57", op_number, (void *)(uintptr_t)1000), 0);
+	ck_assert_int_eq(number_of(&f, "o57"), 1000);
+	ck_assert_int_eq(number_of(&f, "o56"), 56);
+	ck_assert_int_eq(number_of(&f, "o58"), 58);
+	rf_fini(&f);
+}
+END_TEST
+
 static tw_msg *echo_close(const char *s)
 {
 	tw_builder *b = rq_begin("echo", 2);
@@ -540,6 +593,7 @@ TCase *rpc_server_tcase(void)
 	tcase_add_test(tc, server_error_reply);
 	tcase_add_test(tc, server_reply_refused);
 	tcase_add_test(tc, server_unknown_op);
+	tcase_add_test(tc, server_many_ops);
 	tcase_add_test(tc, server_close);
 	tcase_add_test(tc, server_in_order);
 	tcase_add_test(tc, server_bad_requests);
