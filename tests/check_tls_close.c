@@ -411,6 +411,49 @@ START_TEST(peer_ends_mid_message)
 }
 END_TEST
 
+/* Data and close_notify in one TCP segment, and no FIN after it:
+ * OpenSSL takes the close_notify off the socket along with the data, so
+ * the socket never becomes readable again. The comm must still end: in
+ * order after a whole message, with TW_ETRUNCATED after part of one. */
+static void notify_with_data(struct tu *h, size_t idx, size_t body_len)
+{
+	struct raw_tls r;
+	struct tu_peer *sp;
+	uint64_t prelude[3] = {16 + 1000, 1, 1000};
+	static uint8_t body[1000];
+	size_t put = 0;
+	raw_tls_start(&r, h->addr);
+	ck_assert(tu_run_until(h, raw_tls_handshake_step, &r, TU_WAIT_MS));
+	ck_assert_int_eq(r.result, 1);
+	/* the loop does not run until all three are in the server's socket */
+	ck_assert_int_eq(SSL_write_ex(r.ssl, prelude, sizeof(prelude), &put), 1);
+	ck_assert_int_eq(SSL_write_ex(r.ssl, body, body_len, &put), 1);
+	SSL_shutdown(r.ssl);
+	sp = tu_server_peer(h, idx);
+	ck_assert_ptr_nonnull(sp);
+	ck_assert_msg(tu_wait_flag(h, &sp->closed, TU_WAIT_MS),
+		      "close_notify after %zu bytes missed", body_len);
+	if (body_len == sizeof(body)) {
+		ck_assert_msg(sp->close_err == 0, "%s (%s)", tw_strerror(sp->close_err),
+			      sp->last_error);
+		ck_assert_uint_eq(sp->nmsgs, 1);
+	} else {
+		ck_assert_int_eq(sp->close_err, TW_ETRUNCATED);
+		ck_assert_uint_eq(sp->nmsgs, 0);
+	}
+	raw_tls_free(&r); /* only now the FIN */
+}
+
+START_TEST(close_notify_with_data)
+{
+	struct tu h;
+	keep_listener(&h);
+	notify_with_data(&h, 0, 1000);
+	notify_with_data(&h, 1, 500);
+	tt_fini(&h);
+}
+END_TEST
+
 /* Read-ahead over tls: the raw peer is a client SSL on a plain socket
  * (the harness's certificates), driven by hand. */
 
@@ -448,7 +491,6 @@ static void ra_tls_setup(struct tu *h, struct ra_env *e, int dask)
 		ck_assert_ptr_nonnull(e->good_srv = tu_server_peer(h, 0));
 	}
 }
-
 
 START_TEST(readahead_scenarios)
 {
@@ -1001,6 +1043,7 @@ TCase *tls_close_tcase(void)
 	tcase_add_test(tc, many_sequential_connections);
 	tcase_add_test(tc, listener_freed_mid_handshake);
 	tcase_add_test(tc, peer_ends_mid_message);
+	tcase_add_test(tc, close_notify_with_data);
 	tcase_add_loop_test(tc, readahead_scenarios, 0, RA_NCASES);
 	tcase_add_test(tc, key_update_while_our_send_is_full);
 	tcase_add_test(tc, key_update_while_peer_send_is_full);

@@ -27,6 +27,9 @@ struct tls_io {
 	SSL *ssl;
 	char error[256];
 	int write_held; /* the last SSL_write_ex failed: OpenSSL holds its record */
+	int read_end;   /* an end or error came after bytes: read_ret, read_errno */
+	ssize_t read_ret;
+	int read_errno;
 };
 
 enum { READING, WRITING };
@@ -37,12 +40,9 @@ enum { READING, WRITING };
  * returns 0 (the caller would retry forever): once the peer has closed,
  * OpenSSL reports a failed write as SSL_ERROR_ZERO_RETURN, and that is
  * EPIPE. */
-static ssize_t io_fail(struct tls_io *t, int ret, size_t done, int writing)
+static ssize_t fail_now(struct tls_io *t, int e, int sys, int writing)
 {
-	int sys = errno, e = SSL_get_error(t->ssl, ret);
 	unsigned long code;
-	if (done > 0)
-		return (ssize_t)done; /* report the error on the next call */
 	switch (e) {
 	case SSL_ERROR_WANT_READ:
 	case SSL_ERROR_WANT_WRITE: errno = EAGAIN; return -1;
@@ -60,6 +60,23 @@ static ssize_t io_fail(struct tls_io *t, int ret, size_t done, int writing)
 		errno = EPROTO;
 		return -1;
 	}
+}
+
+/* After bytes, an end or error is kept for the next read (tls_pending
+ * says one is due): OpenSSL has taken it off the socket, which may never
+ * be readable again (a close_notify in the same TCP segment as data,
+ * with no FIN after it). */
+static ssize_t io_fail(struct tls_io *t, int ret, size_t done, int writing)
+{
+	int sys = errno, e = SSL_get_error(t->ssl, ret);
+	if (done == 0)
+		return fail_now(t, e, sys, writing);
+	if (!writing && e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+		t->read_ret = fail_now(t, e, sys, writing);
+		t->read_errno = errno;
+		t->read_end = 1;
+	}
+	return (ssize_t)done; /* the error on the next call */
 }
 
 /* SSL_get_error reads the thread's error queue, which the application
@@ -85,6 +102,10 @@ static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 	struct tls_io *t = io;
 	size_t done = 0;
 	(void)fd;
+	if (t->read_end) {
+		errno = t->read_errno;
+		return t->read_ret;
+	}
 	for (int i = 0; i < n && done < READ_CAP; i++) {
 		uint8_t *p = iov[i].iov_base;
 		size_t left = iov[i].iov_len;
@@ -150,7 +171,8 @@ static void tls_free(void *io)
 
 static int tls_pending(void *io)
 {
-	return SSL_has_pending(((struct tls_io *)io)->ssl);
+	struct tls_io *t = io;
+	return t->read_end || SSL_has_pending(t->ssl);
 }
 
 static int tls_write_held(void *io)

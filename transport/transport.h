@@ -192,7 +192,8 @@ struct tw__stream_io {
 	/* Text of the last failure when errno alone does not say it, or NULL. */
 	const char *(*error)(void *io);
 	/* 1 when the layer holds bytes already read from the socket (TLS
-	 * records), which the socket's readiness will not announce; or NULL. */
+	 * records), or the end or error that came after them, which the
+	 * socket's readiness will not announce; or NULL. */
 	int (*pending)(void *io);
 	void (*free)(void *io);
 	/* 1 when the layer holds bytes of a write that did not go through
