@@ -58,6 +58,7 @@ static void set_defaults(struct tw__limits *l)
 	l->max_message_bytes = TW_DEFAULT_MAX_MESSAGE_BYTES;
 	l->max_frames = TW_DEFAULT_MAX_FRAMES;
 	l->connect_timeout_ms = TW_DEFAULT_CONNECT_TIMEOUT_MS;
+	l->tcp_timeout_ms = TW_DEFAULT_TCP_TIMEOUT_MS;
 	l->write_hwm_bytes = TW_DEFAULT_WRITE_HWM_BYTES;
 	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
 	l->handshake_timeout_ms = 10000;     /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
@@ -257,6 +258,14 @@ int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms)
 	if (ctx == NULL || ms == 0)
 		return TW_EINVAL;
 	ctx->limits.connect_timeout_ms = ms;
+	return 0;
+}
+
+int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	ctx->limits.tcp_timeout_ms = ms;
 	return 0;
 }
 

@@ -14,6 +14,7 @@ struct tw__limits {
 	uint64_t max_message_bytes;
 	uint64_t max_frames;
 	uint32_t connect_timeout_ms;
+	uint32_t tcp_timeout_ms; /* TCP_USER_TIMEOUT and keepalive; 0: the kernel's */
 	size_t write_hwm_bytes;
 	size_t small_frame_bytes;
 	uint32_t handshake_timeout_ms;

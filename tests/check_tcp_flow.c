@@ -78,8 +78,8 @@ START_TEST(retention)
 	ck_assert_uint_lt(tw_block_size(kept.block), 64 * KiB);
 	ck_assert_uint_eq(kept.len, sizeof(small));
 	ck_assert_int_eq(tu_check(tw_slice_data(&kept), kept.len, 1), -1);
-	ck_assert_msg(rss_in_cb - rss_after >= big_len - big_len / 8,
-		      "RSS dropped by %llu only", (unsigned long long)(rss_in_cb - rss_after));
+	ck_assert_msg(rss_in_cb - rss_after >= big_len - big_len / 8, "RSS dropped by %llu only",
+		      (unsigned long long)(rss_in_cb - rss_after));
 	tw_block_free(kept.block);
 	tu_fini(&h);
 	tw_block_cache_set_limit(256 * MiB);
@@ -89,7 +89,7 @@ END_TEST
 /* Backpressure: a peer that does not read; writes are refused with
  * TW_EAGAIN at the high-water mark, nothing is lost; once the peer reads,
  * the drain callback runs and every message arrives in order. */
-#define HWM (256 * KiB)
+#define HWM       (256 * KiB)
 #define MSG_BYTES (64 * KiB)
 
 static tw_msg *seq_msg(size_t i)
@@ -167,6 +167,34 @@ START_TEST(backpressure)
 }
 END_TEST
 
+/* A peer that stops reading holds what we queued for as long as it stays
+ * connected (its window closed, our bytes unsent in the kernel), unless
+ * the kernel's TCP timeout (TCP_USER_TIMEOUT, set as Dask sets it) ends
+ * the connection: the writer's comm then ends with TW_ETIMEDOUT. Waits
+ * only bound a hang. */
+START_TEST(peer_stops_reading_times_out)
+{
+	struct tu h;
+	struct tu_peer *cli;
+	tw_msg *next;
+	size_t sent = 0;
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h.ctx, 1000), 0);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(h.ctx, HWM), 0);
+	h.sopts.no_callbacks = 1; /* accepted, never read */
+	h.sopts.echo = 0;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	next = write_until_refused(cli, NULL, &sent);
+	ck_assert_msg(tu_wait_flag(&h, &cli->closed, 60000), "the comm outlived its TCP timeout");
+	ck_assert_msg(cli->close_err == TW_ETIMEDOUT, "%s (%s)", tw_strerror(cli->close_err),
+		      cli->last_error);
+	ck_assert_ptr_nonnull(strstr(cli->last_error, "timed out"));
+	tw_msg_free(next);
+	tu_fini(&h);
+}
+END_TEST
+
 /* A context on its own loop thread, driven through tw_context_call. */
 struct thr {
 	pthread_mutex_t mu;
@@ -175,9 +203,9 @@ struct thr {
 	tw_listener *lis;
 	tw_comm *srv, *cli;
 	pthread_t loop_tid;
-	int off_thread;  /* a callback ran on another thread */
+	int off_thread; /* a callback ran on another thread */
 	int callbacks;
-	int done;        /* 1: echo came back; 2: cleaned up */
+	int done; /* 1: echo came back; 2: cleaned up */
 	int reply_ok;
 	int err;
 };
@@ -373,7 +401,6 @@ static void ra_setup(struct tu *h, struct ra_env *e, int dask)
 	}
 }
 
-
 START_TEST(readahead)
 {
 	struct tu h;
@@ -538,6 +565,7 @@ TCase *tcp_flow_tcase(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, retention);
 	tcase_add_test(tc, backpressure);
+	tcase_add_test(tc, peer_stops_reading_times_out);
 	tcase_add_test(tc, own_loop_thread);
 	tcase_add_test(tc, context_free_with_open_comms);
 	tcase_add_loop_test(tc, readahead, 0, RA_NCASES);

@@ -1,5 +1,6 @@
 /* The public comm and listener API, dispatched to the transports
  * (include/taskwire/comm.h). */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -391,6 +392,11 @@ void tw_comm_stats_sized(const tw_comm *c, tw_stats *out, size_t size)
 void(tw_comm_stats)(const tw_comm *c, tw_stats *out)
 {
 	tw__stats_snapshot(&c->stats, out, TW__STATS_V1_BYTES);
+}
+
+int tw__io_err(int e)
+{
+	return e == EPROTO ? TW_ETLS : e == ETIMEDOUT ? TW_ETIMEDOUT : TW_EIO;
 }
 
 const char *tw_comm_last_error(const tw_comm *c)

@@ -163,7 +163,7 @@ static int flush(struct stream *s)
 			return 0;
 		}
 		if (n < 0) {
-			int err = errno == EPROTO ? TW_ETLS : TW_EIO;
+			int err = tw__io_err(errno);
 			tw__comm_seterr(&s->base, "write failed: %s", io_error(s));
 			tw__comm_end(&s->base, err);
 			return err;
@@ -245,7 +245,7 @@ static void read_ended(struct stream *s, ssize_t n)
 				(size_t)s->rx.have);
 		tw__comm_end(&s->base, TW_ETRUNCATED);
 	} else {
-		int err = errno == EPROTO ? TW_ETLS : TW_EIO; /* the TLS layer's errors */
+		int err = tw__io_err(errno);
 		tw__comm_seterr(&s->base, "read failed: %s", io_error(s));
 		tw__comm_end(&s->base, err);
 	}

@@ -52,13 +52,33 @@ static void tcp_shutdown(void *io, int fd)
 const struct tw__stream_io tw__tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL,
 					 NULL,      NULL,       NULL};
 
-/* TCP_NODELAY: a message's last segment must not wait for an ACK.
- * Keepalive: find peers that vanished without a FIN. */
-static void tune_socket(int fd)
+/* Dask's set_tcp_timeout (distributed/comm/tcp.py): keepalive finds peers
+ * that vanished from an idle connection, the user timeout peers that
+ * stopped acknowledging or reading what we send; both within `ms`. */
+static void set_tcp_timeout(int fd, uint32_t ms)
+{
+	int probes = 10, secs = (int)(ms / 1000), idle, interval;
+	unsigned user = ms;
+	if (ms == 0)
+		return;
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof(user));
+	if (secs < probes + 1)
+		return;
+	idle = secs / 4 > 2 ? secs / 4 : 2;
+	interval = (secs - idle) / probes > 1 ? (secs - idle) / probes : 1;
+	idle = secs - interval * probes;
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+}
+
+/* TCP_NODELAY: a message's last segment must not wait for an ACK. */
+static void tune_socket(int fd, const tw_context *ctx)
 {
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+	set_tcp_timeout(fd, ctx->limits.tcp_timeout_ms);
 }
 
 static void hints_for(struct evutil_addrinfo *hints, int flags)
@@ -200,7 +220,7 @@ static void try_next(struct connect_req *r)
 			end_attempt(r);
 			continue;
 		}
-		tune_socket(r->fd);
+		tune_socket(r->fd, r->ctx);
 		if ((r->ev = event_new(r->ctx->base, r->fd, EV_WRITE, on_writable, r)) == NULL ||
 		    event_add(r->ev, NULL) != 0) {
 			end_attempt(r);
@@ -374,7 +394,7 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	(void)lev;
 	(void)sa;
 	(void)salen;
-	tune_socket(fd);
+	tune_socket(fd, l->base.ctx);
 	l->on_fd(&l->base, fd);
 }
 

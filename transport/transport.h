@@ -181,6 +181,9 @@ void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *));
 void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme);
 /* Record an error text on the comm (printf style). */
 void tw__comm_seterr(tw_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The code of a failed socket read or write, by errno: EPROTO is the TLS
+ * layer's, ETIMEDOUT the kernel's TCP timeout (tw_context_set_tcp_timeout_ms). */
+int tw__io_err(int e);
 
 /* A comm over a connected stream socket (tcp, tls): stream framing. */
 struct tw__stream_io {

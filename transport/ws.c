@@ -327,7 +327,7 @@ static int at_boundary(const struct ws *w)
 
 static void write_failed(struct ws *w)
 {
-	int err = errno == EPROTO ? TW_ETLS : TW_EIO;
+	int err = tw__io_err(errno);
 	/* The peer closed first (and may have reset the connection): its
 	 * close code, not the failed echo of it, says why the comm ended. */
 	if (w->close_rcvd)
@@ -727,6 +727,7 @@ static uint8_t *payload_dst(struct ws *w)
 
 static void peer_gone(struct ws *w, ssize_t n)
 {
+	int err = tw__io_err(errno);
 	if (w->close_rcvd || w->state == WS_CLOSING)
 		return end_after_close(w);
 	if (n == 0) {
@@ -735,7 +736,7 @@ static void peer_gone(struct ws *w, ssize_t n)
 				    w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED);
 	}
 	tw__comm_seterr(&w->base, "read failed: %s", io_error(w));
-	tw__comm_end(&w->base, errno == EPROTO ? TW_ETLS : TW_EIO);
+	tw__comm_end(&w->base, err);
 }
 
 /* One read into the decoder; 1 to go on, 0 to wait, -1 when ended. */

@@ -34,6 +34,7 @@ typedef struct tw_context tw_context;
 #define TW_DEFAULT_WS_PING_STRIKES         2
 #define TW_DEFAULT_MIN_RECEIVE_RATE        1024 /* bytes/s */
 #define TW_DEFAULT_MIN_RECEIVE_GRACE_MS    10000
+#define TW_DEFAULT_TCP_TIMEOUT_MS          30000 /* Dask's distributed.comm.timeouts.tcp */
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
@@ -100,6 +101,19 @@ int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
 /* Time a tw_connect may take before it fails with TW_ETIMEDOUT.
  * Default 10,000 ms. */
 int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
+/* How long the kernel keeps a connection whose peer is gone or has
+ * stopped reading: data unacknowledged, or unsent because the peer's
+ * receive window stays closed (TCP_USER_TIMEOUT, Linux tcp(7)), or
+ * keepalive probes unanswered on an idle connection, for this long ends
+ * it, and its comm ends with TW_ETIMEDOUT ("Connection timed out" in
+ * tw_comm_last_error), releasing what was queued. Set on every tcp, tls,
+ * ws and wss socket as Dask sets its distributed.comm.timeouts.tcp (30 s):
+ * the user timeout in ms; keepalive after idle = timeout - 10 * interval
+ * seconds, then 10 probes every interval (timeouts of 11 s or more).
+ * Default 30,000 ms; 0 leaves the kernel's defaults (keepalive after two
+ * hours; a peer that never reads holds our queued bytes for as long as it
+ * stays connected). */
+int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
 /* Write-queue high-water mark: tw_comm_write refuses new messages with
  * TW_EAGAIN while this many bytes or more are queued. Default 64 MiB. */
 int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
