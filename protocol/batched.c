@@ -27,12 +27,27 @@ struct tw_batched {
 	void *drain_arg;
 };
 
+static tw_batched *batched_of(struct tw__watch *w)
+{
+	return (tw_batched *)((char *)w - offsetof(tw_batched, watch));
+}
+
+static int flush(tw_batched *b, int force);
+
+/* The comm is being closed (by its server at close-stream, say): what is
+ * queued goes first, as tw_batched_free would send it; sends after it say
+ * TW_ECLOSED. */
+static void comm_closing(struct tw__watch *w)
+{
+	flush(batched_of(w), 1);
+}
+
 /* The comm was freed under us (a server frees its stream comms when they
  * close): sends now say TW_ECLOSED, and a refused sender is told from the
  * timer, outside the free. */
 static void comm_gone(struct tw__watch *w)
 {
-	tw_batched *b = (tw_batched *)((char *)w - offsetof(tw_batched, watch));
+	tw_batched *b = batched_of(w);
 	b->comm = NULL;
 	msgpack_sbuffer_clear(&b->body);
 	b->n = 0;
@@ -86,6 +101,7 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
 	}
 	b->comm = comm;
 	b->watch.gone = comm_gone;
+	b->watch.closing = comm_closing;
 	tw__comm_watch(comm, &b->watch);
 	b->interval.tv_sec = (time_t)(interval_ms / 1000);
 	b->interval.tv_usec = (suseconds_t)(interval_ms % 1000) * 1000;
@@ -113,7 +129,8 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0 ||
 	    !is_map(packed))
 		return TW_EINVAL;
-	if (b->comm == NULL || b->comm->ended)
+	/* a closing comm writes nothing more: the map could never go out */
+	if (b->comm == NULL || b->comm->ended || b->comm->closing)
 		return TW_ECLOSED;
 	/* Writers are told to wait, as tw_comm_write tells them: the batch
 	 * and the comm's write queue together stay under the high-water mark

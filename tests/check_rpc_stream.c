@@ -132,6 +132,31 @@ START_TEST(stream_free_flushes)
 }
 END_TEST
 
+/* A comm being closed takes no more maps: the send says so, rather than
+ * take a map that no flush could write. The maps queued before the close
+ * go out first, as tw_batched_free would send them. */
+START_TEST(stream_send_after_close)
+{
+	static const uint8_t map[] = {0x81, 0xa2, 'o', 'p', 0xa4, 'i', 't', 'e', 'm'};
+	struct rf f;
+	struct rw w;
+	tw_batched *b;
+	rf_init(&f);
+	open_stream(&f, &w, 60000, &b);
+	send_item(b, "item", 0);
+	tw_comm_close(w.comm);
+	ck_assert_int_eq(tw_batched_send(b, map, sizeof(map)), TW_ECLOSED);
+	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
+	tw_batched_free(b);
+	ck_assert_int_eq(w.close_err, 0);
+	ck_assert(tu_wait_count(&f.h, &f.s.items, 1, TU_WAIT_MS));
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	ck_assert_uint_eq(f.s.last_batch, 1);
+	rw_free(&w);
+	rf_fini(&f);
+}
+END_TEST
+
 /* tw_batched_free while the comm's write queue is above its high-water
  * mark: the queued maps still go out (nothing dropped silently), though a
  * new one is told to wait (TW_EAGAIN). */
@@ -313,6 +338,7 @@ TCase *rpc_stream_tcase(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, stream_batches);
 	tcase_add_test(tc, stream_free_flushes);
+	tcase_add_test(tc, stream_send_after_close);
 	tcase_add_test(tc, stream_free_above_hwm);
 	tcase_add_test(tc, stream_single_map_and_bad);
 	tcase_add_test(tc, stream_server_side_drain);

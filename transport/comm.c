@@ -355,6 +355,11 @@ int tw__comm_rx_pending(const tw_comm *c)
 
 void tw_comm_close(tw_comm *c)
 {
+	if (!c->closing && !c->ended)
+		for (struct tw__watch *w = c->watchers; w != NULL; w = w->next)
+			if (w->closing != NULL)
+				w->closing(w);
+	c->closing = 1;
 	if (!c->ended)
 		c->ops->close(c);
 }

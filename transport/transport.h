@@ -52,10 +52,13 @@ struct tw__rate {
 };
 
 /* Told when a comm is freed, by whoever freed it: a batched sender on a
- * server's stream comm, which the server frees when it closes. */
+ * server's stream comm, which the server frees when it closes; and, if
+ * `closing` is set, when tw_comm_close is about to run (a last chance to
+ * write). */
 struct tw__watch {
 	struct tw__watch *next, **pprev;
 	void (*gone)(struct tw__watch *w);
+	void (*closing)(struct tw__watch *w);
 };
 
 /* Watch c until it is freed, or until tw__comm_unwatch. */
@@ -77,6 +80,7 @@ struct tw_comm {
 	int depth;        /* callbacks of this comm on the stack */
 	int free_pending; /* tw_comm_free ran inside a callback */
 	int ended;        /* no more callbacks */
+	int closing;      /* tw_comm_close ran: no more writes */
 	char error[256];
 	char peer[128], local[128];
 	const char *compression; /* negotiated by the handshake, or NULL */

@@ -37,6 +37,8 @@ typedef struct tw_batched tw_batched;
  * owning, or a tw_server does for its stream comms). The sender may
  * outlive its comm: once the comm is freed, sends return TW_ECLOSED (and
  * a refused sender's drain callback runs); free the sender in any case.
+ * When the comm is closed (tw_comm_close, or its server at close-stream),
+ * the queued maps are written first, and later sends return TW_ECLOSED.
  * interval_ms 0 means the default. Returns 0, TW_ENOMEM, TW_EINVAL. Loop
  * thread. */
 int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
