@@ -263,7 +263,7 @@ int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms)
 
 int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL)
+	if (ctx == NULL || ms > INT32_MAX) /* TCP_USER_TIMEOUT is an int */
 		return TW_EINVAL;
 	ctx->limits.tcp_timeout_ms = ms;
 	return 0;

@@ -373,6 +373,51 @@ START_TEST(server_gone)
 }
 END_TEST
 
+/* A tls server that sends its Dask handshake and closes at once (one
+ * shutting down): its close_notify arrives with the handshake, in one
+ * read. The call fails as the comm ended (TW_ECLOSED, as over tcp), not
+ * as a peer that spoke first (TW_EPROTO), which a close is not. */
+static size_t hs_closed;
+
+static void hs_close_done(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	(void)err;
+	(void)info;
+	(void)arg;
+	hs_closed++;
+	tw_comm_free(c);
+}
+
+static void hs_then_close(tw_listener *l, tw_comm *c, void *arg)
+{
+	(void)l;
+	(void)arg;
+	ck_assert_int_eq(tw_comm_handshake(c, 1, hs_close_done, NULL), 0);
+	tw_comm_close(c); /* after the handshake our side writes first */
+}
+
+START_TEST(pool_tls_server_closes_after_handshake)
+{
+	struct tu h;
+	struct rc rc;
+	tw_listener *l;
+	tw_pool *p;
+	char uri[128];
+	tu_init(&h);
+	tt_use_tls(h.ctx, "ca.pem", "cert.pem", "key.pem");
+	ck_assert_int_eq(tw_listen(h.ctx, "tls://127.0.0.1:0", hs_then_close, NULL, &l), 0);
+	ck_assert_int_eq(tw_listener_address(l, uri, sizeof(uri)), 0);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	hs_closed = 0;
+	ck_assert_int_eq(rc_call(&h, p, uri, rq_op("identity"), 0, &rc), TW_ECLOSED);
+	rc_assert_why(&rc, "ended before the reply");
+	ck_assert(tu_wait_count(&h, &hs_closed, 1, TU_WAIT_MS));
+	tw_pool_free(p);
+	tw_listener_free(l);
+	tt_fini(&h);
+}
+END_TEST
+
 /* TLS failures: a client that trusts another CA (TW_ETLS), tls:// to a
  * tcp:// server (TW_ETLS), tcp:// to a tls:// server (no Dask handshake
  * comes: TW_EHANDSHAKE). */
@@ -434,6 +479,7 @@ TCase *rpc_timeout_tcase(void)
 	tcase_add_test(tc, timeout_while_waiting);
 	tcase_add_test(tc, server_gone);
 	tcase_add_test(tc, pool_tls_errors);
+	tcase_add_test(tc, pool_tls_server_closes_after_handshake);
 	return tc;
 }
 

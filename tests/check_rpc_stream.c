@@ -3,14 +3,19 @@
  * maps from tw_batched_send, maps after close-stream not dispatched,
  * tw_batched_free flushing what is queued, single maps and bad stream
  * messages. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <check.h>
 
 #include "tests/check_rpc.h"
 #include "tests/rpc_util.h"
+#include "transport/transport.h"
 
 /* {"op": op, "i": i, "name": "m<i>"} packed. */
 static void send_item(tw_batched *b, const char *op, int64_t i)
@@ -154,6 +159,60 @@ START_TEST(stream_send_after_close)
 	ck_assert_uint_eq(f.s.last_batch, 1);
 	rw_free(&w);
 	rf_fini(&f);
+}
+END_TEST
+
+/* The peer half-closes (FIN) while our write queue still holds bytes:
+ * the comm takes no more writes but sends what it owes, and a batched
+ * sender's queued maps go out with it; later sends return TW_ECLOSED. */
+START_TEST(stream_peer_half_closes)
+{
+	static const uint8_t marked[] = {0x81, 0xa2, 'o', 'p', 0xa9, 'l', 'a',
+					 's',  't',  '-', 'm', 'a',  'p', '!'};
+	struct tu h;
+	struct tu_peer *cli;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	int lfd = socket(AF_INET, SOCK_STREAM, 0), fd;
+	size_t big = (size_t)8 << 20, got = 0, cap = big + 4096;
+	uint8_t *in = malloc(cap);
+	char uri[64];
+	tw_batched *b;
+	ssize_t n;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 1), 0);
+	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	tu_init(&h);
+	ck_assert_int_eq(tu_connect(&h, uri, &cli), 0);
+	ck_assert_int_ge(fd = accept(lfd, NULL, NULL), 0);
+	/* more than the sockets hold: the write queue stays non-empty */
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(&big, 1, 3)), 0);
+	ck_assert_int_eq(tw_batched_new(cli->comm, 60000, &b), 0);
+	ck_assert_int_eq(tw_batched_send(b, marked, sizeof(marked)), 0);
+	tu_run_for(&h, 50);
+	ck_assert_uint_gt(tw_comm_queued_bytes(cli->comm), 0);
+	shutdown(fd, SHUT_WR);
+	ck_assert(tu_wait_flag(&h, &cli->comm->closing, TU_WAIT_MS)); /* it saw the FIN */
+	ck_assert_int_eq(tw_batched_send(b, marked, sizeof(marked)), TW_ECLOSED);
+	/* everything owed arrives, the batch last; then our FIN */
+	for (;;) {
+		tu_run_for(&h, 1);
+		n = recv(fd, in + got, cap - got, MSG_DONTWAIT);
+		if (n == 0)
+			break;
+		if (n > 0)
+			got += (size_t)n;
+		ck_assert_uint_lt(got, cap);
+	}
+	ck_assert_uint_gt(got, big);
+	ck_assert_ptr_nonnull(memmem(in + big, got - big, marked, sizeof(marked)));
+	tw_batched_free(b);
+	close(fd);
+	close(lfd);
+	free(in);
+	tu_fini(&h);
 }
 END_TEST
 
@@ -339,6 +398,7 @@ TCase *rpc_stream_tcase(void)
 	tcase_add_test(tc, stream_batches);
 	tcase_add_test(tc, stream_free_flushes);
 	tcase_add_test(tc, stream_send_after_close);
+	tcase_add_test(tc, stream_peer_half_closes);
 	tcase_add_test(tc, stream_free_above_hwm);
 	tcase_add_test(tc, stream_single_map_and_bad);
 	tcase_add_test(tc, stream_server_side_drain);

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -475,6 +476,108 @@ START_TEST(connect_dns_nxdomain)
 }
 END_TEST
 
+/* One connect's outcome and tw_context_last_error in its callback. */
+struct named {
+	tw_context *ctx;
+	int done, err;
+	char why[512];
+};
+
+static void named_cb(tw_comm *c, int err, void *arg)
+{
+	struct named *n = arg;
+	n->done = 1;
+	n->err = err;
+	snprintf(n->why, sizeof(n->why), "%s", tw_context_last_error(n->ctx));
+	tw_comm_free(c);
+}
+
+static int all_named(void *arg)
+{
+	struct named *n = arg;
+	for (int i = 0; i < 4; i++)
+		if (!n[i].done)
+			return 0;
+	return 1;
+}
+
+/* Several connects fail at once (lookups answered together, a refused
+ * port): in its callback, each finds its own reason on the context. */
+START_TEST(connect_failures_own_text)
+{
+	static const char *const uris[3] = {"tcp://first.invalid:1", "tcp://second.invalid:1",
+					    "tcp://third.invalid:1"};
+	struct tu h;
+	struct fake_dns f;
+	struct named n[4];
+	char refused[64], want[64];
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0); /* bound, not listening: refuses */
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(refused, sizeof(refused), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	tu_init(&h);
+	fake_dns_start(&h, &f, 1);
+	memset(n, 0, sizeof(n));
+	for (int i = 0; i < 4; i++) {
+		n[i].ctx = h.ctx;
+		ck_assert_int_eq(tw_connect(h.ctx, i < 3 ? uris[i] : refused, named_cb, &n[i]), 0);
+	}
+	ck_assert(tu_run_until(&h, all_named, n, TU_WAIT_MS));
+	for (int i = 0; i < 3; i++) {
+		snprintf(want, sizeof(want), "cannot resolve %s", uris[i] + 6);
+		*strrchr(want, ':') = '\0';
+		ck_assert_int_eq(n[i].err, TW_EADDR);
+		ck_assert_msg(strstr(n[i].why, want) != NULL, "%s: \"%s\"", uris[i], n[i].why);
+	}
+	ck_assert_int_eq(n[3].err, TW_ECONNREFUSED);
+	ck_assert_msg(strstr(n[3].why, "Connection refused") != NULL, "%s", n[3].why);
+	close(fd);
+	fake_dns_fini(&h, &f);
+}
+END_TEST
+
+/* A listener whose accept queue is full drops SYNs: the connect waits
+ * out the connect timeout, not the shorter TCP timeout, which applies
+ * from connection only (as Dask sets it: after connecting). The setter
+ * refuses what TCP_USER_TIMEOUT cannot hold. */
+START_TEST(tcp_timeout_spares_connect)
+{
+	struct tu h;
+	struct tu_peer *p;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	int lfd = socket(AF_INET, SOCK_STREAM, 0), fill[4], err;
+	char uri[64];
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 0), 0); /* never accepted */
+	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	for (int i = 0; i < 4; i++) { /* fill the accept queue */
+		fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
+	}
+	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h.ctx, UINT32_MAX), TW_EINVAL);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h.ctx, INT32_MAX), 0);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h.ctx, 300), 0);
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(h.ctx, 1500), 0);
+	tu_run_for(&h, 100); /* the fillers' handshakes settle */
+	ck_assert_int_eq(tu_connect_async(&h, uri, &p, &err), 0);
+	ck_assert(tu_wait_connected(&h, &err, TU_WAIT_MS));
+	ck_assert_int_eq(err, TW_ETIMEDOUT);
+	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "no connection within 1500 ms") != NULL,
+		      "%s", tw_context_last_error(h.ctx));
+	for (int i = 0; i < 4; i++)
+		close(fill[i]);
+	close(lfd);
+	tu_fini(&h);
+}
+END_TEST
+
 /* Orderly close: the message written before tw_comm_close arrives whole,
  * then the server's close callback gets 0. */
 START_TEST(close_after_write)
@@ -661,6 +764,8 @@ TCase *tcp_errors_tcase(void)
 	tcase_add_loop_test(tc, connect_each_address, 0, 2);
 	tcase_add_test(tc, connect_dns_never_answers);
 	tcase_add_test(tc, connect_dns_nxdomain);
+	tcase_add_test(tc, connect_failures_own_text);
+	tcase_add_test(tc, tcp_timeout_spares_connect);
 	tcase_add_test(tc, close_after_write);
 	tcase_add_test(tc, free_in_recv);
 	tcase_add_test(tc, free_in_close);

@@ -353,13 +353,18 @@ int tw__comm_rx_pending(const tw_comm *c)
 	       (c->deliver_backlog != NULL && c->deliver_backlog(c));
 }
 
-void tw_comm_close(tw_comm *c)
+void tw__comm_closing(tw_comm *c)
 {
 	if (!c->closing && !c->ended)
 		for (struct tw__watch *w = c->watchers; w != NULL; w = w->next)
 			if (w->closing != NULL)
 				w->closing(w);
 	c->closing = 1;
+}
+
+void tw_comm_close(tw_comm *c)
+{
+	tw__comm_closing(c);
 	if (!c->ended)
 		c->ops->close(c);
 }

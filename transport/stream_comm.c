@@ -235,6 +235,7 @@ static void read_ended(struct stream *s, ssize_t n)
 {
 	if (n == 0 && tw__rx_idle(&s->rx) && s->qn > 0) {
 		/* A half-close: the peer may still read what we owe it. */
+		tw__comm_closing(&s->base); /* a batched sender's last maps first */
 		s->closing = 1;
 		s->peer_eof = 1;
 		event_del(s->rev);
@@ -304,6 +305,14 @@ static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
 		tw__comm_end(&s->base, TW_ETIMEDOUT);
 }
 
+/* The I/O layer holds bytes (TLS records already read), or an end that
+ * came with them, which the socket's readiness does not show. */
+static int io_more(const struct stream *s)
+{
+	return (s->io->pending != NULL && s->io->pending(s->io_arg)) ||
+	       (s->io->end_held != NULL && s->io->end_held(s->io_arg));
+}
+
 /* Bytes may wait inside the I/O layer (TLS records already read), where
  * the socket's readiness does not show them: look again from the loop. */
 static void read_again(struct stream *s)
@@ -366,8 +375,7 @@ static void read_input(struct stream *s)
 		/* A short read drained the socket: wait for epoll rather than
 		 * spend a read on EAGAIN (unless TLS holds decrypted bytes, or
 		 * messages were read ahead). */
-		if ((size_t)n < asked && !tw__rx_pending(&s->rx) &&
-		    (s->io->pending == NULL || !s->io->pending(s->io_arg)))
+		if ((size_t)n < asked && !tw__rx_pending(&s->rx) && !io_more(s))
 			return ran_dry(s);
 	}
 	read_again(s);
@@ -429,7 +437,7 @@ static int s_start(tw_comm *c)
 	if (!tw__rx_idle(&s->rx))
 		tw__comm_rate_watch(c, 1);
 	if (event_pending(s->rev, EV_READ, NULL)) {
-		if (tw__rx_pending(&s->rx) || (s->io->pending != NULL && s->io->pending(s->io_arg)))
+		if (tw__rx_pending(&s->rx) || io_more(s))
 			read_again(s);
 		return 0;
 	}

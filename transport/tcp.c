@@ -50,11 +50,15 @@ static void tcp_shutdown(void *io, int fd)
 }
 
 const struct tw__stream_io tw__tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL,
-					 NULL,      NULL,       NULL};
+					 NULL,      NULL,       NULL,         NULL};
 
-/* Dask's set_tcp_timeout (distributed/comm/tcp.py): keepalive finds peers
- * that vanished from an idle connection, the user timeout peers that
- * stopped acknowledging or reading what we send; both within `ms`. */
+/* The kernel's largest keepalive idle time and interval (tcp(7)). */
+#define KEEPALIVE_MAX_SECS 32767
+
+/* Dask's set_tcp_timeout (distributed/comm/tcp.py), on a connected
+ * socket: keepalive finds peers that vanished from an idle connection,
+ * the user timeout peers that stopped acknowledging or reading what we
+ * send; both within `ms` (at most INT_MAX: the setter refuses more). */
 static void set_tcp_timeout(int fd, uint32_t ms)
 {
 	int probes = 10, secs = (int)(ms / 1000), idle, interval;
@@ -66,19 +70,22 @@ static void set_tcp_timeout(int fd, uint32_t ms)
 		return;
 	idle = secs / 4 > 2 ? secs / 4 : 2;
 	interval = (secs - idle) / probes > 1 ? (secs - idle) / probes : 1;
+	if (interval > KEEPALIVE_MAX_SECS)
+		interval = KEEPALIVE_MAX_SECS;
 	idle = secs - interval * probes;
+	if (idle > KEEPALIVE_MAX_SECS) /* the user timeout still bounds it all */
+		idle = KEEPALIVE_MAX_SECS;
 	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
 	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
 	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
 }
 
 /* TCP_NODELAY: a message's last segment must not wait for an ACK. */
-static void tune_socket(int fd, const tw_context *ctx)
+static void tune_socket(int fd)
 {
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-	set_tcp_timeout(fd, ctx->limits.tcp_timeout_ms);
 }
 
 static void hints_for(struct evutil_addrinfo *hints, int flags)
@@ -113,7 +120,8 @@ struct connect_req {
 	int fd;
 	int err;                               /* the last attempt's, reported when none is left */
 	int os_err;                            /* its errno, for tw_context_last_error */
-	int said;                              /* ctx->error already tells why it failed */
+	int gai_err;                           /* the lookup's error, when it failed */
+	int timed_out;                         /* the connect timeout ended it */
 	struct event *ev;                      /* the socket of this attempt becoming writable */
 	struct event *step;                    /* go on from the loop, never from tw_connect */
 	struct event *timer;                   /* the connect timeout */
@@ -178,11 +186,19 @@ static void attempt_failed(struct connect_req *r, int e)
 	r->os_err = e;
 }
 
-/* Every failed connect says why in tw_context_last_error, so the text
- * there is never an earlier connect's. */
+/* Every failed connect says why in tw_context_last_error just before its
+ * callback, so the text there is its own, never another connect's. */
 static void say_failed(struct connect_req *r, int err)
 {
-	if (!r->said)
+	if (r->timed_out)
+		tw__ctx_seterr(r->ctx, "connect to %s:%u: no connection within %u ms%s",
+			       r->uri.host, (unsigned)r->uri.port,
+			       (unsigned)r->ctx->limits.connect_timeout_ms,
+			       r->dns != NULL ? " (still resolving the name)" : "");
+	else if (r->gai_err != 0)
+		tw__ctx_seterr(r->ctx, "cannot resolve %s: %s", r->uri.host,
+			       evutil_gai_strerror(r->gai_err));
+	else
 		tw__ctx_seterr(r->ctx, "connect to %s:%u: %s", r->uri.host, (unsigned)r->uri.port,
 			       r->os_err != 0 ? strerror(r->os_err) : tw_strerror(err));
 }
@@ -193,6 +209,8 @@ static void finish_connect(struct connect_req *r, int err)
 {
 	tw__ctx_untrack(&r->node);
 	if (err == 0) {
+		/* connected: not earlier, where it would also cut SYN retries */
+		set_tcp_timeout(r->fd, r->ctx->limits.tcp_timeout_ms);
 		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg);
 		r->fd = -1;
 	} else {
@@ -220,7 +238,7 @@ static void try_next(struct connect_req *r)
 			end_attempt(r);
 			continue;
 		}
-		tune_socket(r->fd, r->ctx);
+		tune_socket(r->fd);
 		if ((r->ev = event_new(r->ctx->base, r->fd, EV_WRITE, on_writable, r)) == NULL ||
 		    event_add(r->ev, NULL) != 0) {
 			end_attempt(r);
@@ -261,10 +279,7 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	struct connect_req *r = arg;
 	(void)fd;
 	(void)what;
-	tw__ctx_seterr(r->ctx, "connect to %s:%u: no connection within %u ms%s", r->uri.host,
-		       (unsigned)r->uri.port, (unsigned)r->ctx->limits.connect_timeout_ms,
-		       r->dns != NULL ? " (still resolving the name)" : "");
-	r->said = 1;
+	r->timed_out = 1;
 	finish_connect(r, TW_ETIMEDOUT);
 }
 
@@ -284,9 +299,7 @@ static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 	tw__dns_unref(d, 1);
 	if (result != 0 || res == NULL) {
 		r->err = TW_EADDR;
-		r->said = 1;
-		tw__ctx_seterr(r->ctx, "cannot resolve %s: %s", r->uri.host,
-			       evutil_gai_strerror(result));
+		r->gai_err = result != 0 ? result : EVUTIL_EAI_FAIL;
 		if (res != NULL)
 			evutil_freeaddrinfo(res);
 	} else {
@@ -394,7 +407,8 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 	(void)lev;
 	(void)sa;
 	(void)salen;
-	tune_socket(fd, l->base.ctx);
+	tune_socket(fd);
+	set_tcp_timeout(fd, l->base.ctx->limits.tcp_timeout_ms);
 	l->on_fd(&l->base, fd);
 }
 

@@ -62,7 +62,7 @@ static ssize_t fail_now(struct tls_io *t, int e, int sys, int writing)
 	}
 }
 
-/* After bytes, an end or error is kept for the next read (tls_pending
+/* After bytes, an end or error is kept for the next read (tls_end_held
  * says one is due): OpenSSL has taken it off the socket, which may never
  * be readable again (a close_notify in the same TCP segment as data,
  * with no FIN after it). */
@@ -171,8 +171,12 @@ static void tls_free(void *io)
 
 static int tls_pending(void *io)
 {
-	struct tls_io *t = io;
-	return t->read_end || SSL_has_pending(t->ssl);
+	return SSL_has_pending(((struct tls_io *)io)->ssl);
+}
+
+static int tls_end_held(void *io)
+{
+	return ((struct tls_io *)io)->read_end;
 }
 
 static int tls_write_held(void *io)
@@ -180,8 +184,10 @@ static int tls_write_held(void *io)
 	return ((struct tls_io *)io)->write_held;
 }
 
-static const struct tw__stream_io tls_io_ops = {tls_readv,   tls_writev, tls_shutdown,  tls_error,
-						tls_pending, tls_free,   tls_write_held};
+static const struct tw__stream_io tls_io_ops = {
+	tls_readv,   tls_writev, tls_shutdown,   tls_error,
+	tls_pending, tls_free,   tls_write_held, tls_end_held,
+};
 
 /* A TLS handshake in progress, on either side. */
 struct handshake {

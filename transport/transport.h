@@ -64,6 +64,9 @@ struct tw__watch {
 /* Watch c until it is freed, or until tw__comm_unwatch. */
 void tw__comm_watch(tw_comm *c, struct tw__watch *w);
 void tw__comm_unwatch(struct tw__watch *w);
+/* c takes no more writes from now on (tw_comm_close, or a transport's
+ * own reason: a peer's half-close); watchers write their last first. */
+void tw__comm_closing(tw_comm *c);
 
 /* What every comm has. The application owns the comm; `depth` counts the
  * callbacks running so a free inside one is deferred. */
@@ -80,7 +83,7 @@ struct tw_comm {
 	int depth;        /* callbacks of this comm on the stack */
 	int free_pending; /* tw_comm_free ran inside a callback */
 	int ended;        /* no more callbacks */
-	int closing;      /* tw_comm_close ran: no more writes */
+	int closing;      /* no more writes (tw__comm_closing) */
 	char error[256];
 	char peer[128], local[128];
 	const char *compression; /* negotiated by the handshake, or NULL */
@@ -199,14 +202,18 @@ struct tw__stream_io {
 	/* Text of the last failure when errno alone does not say it, or NULL. */
 	const char *(*error)(void *io);
 	/* 1 when the layer holds bytes already read from the socket (TLS
-	 * records), or the end or error that came after them, which the
-	 * socket's readiness will not announce; or NULL. */
+	 * records), which the socket's readiness will not announce; or NULL. */
 	int (*pending)(void *io);
 	void (*free)(void *io);
 	/* 1 when the layer holds bytes of a write that did not go through
 	 * (an OpenSSL record after WANT_WRITE), which the next write must
 	 * repeat unchanged, with nothing written between; or NULL. */
 	int (*write_held)(void *io);
+	/* 1 when the next read reports an end or error that arrived after
+	 * the bytes of an earlier one (a TLS close_notify in the same segment):
+	 * it is not a message's bytes, but the socket will not announce it
+	 * either; or NULL. */
+	int (*end_held)(void *io);
 };
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
 		   void *io_arg, tw_comm **out);

@@ -665,7 +665,8 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 						  w->client ? key : NULL));
 		w->close_sent = 1;
 		w->state = WS_CLOSING;
-		w->qn = w->qn; /* queued data after a close is dropped by end */
+		w->base.closing = 1; /* no data after our close (RFC 6455 5.5.1) */
+		w->qn = w->qn;       /* queued data after a close is dropped by end */
 		return;
 	}
 	end_after_close(w);

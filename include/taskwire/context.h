@@ -110,9 +110,12 @@ int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
  * ws and wss socket as Dask sets its distributed.comm.timeouts.tcp (30 s):
  * the user timeout in ms; keepalive after idle = timeout - 10 * interval
  * seconds, then 10 probes every interval (timeouts of 11 s or more).
- * Default 30,000 ms; 0 leaves the kernel's defaults (keepalive after two
- * hours; a peer that never reads holds our queued bytes for as long as it
- * stays connected). */
+ * Applied once a connection is established (a connect's SYN retries stay
+ * bounded by the connect timeout alone). Default 30,000 ms; 0 leaves the
+ * kernel's defaults (keepalive after two hours; a peer that never reads
+ * holds our queued bytes for as long as it stays connected); more than
+ * INT32_MAX ms (about 24 days) is refused with TW_EINVAL. Keepalive's idle
+ * time and interval are capped at the kernel's 32,767 s each. */
 int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
 /* Write-queue high-water mark: tw_comm_write refuses new messages with
  * TW_EAGAIN while this many bytes or more are queued. Default 64 MiB. */
