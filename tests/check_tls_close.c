@@ -368,20 +368,26 @@ END_TEST
  * ends with TW_ETRUNCATED (TW_EIO for the reset) and a reason. */
 enum { END_NOTIFY, END_EOF, END_RESET };
 
+/* A hand-driven client that wrote body_len bytes of a one-frame message
+ * of 1000 bytes. */
+static void send_part(struct tu *h, struct raw_tls *r, size_t body_len)
+{
+	uint64_t prelude[3] = {16 + 1000, 1, 1000};
+	static uint8_t body[1000];
+	size_t put = 0;
+	raw_tls_start(r, h->addr);
+	ck_assert(tu_run_until(h, raw_tls_handshake_step, r, TU_WAIT_MS));
+	ck_assert_int_eq(r->result, 1);
+	ck_assert_int_eq(SSL_write_ex(r->ssl, prelude, sizeof(prelude), &put), 1);
+	ck_assert_int_eq(SSL_write_ex(r->ssl, body, body_len, &put), 1);
+}
+
 static void end_mid_message(struct tu *h, int how, size_t idx, int want)
 {
 	struct raw_tls r;
 	struct tu_peer *sp;
-	uint64_t prelude[3] = {16 + 1000, 1, 1000};
-	static uint8_t body[500];
-	size_t put = 0;
-	raw_tls_start(&r, h->addr);
-	ck_assert(tu_run_until(h, raw_tls_handshake_step, &r, TU_WAIT_MS));
-	ck_assert_int_eq(r.result, 1);
-	ck_assert_int_eq(SSL_write_ex(r.ssl, prelude, sizeof(prelude), &put), 1);
-	ck_assert_int_eq(SSL_write_ex(r.ssl, body, sizeof(body), &put), 1);
-	sp = tu_server_peer(h, idx);
-	ck_assert_ptr_nonnull(sp);
+	send_part(h, &r, 500);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
 	if (how == END_NOTIFY)
 		SSL_shutdown(r.ssl);
 	if (how == END_RESET) {
@@ -419,21 +425,14 @@ static void notify_with_data(struct tu *h, size_t idx, size_t body_len)
 {
 	struct raw_tls r;
 	struct tu_peer *sp;
-	uint64_t prelude[3] = {16 + 1000, 1, 1000};
-	static uint8_t body[1000];
-	size_t put = 0;
-	raw_tls_start(&r, h->addr);
-	ck_assert(tu_run_until(h, raw_tls_handshake_step, &r, TU_WAIT_MS));
-	ck_assert_int_eq(r.result, 1);
-	/* the loop does not run until all three are in the server's socket */
-	ck_assert_int_eq(SSL_write_ex(r.ssl, prelude, sizeof(prelude), &put), 1);
-	ck_assert_int_eq(SSL_write_ex(r.ssl, body, body_len, &put), 1);
+	/* the loop does not run until data and close_notify are in the
+	 * server's socket */
+	send_part(h, &r, body_len);
 	SSL_shutdown(r.ssl);
-	sp = tu_server_peer(h, idx);
-	ck_assert_ptr_nonnull(sp);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
 	ck_assert_msg(tu_wait_flag(h, &sp->closed, TU_WAIT_MS),
 		      "close_notify after %zu bytes missed", body_len);
-	if (body_len == sizeof(body)) {
+	if (body_len == 1000) {
 		ck_assert_msg(sp->close_err == 0, "%s (%s)", tw_strerror(sp->close_err),
 			      sp->last_error);
 		ck_assert_uint_eq(sp->nmsgs, 1);
