@@ -291,6 +291,7 @@ void tw__ctx_seterr(tw_context *ctx, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(ctx->error, sizeof(ctx->error), fmt, ap);
 	va_end(ap);
+	ctx->error_seq++;
 }
 
 const char *tw_context_last_error(const tw_context *ctx)

@@ -62,7 +62,8 @@ struct tw_context {
 	 * (core knows no TLS types). */
 	void *tls;
 	void (*tls_release)(void *tls);
-	char error[512]; /* last connect/accept failure; loop thread */
+	char error[512];    /* last connect/accept failure; loop thread */
+	unsigned error_seq; /* counts writes of error (tw__ctx_seterr) */
 	/* The resolver for names in URIs (transport/tcp.c; core knows no DNS
 	 * types): dns_release drops the context's reference. */
 	void *dns;

@@ -467,7 +467,7 @@ static int connect_one(struct dest *d)
 	d->connecting++;
 	tw__ctx_track(d->pool->ctx, &pc->node, kill_pc);
 	if ((rv = tw_connect(d->pool->ctx, d->uri, on_connect, pc)) != 0) {
-		say_dest(d, "cannot connect to %s: %s", d->uri, tw_strerror(rv));
+		say_dest(d, "%s", tw_context_last_error(d->pool->ctx)); /* tw_connect's */
 		tw__ctx_untrack(&pc->node);
 		d->connecting--;
 		drop_comm(pc);
@@ -801,6 +801,8 @@ int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t
 		     tw_decoded **reply)
 {
 	struct sync s;
+	if (reply != NULL)
+		*reply = NULL;
 	if (ctx == NULL || uri == NULL || request == NULL || reply == NULL) {
 		tw_msg_free(request); /* taken in every case */
 		return TW_EINVAL;

@@ -453,6 +453,9 @@ START_TEST(pool_tls_errors)
 	plain = tt_context(&h, NULL, NULL, NULL);
 	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(plain, 300), 0);
 	ck_assert_int_eq(tw_pool_new(plain, &p), 0);
+	/* tls:// on a context with no TLS configuration: refused, and why */
+	ck_assert_int_eq(rc_call(&h, p, tls.addr, rq_op("identity"), 0, &rc), TW_EINVAL);
+	rc_assert_why(&rc, "no TLS configuration on the context (tw_context_set_tls)");
 	ck_assert_int_eq(rc_call(&h, p, tt_uri_as(tls.addr, "tcp", uri, sizeof(uri)),
 				 rq_op("identity"), 0, &rc),
 			 TW_EHANDSHAKE);

@@ -10,9 +10,12 @@
 #include "tests/check_rpc.h"
 #include "tests/rpc_util.h"
 
+/* *reply starts as a pointer no call may leave there: every error must
+ * set it NULL (a caller's tw_decoded_free of it then does nothing). */
 static int sync_call(tw_context *ctx, const char *uri, tw_msg *req, uint32_t ms, tw_decoded **reply)
 {
-	*reply = NULL;
+	static char poison;
+	*reply = (tw_decoded *)(void *)&poison;
 	return tw_rpc_call_sync(ctx, uri, req, ms, reply);
 }
 
@@ -32,7 +35,9 @@ static void refused_requests_are_freed(tw_context *ctx, const char *addr, int ow
 	ck_assert_int_eq(tw_msg_new(&empty), 0);
 	tw_stats_global(&before);
 	ck_assert_int_eq(sync_call(ctx, long_uri, rq_op("identity"), 10000, &d), TW_EINVAL);
+	ck_assert_ptr_null(d);
 	ck_assert_int_eq(sync_call(ctx, addr, empty, 10000, &d), TW_EINVAL);
+	ck_assert_ptr_null(d);
 	ck_assert_int_eq(sync_call(NULL, addr, rq_op("identity"), 10000, &d), TW_EINVAL);
 	ck_assert_ptr_null(d);
 	tw_stats_global(&after);

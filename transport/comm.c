@@ -478,13 +478,22 @@ int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg)
 {
 	struct tw__uri u;
 	const struct tw__transport *t;
+	unsigned seq;
+	int rv;
 	if (ctx == NULL || cb == NULL)
 		return TW_EINVAL;
+	seq = ctx->error_seq;
 	if (tw__uri_parse(uri, &u) != 0)
-		return TW_EADDR;
-	if ((t = tw__transport_find(u.scheme)) == NULL)
-		return TW_ESCHEME;
-	return t->connect(ctx, &u, cb, arg);
+		rv = TW_EADDR;
+	else if ((t = tw__transport_find(u.scheme)) == NULL)
+		rv = TW_ESCHEME;
+	else
+		rv = t->connect(ctx, &u, cb, arg);
+	/* refused at once: why, unless the transport said it */
+	if (rv != 0 && ctx->error_seq == seq)
+		tw__ctx_seterr(ctx, "cannot connect to %s: %s", uri != NULL ? uri : "(null)",
+			       tw_strerror(rv));
+	return rv;
 }
 
 const struct tw__transport *tw__transport_find(const char *scheme)

@@ -410,10 +410,20 @@ static void tls_accept(tw_listener *l, int fd)
 	hs_go(h);
 }
 
+/* TW_EINVAL, and why: no configuration to connect with. */
+static int no_config(tw_context *ctx, const struct tw__uri *u)
+{
+	tw__ctx_seterr(ctx,
+		       "cannot connect to %s://%s:%u: no TLS configuration on the context "
+		       "(tw_context_set_tls)",
+		       u->scheme, u->host, (unsigned)u->port);
+	return TW_EINVAL;
+}
+
 static int tls_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
 	if (ctx->tls == NULL)
-		return TW_EINVAL;
+		return no_config(ctx, u);
 	return tw__tcp_connect_with(ctx, u, tls_upgrade, NULL, cb, arg);
 }
 
@@ -421,7 +431,7 @@ int tw__tls_connect_then(tw_context *ctx, const struct tw__uri *u, tw__then_fn t
 			 tw_connect_cb cb, void *arg)
 {
 	if (ctx->tls == NULL)
-		return TW_EINVAL;
+		return no_config(ctx, u);
 	return tw__tcp_connect_with(ctx, u, tls_upgrade, (void *)then, cb, arg);
 }
 

@@ -62,7 +62,7 @@ uint8_t *tw_slice_data(const tw_slice *s);
 /* tw_block_cache_set_limit: bytes of released large blocks kept for reuse
  * (process-wide; default 256 MiB; 0 disables the cache and returns its
  * memory). Reusing mapped pages avoids first-touch page faults, which cost
- * more than a memcpy on these machines (DESIGN.md, Performance notes). */
+ * more than a memcpy on these machines (docs/design.md, Blocks, slices, messages). */
 void tw_block_cache_set_limit(size_t bytes);
 
 #pragma GCC visibility pop

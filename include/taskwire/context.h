@@ -101,15 +101,21 @@ int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
 /* Time a tw_connect may take before it fails with TW_ETIMEDOUT.
  * Default 10,000 ms. */
 int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
-/* How long the kernel keeps a connection whose peer is gone or has
- * stopped reading: data unacknowledged, or unsent because the peer's
- * receive window stays closed (TCP_USER_TIMEOUT, Linux tcp(7)), or
- * keepalive probes unanswered on an idle connection, for this long ends
- * it, and its comm ends with TW_ETIMEDOUT ("Connection timed out" in
- * tw_comm_last_error), releasing what was queued. Set on every tcp, tls,
- * ws and wss socket as Dask sets its distributed.comm.timeouts.tcp (30 s):
- * the user timeout in ms; keepalive after idle = timeout - 10 * interval
- * seconds, then 10 probes every interval (timeouts of 11 s or more).
+/* The TCP timeout: how long a connection may stay stuck before the
+ * kernel ends it, and its comm ends with TW_ETIMEDOUT ("Connection timed
+ * out" in tw_comm_last_error), releasing what was queued. Stuck means
+ * either of:
+ * - bytes we sent stay unacknowledged, or stay unsent because the peer's
+ *   receive window is closed (it stopped reading): TCP_USER_TIMEOUT,
+ *   Linux tcp(7), in ms;
+ * - an idle connection's keepalive probes go unanswered (the peer
+ *   vanished): with T the timeout in whole seconds, the interval is
+ *   max(1, (T - max(2, T / 4)) / 10) s, and probing starts after
+ *   T - 10 * interval s idle (30 s: after 10 s, every 2 s, 10 probes).
+ *   Only for T of 11 s or more; below that keepalive keeps the kernel's
+ *   defaults (first probe after two hours).
+ * Set on every tcp, tls, ws and wss socket as Dask sets its
+ * distributed.comm.timeouts.tcp (distributed/comm/tcp.py set_tcp_timeout).
  * Applied once a connection is established (a connect's SYN retries stay
  * bounded by the connect timeout alone). Default 30,000 ms; 0 leaves the
  * kernel's defaults (keepalive after two hours; a peer that never reads

@@ -20,7 +20,7 @@ enum tw_error {
 	TW_EAGAIN = -3,       /* would block: write queue above high-water mark */
 	TW_ECLOSED = -4,      /* comm or listener closed */
 	TW_EIO = -5,          /* socket error; errno text on the object */
-	TW_ETIMEDOUT = -6,    /* a bounded wait (connect, handshake) expired */
+	TW_ETIMEDOUT = -6,    /* a bounded wait (connect, handshake, TCP timeout) expired */
 	TW_ECONNREFUSED = -7, /* the peer refused the connection */
 	TW_EADDR = -8,        /* malformed URI or address, or a name that does not resolve */
 	TW_ESCHEME = -9,      /* URI scheme with no transport */

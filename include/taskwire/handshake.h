@@ -1,4 +1,4 @@
-/* taskwire: the Dask comm handshake (DESIGN.md, Handshake; Dask's
+/* taskwire: the Dask comm handshake (docs/design.md, Handshake and server; Dask's
  * distributed/comm/core.py handshake_info and handshake_configuration).
  *
  * Right after the transport is up each side sends one message whose frame

@@ -2,7 +2,7 @@
  *
  * A sender may split one logical frame into several sub-frames (Dask splits
  * payloads into 64 MiB shards on tcp/tls, 8 MiB on ws). The receiver
- * rebuilds the logical frame (DESIGN.md, Messages: Merge). */
+ * rebuilds the logical frame (docs/design.md, Messages). */
 #ifndef TASKWIRE_MERGE_H
 #define TASKWIRE_MERGE_H
 

@@ -1,7 +1,7 @@
 /* taskwire: a message as a list of frames.
  *
  * The unit that comms carry: N >= 1 frames, each a slice of a refcounted
- * block (DESIGN.md, Wire protocol). A message is itself refcounted: the
+ * block (docs/design.md, Blocks, slices, messages). A message is itself refcounted: the
  * creator owns one reference; tw_msg_hold adds one; tw_msg_free drops one.
  * A message must not be changed after it was written to a comm or while
  * another thread holds it. */

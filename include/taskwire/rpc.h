@@ -1,4 +1,4 @@
-/* taskwire: calling ops on remote servers (DESIGN.md, RPC conventions;
+/* taskwire: calling ops on remote servers (docs/design.md, RPC client and streams;
  * Dask's distributed.core.rpc and ConnectionPool).
  *
  * A pool keeps comms per address: a call takes an idle comm of its
@@ -30,17 +30,22 @@ typedef struct tw_call tw_call;
 #define TW_DEFAULT_POOL_MAX_IDLE        16  /* idle comms kept per address */
 #define TW_DEFAULT_POOL_IDLE_TIMEOUT_MS 60000
 
-/* The call finished. err is 0 with the reply (owned by the callee: free it
- * with tw_decoded_free); TW_EREMOTE when the server replied with an
- * uncaught-error map (reply holds it: read `exception_text` and
- * `traceback_text`); or, with reply NULL: TW_ETIMEDOUT, TW_ECANCELED,
+/* The call finished. err is 0 with the reply (the callback owns it: free
+ * it with tw_decoded_free; an op the server does not know replies nil,
+ * as Dask's do); TW_EREMOTE when the server replied with an
+ * uncaught-error map (reply holds it, owned the same way: read
+ * `exception_text` and `traceback_text`); or, with reply NULL:
+ * TW_ETIMEDOUT, TW_ECANCELED,
  * TW_ECONNREFUSED (nothing listens there), TW_EHANDSHAKE (no Dask handshake),
  * TW_ETLS (the TLS handshake failed), TW_ECLOSED or TW_EIO (the comm failed during the
  * call), TW_EPROTO (a new comm's peer sent a message before any request:
  * not a Dask server; the pool does not reconnect to it for the waiting
- * calls), a decode error, or TW_EADDR/TW_ESCHEME; tw_call_error(call)
- * says why in words. Runs once, on the loop thread, never from inside
- * tw_pool_call. */
+ * calls), a decode error, TW_EADDR/TW_ESCHEME, or TW_EINVAL (a tls:// or
+ * wss:// address on a context with no TLS configuration);
+ * tw_call_error(call) says why in words. Runs once, on the loop thread,
+ * never from inside tw_pool_call. It may call tw_pool_call again (not
+ * tw_pool_free: to stop after the last reply, break the loop and free the
+ * pool after it). */
 typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg);
 
 /* tw_pool_new: a pool on ctx. Returns 0, TW_ENOMEM or TW_EINVAL. */
@@ -89,9 +94,10 @@ void tw_pool_free(tw_pool *p);
 /* tw_rpc_call_sync: a blocking call for simple programs: runs the
  * context's loop until the reply comes (ctx must be on a base that is not
  * being dispatched, on the calling thread), or, for a context with its own
- * loop thread, waits for it. Same errors as tw_reply_cb; *reply is set
- * when the result is 0 or TW_EREMOTE, and freed by the caller
- * (tw_decoded_free). On an error, tw_context_last_error(ctx) holds the
+ * loop thread, waits for it. Same errors as tw_reply_cb; *reply is the
+ * reply when the result is 0 or TW_EREMOTE, freed by the caller
+ * (tw_decoded_free), and NULL otherwise (reply may be NULL only to get
+ * TW_EINVAL). On an error, tw_context_last_error(ctx) holds the
  * call's tw_call_error text (on a context with its own loop thread, until
  * that thread records another failure). The request is taken in every case: it is freed on
  * every error, TW_EINVAL (a NULL argument, a request with no frames, a URI

@@ -1,5 +1,5 @@
 /* taskwire: Dask messages: frame 0 as a msgpack value, with out-of-band
- * payload groups (DESIGN.md, Messages; the Dask comm protocol,
+ * payload groups (docs/design.md, Messages; the Dask comm protocol,
  * distributed/protocol/core.py dumps/loads).
  *
  * A payload group is a placeholder map {"__Serialized__": k} (or

@@ -1,4 +1,4 @@
-/* taskwire: servers that answer ops (DESIGN.md, RPC conventions; Dask's
+/* taskwire: servers that answer ops (docs/design.md, Handshake and server; Dask's
  * distributed.core.Server.handle_comm).
  *
  * A request is a map with `op` (str) and arguments; `reply` (default

@@ -1,5 +1,5 @@
 /* taskwire: streams: comms that carry one-way messages in batches
- * (DESIGN.md, RPC conventions: Streams; Dask's Server.handle_stream and
+ * (docs/design.md, RPC client and streams; Dask's Server.handle_stream and
  * BatchedSend).
  *
  * After {"op": "connection_stream", "reply": false} a server comm is a

@@ -1,5 +1,5 @@
-/* taskwire: TLS configuration for tls:// (and later wss://) comms
- * (DESIGN.md, Wire protocol: TLS). OpenSSL types never appear here.
+/* taskwire: TLS configuration for tls:// and wss:// comms
+ * (docs/design.md, TLS). OpenSSL types never appear here.
  *
  * A configuration is refcounted and shared by the comms made with it:
  * tw_context_set_tls holds a reference, so the caller may free its own
