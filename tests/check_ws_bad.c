@@ -446,6 +446,12 @@ END_TEST
  * (policy violation, RFC 6455 section 7.4.1) and the reason. */
 #define CLOSE_TOO_MANY_PINGS "88 10 03 f0 74 6f 6f 20 6d 61 6e 79 20 70 69 6e 67 73"
 
+/* A minimum ping interval no test run outlasts: every ping after the
+ * first is early, however slowly a loaded machine runs the test (with
+ * the default 1,000 ms, a stall of a second between two pings cleared
+ * the strikes and the comm stayed open). */
+#define EARLY_MS (3600 * 1000)
+
 /* An echo listener and a canary client, then the policy set for comms made
  * from now on, then a raw client upgraded on the listener; *sp is its
  * server peer (the canary's is peer 0). */
@@ -506,8 +512,8 @@ static void expect_ping_failure(struct tu *h, struct tu_peer *sp)
 	ck_assert_uint_eq(sp->nmsgs, 0);
 }
 
-/* A raw client pings every 10 ms under the default policy (1,000 ms, 2
- * strikes): pings 1-3 are answered (2 and 3 are strikes), ping 4 (the
+/* A raw client pings, each ping early (EARLY_MS), under the default 2
+ * strikes: pings 1-3 are answered (2 and 3 are strikes), ping 4 (the
  * third early one) gets close 1008 "too many pings" and TCP closes. The
  * bytes it receives are exactly three pongs and that close. The server
  * comm reports TW_EPROTO; fds return to what they were, no CLOSE_WAIT,
@@ -516,14 +522,14 @@ START_TEST(pings_too_often)
 {
 	struct tu h;
 	struct wu_raw r;
-	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	struct tu_peer *sp, *cli = open_pinger(&h, wu_scheme(_i), EARLY_MS,
+					       TW_DEFAULT_WS_PING_STRIKES, &r, &sp);
 	uint8_t want[64];
 	size_t n = 0;
 	int fds = tt_fd_count();
 	for (char p = '1'; p <= '3'; p++) {
 		ping_pong(&r, &p, 1);
 		n += wu_frame(want + n, 1, 10, &p, 1, 0);
-		tu_run_for(&h, 10);
 	}
 	ck_assert_int_eq(sp->closed, 0);
 	send_ping(&r, "4", 1);
@@ -541,14 +547,16 @@ START_TEST(pings_too_often)
 }
 END_TEST
 
-/* 10,000 pings of 125 bytes in one burst, default policy: the fourth ping
- * ends the comm; at most three pongs come before the close, which is the
- * last frame and exactly close 1008. The rest of the flood is never read. */
+/* 10,000 pings of 125 bytes in one burst, each early (EARLY_MS), default
+ * strikes: the fourth ping ends the comm; at most three pongs come before
+ * the close, which is the last frame and exactly close 1008. The rest of
+ * the flood is never read. */
 START_TEST(ping_flood_closed)
 {
 	struct tu h;
 	struct wu_raw r;
-	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	struct tu_peer *sp, *cli = open_pinger(&h, wu_scheme(_i), EARLY_MS,
+					       TW_DEFAULT_WS_PING_STRIKES, &r, &sp);
 	size_t per = 6 + 125, n = 0, k;
 	uint8_t *b = malloc(10000 * per), payload[125], close[32];
 	struct wu_fr f[8];
@@ -647,25 +655,25 @@ START_TEST(ping_flood_policy_off)
 }
 END_TEST
 
-/* Two raw clients on one listener ping every 10 ms while the canary
- * echoes: A sends a fourth ping and is closed with 1008, B stays within
- * its strikes (three pings, two early) and keeps working (the policy's
- * state is per comm): its message echoes after A is gone, and it closes
- * cleanly. */
+/* Two raw clients on one listener ping (each ping early, EARLY_MS;
+ * default strikes) while the canary echoes: A sends a fourth ping and is
+ * closed with 1008, B stays within its strikes (three pings, two early)
+ * and keeps working (the policy's state is per comm): its message echoes
+ * after A is gone, and it closes cleanly. */
 START_TEST(pinger_closed_others_work)
 {
 	struct tu h;
 	struct wu_raw a, b;
-	struct tu_peer *sa, *sb, *cli = open_raw(&h, wu_scheme(_i), &a, &sa);
+	struct tu_peer *sa, *sb, *cli;
 	uint8_t close[32];
 	size_t n;
+	cli = open_pinger(&h, wu_scheme(_i), EARLY_MS, TW_DEFAULT_WS_PING_STRIKES, &a, &sa);
 	ck_assert_int_eq(wu_raw_open(&h, h.addr, NULL, &b), 101);
 	sb = tu_server_peer(&h, 2);
 	for (char p = '1'; p <= '3'; p++) {
 		ping_pong(&a, &p, 1);
 		ping_pong(&b, &p, 1);
 		tu_echo_check(cli, (size_t[]){100}, 1, (unsigned)p, WU_WAIT_MS);
-		tu_run_for(&h, 10);
 	}
 	send_ping(&a, "4", 1);
 	ck_assert(wu_raw_read_eof(&a, WU_WAIT_MS));
@@ -930,8 +938,9 @@ START_TEST(frames_bundled_with_101)
 END_TEST
 
 /* BH-22 from the client's side: a server whose first frames are four
- * pings (the last three early) gets close 1008 "too many pings", masked
- * as every client frame; the client comm ends with TW_EPROTO. */
+ * pings (the last three early, EARLY_MS) gets close 1008 "too many
+ * pings", masked as every client frame; the client comm ends with
+ * TW_EPROTO. */
 START_TEST(server_pings_too_often)
 {
 	struct tu h;
@@ -943,6 +952,7 @@ START_TEST(server_pings_too_often)
 	for (char p = '1'; p <= '4'; p++)
 		f.nextra += wu_frame(f.extra + f.nextra, 1, 9, &p, 1, 0);
 	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h.ctx, EARLY_MS), 0);
 	ck_assert_int_eq(connect_to_fake(&h, &f, &cli), 0);
 	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
 	ck_assert_int_eq(cli->close_err, TW_EPROTO);

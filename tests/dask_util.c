@@ -273,12 +273,27 @@ void du_loop_fini(struct du_loop *l)
 	memset(l, 0, sizeof(*l));
 }
 
+/* Bytes and messages moved by every comm of the process: while this
+ * changes, a wait is slow (a loaded machine, valgrind), not stuck. */
+static uint64_t progress(void)
+{
+	tw_stats st;
+	tw_stats_global(&st);
+	return st.bytes_sent + st.bytes_received + st.msgs_sent + st.msgs_received;
+}
+
 int du_run_until(struct du_loop *l, int (*pred)(void *arg), void *arg, int ms)
 {
 	long long deadline = now_ms() + ms;
+	uint64_t seen = progress();
 	while (!pred(arg)) {
-		if (now_ms() > deadline)
+		uint64_t io = progress();
+		if (io != seen) {
+			seen = io;
+			deadline = now_ms() + ms;
+		} else if (now_ms() > deadline) {
 			return 0;
+		}
 		event_base_loop(l->base, EVLOOP_ONCE);
 	}
 	return 1;
@@ -434,6 +449,7 @@ int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n)
 		if (w > 0) {
 			b += w;
 			n -= (size_t)w;
+			deadline = now_ms() + DU_WAIT_MS; /* a hang guard: slow is not stuck */
 		} else if (w < 0 && errno != EAGAIN && errno != EINTR) {
 			return -1;
 		} else {
@@ -443,15 +459,18 @@ int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n)
 	return n == 0 ? 0 : -1;
 }
 
-/* Read exactly n bytes into p, driving the loop while none are there. */
-static int raw_read(struct du_loop *l, int fd, void *p, size_t n, long long deadline)
+/* Read exactly n bytes into p, driving the loop while none are there;
+ * -1 after ms without a byte. */
+static int raw_read(struct du_loop *l, int fd, void *p, size_t n, int ms)
 {
 	uint8_t *b = p;
+	long long deadline = now_ms() + ms;
 	while (n > 0) {
 		ssize_t r = recv(fd, b, n, 0);
 		if (r > 0) {
 			b += r;
 			n -= (size_t)r;
+			deadline = now_ms() + ms;
 		} else if (r == 0 || (errno != EAGAIN && errno != EINTR) || now_ms() > deadline) {
 			return -1;
 		} else {
@@ -468,17 +487,17 @@ static uint64_t le64(const uint8_t *p)
 	return le64toh(v);
 }
 
-static int raw_frames(struct du_loop *l, int fd, uint64_t n, tw_msg *m, long long deadline)
+static int raw_frames(struct du_loop *l, int fd, uint64_t n, tw_msg *m, int ms)
 {
 	uint8_t word[8];
 	uint64_t *lens = calloc(n, sizeof(*lens));
 	int rv = lens != NULL ? 0 : -1;
 	for (uint64_t i = 0; rv == 0 && i < n; i++)
-		if ((rv = raw_read(l, fd, word, 8, deadline)) == 0)
+		if ((rv = raw_read(l, fd, word, 8, ms)) == 0)
 			lens[i] = le64(word);
 	for (uint64_t i = 0; rv == 0 && i < n; i++) {
 		uint8_t *buf = malloc(lens[i] ? lens[i] : 1);
-		rv = buf != NULL ? raw_read(l, fd, buf, lens[i], deadline) : -1;
+		rv = buf != NULL ? raw_read(l, fd, buf, lens[i], ms) : -1;
 		if (rv == 0)
 			rv = tw_msg_append_copy(m, buf, lens[i]) == 0 ? 0 : -1;
 		free(buf);
@@ -489,16 +508,15 @@ static int raw_frames(struct du_loop *l, int fd, uint64_t n, tw_msg *m, long lon
 
 int du_raw_recv_msg(struct du_loop *l, int fd, tw_msg **out, int ms)
 {
-	long long deadline = now_ms() + ms;
 	uint8_t head[16];
 	tw_msg *m;
 	uint64_t n;
-	if (raw_read(l, fd, head, 16, deadline) != 0)
+	if (raw_read(l, fd, head, 16, ms) != 0)
 		return -1;
 	n = le64(head + 8);
 	if (n == 0 || n > 1024 || tw_msg_new(&m) != 0)
 		return -1;
-	if (raw_frames(l, fd, n, m, deadline) != 0) {
+	if (raw_frames(l, fd, n, m, ms) != 0) {
 		tw_msg_free(m);
 		return -1;
 	}

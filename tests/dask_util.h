@@ -19,7 +19,8 @@
 
 #include <taskwire/taskwire.h>
 
-/* Deadlines: a wait that takes this long means the test failed. */
+/* Hang guards: a wait that sees no progress for this long means the test
+ * failed (du_run_until restarts it whenever comms move bytes). */
 #define DU_WAIT_MS  60000
 #define DU_START_MS 60000
 
@@ -111,7 +112,8 @@ int du_raw_connect(const char *uri);
  * -1 when the peer closed first. */
 int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n);
 /* Drive the loop until one whole stream message arrives on fd; its frames
- * go into *out (a new message). Returns 0, or -1 on EOF or deadline. */
+ * go into *out (a new message). Returns 0, or -1 on EOF or after ms
+ * without a byte. */
 int du_raw_recv_msg(struct du_loop *l, int fd, tw_msg **out, int ms);
 /* Drive the loop until fd sees EOF (or ECONNRESET): returns 1, else 0
  * (data arrived instead, or the deadline passed). */

@@ -136,7 +136,7 @@ struct ox_job *ox_gate(tw_context *ctx);
 struct ox_job *ox_marker(tw_context *ctx);
 void ox_open(struct ox_job *j);
 int ox_ran(struct ox_job *j);
-/* Wait (up to 10 s) until a worker has started j: a gate is then holding
+/* Wait (up to TU_WAIT_MS) until a worker has started j: a gate is then holding
  * its worker, not merely queued (a queued job is canceled by a context
  * free). Asserts it started. */
 void ox_wait_started(struct ox_job *j);

@@ -14,8 +14,10 @@
 
 #include "tests/readahead_util.h"
 
-/* A message that should come at once but does not: the receiver stalls. */
-#define STALL_MS 5000
+/* A message that should come at once but does not: the receiver stalls,
+ * and nothing moves. Only a hang guard (tu_run_until restarts it on
+ * progress): on a loaded machine "at once" can take seconds. */
+#define STALL_MS TU_WAIT_MS
 
 static long long now_ms(void)
 {
@@ -65,12 +67,14 @@ void ra_send(struct ra_peer *p, const void *buf, size_t n)
 		rv = SSL_write_ex(p->ssl, b + done, n - done, &put);
 		if (rv == 1) {
 			done += put;
+			deadline = now_ms() + TU_WAIT_MS; /* a hang guard: slow is not stuck */
 			continue;
 		}
 		e = SSL_get_error(p->ssl, rv);
 		ck_assert_msg(e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ,
 			      "SSL_write_ex: error %d", e);
-		ck_assert_msg(now_ms() < deadline, "raw tls send stalled");
+		ck_assert_msg(now_ms() < deadline, "raw tls send stalled at %zu of %zu bytes", done,
+			      n);
 		event_base_loop(p->h->base, EVLOOP_ONCE);
 	}
 }
@@ -88,6 +92,7 @@ int ra_recv(struct ra_peer *p, void *buf, size_t n)
 			rv = SSL_read_ex(p->ssl, b + done, n - done, &got);
 			if (rv == 1) {
 				done += got;
+				deadline = now_ms() + TU_WAIT_MS;
 				continue;
 			}
 			e = SSL_get_error(p->ssl, rv);
@@ -97,6 +102,7 @@ int ra_recv(struct ra_peer *p, void *buf, size_t n)
 			ssize_t k = recv(p->fd, b + done, n - done, MSG_DONTWAIT);
 			if (k > 0) {
 				done += (size_t)k;
+				deadline = now_ms() + TU_WAIT_MS;
 				continue;
 			}
 			if (k == 0 || (errno != EAGAIN && errno != EINTR))
@@ -694,6 +700,24 @@ static void soak_resume(struct ra_peer *p, struct soak *st)
 	}
 }
 
+/* Run the loop until the server comm delivered n messages, resuming it
+ * when the soak paused it; fails after STALL_MS without any progress. */
+static void soak_wait(struct ra_peer *p, struct soak *st, size_t n)
+{
+	long long deadline = now_ms() + STALL_MS;
+	uint64_t seen = tu_progress();
+	while (p->sp->nmsgs < n) {
+		uint64_t io = tu_progress();
+		if (io != seen) {
+			seen = io;
+			deadline = now_ms() + STALL_MS;
+		}
+		ck_assert_msg(now_ms() < deadline, "soak: stalled at %zu of %zu", p->sp->nmsgs, n);
+		soak_resume(p, st);
+		event_base_loop(p->h->base, EVLOOP_NONBLOCK);
+	}
+}
+
 void ra_soak(struct ra_env *e, unsigned nmsgs)
 {
 	struct ra_peer p;
@@ -741,14 +765,7 @@ void ra_soak(struct ra_env *e, unsigned nmsgs)
 		while (nsent < nmsgs && ends[nsent] <= sent)
 			nsent++;
 		if (how == 0) {
-			/* delivered before the next write: resume as needed */
-			long long deadline = now_ms() + STALL_MS;
-			while (p.sp->nmsgs < nsent) {
-				ck_assert_msg(now_ms() < deadline, "soak: stalled at %zu of %zu",
-					      p.sp->nmsgs, nsent);
-				soak_resume(&p, &st);
-				event_base_loop(e->h->base, EVLOOP_NONBLOCK);
-			}
+			soak_wait(&p, &st, nsent); /* delivered before the next write */
 		} else {
 			event_base_loop(e->h->base, EVLOOP_NONBLOCK);
 			if (soak_rnd(&st, 2) == 0)
@@ -756,12 +773,7 @@ void ra_soak(struct ra_env *e, unsigned nmsgs)
 		}
 		ck_assert_int_eq(p.sp->closed, 0);
 	}
-	for (long long deadline = now_ms() + STALL_MS; p.sp->nmsgs < nmsgs;) {
-		ck_assert_msg(now_ms() < deadline, "soak: stalled at %zu of %u", p.sp->nmsgs,
-			      nmsgs);
-		soak_resume(&p, &st);
-		event_base_loop(e->h->base, EVLOOP_NONBLOCK);
-	}
+	soak_wait(&p, &st, nmsgs);
 	p.sp->on_recv = NULL;
 	soak_resume(&p, &st);
 	expect_all(&p, &ws, "soak");

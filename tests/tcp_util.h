@@ -14,7 +14,9 @@
 
 #include <taskwire/taskwire.h>
 
-/* Deadlines: a wait that takes this long means the test failed. */
+/* Hang guard: a wait that sees no progress for this long means the test
+ * failed. Waits restart it on progress, so a slow machine only waits
+ * longer. */
 #define TU_WAIT_MS          30000
 #define TU_MAX_SERVER_COMMS 512
 
@@ -72,7 +74,11 @@ void tu_fini(struct tu *h);
  * address. Returns the tw_listen code. */
 int tu_listen(struct tu *h, const char *uri);
 
-/* Drive the loop until pred(arg) is true (returns 1) or ms pass (0). */
+/* Bytes and messages moved by every comm of the process so far: while
+ * this changes, a wait is slow (a loaded machine, valgrind), not stuck. */
+uint64_t tu_progress(void);
+/* Drive the loop until pred(arg) is true (returns 1) or ms pass with no
+ * tu_progress (0). */
 int tu_run_until(struct tu *h, int (*pred)(void *arg), void *arg, int ms);
 /* Drive the loop for about ms milliseconds. */
 void tu_run_for(struct tu *h, int ms);

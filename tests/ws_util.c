@@ -255,8 +255,11 @@ size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n)
 		if (k < 0)
 			break;
 		done += (size_t)k;
-		if (k == 0) {
-			ck_assert_msg(now_ms() < deadline, "raw send stalled");
+		if (k > 0) {
+			deadline = now_ms() + WU_WAIT_MS; /* a hang guard: slow is not stuck */
+		} else {
+			ck_assert_msg(now_ms() < deadline, "raw send stalled at %zu of %zu bytes",
+				      done, n);
 			loop_once(r->h);
 		}
 	}
@@ -308,36 +311,40 @@ static void raw_read_now(struct wu_raw *r)
 	r->eof = 1;
 }
 
-static int raw_eof(void *arg)
-{
-	struct wu_raw *r = arg;
-	if (!r->eof)
-		raw_read_now(r);
-	return r->eof;
-}
-
-int wu_raw_read_eof(struct wu_raw *r, int ms)
-{
-	return tu_run_until(r->h, raw_eof, r, ms);
-}
-
 struct n_wait {
 	struct wu_raw *r;
 	size_t n;
+	size_t seen; /* bytes when the guard last restarted */
 };
 
+/* Read what is there; 1 when r->in holds n bytes, the server closed, or
+ * bytes came (the caller restarts its hang guard then). */
 static int raw_has_n(void *arg)
 {
 	struct n_wait *w = arg;
 	if (!w->r->eof)
 		raw_read_now(w->r);
-	return w->r->nin >= w->n || w->r->eof;
+	return w->r->nin >= w->n || w->r->eof || w->r->nin > w->seen;
+}
+
+/* Read until r->in holds n bytes or the server closed; ms is a hang guard
+ * that every byte received restarts. */
+static void read_until(struct wu_raw *r, size_t n, int ms)
+{
+	struct n_wait w = {r, n, r->nin};
+	while (tu_run_until(r->h, raw_has_n, &w, ms) && !r->eof && r->nin < n)
+		w.seen = r->nin;
+}
+
+int wu_raw_read_eof(struct wu_raw *r, int ms)
+{
+	read_until(r, SIZE_MAX, ms);
+	return r->eof;
 }
 
 int wu_raw_read_n(struct wu_raw *r, size_t n, int ms)
 {
-	struct n_wait w = {r, n};
-	tu_run_until(r->h, raw_has_n, &w, ms);
+	read_until(r, n, ms);
 	return r->nin >= n;
 }
 
