@@ -49,8 +49,11 @@ static void tcp_shutdown(void *io, int fd)
 	shutdown(fd, SHUT_WR);
 }
 
-const struct tw__stream_io tw__tcp_io = {tcp_readv, tcp_writev, tcp_shutdown, NULL,
-					 NULL,      NULL,       NULL,         NULL};
+const struct tw__stream_io tw__tcp_io = {
+	.readv = tcp_readv,
+	.writev = tcp_writev,
+	.shutdown = tcp_shutdown,
+};
 
 /* The kernel's largest keepalive idle time and interval (tcp(7)). */
 #define KEEPALIVE_MAX_SECS 32767

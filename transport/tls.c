@@ -185,8 +185,14 @@ static int tls_write_held(void *io)
 }
 
 static const struct tw__stream_io tls_io_ops = {
-	tls_readv,   tls_writev, tls_shutdown,   tls_error,
-	tls_pending, tls_free,   tls_write_held, tls_end_held,
+	.readv = tls_readv,
+	.writev = tls_writev,
+	.shutdown = tls_shutdown,
+	.error = tls_error,
+	.pending = tls_pending,
+	.free = tls_free,
+	.write_held = tls_write_held,
+	.end_held = tls_end_held,
 };
 
 /* A TLS handshake in progress, on either side. */
