@@ -358,6 +358,13 @@ uint8_t *tw_block_data(const tw_block *b)
 	return b->data;
 }
 
+int tw__block_sole(const tw_block *b)
+{
+	/* acquire: the other holders' reads of the bytes come before our
+	 * writes, as tw_block_free's release orders them */
+	return atomic_load_explicit(&b->refs, memory_order_acquire) == 1;
+}
+
 size_t tw_block_size(const tw_block *b)
 {
 	return b->size;

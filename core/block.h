@@ -50,6 +50,11 @@ int tw__block_reserve(size_t capacity, tw_block **out);
 int tw__block_commit(tw_block *b, size_t off, size_t *len);
 void tw__block_trim(tw_block *b, size_t size);
 
+/* tw__block_sole: whether the caller holds b's only reference, so that
+ * it may write over b's bytes (reuse a receive buffer) with no one else
+ * seeing them change. */
+int tw__block_sole(const tw_block *b);
+
 /* Release every cached mapping (context teardown, tests). */
 void tw__block_cache_drain(void);
 

@@ -13,7 +13,6 @@
 
 #include "core/block.h"
 #include "core/stats.h"
-#include "core/zalloc.h"
 #include "protocol/compress.h"
 #include "protocol/decode.h"
 #include "protocol/mpcheck.h"
@@ -21,7 +20,7 @@
 
 struct tw_decoded {
 	tw_msg *msg;
-	msgpack_zone *zone; /* &zone_mem once initialised */
+	msgpack_zone *zone; /* &zone_mem once initialised; tw_decode puts d in it */
 	msgpack_zone zone_mem;
 	msgpack_object root;
 	tw_payload *payloads;
@@ -56,13 +55,37 @@ static void free_used(tw_decoded *d)
 	d->used = NULL;
 }
 
+/* Most frames 0 are small: start the zone small too, at a size glibc
+ * serves from its per-thread cache (chunks up to 1032 bytes with the
+ * zone's 8-byte header). */
+#define ZONE_CHUNK 1024
+
 static int init_zone(tw_decoded *d)
 {
-	/* Most frames 0 are small: start the zone small too. */
-	if (!msgpack_zone_init(&d->zone_mem, 1024))
+	if (!msgpack_zone_init(&d->zone_mem, ZONE_CHUNK))
 		return TW_ENOMEM;
 	d->zone = &d->zone_mem;
 	return 0;
+}
+
+/* A decoded message lives at the start of its own zone: one allocation
+ * for both (two on every small RPC otherwise). msgpack_zone holds no
+ * pointer to itself, so it moves by assignment, as msgpack_zone_swap
+ * moves it. */
+static tw_decoded *new_decoded(void)
+{
+	msgpack_zone z;
+	tw_decoded *d;
+	if (!msgpack_zone_init(&z, ZONE_CHUNK))
+		return NULL;
+	if ((d = msgpack_zone_malloc(&z, sizeof(*d))) == NULL) {
+		msgpack_zone_destroy(&z);
+		return NULL;
+	}
+	memset(d, 0, sizeof(*d));
+	d->zone_mem = z;
+	d->zone = &d->zone_mem;
+	return d;
 }
 
 static void fini_zone(tw_decoded *d)
@@ -395,6 +418,7 @@ static int index_holders(tw_decoded *d)
 
 static int decode(tw_decoded *d)
 {
+	const tw_slice *f0;
 	const char *why = NULL;
 	int rv;
 	if (tw_msg_nframes(d->msg) == 0)
@@ -404,7 +428,9 @@ static int decode(tw_decoded *d)
 	d->used[0] = 1;
 	if ((rv = unpack_frame(d, 0, &d->root)) != 0)
 		return rv;
-	if ((rv = tw__walk_placeholders(&d->root, on_holder, d, &why)) != 0)
+	f0 = tw_msg_frame(d->msg, 0);
+	if (tw__may_hold_placeholders(tw_slice_data(f0), f0->len) &&
+	    (rv = tw__walk_placeholders(&d->root, on_holder, d, &why)) != 0)
 		return rv == TW_EPROTO ? fail(d, rv, "frame 0: %s", why) : rv;
 	for (size_t i = 0; i < d->n; i++)
 		if ((rv = load_group(d, &d->payloads[i])) != 0)
@@ -499,17 +525,13 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 	int rv;
 	if (msg == NULL || out == NULL)
 		return TW_EINVAL;
-	if ((d = tw__zalloc(sizeof(*d))) == NULL)
+	if ((d = new_decoded()) == NULL)
 		return TW_ENOMEM;
 	d->msg = tw_msg_hold((tw_msg *)msg);
 	d->detail = detail;
 	d->detail_len = detail_len;
 	d->budget = limits != NULL && limits->max_message_bytes > 0 ? limits->max_message_bytes
 								    : UINT64_C(4) << 30;
-	if (init_zone(d) != 0) {
-		tw_decoded_free(d);
-		return TW_ENOMEM;
-	}
 	if ((rv = decode(d)) != 0) {
 		tw_decoded_free(d);
 		return rv;
@@ -517,6 +539,11 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 	d->detail = NULL;
 	*out = d;
 	return 0;
+}
+
+void *tw__decoded_alloc(tw_decoded *d, size_t size)
+{
+	return msgpack_zone_malloc(d->zone, size);
 }
 
 const msgpack_object *tw_decoded_root(const tw_decoded *d)
@@ -568,6 +595,7 @@ int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t
 
 void tw_decoded_free(tw_decoded *d)
 {
+	msgpack_zone zone;
 	if (d == NULL)
 		return;
 	for (size_t i = 0; i < d->nslices; i++)
@@ -577,7 +605,7 @@ void tw_decoded_free(tw_decoded *d)
 	free(d->holders);
 	free(d->order);
 	free_used(d);
-	fini_zone(d);
 	tw_msg_free(d->msg);
-	free(d);
+	zone = d->zone_mem; /* d is in the zone: move it out, then free */
+	msgpack_zone_destroy(&zone);
 }

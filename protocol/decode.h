@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include <taskwire/msg.h>
+#include <taskwire/serial.h>
 
 /* tw__decode_cost: what decoding msg will touch, in bytes: its frames
  * (frame 0 weighed by the objects it unpacks into) plus the declared
@@ -14,5 +15,10 @@
  * tw_decode reports the error). Decides what goes to the offload pool, so
  * a small message that inflates to gigabytes is not decoded on the loop. */
 uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop);
+
+/* tw__decoded_alloc: size bytes that live as long as d and are freed
+ * with it (from its zone: no allocation of their own for what is made
+ * per message, like a server's request). NULL when out of memory. */
+void *tw__decoded_alloc(tw_decoded *d, size_t size);
 
 #endif

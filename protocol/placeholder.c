@@ -1,4 +1,6 @@
 /* Payload placeholders in frame 0 (protocol/placeholder.h). */
+#include <string.h>
+
 #include <taskwire/error.h>
 
 #include "protocol/placeholder.h"
@@ -40,5 +42,23 @@ int tw__walk_placeholders(const msgpack_object *o, tw__holder_fn fn, void *arg, 
 		if ((rv = tw__walk_placeholders(&o->via.map.ptr[i].key, fn, arg, why)) != 0 ||
 		    (rv = tw__walk_placeholders(&o->via.map.ptr[i].val, fn, arg, why)) != 0)
 			return rv;
+	return 0;
+}
+
+int tw__may_hold_placeholders(const uint8_t *p, size_t n)
+{
+	/* Both keys start with "__" and msgpack keeps a str's bytes as they
+	 * are, whatever its length prefix: without those two bytes in a row
+	 * no key can match. (memchr, not memmem: glibc's memmem costs ten
+	 * times as much on a small frame.) */
+	const uint8_t *last, *u;
+	if (n < 2)
+		return 0;
+	last = p + n - 1; /* a match starts before the last byte */
+	while ((u = memchr(p, '_', (size_t)(last - p))) != NULL) {
+		if (u[1] == '_')
+			return 1;
+		p = u + 1;
+	}
 	return 0;
 }

@@ -16,4 +16,9 @@ typedef int (*tw__holder_fn)(void *arg, const msgpack_object *holder, enum tw_pa
  * placeholder's value is not an unsigned integer. */
 int tw__walk_placeholders(const msgpack_object *o, tw__holder_fn fn, void *arg, const char **why);
 
+/* tw__may_hold_placeholders: whether the n msgpack bytes at p can hold a
+ * placeholder key at all; when not, the walk can be skipped (most small
+ * RPCs carry none). */
+int tw__may_hold_placeholders(const uint8_t *p, size_t n);
+
 #endif

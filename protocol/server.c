@@ -11,8 +11,8 @@
 #include <taskwire/server.h>
 #include <taskwire/stream.h>
 
-#include "core/zalloc.h"
 #include "protocol/builder.h"
+#include "protocol/decode.h"
 #include "transport/transport.h"
 
 struct op {
@@ -39,12 +39,11 @@ struct sconn {
 struct tw_request {
 	struct sconn *conn; /* NULL once the comm went away */
 	tw_decoded *d;
-	char *op; /* op_inline, or malloc'd when longer */
+	char *op;
 	int reply, close;
 	tw_builder *b; /* &b_mem once the reply is begun */
 	tw_builder b_mem;
-	char op_inline[32];
-};
+}; /* in d's memory, op too: freed with d */
 
 struct tw_server {
 	tw_context *ctx;
@@ -172,10 +171,7 @@ static void request_free(tw_request *r)
 {
 	if (r->b != NULL)
 		tw__builder_fini(r->b);
-	tw_decoded_free(r->d);
-	if (r->op != r->op_inline)
-		free(r->op);
-	free(r);
+	tw_decoded_free(r->d); /* and r with it */
 }
 
 /* Forget a comm: its unanswered request is orphaned, not freed. Inside a
@@ -282,14 +278,12 @@ static int make_request(struct sconn *sc, tw_decoded *d, const msgpack_object *o
 {
 	const msgpack_object *root = tw_decoded_root(d);
 	size_t n = op->via.str.size;
-	tw_request *r = tw__zalloc(sizeof(*r));
-	if (r == NULL)
-		return TW_ENOMEM;
-	r->op = n < sizeof(r->op_inline) ? r->op_inline : malloc(n + 1);
-	if (r->op == NULL) {
-		free(r);
-		return TW_ENOMEM;
-	}
+	tw_request *r = tw__decoded_alloc(d, sizeof(*r));
+	char *name = tw__decoded_alloc(d, n + 1);
+	if (r == NULL || name == NULL)
+		return TW_ENOMEM; /* what was taken goes with d */
+	memset(r, 0, sizeof(*r));
+	r->op = name;
 	memcpy(r->op, op->via.str.ptr, n);
 	r->op[n] = '\0';
 	r->conn = sc;

@@ -18,6 +18,7 @@
 #include <taskwire/serial.h>
 
 #include "protocol/decode.h"
+#include "protocol/placeholder.h"
 #include "protocol/placement.h"
 
 #define SAY(...)                                                                                   \
@@ -379,6 +380,42 @@ START_TEST(empty_mixes)
 }
 END_TEST
 
+/* Frame 0 skips the placeholder walk when its bytes hold no "__": a key
+ * sent as str8 (0xd9, as a non-canonical packer may) is still found, and a
+ * near miss is plain data. */
+START_TEST(placeholder_prefilter)
+{
+	static const uint8_t str8_key[] = {0x81, 0xd9, 0x0e, '_', '_', 'S', 'e', 'r', 'i',
+					   'a',  'l',  'i',  'z', 'e', 'd', '_', '_', 0x01};
+	static const uint8_t near_miss[] = {0x81, 0xac, '_', 'S', 'e', 'r', 'i', 'a',
+					    'l',  'i',  'z', 'e', 'd', '_', 0x01};
+	tw_decoded *d;
+	tw_msg *m;
+	ck_assert(tw__may_hold_placeholders(str8_key, sizeof(str8_key)));
+	ck_assert(!tw__may_hold_placeholders(near_miss, sizeof(near_miss)));
+	ck_assert(!tw__may_hold_placeholders((const uint8_t *)"a_b_", 4));
+	ck_assert(tw__may_hold_placeholders((const uint8_t *)"ab__", 4));
+	ck_assert(!tw__may_hold_placeholders((const uint8_t *)"_", 1));
+	ck_assert(!tw__may_hold_placeholders(NULL, 0));
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, str8_key, sizeof(str8_key)), 0);
+	add_subheader(m, 1, NULL);
+	ck_assert_int_eq(tw_msg_append_copy(m, "xyz", 3), 0);
+	ck_assert_int_eq(tw_decode(m, NULL, &d, NULL, 0), 0);
+	ck_assert_uint_eq(tw_decoded_npayloads(d), 1);
+	ck_assert_uint_eq(tw_decoded_payload_at(d, 0)->frames[0].len, 3);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, near_miss, sizeof(near_miss)), 0);
+	ck_assert_int_eq(tw_decode(m, NULL, &d, NULL, 0), 0);
+	ck_assert_uint_eq(tw_decoded_npayloads(d), 0);
+	ck_assert_uint_eq(tw_decoded_root(d)->via.map.size, 1);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+}
+END_TEST
+
 /* BH-32 (c) for lz4: a zero-length sub-frame flagged "lz4". */
 START_TEST(lz4_zero_length)
 {
@@ -433,6 +470,7 @@ int main(void)
 	tcase_add_test(tc, decode_cost_quadratic);
 	tcase_add_test(tc, nesting_limit_error);
 	tcase_add_test(tc, empty_mixes);
+	tcase_add_test(tc, placeholder_prefilter);
 	tcase_add_test(tc, lz4_zero_length);
 	tcase_add_test(tc, merge_many_tiny);
 	suite_add_tcase(s, tc);

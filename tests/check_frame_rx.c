@@ -612,6 +612,53 @@ START_TEST(gulp_one_read)
 }
 END_TEST
 
+/* Request/response traffic frees each message before the next comes:
+ * the read-ahead block comes back and is read into again (no allocation
+ * per message); a message still held keeps its block, so its bytes never
+ * change under it, and the next read goes into a new block. */
+START_TEST(gulp_block_reused_when_free)
+{
+	size_t lens[] = {28};
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	tw_stats before = stats_now();
+	tw_block *last = NULL;
+	tw_msg *held = NULL, *m;
+	struct tw__rx rx;
+	struct wire w[8];
+	tw__rx_init(&rx, &l);
+	rx.gulp_max = 4096;
+	for (int i = 0; i < 8; i++) {
+		size_t reads = 0;
+		const tw_slice *f;
+		wire_make(&w[i], lens, 1);
+		memset(w[i].bytes + 24, 'a' + i, 28);
+		ck_assert_uint_eq(recv_gulping(&rx, w[i].bytes, w[i].len, NULL, &m, 1, &reads), 1);
+		check_msg(m, &w[i]);
+		f = tw_msg_frame(m, 0);
+		if (i == 4) /* held while 5 comes: 5 cannot use its block */
+			ck_assert_ptr_eq(f->block, last);
+		else if (i == 5)
+			ck_assert_ptr_ne(f->block, last);
+		else if (i == 3 || i >= 6) /* the block that came back */
+			ck_assert_ptr_eq(f->block, last);
+		last = f->block;
+		if (i == 4)
+			held = m;
+		else
+			tw_msg_free(m);
+		if (i == 5) { /* the held message's bytes are its own still */
+			check_msg(held, &w[4]);
+			tw_msg_free(held);
+		}
+	}
+	ck_assert_uint_eq(stats_now().payload_bytes_copied, before.payload_bytes_copied);
+	tw__rx_fini(&rx);
+	ck_assert_uint_eq(stats_now().blocks_live, before.blocks_live);
+	for (int i = 0; i < 8; i++)
+		wire_free(&w[i]);
+}
+END_TEST
+
 /* A large message after a run of small ones: the read-ahead took the
  * start of it; only those bytes are copied out (bounded by the read-ahead
  * size), its large frame still gets an exact-size block of its own. */
@@ -1044,6 +1091,7 @@ static Suite *rx_suite(void)
 	tcase_add_test(stream, stream_random_splits);
 	tcase_add_test(stream, truncated);
 	tcase_add_test(stream, gulp_one_read);
+	tcase_add_test(stream, gulp_block_reused_when_free);
 	tcase_add_test(stream, gulp_mispredict_large);
 	tcase_add_loop_test(stream, gulp_stream_random, 0, 40);
 	tcase_add_test(stream, gulp_slices_outlive_rx);

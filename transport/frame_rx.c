@@ -243,7 +243,9 @@ static int offer_gulp(struct tw__rx *rx, struct iovec *iov)
 	rx->gulping = 0;
 	if (rx->have != 0 || rx->gulp_size == 0 || rx->carry_len != 0)
 		return 0;
-	if (rx->gulp != NULL && tw_block_size(rx->gulp) != size) {
+	/* The last read-ahead block comes back once the messages made of it
+	 * are freed (a request answered, a reply taken): reuse it then. */
+	if (rx->gulp != NULL && (tw_block_size(rx->gulp) != size || !tw__block_sole(rx->gulp))) {
 		tw_block_free(rx->gulp);
 		rx->gulp = NULL;
 	}
@@ -404,7 +406,10 @@ static void use_carry(struct tw__rx *rx, size_t n)
 {
 	rx->carry_off += n;
 	if ((rx->carry_len -= n) == 0) {
-		tw_block_free(rx->carry);
+		if (rx->gulp == NULL)
+			rx->gulp = rx->carry; /* kept for offer_gulp to reuse */
+		else
+			tw_block_free(rx->carry);
 		rx->carry = NULL;
 	}
 }
