@@ -36,15 +36,29 @@ static int grow(struct tw__packbuf *pb, size_t need)
 	return 0;
 }
 
+/* Room for len more bytes. A failure is for good: cap drops to size, so
+ * every later write comes here and is refused. */
+static int reserve(struct tw__packbuf *pb, size_t len)
+{
+	if (pb->failed || len > SIZE_MAX - pb->size || grow(pb, pb->size + len) != 0) {
+		pb->failed = 1;
+		pb->cap = pb->size;
+		return -1;
+	}
+	return 0;
+}
+
 int tw__packbuf_write(void *arg, const char *buf, size_t len)
 {
 	struct tw__packbuf *pb = arg;
-	if (pb->failed || len > SIZE_MAX - pb->size ||
-	    (pb->cap - pb->size < len && grow(pb, pb->size + len) != 0)) {
-		pb->failed = 1;
+	if (pb->cap - pb->size < len && reserve(pb, len) != 0)
 		return -1;
-	}
-	memcpy(pb->data + pb->size, buf, len);
+	/* msgpack-c writes most headers and small values one byte at a
+	 * time: those need no memcpy call */
+	if (len == 1)
+		pb->data[pb->size] = (uint8_t)buf[0];
+	else
+		memcpy(pb->data + pb->size, buf, len);
 	pb->size += len;
 	return 0;
 }

@@ -146,7 +146,10 @@ int tw__sdec_feed(struct tw__sdec *d, const uint8_t *p, size_t n, size_t *used)
 		size_t want, k;
 		tw__sdec_want(d, &dst, &want);
 		k = want < n - *used ? want : n - *used;
-		memcpy(dst, p + *used, k);
+		if (k == 8) /* a whole field, the usual case: no memcpy call */
+			memcpy(dst, p + *used, 8);
+		else
+			memcpy(dst, p + *used, k);
 		*used += k;
 		rv = tw__sdec_advance(d, k);
 	}
