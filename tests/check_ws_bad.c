@@ -5,9 +5,17 @@
  * connection; a fake server feeds bad responses and frames to a taskwire
  * client. After each failure a canary comm on the same listener still
  * echoes. */
+#include <arpa/inet.h>
 #include <endian.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <check.h>
 #include <event2/event.h>
@@ -968,6 +976,141 @@ START_TEST(server_pings_too_often)
 }
 END_TEST
 
+/* A server that upgrades one client by hand, on the test's thread (a
+ * tu_run_until predicate reads the request), so the test decides when
+ * it sends what and how it ends the connection. */
+struct hand_srv {
+	int lfd, fd;
+	char uri[64];
+	char req[4096];
+	size_t nreq;
+};
+
+static void hand_listen(struct hand_srv *s)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	memset(s, 0, sizeof(*s));
+	s->fd = -1;
+	s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(s->lfd, 0);
+	ck_assert_int_eq(bind(s->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(s->lfd, 1), 0);
+	ck_assert_int_eq(getsockname(s->lfd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(s->uri, sizeof(s->uri), "ws://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+}
+
+/* The client's request has arrived, header block whole. */
+static int hand_request(void *arg)
+{
+	struct hand_srv *s = arg;
+	ssize_t k;
+	if (s->fd < 0)
+		s->fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+	while (s->fd >= 0 && s->nreq < sizeof(s->req) - 1 &&
+	       (k = recv(s->fd, s->req + s->nreq, sizeof(s->req) - 1 - s->nreq, MSG_DONTWAIT)) > 0)
+		s->nreq += (size_t)k;
+	return strstr(s->req, "\r\n\r\n") != NULL;
+}
+
+/* Answer the request with a 101 (RFC 6455 section 4.2.2). */
+static void hand_upgrade(struct hand_srv *s)
+{
+	char key[64] = "", acc[32], out[256];
+	const char *k = strcasestr(s->req, "\r\nSec-WebSocket-Key:");
+	int n;
+	ck_assert_ptr_nonnull(k);
+	/* as taskwire does: a small write behind one not yet acknowledged
+	 * (the 101) must not wait, or the reset would discard it */
+	ck_assert_int_eq(setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int)), 0);
+	sscanf(k + 20, " %63s", key);
+	wu_accept_of(key, acc);
+	n = snprintf(out, sizeof(out),
+		     "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+		     "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+		     acc);
+	ck_assert_int_eq(send(s->fd, out, (size_t)n, MSG_NOSIGNAL), n);
+}
+
+static int same_addr(const struct sockaddr_in *a, const struct sockaddr_in *b)
+{
+	return a->sin_family == AF_INET && a->sin_port == b->sin_port &&
+	       a->sin_addr.s_addr == b->sin_addr.s_addr;
+}
+
+/* The fd of this process's connection from `from` to `to`. */
+static int fd_of(const struct sockaddr_in *from, const struct sockaddr_in *to)
+{
+	for (int fd = 0; fd < 1024; fd++) {
+		struct sockaddr_in a, b;
+		socklen_t al = sizeof(a), bl = sizeof(b);
+		if (getsockname(fd, (struct sockaddr *)&a, &al) == 0 && same_addr(&a, from) &&
+		    getpeername(fd, (struct sockaddr *)&b, &bl) == 0 && same_addr(&b, to))
+			return fd;
+	}
+	return -1;
+}
+
+/* Send close `code` and reset the connection (SO_LINGER 0), then wait
+ * until the client's socket has taken the reset (POLLERR) with the close
+ * frame still unread in front of it. */
+static void close_and_reset(struct hand_srv *s, unsigned code)
+{
+	uint8_t body[2 + 15] = {(uint8_t)(code >> 8), (uint8_t)code}, b[32];
+	struct linger lg = {1, 0};
+	struct sockaddr_in me, peer;
+	socklen_t ml = sizeof(me), pl = sizeof(peer);
+	struct pollfd pfd = {-1, 0, 0};
+	size_t n;
+	int unread = -1;
+	memcpy(body + 2, "message too big", 15);
+	n = wu_frame(b, 1, 8, body, sizeof(body), 0);
+	ck_assert_int_eq(getsockname(s->fd, (struct sockaddr *)&me, &ml), 0);
+	ck_assert_int_eq(getpeername(s->fd, (struct sockaddr *)&peer, &pl), 0);
+	ck_assert_int_ge(pfd.fd = fd_of(&peer, &me), 0);
+	ck_assert_int_eq(send(s->fd, b, n, MSG_NOSIGNAL), (ssize_t)n);
+	ck_assert_int_eq(setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(s->fd);
+	s->fd = -1;
+	ck_assert_int_eq(poll(&pfd, 1, WU_WAIT_MS), 1);
+	ck_assert_msg(pfd.revents & POLLERR, "revents %#x", (unsigned)pfd.revents);
+	ck_assert_int_eq(ioctl(pfd.fd, FIONREAD, &unread), 0);
+	ck_assert_int_eq(unread, (int)n);
+}
+
+/* RFC 6455 sections 7.1.5 and 7.1.7: a server fails the connection with
+ * close 1009 and resets it (as a taskwire server does when it closes
+ * with bytes of ours unread) while the client has a message to write.
+ * The write runs first and fails with ECONNRESET (the write event is
+ * already active when the loop polls, so it runs before the read
+ * event); the close frame came before the reset and is still readable,
+ * so it, not the failed write, is why the comm ended: TW_ETOOBIG, not
+ * TW_EIO. */
+START_TEST(close_then_reset_while_writing)
+{
+	struct tu h;
+	struct hand_srv s;
+	struct tu_peer *cli;
+	size_t lens[] = {MiB};
+	int err;
+	tu_init(&h);
+	hand_listen(&s);
+	ck_assert_int_eq(tu_connect_async(&h, s.uri, &cli, &err), 0);
+	ck_assert_msg(tu_run_until(&h, hand_request, &s, WU_WAIT_MS), "no upgrade request");
+	hand_upgrade(&s);
+	ck_assert(tu_wait_connected(&h, &err, WU_WAIT_MS));
+	ck_assert_int_eq(err, 0);
+	close_and_reset(&s, 1009);
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
+	ck_assert_msg(cli->close_err == TW_ETOOBIG, "err %s (%s)", tw_strerror(cli->close_err),
+		      cli->last_error);
+	ck_assert_msg(strstr(cli->last_error, "code 1009") != NULL, "%s", cli->last_error);
+	close(s.lfd);
+	tt_fini(&h);
+}
+END_TEST
+
 static int drained(void *comm)
 {
 	return tw_comm_queued_bytes(comm) == 0;
@@ -1024,5 +1167,6 @@ TCase *ws_upgrade_tcase(void)
 	tcase_add_test(tc, frames_bundled_with_101);
 	tcase_add_test(tc, client_masks_every_frame);
 	tcase_add_test(tc, server_pings_too_often);
+	tcase_add_test(tc, close_then_reset_while_writing);
 	return tc;
 }

@@ -401,8 +401,7 @@ void wu_raw_close(struct wu_raw *r)
 
 /* Fake server. */
 
-/* Sec-WebSocket-Accept for key, computed here (SHA-1, base64). */
-static void accept_of(const char *key, char out[32])
+void wu_accept_of(const char *key, char out[32])
 {
 	char buf[128];
 	unsigned char md[20];
@@ -429,7 +428,7 @@ static void fake_respond(struct wu_fake *f, int fd)
 	int n;
 	if (k != NULL)
 		sscanf(k + 18, " %63s", key);
-	accept_of(key, acc);
+	wu_accept_of(key, acc);
 	if (f->mode == WU_FAKE_200)
 		n = snprintf(out, sizeof(out), "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
 	else

@@ -49,6 +49,10 @@ size_t wu_hex(const char *hex, uint8_t *out, size_t cap);
  * masked with 37 fa 21 3d when masked. Returns its length. */
 size_t wu_frame(uint8_t *out, int fin, unsigned op, const void *payload, size_t len, int masked);
 
+/* Sec-WebSocket-Accept for key (RFC 6455 section 4.2.2), computed here
+ * with OpenSSL's SHA-1 and base64, not by the code under test. */
+void wu_accept_of(const char *key, char out[32]);
+
 /* One frame a peer sent. */
 struct wu_fr {
 	int fin, rsv, op, masked;

@@ -111,6 +111,7 @@ struct ws {
 	uint8_t *scratch; /* client: masked bytes being written */
 	size_t scratch_len, scratch_sent;
 	int close_sent, close_rcvd, err_after_close;
+	int write_err; /* a write failed with it: so does a read_rest that ends */
 };
 
 static ssize_t io_read(struct ws *w, void *p, size_t n)
@@ -325,15 +326,36 @@ static int at_boundary(const struct ws *w)
 	return w->seg_off == 0 && w->scratch_sent == w->scratch_len && !w->data_owed;
 }
 
+static int read_once(struct ws *w, size_t *budget);
+
+/* Read what the socket still holds, as the read event would have: bytes
+ * that came before a reset stay readable (Linux returns them, then EOF).
+ * 1 when the comm may still be used. */
+static int read_rest(struct ws *w)
+{
+	size_t budget = SIZE_MAX;
+	tw__comm_hold(&w->base);
+	while (w->state == WS_OPEN && w->reading && read_once(w, &budget) > 0)
+		;
+	return tw__comm_release(&w->base);
+}
+
 static void write_failed(struct ws *w)
 {
-	int err = tw__io_err(errno);
-	/* The peer closed first (and may have reset the connection): its
-	 * close code, not the failed echo of it, says why the comm ended. */
+	int reset = errno == ECONNRESET || errno == EPIPE;
+	if (!w->close_rcvd) {
+		w->write_err = tw__io_err(errno);
+		tw__comm_seterr(&w->base, "write failed: %s", io_error(w));
+		/* A peer that fails the connection may send its close and
+		 * reset at once (RFC 6455 section 7.1.7): read it first. */
+		if (reset && !read_rest(w))
+			return;
+	}
+	/* The peer closed first: its close code, not the failed write (or
+	 * the echo of its close), says why the comm ended (section 7.1.5). */
 	if (w->close_rcvd)
 		return end_after_close(w);
-	tw__comm_seterr(&w->base, "write failed: %s", io_error(w));
-	tw__comm_end(&w->base, err);
+	tw__comm_end(&w->base, w->write_err);
 }
 
 /* Write segments until the socket is full or the budget is spent. */
@@ -731,6 +753,8 @@ static void peer_gone(struct ws *w, ssize_t n)
 	int err = tw__io_err(errno);
 	if (w->close_rcvd || w->state == WS_CLOSING)
 		return end_after_close(w);
+	if (w->write_err != 0) /* read_rest: write_failed said why */
+		return tw__comm_end(&w->base, w->write_err);
 	if (n == 0) {
 		tw__comm_seterr(&w->base, "peer closed the connection without a close frame");
 		return tw__comm_end(&w->base,
