@@ -91,9 +91,12 @@ static int pool_start(tw_context *ctx)
 	p->tail = &p->head;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->more, NULL);
-	for (; p->nthreads < ctx->offload_threads; p->nthreads++)
+	for (; p->nthreads < ctx->offload_threads; p->nthreads++) {
 		if (pthread_create(&p->threads[p->nthreads], NULL, worker, p) != 0)
 			break;
+		/* named for top, gdb and /proc (at most 15 characters) */
+		pthread_setname_np(p->threads[p->nthreads], "tw-offload");
+	}
 	if (p->nthreads == 0) {
 		pool_free(p);
 		return TW_EIO;

@@ -57,8 +57,10 @@ int tw__packbuf_write(void *arg, const char *buf, size_t len)
 	 * time: those need no memcpy call */
 	if (len == 1)
 		pb->data[pb->size] = (uint8_t)buf[0];
-	else
+	else if (len != 0)
 		memcpy(pb->data + pb->size, buf, len);
+	else if (pb->failed) /* refused too; data may be NULL: no memcpy */
+		return -1;
 	pb->size += len;
 	return 0;
 }

@@ -17,6 +17,7 @@
 #include <taskwire/stats.h>
 
 #include "core/block.h"
+#include "protocol/packbuf.h"
 #include "tests/proc_status.h"
 #include "tests/unit.h"
 
@@ -464,6 +465,31 @@ END_TEST
 /* tw_stats as an older or a newer program was compiled: an older one's
  * smaller struct gets its fields and nothing past them; a newer one's
  * larger struct gets zeros in the fields this library lacks. */
+/* A packing buffer that failed refuses every later write, even of zero
+ * bytes, and no frame comes of it (a failure may leave no memory at all:
+ * a zero-length write must not memcpy to NULL). */
+START_TEST(packbuf_refuses_after_failure)
+{
+	struct tw__packbuf pb;
+	tw_msg *m;
+	tw__packbuf_init(&pb);
+	ck_assert_int_eq(tw__packbuf_write(&pb, "x", SIZE_MAX), -1); /* no room can hold it */
+	ck_assert_int_eq(tw__packbuf_write(&pb, "", 0), -1);
+	ck_assert_int_eq(tw__packbuf_write(&pb, "y", 1), -1);
+	ck_assert_int_eq(tw__packbuf_write(&pb, "yz", 2), -1);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw__packbuf_append(m, &pb), TW_ENOMEM);
+	ck_assert_uint_eq(tw_msg_nframes(m), 0);
+	tw_msg_free(m);
+	/* after a good write, the same */
+	ck_assert_int_eq(tw__packbuf_write(&pb, "ab", 2), 0);
+	ck_assert_int_eq(tw__packbuf_write(&pb, "x", SIZE_MAX - 1), -1);
+	ck_assert_int_eq(tw__packbuf_write(&pb, "", 0), -1);
+	ck_assert_int_eq(tw__packbuf_write(&pb, "c", 1), -1);
+	tw__packbuf_fini(&pb);
+}
+END_TEST
+
 START_TEST(stats_sized)
 {
 	union {
@@ -547,6 +573,7 @@ static Suite *buf_suite(void)
 	tcase_add_test(msgs, msg_append_slice);
 	tcase_add_test(msgs, msg_append_invalid);
 	tcase_add_test(msgs, msg_many_frames);
+	tcase_add_test(msgs, packbuf_refuses_after_failure);
 	tcase_add_test(msgs, stats_sized);
 	suite_add_tcase(s, blocks);
 	suite_add_tcase(s, msgs);

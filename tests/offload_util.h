@@ -144,7 +144,7 @@ void ox_job_free(struct ox_job *j);
 /* Wait for j's done on the harness loop. */
 void ox_wait_job(struct tu *h, struct ox_job *j);
 
-/* Threads of this process (entries of /proc/self/task). */
+/* Offload worker threads of this process (named "tw-offload"). */
 size_t ox_nthreads(void);
 
 #endif

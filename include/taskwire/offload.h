@@ -27,7 +27,8 @@ extern "C" {
 
 /* tw_context_set_offload_threads: worker threads of the pool, started on
  * first use (default: the number of online CPUs minus one, at least 1, so
- * the loop keeps a core and large decodes still run in parallel with it).
+ * the loop keeps a core and large decodes still run in parallel with it),
+ * named "tw-offload" (top -H, gdb, /proc/PID/task/TID/comm).
  * Call before the first decoded delivery. Returns 0 or TW_EINVAL (0
  * threads, or the pool already started). */
 int tw_context_set_offload_threads(tw_context *ctx, unsigned threads);
