@@ -13,8 +13,12 @@
 #include <taskwire/offload.h>
 #include <taskwire/rpc.h>
 
+#include "core/timer.h"
 #include "protocol/pool.h"
 #include "transport/transport.h"
+
+/* How often idle comms past their age or count are closed. */
+#define SWEEP_MS 1000
 
 struct dest;
 
@@ -65,11 +69,10 @@ struct tw_pool {
 	struct dest *dests;
 	size_t limit, max_idle;
 	uint32_t idle_timeout_ms;
-	struct event *sweep;
-	struct event *kick;     /* dispatch from the loop */
-	struct dest *kick_head; /* the addresses it dispatches */
-	struct event *deadline; /* the soonest call deadline */
-	uint64_t armed_ms;      /* when it fires; 0: not armed */
+	struct tw__timer sweep;    /* every SWEEP_MS: idle comms, empty addresses */
+	struct event *kick;        /* dispatch from the loop */
+	struct dest *kick_head;    /* the addresses it dispatches */
+	struct tw__timer deadline; /* the soonest call deadline (or a later one) */
 	tw_call *dl_head, *dl_tail;
 	int closing;
 };
@@ -120,16 +123,9 @@ static const char *stage(const tw_call *c)
  * for the next deadline. */
 static void dl_arm(tw_pool *p)
 {
-	uint64_t now, ms;
-	struct timeval tv;
-	if (p->dl_head == NULL || (p->armed_ms != 0 && p->armed_ms <= p->dl_head->deadline_ms))
-		return;
-	now = tw__mono_ms();
-	ms = p->dl_head->deadline_ms > now ? p->dl_head->deadline_ms - now : 0;
-	tv.tv_sec = (time_t)(ms / 1000);
-	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-	if (event_add(p->deadline, &tv) == 0)
-		p->armed_ms = p->dl_head->deadline_ms;
+	uint64_t armed = p->deadline.at_ms;
+	if (p->dl_head != NULL && (armed == 0 || armed > p->dl_head->deadline_ms))
+		tw__timer_arm(&p->deadline, p->dl_head->deadline_ms);
 }
 
 static void dl_insert(tw_pool *p, tw_call *c)
@@ -165,13 +161,10 @@ static void dl_remove(tw_pool *p, tw_call *c)
 	c->deadline_ms = 0;
 }
 
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
+static void on_deadline(void *arg)
 {
 	tw_pool *p = arg;
 	uint64_t now = tw__mono_ms();
-	(void)fd;
-	(void)what;
-	p->armed_ms = 0;
 	while (p->dl_head != NULL && p->dl_head->deadline_ms <= now) {
 		tw_call *c = p->dl_head;
 		say(c, "no reply from %s within %u ms: %s", c->dest->uri, (unsigned)c->timeout_ms,
@@ -624,12 +617,11 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-static void on_sweep(evutil_socket_t fd, short what, void *arg)
+static void on_sweep(void *arg)
 {
 	tw_pool *p = arg;
 	struct timeval now, age;
-	(void)fd;
-	(void)what;
+	tw__timer_arm(&p->sweep, tw__mono_ms() + SWEEP_MS);
 	evutil_gettimeofday(&now, NULL);
 	for (struct dest *d = p->dests, *dnext; d != NULL; d = dnext) {
 		struct pcomm *pc = d->comms, *next;
@@ -655,8 +647,8 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
 
 int tw_pool_new(tw_context *ctx, tw_pool **out)
 {
-	struct timeval tv = {1, 0};
 	tw_pool *p;
+	int rv = TW_ENOMEM;
 	if (ctx == NULL || out == NULL)
 		return TW_EINVAL;
 	if ((p = calloc(1, sizeof(*p))) == NULL)
@@ -665,20 +657,16 @@ int tw_pool_new(tw_context *ctx, tw_pool **out)
 	p->limit = TW_DEFAULT_POOL_LIMIT;
 	p->max_idle = TW_DEFAULT_POOL_MAX_IDLE;
 	p->idle_timeout_ms = TW_DEFAULT_POOL_IDLE_TIMEOUT_MS;
-	p->sweep = event_new(ctx->base, -1, EV_PERSIST, on_sweep, p);
-	p->kick = event_new(ctx->base, -1, 0, on_kick, p);
-	p->deadline = evtimer_new(ctx->base, on_deadline, p);
-	if (p->sweep == NULL || p->kick == NULL || p->deadline == NULL) {
-		if (p->sweep != NULL)
-			event_free(p->sweep);
+	if ((p->kick = event_new(ctx->base, -1, 0, on_kick, p)) == NULL ||
+	    (rv = tw__timer_init(&p->sweep, ctx->base, on_sweep, p)) != 0 ||
+	    (rv = tw__timer_init(&p->deadline, ctx->base, on_deadline, p)) != 0) {
+		tw__timer_fini(&p->sweep);
 		if (p->kick != NULL)
 			event_free(p->kick);
-		if (p->deadline != NULL)
-			event_free(p->deadline);
 		free(p);
-		return TW_ENOMEM;
+		return rv;
 	}
-	event_add(p->sweep, &tv);
+	tw__timer_arm(&p->sweep, tw__mono_ms() + SWEEP_MS);
 	*out = p;
 	return 0;
 }
@@ -746,9 +734,9 @@ void tw_pool_free(tw_pool *p)
 	}
 	/* after the callbacks: one may still touch the pool (tw_pool_call
 	 * refuses while closing) */
-	event_free(p->sweep);
+	tw__timer_fini(&p->sweep);
 	event_free(p->kick);
-	event_free(p->deadline);
+	tw__timer_fini(&p->deadline);
 	free(p);
 }
 

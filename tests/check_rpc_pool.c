@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <check.h>
+#include <event2/event.h>
 
 #include "protocol/pool.h"
 #include "tests/check_rpc.h"
@@ -607,6 +608,43 @@ START_TEST(pool_deadlines)
 }
 END_TEST
 
+/* A pool keeps its call deadlines and idle sweep on timerfds, not on
+ * libevent timers: a pending libevent timer makes every epoll_wait of the
+ * loop arm a kernel timer too (core/timer.h). After a timed call, the
+ * loop has as many libevent timeouts pending as before the pool was made,
+ * and the call still timed out when it had to (pool_deadlines). */
+static int count_timeouts(const struct event_base *base, const struct event *ev, void *arg)
+{
+	(void)base;
+	*(int *)arg += event_pending(ev, EV_TIMEOUT, NULL) != 0;
+	return 0;
+}
+
+static int loop_timeouts(struct event_base *base)
+{
+	int n = 0;
+	event_base_foreach_event(base, count_timeouts, &n);
+	return n;
+}
+
+START_TEST(pool_adds_no_loop_timeout)
+{
+	struct rf f;
+	struct rc rc;
+	int before;
+	tu_init(&f.h);
+	rs_start(&f.s, f.h.ctx, f.h.base, "tcp://127.0.0.1:0");
+	before = loop_timeouts(f.h.base);
+	ck_assert_int_eq(tw_pool_new(f.h.ctx, &f.pool), 0);
+	rc_start(f.pool, f.s.addr, rq_echo_str("timed"), 60000, &rc);
+	ck_assert(rc_wait(&f.h, &rc, TU_WAIT_MS));
+	rc_assert_str(&rc, "timed");
+	rc_clear(&rc);
+	ck_assert_int_eq(loop_timeouts(f.h.base), before);
+	rf_fini(&f);
+}
+END_TEST
+
 /* A reply that closes its comm (close: true), and a call made from its
  * callback: the comm is still idle in the pool, so the call is written
  * at once (the fast path); it fails with TW_ECLOSED when the server's
@@ -1131,6 +1169,7 @@ TCase *rpc_pool_tcase(void)
 	tcase_add_test(tc, pool_call_while_freeing);
 	tcase_add_test(tc, pool_free_then_context);
 	tcase_add_test(tc, pool_deadlines);
+	tcase_add_test(tc, pool_adds_no_loop_timeout);
 	tcase_add_test(tc, pool_call_after_closing_reply);
 	return tc;
 }

@@ -48,7 +48,9 @@ typedef struct tw_call tw_call;
  * pool after it). */
 typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg);
 
-/* tw_pool_new: a pool on ctx. Returns 0, TW_ENOMEM or TW_EINVAL. */
+/* tw_pool_new: a pool on ctx; it holds two timerfds (its call deadlines
+ * and idle sweep) until tw_pool_free. Returns 0, TW_ENOMEM, TW_EINVAL, or
+ * TW_EIO (the system gave no timerfd: out of descriptors). */
 int tw_pool_new(tw_context *ctx, tw_pool **out);
 
 /* tw_pool_set_limit: comms open (or connecting) per address, at least 1
