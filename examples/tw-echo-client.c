@@ -240,8 +240,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if ((rv = tw_connect(ctx, argv[optind], on_connect, &cl)) != 0) {
-		fprintf(stderr, "tw-echo-client: cannot connect to %s: %s\n", argv[optind],
-			tw_strerror(rv));
+		/* the context's error says why, the address included */
+		fprintf(stderr, "tw-echo-client: %s\n", tw_context_last_error(ctx));
 		return 1;
 	}
 	event_base_dispatch(cl.base);

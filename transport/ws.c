@@ -1263,12 +1263,26 @@ static void wss_listener_destroy(tw_listener *l)
 	atomic_load_explicit(&tls_destroy, memory_order_relaxed)(l);
 }
 
+/* Connectors send `GET /`, the only path a listener (ours, Dask's)
+ * serves: a URI naming another would be silently ignored, so it is
+ * refused, by tw_listen and tw_connect alike, saying why. */
+static int path_refused(tw_context *ctx, const struct tw__uri *u)
+{
+	if (strcmp(u->path, "/") == 0)
+		return 0;
+	int v6 = strchr(u->host, ':') != NULL;
+	tw__ctx_seterr(
+		ctx, "%s://%s%s%s:%u%s: WebSocket comms are served at path / only (as Dask's)",
+		u->scheme, v6 ? "[" : "", u->host, v6 ? "]" : "", (unsigned)u->port, u->path);
+	return TW_EADDR;
+}
+
 static int ws_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
 		     tw_listener **out)
 {
 	int rv;
-	if (strcmp(u->path, "/") != 0)
-		return TW_EADDR;
+	if ((rv = path_refused(ctx, u)) != 0)
+		return rv;
 	if ((rv = tw__tcp_listen_with(ctx, u, "ws", plain_accept, cb, arg, out)) != 0)
 		return rv;
 	atomic_store_explicit(&tcp_destroy, (*out)->destroy, memory_order_relaxed);
@@ -1280,8 +1294,8 @@ static int wss_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb,
 		      tw_listener **out)
 {
 	int rv;
-	if (strcmp(u->path, "/") != 0)
-		return TW_EADDR;
+	if ((rv = path_refused(ctx, u)) != 0)
+		return rv;
 	if ((rv = tw__tls_listen_then(ctx, u, "wss", server_then, cb, arg, out)) != 0)
 		return rv;
 	atomic_store_explicit(&tls_destroy, (*out)->destroy, memory_order_relaxed);
@@ -1289,19 +1303,16 @@ static int wss_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb,
 	return 0;
 }
 
-/* Connectors send `GET /`, the only path a listener (ours, Dask's)
- * serves: a URI naming another would be silently ignored, so it is
- * refused, as tw_listen refuses it. */
 static int ws_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
-	if (strcmp(u->path, "/") != 0)
+	if (path_refused(ctx, u) != 0)
 		return TW_EADDR;
 	return tw__tcp_connect_with(ctx, u, plain_client, NULL, cb, arg);
 }
 
 static int wss_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
-	if (strcmp(u->path, "/") != 0)
+	if (path_refused(ctx, u) != 0)
 		return TW_EADDR;
 	return tw__tls_connect_then(ctx, u, client_then, cb, arg);
 }
