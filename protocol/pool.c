@@ -577,7 +577,10 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	d->nwaiting++;
 	if (timeout_ms > 0) {
 		c->timeout_ms = timeout_ms;
-		c->deadline_ms = tw__mono_ms() + timeout_ms;
+		/* + 1: tw__mono_ms truncates to the millisecond, and the
+		 * deadline timer fires at a whole one: without it a call
+		 * could fail up to 1 ms before timeout_ms have passed */
+		c->deadline_ms = tw__mono_ms() + timeout_ms + 1;
 		dl_insert(p, c);
 	}
 	if (out != NULL)

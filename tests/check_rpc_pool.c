@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <check.h>
 #include <event2/event.h>
@@ -132,6 +133,60 @@ START_TEST(timeout_black_hole)
 	ck_assert_int_eq(call_peer(&h, NULL, 0, 20000, 200, &n), TW_ETIMEDOUT);
 	ck_assert_uint_eq(n, 1);
 	rc_assert_why(&peer_rc, "within 200 ms: still in the Dask handshake");
+	tu_fini(&h);
+}
+END_TEST
+
+/* A call never times out before its timeout has passed, however short
+ * (helper-34: with deadlines truncated to the millisecond, most 1-5 ms
+ * calls failed early, a 1 ms one after 58 us). Measured from before
+ * tw_pool_call to the callback; only the lower bound is checked. */
+struct timed {
+	int done, err;
+	uint64_t end_ns;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void timed_done(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct timed *t = arg;
+	(void)call;
+	t->end_ns = now_ns();
+	t->err = err;
+	t->done = 1;
+	tw_decoded_free(reply);
+}
+
+START_TEST(timeout_never_early)
+{
+	static const uint32_t ms[] = {1, 2, 3, 5};
+	struct tu h;
+	struct bh b;
+	tw_pool *p;
+	tu_init(&h);
+	bh_start(&b, h.base, NULL, 0);
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+		for (int k = 0; k < 25; k++) {
+			struct timed t = {0, 0, 0};
+			uint64_t start = now_ns();
+			ck_assert_int_eq(tw_pool_call(p, b.addr, rq_op("identity"), ms[i],
+						      timed_done, &t, NULL),
+					 0);
+			ck_assert(tu_wait_flag(&h, &t.done, TU_WAIT_MS));
+			ck_assert_int_eq(t.err, TW_ETIMEDOUT);
+			ck_assert_msg(t.end_ns - start >= ms[i] * 1000000u,
+				      "a %u ms call timed out after %llu us", (unsigned)ms[i],
+				      (unsigned long long)(t.end_ns - start) / 1000);
+		}
+	tw_pool_free(p);
+	bh_stop(&b);
 	tu_fini(&h);
 }
 END_TEST
@@ -478,6 +533,7 @@ TCase *rpc_timeout_tcase(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, timeout_slow_handler);
 	tcase_add_test(tc, timeout_black_hole);
+	tcase_add_test(tc, timeout_never_early);
 	tcase_add_test(tc, timeouts_soonest_first);
 	tcase_add_test(tc, timeout_half_handshake);
 	tcase_add_test(tc, timeout_refused_and_bad_uri);
