@@ -16,6 +16,7 @@
 #include "protocol/pool.h"
 #include "tests/check_rpc.h"
 #include "tests/dask_util.h"
+#include "tests/loop_timeouts.h"
 #include "tests/rpc_util.h"
 #include "tests/tls_util.h"
 
@@ -669,20 +670,6 @@ END_TEST
  * loop arm a kernel timer too (core/timer.h). After a timed call, the
  * loop has as many libevent timeouts pending as before the pool was made,
  * and the call still timed out when it had to (pool_deadlines). */
-static int count_timeouts(const struct event_base *base, const struct event *ev, void *arg)
-{
-	(void)base;
-	*(int *)arg += event_pending(ev, EV_TIMEOUT, NULL) != 0;
-	return 0;
-}
-
-static int loop_timeouts(struct event_base *base)
-{
-	int n = 0;
-	event_base_foreach_event(base, count_timeouts, &n);
-	return n;
-}
-
 START_TEST(pool_adds_no_loop_timeout)
 {
 	struct rf f;

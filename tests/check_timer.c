@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "core/timer.h"
+#include "tests/loop_timeouts.h"
 #include "tests/unit.h"
 
 #define GUARD_MS 10000 /* a hang guard, not a measure */
@@ -136,22 +137,13 @@ END_TEST
 /* An armed timer leaves the loop no libevent timeout: epoll_wait sleeps
  * with none, which is what the timerfd is for. Freed while armed, it
  * never fires. */
-static int count_timeouts(const struct event_base *base, const struct event *ev, void *arg)
-{
-	(void)base;
-	*(int *)arg += event_pending(ev, EV_TIMEOUT, NULL) != 0;
-	return 0;
-}
-
 START_TEST(no_loop_timeout_while_armed)
 {
 	struct tw__timer t;
 	struct fired f;
-	int timeouts = 0;
 	setup(&f, &t);
 	tw__timer_arm(&t, now_ms() + 5);
-	event_base_foreach_event(f.base, count_timeouts, &timeouts);
-	ck_assert_int_eq(timeouts, 0);
+	ck_assert_int_eq(loop_timeouts(f.base), 0);
 	tw__timer_fini(&t);
 	run(&f, 50);
 	ck_assert_int_eq(f.n, 0);
