@@ -15,7 +15,7 @@ static void set(struct tw__timer *t, uint64_t at_ms)
 	struct itimerspec its = {{0, 0}, {0, 0}}; /* no interval: one shot */
 	its.it_value.tv_sec = (time_t)(at_ms / 1000);
 	its.it_value.tv_nsec = (long)(at_ms % 1000) * 1000000;
-	/* cannot fail: our fd, a valid time (0 disarms) */
+	/* cannot fail: our fd, a valid time */
 	timerfd_settime(t->fd, TFD_TIMER_ABSTIME, &its, NULL);
 	t->at_ms = at_ms;
 }
@@ -55,12 +55,6 @@ int tw__timer_init(struct tw__timer *t, struct event_base *base, void (*cb)(void
 void tw__timer_arm(struct tw__timer *t, uint64_t at_ms)
 {
 	set(t, at_ms != 0 ? at_ms : 1); /* 0 would disarm; 1 ms after boot is past */
-}
-
-void tw__timer_disarm(struct tw__timer *t)
-{
-	if (t->at_ms != 0)
-		set(t, 0);
 }
 
 void tw__timer_fini(struct tw__timer *t)

@@ -2,9 +2,9 @@
  * absolute CLOCK_MONOTONIC time, kept on a timerfd that the loop watches
  * like a socket. While a libevent timer is pending, every epoll_wait of
  * the loop takes a timeout, and the kernel arms and cancels a timer of
- * its own on each wakeup: 0.4 us per round trip of a small RPC
- * (bench/rpc-bench.sh's raw epoll client, p50 14.9 us with no timeout
- * and 15.3 us with one). A timerfd costs a system call when it is armed
+ * its own on each wakeup: 0.4 us per round trip of a small RPC (the raw
+ * epoll client of bench/rpc-peers.c, p50 14.9 us with no timeout and
+ * 15.3 us with one). A timerfd costs a system call when it is armed
  * instead, which the pool does once per deadline that comes sooner, not
  * once per call. For timers that stay pending for long: a pool's call
  * deadlines and its idle sweep. */
@@ -33,8 +33,6 @@ int tw__timer_init(struct tw__timer *t, struct event_base *base, void (*cb)(void
  * already past fires at once, on the next loop turn), replacing any
  * earlier arming. */
 void tw__timer_arm(struct tw__timer *t, uint64_t at_ms);
-
-void tw__timer_disarm(struct tw__timer *t);
 
 /* Stop and release it; a timer whose init failed is fine too. */
 void tw__timer_fini(struct tw__timer *t);

@@ -51,16 +51,16 @@ static int reserve(struct tw__packbuf *pb, size_t len)
 int tw__packbuf_write(void *arg, const char *buf, size_t len)
 {
 	struct tw__packbuf *pb = arg;
+	if (len == 0) /* refused too after a failure; data may be NULL */
+		return pb->failed ? -1 : 0;
 	if (pb->cap - pb->size < len && reserve(pb, len) != 0)
 		return -1;
 	/* msgpack-c writes most headers and small values one byte at a
 	 * time: those need no memcpy call */
 	if (len == 1)
 		pb->data[pb->size] = (uint8_t)buf[0];
-	else if (len != 0)
+	else
 		memcpy(pb->data + pb->size, buf, len);
-	else if (pb->failed) /* refused too; data may be NULL: no memcpy */
-		return -1;
 	pb->size += len;
 	return 0;
 }

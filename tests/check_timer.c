@@ -112,18 +112,13 @@ START_TEST(past_fires_at_once)
 }
 END_TEST
 
-/* Disarmed, it never fires; a timer re-armed from its own callback
- * fires again (the pool's sweep). */
-START_TEST(disarm_and_rearm_from_callback)
+/* A timer re-armed from its own callback fires again (the pool's
+ * sweep). */
+START_TEST(rearm_from_callback)
 {
 	struct tw__timer t;
 	struct fired f;
 	setup(&f, &t);
-	tw__timer_arm(&t, now_ms() + 5);
-	tw__timer_disarm(&t);
-	ck_assert_uint_eq(t.at_ms, 0);
-	run(&f, 100); /* 20 times its delay */
-	ck_assert_int_eq(f.n, 0);
 	f.again = 3;
 	tw__timer_arm(&t, now_ms() + 5);
 	run(&f, GUARD_MS);
@@ -158,7 +153,7 @@ static Suite *timer_suite(void)
 	tcase_add_test(tc, fires_once_at_its_time);
 	tcase_add_test(tc, sooner_replaces);
 	tcase_add_test(tc, past_fires_at_once);
-	tcase_add_test(tc, disarm_and_rearm_from_callback);
+	tcase_add_test(tc, rearm_from_callback);
 	tcase_add_test(tc, no_loop_timeout_while_armed);
 	suite_add_tcase(s, tc);
 	return s;

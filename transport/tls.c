@@ -419,10 +419,12 @@ static void tls_accept(tw_listener *l, int fd)
 /* TW_EINVAL, and why: no configuration to connect with. */
 static int no_config(tw_context *ctx, const struct tw__uri *u)
 {
+	char addr[TW__URI_TEXT_BYTES];
+	tw__uri_format(u->scheme, u->host, u->port, addr, sizeof(addr));
 	tw__ctx_seterr(ctx,
-		       "cannot connect to %s://%s:%u: no TLS configuration on the context "
+		       "cannot connect to %s: no TLS configuration on the context "
 		       "(tw_context_set_tls)",
-		       u->scheme, u->host, (unsigned)u->port);
+		       addr);
 	return TW_EINVAL;
 }
 

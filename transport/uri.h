@@ -19,7 +19,9 @@ struct tw__uri {
 int tw__uri_parse(const char *s, struct tw__uri *u);
 
 /* tw__uri_format: "scheme://host:port" (host bracketed when it has a
- * colon) into buf of len bytes. Returns 0 or TW_ERANGE. */
+ * colon) into buf of len bytes. Returns 0 or TW_ERANGE. A buffer of
+ * TW__URI_TEXT_BYTES holds any struct tw__uri's. */
+#define TW__URI_TEXT_BYTES (16 + 3 + 256 + 2 + 6 + 1)
 int tw__uri_format(const char *scheme, const char *host, uint16_t port, char *buf, size_t len);
 
 struct sockaddr;

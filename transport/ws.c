@@ -687,8 +687,9 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 						  w->client ? key : NULL));
 		w->close_sent = 1;
 		w->state = WS_CLOSING;
-		w->base.closing = 1; /* no data after our close (RFC 6455 5.5.1) */
-		w->qn = w->qn;       /* queued data after a close is dropped by end */
+		/* no data after our close (RFC 6455 5.5.1): what is queued
+		 * is dropped when the comm ends */
+		w->base.closing = 1;
 		return;
 	}
 	end_after_close(w);
@@ -1268,12 +1269,12 @@ static void wss_listener_destroy(tw_listener *l)
  * refused, by tw_listen and tw_connect alike, saying why. */
 static int path_refused(tw_context *ctx, const struct tw__uri *u)
 {
+	char addr[TW__URI_TEXT_BYTES];
 	if (strcmp(u->path, "/") == 0)
 		return 0;
-	int v6 = strchr(u->host, ':') != NULL;
-	tw__ctx_seterr(
-		ctx, "%s://%s%s%s:%u%s: WebSocket comms are served at path / only (as Dask's)",
-		u->scheme, v6 ? "[" : "", u->host, v6 ? "]" : "", (unsigned)u->port, u->path);
+	tw__uri_format(u->scheme, u->host, u->port, addr, sizeof(addr));
+	tw__ctx_seterr(ctx, "%s%s: WebSocket comms are served at path / only (as Dask's)", addr,
+		       u->path);
 	return TW_EADDR;
 }
 
