@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Memory cost of receiving one large out-of-band bytes payload sent by
 # Python Dask over tcp (or ws): taskwire's dask-recv beside Dask's own
 # receiver, uncompressed and with Python pinned to zstd and lz4.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* dask-recv: receive one Dask message carrying a large out-of-band payload
  * and report what it cost: payload bytes copied in user space and peak RSS
  * above idle, as a multiple of the payload.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Python side of bench/dask-memory.sh.
 
   dask_peer.py send ADDR MIB KIND   send {"op": "put", "data": <MIB MiB bytes>}

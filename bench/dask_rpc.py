@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Dask's side of bench/rpc-bench.sh: COUNT sequential rpc echo calls of a
 10-byte payload against a distributed.core.Server.
   dask_rpc.py server        print "listening on ADDR", serve

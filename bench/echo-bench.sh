@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Side-by-side echo throughput: taskwire over tcp against raw blocking
 # sockets doing the same exchange, in one run, as a ratio; then taskwire
 # over tls:// against blocking OpenSSL (bench/tls-echo, TLS 1.3, mutual

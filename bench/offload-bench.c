@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* offload-bench: does decoding large messages stall the server's loop?
  *
  *   offload-bench RPC_SERVER_BINARY [MIB] [COUNT]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* raw-echo: the baseline for tw-echo-client/-server: plain blocking
  * sockets, the same stream framing (u64 total, u64 N, lengths, frames),
  * one reused buffer per side, the same byte check on the client.

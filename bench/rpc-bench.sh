@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Small-RPC round trips over loopback tcp, side by side in one run:
 # taskwire (tw_pool -> tw-rpc-server), ZeroMQ REQ/REP, NNG req/rep and
 # Dask's Python rpc, each echoing a 10-byte payload sequentially, and raw

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* rpc-client: taskwire's side of bench/rpc-bench.sh: COUNT sequential
  * calls of op echo with a 10-byte payload through a tw_pool (one pooled
  * comm), against tw-rpc-server.

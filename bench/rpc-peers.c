@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* rpc-peers: the small-RPC baselines for bench/rpc-bench.sh: a 10-byte
  * echo over loopback tcp with ZeroMQ REQ/REP, NNG req/rep, and raw epoll
  * (the floor: the syscalls any epoll-driven peer pays per message, send,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tls-echo: the TLS baseline for tw-echo-client/-server over tls://:
  * plain blocking sockets under OpenSSL (TLS 1.3, mutual TLS), the same
  * exchange as bench/raw-echo.c (u64 total, u64 N, lengths, frames; the

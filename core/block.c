@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Refcounted blocks (include/taskwire/buf.h).
  *
  * Small blocks are one malloc (header and bytes together). Large blocks are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal block helpers. */
 #ifndef TW_CORE_BLOCK_H
 #define TW_CORE_BLOCK_H

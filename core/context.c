@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Contexts: limits, the event loop, cross-thread calls
  * (include/taskwire/context.h). */
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal context: limits, the loop, and the objects to tear down. */
 #ifndef TW_CORE_CONTEXT_H
 #define TW_CORE_CONTEXT_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Error code names (include/taskwire/error.h). */
 #include <taskwire/error.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Messages as refcounted frame lists (include/taskwire/msg.h). */
 #include <stdatomic.h>
 #include <stdlib.h>

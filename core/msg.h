@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal message helpers. */
 #ifndef TW_CORE_MSG_H
 #define TW_CORE_MSG_H

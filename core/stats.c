@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Process-wide counters and snapshots (include/taskwire/stats.h). */
 #include <string.h>
 

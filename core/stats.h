@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal counters. Every field is an atomic because the loop thread,
  * offload workers and application threads (dropping block references)
  * update them concurrently; relaxed order is enough for counters. */

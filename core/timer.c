@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Timers on a timerfd (core/timer.h; timerfd_create(2)). */
 #include <stdint.h>
 #include <sys/timerfd.h>

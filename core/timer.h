@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Timers that leave the loop's sleep alone: a one-shot timer at an
  * absolute CLOCK_MONOTONIC time, kept on a timerfd that the loop watches
  * like a socket. While a libevent timer is pending, every epoll_wait of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* UTF-8 validation (core/utf8.h), after RFC 3629 section 4's table of
  * well-formed byte sequences. */
 #include "core/utf8.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* UTF-8 validation, shared by msgpack str checks and WebSocket close
  * reasons. */
 #ifndef TW_CORE_UTF8_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Zeroed allocation for objects made per message. */
 #ifndef TW_CORE_ZALLOC_H
 #define TW_CORE_ZALLOC_H

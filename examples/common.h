@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Small helpers shared by the example programs. */
 #ifndef TW_EXAMPLES_COMMON_H
 #define TW_EXAMPLES_COMMON_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw-echo-client: send Dask messages to a comm-level echo peer and check
  * every byte that comes back.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw-echo-server: accept comms on a URI, do the Dask handshake, then
  * write back every message unchanged (a comm-level echo, like a Python
  * `distributed.comm.listen` handler that writes back what it reads),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw-rpc-server: a taskwire server with a few ops, callable from Python's
  * distributed.core.rpc and from taskwire clients.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw-scheduler-probe: talk to a real Dask scheduler the way a client does.
  *
  *   tw-scheduler-probe URI [--seconds N] [TLS options]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The batched sender (include/taskwire/stream.h): maps written within one
  * interval leave as one array message, like Dask's BatchedSend. */
 #include <stddef.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Building Dask messages: frame 0 packed with msgpack-c, payload groups
  * appended as sub-header + frames (include/taskwire/serial.h; Dask's
  * distributed/protocol/core.py dumps). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal builder helpers. */
 #ifndef TW_PROTOCOL_BUILDER_H
 #define TW_PROTOCOL_BUILDER_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Per-frame zstd and lz4 (protocol/compress.h), on libzstd and liblz4. */
 #include <endian.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Per-frame compression as Dask does it (DESIGN.md, Messages:
  * Compression): "zstd" is a standard zstd frame (content size in its
  * header); "lz4" is a u32 little-endian uncompressed size followed by a raw

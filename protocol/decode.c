@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Reading Dask messages: frame 0 and its payload groups, decompressed
  * and merged (include/taskwire/serial.h; Dask's
  * distributed/protocol/core.py loads and serialize.py

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal decoder helpers. */
 #ifndef TW_PROTOCOL_DECODE_H
 #define TW_PROTOCOL_DECODE_H

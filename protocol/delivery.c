@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Decoded delivery (include/taskwire/offload.h): each received message is
  * decoded inline or on the offload pool, and delivered in arrival order. */
 #include <stdlib.h>

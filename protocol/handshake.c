@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The Dask comm handshake (include/taskwire/handshake.h). */
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Merging sub-frames into one logical frame (include/taskwire/merge.h;
  * DESIGN.md, Messages: Merge): a view when the parts are adjacent in one
  * block, else one allocation and one copy. */

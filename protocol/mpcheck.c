@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Structural msgpack check (protocol/mpcheck.h), following the msgpack
  * spec's formats (github.com/msgpack/msgpack/blob/master/spec.md). */
 #include <string.h>

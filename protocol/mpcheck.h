@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A structural check of one msgpack value before msgpack-c unpacks it:
  * msgpack-c allocates an array's or map's elements from the declared count
  * before reading them, so a 5-byte header could ask for gigabytes. The

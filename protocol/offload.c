@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The offload pool (protocol/offload.h, include/taskwire/offload.h). The
  * queue is guarded by one mutex; results go back through the context's
  * cross-thread call queue (event_active under libevent's pthread locks). */

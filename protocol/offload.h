@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The offload pool: worker threads that run heavy jobs (decoding large
  * messages) and post each result back to the loop thread. */
 #ifndef TW_PROTOCOL_OFFLOAD_H

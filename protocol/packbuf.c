@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Packing buffers (protocol/packbuf.h). */
 #include <string.h>
 

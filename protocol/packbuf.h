@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Packing buffers: where msgpack-c's packer writes a frame that will be
  * sent. The bytes grow in a block draft (core/block.h), so the finished
  * frame becomes a block with no copy and no second allocation. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Payload placeholders in frame 0 (protocol/placeholder.h). */
 #include <string.h>
 

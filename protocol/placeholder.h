@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Finding payload placeholders in frame 0 (Dask's _decode_default): a map
  * with "__Serialized__" or "__Pickled__" set to k > 0. */
 #ifndef TW_PROTOCOL_PLACEHOLDER_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Dask-aware placement of received frames (protocol/placement.h). */
 #include <stdlib.h>
 #include <string.h>

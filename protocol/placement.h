@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Placement of received frames for Dask messages: the shards of one split
  * payload land adjacent in one block, so tw_decode merges them with no
  * copy, while unrelated frames keep blocks of their own (DESIGN.md,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Calls to remote ops over pooled comms (include/taskwire/rpc.h). */
 #include <pthread.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw_pool internals that tests read (protocol/pool.c). */
 #ifndef TW_PROTOCOL_POOL_H
 #define TW_PROTOCOL_POOL_H

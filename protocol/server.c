@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Servers that answer ops (include/taskwire/server.h), after Dask's
  * distributed.core.Server.handle_comm. */
 #include <stdio.h>

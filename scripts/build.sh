@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Install missing packages, then configure and build taskwire in build/
 # (or $TW_BUILD_DIR). Re-running is cheap. Extra arguments go to configure.
 set -e

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Quick start, part 2: the whole test suite. Installs what is missing,
 # builds with -Werror, checks the style (`make format-check`: library,
 # examples, benches), runs `make check`, runs the suites under valgrind,

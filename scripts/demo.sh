@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Quick start, part 1: install what is missing, build, and run the echo
 # demo: a server and a client over tcp on 127.0.0.1, printing what was
 # exchanged and the throughput.

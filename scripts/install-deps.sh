@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Install the Debian packages taskwire needs to build, test and benchmark;
 # the python3-* packages are the real Dask peers the interop tests run,
 # libzmq3-dev and libnng-dev the benchmarks' baselines.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Make throwaway TLS material for tests and demos in DIR:
 #   ca.pem/ca.key        a CA
 #   cert.pem/key.pem     a leaf signed by it: SAN IP:127.0.0.1, IP:::1,

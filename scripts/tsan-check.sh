@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # ThreadSanitizer run of the suites whose code runs on several threads
 # (the offload pool, contexts with their own loop thread): configure a
 # separate build with --enable-tsan (in $1, default build-tsan next to

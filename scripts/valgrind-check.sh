@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # Run every Check suite of a build under valgrind (no fork, so leaks in
 # the tests themselves count too; TW_TEST_QUICK=1 shrinks the 1 GiB
 # messages to 64 MiB). Fails on any error or definite leak.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: refcounted blocks, slices and messages (core/block.c,
  * core/msg.c). Stats are process-wide, so every check compares counters
  * before and after. */

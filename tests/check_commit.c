@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Receiving memory follows the bytes that arrive, not the sizes a peer
  * declares (core/block.h: tw__block_new_lazy, tw__block_commit; the frame
  * receiver and the WebSocket transport commit before each read). Checked

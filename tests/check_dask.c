@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Interop with real Dask peers (Debian's python3-distributed 2022.12.1):
  *
  *   scheduler*  a taskwire client against `dask scheduler` (its RPC ops);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw_decode, the decode-cost estimate and the Dask placement hook against
  * inputs from an attack on them: zstd frames whose declared or bounded
  * size is a lie, a sub-header of 32 Mi nils, overlapping groups that made

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the stream frame receiver (transport/frame_rx.c). Whole
  * messages fed one byte at a time, at random split points and through
  * want/advance with few iovecs; where frames land (slab, own blocks, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Replays tests/fuzz/corpus/decode through the tw_decode fuzz target
  * (tests/fuzz/fuzz_decode.c); `./tests/check_fuzz_decode_replay FILE...`
  * replays given files (a libFuzzer crash) instead. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Replays tests/fuzz/corpus/stream through the stream fuzz target
  * (tests/fuzz/fuzz_stream.c); `./tests/check_fuzz_replay FILE...` replays
  * given files (a libFuzzer crash) instead. */

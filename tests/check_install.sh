@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-3-Clause
 # make install into a temporary DESTDIR, build tests/install/hello.c
 # against the installed copy with `pkg-config --cflags --libs taskwire`
 # alone, and run it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: merging sub-frames (protocol/merge.c; DESIGN.md, Messages:
  * Merge). Adjacent slices of one block become a view, anything else one
  * copy; both outcomes are counted. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Decoded delivery with the offload pool (include/taskwire/offload.h,
  * DESIGN.md "The event loop must never block on payload work", BH-16):
  * order per comm, comms that do not wait for each other, the thread

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Lifetimes around the offload pool: comms closed, aborted or freed, and
  * contexts freed, while their messages sit in a worker; decode errors in
  * a worker; tw_server with a large request in the pool. Run under

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The minimum receive rate (tw_context_set_min_receive_rate; bug case
  * BH-24 of bug-cases.md: a peer declares a large message and drips its
  * bytes) over tcp, tls, ws and wss, on loopback with raw peers: the

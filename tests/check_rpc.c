@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* RPC layer tests (DESIGN.md, RPC conventions): tw_server ops, replies,
  * errors and deferred replies; tw_pool calls, timeouts, limits, idle
  * comms and teardown; tw_rpc_call_sync; streams and the batched sender;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The test cases of check_rpc, by source file. */
 #ifndef TW_TESTS_CHECK_RPC_H
 #define TW_TESTS_CHECK_RPC_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The RPC layer (tw_server, tw_pool, streams, the batched sender) against
  * misbehaving peers and unlucky call orders, from an attack on it: servers
  * freed mid-handshake and from handlers, ops with NUL bytes, duplicate

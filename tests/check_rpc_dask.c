@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Interop with Debian's python3-distributed, both ways:
  *   Python's distributed.core.rpc (tests/interop/rpc_client.py) calls the
  *   ops of examples/tw-rpc-server over tcp, and of the same ops served

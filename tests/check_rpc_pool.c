@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw_pool against tw_server, black-hole listeners and refused ports:
  * call timeouts, connect and handshake failures and their codes, a late
  * reply never taken for the next call, the per-address limit (counted by a

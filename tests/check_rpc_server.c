@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw_server in-process, called through a tw_pool or a raw client comm on
  * loopback: built-in and custom ops, inline and out-of-band echo (20 MiB,
  * decoded on the offload pool), deferred replies, reply=false, error

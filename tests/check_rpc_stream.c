@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Streams: connection_stream to a tw_server with the stream op "item"
  * (tests/rpc_util.c checks each map's fields), batches of 1 and of 1,000
  * maps from tw_batched_send, maps after close-stream not dispatched,

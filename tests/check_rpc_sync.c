@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tw_rpc_call_sync on a context with the caller's own base (the call runs
  * the loop, which also serves the in-process server) and on a context
  * with its own loop thread (the caller waits; several threads at once). */

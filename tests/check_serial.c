@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Dask messages: tw_builder -> tw_decode round trips, bad input, and the
  * zstd inputs of bug cases BH-31 and BH-32 (/work/shared/cases), all
  * without sockets; then the bad inputs again over loopback comms

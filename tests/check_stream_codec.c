@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the stream framing prelude codec (transport/stream_codec.c):
  * encode and decode back, every rejection with its own code before the
  * lengths array is allocated, sticky errors, and decoding fed one byte at

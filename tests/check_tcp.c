@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* TCP integration tests on loopback: real sockets, one process playing
  * both sides on one event_base (and one test on a context's own loop
  * thread). TW_TEST_QUICK=1 shrinks the 1 GiB tests to 64 MiB (for

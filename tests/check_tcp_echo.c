@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Echo over loopback, many clients, stats. */
 #include <stdlib.h>
 

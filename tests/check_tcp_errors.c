@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Bad peers, connect errors, orderly close and frees from callbacks. */
 #include <arpa/inet.h>
 #include <endian.h>

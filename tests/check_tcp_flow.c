@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Retention of large frames, backpressure, a context on its own loop
  * thread, read-ahead from a raw peer (tests/readahead_util.h). */
 #include <pthread.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* core/timer: one-shot timers on a timerfd. Each test runs its own event
  * base; waits are bounded by a guard on that base, and times are only
  * checked from below (a timer never fires before its time). */

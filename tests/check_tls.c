@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tls:// integration tests on loopback (DESIGN.md, Wire protocol: TLS;
  * bug cases BH-01, BH-07, BH-11, BH-14), with real Dask peers over TLS.
  * Certificates are made at start into a temporary directory by

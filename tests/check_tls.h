@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The test cases of check_tls, by source file. */
 #ifndef TW_TESTS_CHECK_TLS_H
 #define TW_TESTS_CHECK_TLS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Closing tls comms without losing data, partial writes of referenced
  * frames (BH-11), no leaks over many connections (BH-14), read-ahead
  * over tls (tests/readahead_util.h), where SSL_read_ex is the readv, and

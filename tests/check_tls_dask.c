@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Interop with real Dask (Debian's python3-distributed) over TLS, mutual
  * TLS with the test certificates, host names unchecked (Dask-compatible):
  * a taskwire client against `dask scheduler --protocol tls`, and a Python

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Echo over tls:// with mutual TLS: the TCP shapes, stats, and a frame
  * larger than 2^31 bytes (BH-01: OpenSSL takes int lengths, so SSL_read
  * and SSL_write must get pieces of at most INT_MAX). */

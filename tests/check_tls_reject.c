@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Peers that must be refused (bad certificates, plain TCP, junk, silence;
  * BH-07), each while an established tls comm keeps echoing, and
  * configuration errors. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: transport addresses (transport/uri.c). */
 #include <arpa/inet.h>
 #include <check.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* ws:// and wss:// integration tests on loopback (DESIGN.md, Wire
  * protocol: WebSocket; bug cases BH-23..BH-38 and the Autobahn groups of
  * bug-cases.md), with independent peers: raw sockets speaking bytes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The test cases of check_ws, by source file. */
 #ifndef TW_TESTS_CHECK_WS_H
 #define TW_TESTS_CHECK_WS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Frames and upgrades over the wire, good and bad (bug-cases.md BH-22
  * to BH-38 and the Autobahn groups): a raw client does the upgrade by
  * hand, sends the bug cases' bytes (client frames masked with 37 fa 21

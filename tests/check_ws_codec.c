@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the WebSocket frame codec (transport/ws_codec.c).
  *
  * Every input is decoded several ways (in one piece, one byte at a time,

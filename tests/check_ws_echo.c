@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Echo over ws:// and wss:// (each test is a loop test: _i = 0 ws, 1 wss,
  * mutual TLS with the test certificates): the message shapes, the bytes
  * on the wire (count message, one WebSocket message per frame, fragments

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Replays the WebSocket fuzz corpora tests/fuzz/corpus/ws_codec and
  * ws_upgrade through their targets (tests/fuzz/fuzz_ws_codec.c and
  * fuzz_ws_upgrade.c, built into this program with -DTW_FUZZ_REPLAY);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Independent peers over ws:// and wss:// (loop tests: _i = 0 ws, 1 wss
  * with mutual TLS): Python `websockets` (Debian's 10.4) as client and as
  * echo server, and real Dask (Debian's python3-distributed) as scheduler

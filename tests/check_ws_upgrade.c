@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests: the WebSocket opening handshake (transport/ws_upgrade.c).
  *
  * The RFC 6455 example key and accept value; the Autobahn handshake of

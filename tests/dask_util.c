@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The real-peer test harness (tests/dask_util.h). */
 #include <endian.h>
 #include <errno.h>

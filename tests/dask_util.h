@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A harness for tests with real Dask peers (tests/check_dask.c) and for
  * decode tests over loopback comms (tests/check_serial.c).
  *

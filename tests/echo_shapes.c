@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Echo shapes shared by the stream transport suites (echo_shapes.h). */
 #include <check.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Echo shapes that every stream transport must carry, shared by the tcp
  * and tls suites: each takes the client peer of an echo server that the
  * suite set up (tu_setup_echo, tt_setup_echo) and checks every byte that

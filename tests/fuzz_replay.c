@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz corpus replay as Check tests (fuzz_replay.h). */
 #include <check.h>
 #include <dirent.h>

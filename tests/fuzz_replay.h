@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Replaying fuzz corpora as Check tests, so `make check` runs every seed
  * and every saved crash through the fuzz targets' own entry points. A
  * target that finds a broken invariant aborts, which fails the test of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* How many libevent timeouts are pending on a base: a pool or timer that
  * should leave epoll_wait with none adds none (core/timer.h). */
 #ifndef TW_TESTS_LOOP_TIMEOUTS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the offload suite (tests/offload_util.h). */
 #include <dirent.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the offload suite (tests/check_offload*.c): Dask messages
  * whose decode is costly (a zstd payload built once per run), receivers
  * that record each decoded delivery (order, thread, bytes), and jobs that

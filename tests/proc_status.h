@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Reading the process's own sizes from /proc/self/status. Header-only. */
 #ifndef TW_TESTS_PROC_STATUS_H
 #define TW_TESTS_PROC_STATUS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Read-ahead against real sockets (tests/readahead_util.h). */
 #include <endian.h>
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Read-ahead (docs/design.md, Receive path, item 5) against real sockets,
  * for the tcp and tls suites: a raw peer (a plain socket, or a client SSL
  * driven by hand on one) writes stream-framed bytes exactly as the test

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the RPC suites (tests/check_rpc*.c), on top of the TCP
  * harness (tests/tcp_util.h): requests, calls through a tw_pool that
  * record their result, a tw_server with test ops, a raw Dask client comm,

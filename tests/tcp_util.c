@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The TCP test harness (tests/tcp_util.h). */
 #include <errno.h>
 #include <netdb.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A small harness for TCP integration tests on loopback.
  *
  * One context on an event_base that the test drives itself

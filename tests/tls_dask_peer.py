@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """A Dask client over TLS against a taskwire comm-level echo server
 (tests/check_tls_dask.c): distributed.comm.connect with the connection
 arguments of distributed.security.Security (mutual TLS), then a few

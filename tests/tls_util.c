@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the tls:// suites (tests/tls_util.h). */
 #include <dirent.h>
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the tls:// suites (tests/check_tls*.c), on top of the TCP
  * harness (tests/tcp_util.h): test certificates, TLS configurations,
  * extra contexts on the harness's loop (a client with another

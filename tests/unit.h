@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers shared by the unit suites: a seeded PRNG, wire messages built
  * from frame lengths, little-endian words, and a Check main. Header-only,
  * so each suite stays one program. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the ws:// and wss:// suites (tests/ws_util.h). */
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the ws:// and wss:// suites (tests/check_ws*.c), on top of
  * the TCP and TLS harnesses (tests/tcp_util.h, tests/tls_util.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The public comm and listener API, dispatched to the transports
  * (include/taskwire/comm.h). */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The resolver for host names in connect URIs (transport/dns.h): the
  * application's evdns base (tw_context_set_dns_base) or the context's own,
  * reference-counted by the context and its lookups in flight. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The resolver for host names in connect URIs: the application's evdns
  * base (tw_context_set_dns_base) or one the context makes on first use,
  * from /etc/resolv.conf and /etc/hosts. evdns reports a canceled lookup

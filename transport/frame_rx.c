@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Receiving a stream-framed message into its final blocks
  * (transport/frame_rx.h). */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Receiving one stream-framed message straight into its final blocks.
  *
  * Sans-I/O: the receiver asks tw__rx_want where the next bytes go (a list

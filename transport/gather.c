@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Gathering the small pieces of a write (transport/transport.h). */
 #include <string.h>
 

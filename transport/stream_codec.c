@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Stream framing codec (transport/stream_codec.h). */
 #include <endian.h>
 #include <stdlib.h>

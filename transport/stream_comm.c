@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A comm over a stream socket with stream framing: the receive loop reads
  * straight into each message's blocks (frame_rx), the send loop writes
  * preludes and frames with scatter-gather writes from the frames' own

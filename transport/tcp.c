@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* tcp:// comms: connector and listener on libevent, stream framing over a
  * plain socket (DESIGN.md, Wire protocol: TCP and TLS). */
 #include <errno.h>

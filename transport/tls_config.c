@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* TLS configuration objects (include/taskwire/tls.h), on OpenSSL. */
 #include <errno.h>
 #include <pthread.h>

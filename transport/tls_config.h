@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal view of a TLS configuration. */
 #ifndef TW_TRANSPORT_TLS_CONFIG_H
 #define TW_TRANSPORT_TLS_CONFIG_H

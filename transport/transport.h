@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The internal transport contract. Callers (tw_listen, tw_connect, the
  * protocol layer) go through this table, so tls and ws plug in without
  * touching them. Every member runs on the context's loop thread. */

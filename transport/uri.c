@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Transport address parsing (transport/uri.h). */
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Transport addresses: `scheme://host:port[/path]`, host a name, an IPv4
  * address, or an IPv6 address in brackets. */
 #ifndef TW_TRANSPORT_URI_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* WebSocket frame codec (transport/ws_codec.h). */
 #include <string.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* WebSocket frames (RFC 6455 section 5), sans-I/O, for ws:// and wss://
  * (DESIGN.md, Wire protocol: WebSocket).
  *

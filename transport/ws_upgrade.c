@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* WebSocket opening handshake (transport/ws_upgrade.h). */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The WebSocket opening handshake (RFC 6455 section 4), sans-I/O, both
  * sides, as DESIGN.md fixes it for ws:// and wss://: path "/", no
  * subprotocol, no extensions, a client sends no Origin, a server accepts a

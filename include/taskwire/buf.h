@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: refcounted blocks and the slices that view them.
  *
  * A block is a contiguous byte buffer with an atomic reference count. A

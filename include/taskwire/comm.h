@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: comms (connections that carry messages) and listeners.
  *
  * Addresses are URIs: `tcp://host:port`, `tcp://[::1]:port`; port 0 asks

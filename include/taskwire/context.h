@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: the context, which holds limits and runs the event loop.
  *
  * A context runs either on the application's own libevent `event_base`

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: error codes.
  *
  * Every taskwire function returns 0 on success or one of these negative

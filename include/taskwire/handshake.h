@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: the Dask comm handshake (docs/design.md, Handshake and server; Dask's
  * distributed/comm/core.py handshake_info and handshake_configuration).
  *

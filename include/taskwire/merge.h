@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: merging sub-frames into one logical frame.
  *
  * A sender may split one logical frame into several sub-frames (Dask splits

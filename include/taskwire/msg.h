@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: a message as a list of frames.
  *
  * The unit that comms carry: N >= 1 frames, each a slice of a refcounted

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: decoding received messages off the loop thread.
  *
  * Decompressing, merging and parsing a 256 MiB message takes long enough

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: calling ops on remote servers (docs/design.md, RPC client and streams;
  * Dask's distributed.core.rpc and ConnectionPool).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: Dask messages: frame 0 as a msgpack value, with out-of-band
  * payload groups (docs/design.md, Messages; the Dask comm protocol,
  * distributed/protocol/core.py dumps/loads).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: servers that answer ops (docs/design.md, Handshake and server; Dask's
  * distributed.core.Server.handle_comm).
  *

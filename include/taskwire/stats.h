@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: statistics.
  *
  * Counters kept as atomics, so any thread may read them while the loop and

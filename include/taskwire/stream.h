@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: streams: comms that carry one-way messages in batches
  * (docs/design.md, RPC client and streams; Dask's Server.handle_stream and
  * BatchedSend).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: an embeddable RPC transport for cluster schedulers.
  * Umbrella header; see README.md and docs/ for an overview. */
 #ifndef TASKWIRE_H

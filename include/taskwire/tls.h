@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* taskwire: TLS configuration for tls:// and wss:// comms
  * (docs/design.md, TLS). OpenSSL types never appear here.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer entry points, shared by the fuzz targets and by
  * tests/check_fuzz_replay.c, which replays the corpora under `make check`. */
 #ifndef TW_TESTS_FUZZ_H

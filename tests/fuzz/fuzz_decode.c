@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: tw_decode (protocol/decode.c and, under it, the msgpack
  * check, placeholders, zstd/lz4 and merge).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: the stream frame receiver (transport/frame_rx.c and the
  * prelude codec under it).
  *

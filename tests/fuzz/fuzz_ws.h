@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Entry points of the WebSocket fuzz targets under their own names, so one
  * program (tests/check_ws_fuzz_replay.c, built with -DTW_FUZZ_REPLAY) can
  * replay both corpora; each target also defines LLVMFuzzerTestOneInput

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: the WebSocket frame decoder and encoder
  * (transport/ws_codec.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fuzz target: the WebSocket opening handshake (transport/ws_upgrade.c).
  *
  * Byte 0 of the input picks the setup:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Write the seed corpus of tests/fuzz/fuzz_stream.c into corpus/stream/.
 
 Each file is a byte stream a peer could send over tcp (DESIGN.md, TCP and

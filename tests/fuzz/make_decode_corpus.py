@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Write the seed corpus of tests/fuzz/fuzz_decode.c into corpus/decode/.
 
 Each file is one message in the target's layout: byte 0 = frame count

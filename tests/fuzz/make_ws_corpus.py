@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Write the seed corpora of tests/fuzz/fuzz_ws_codec.c and
 fuzz_ws_upgrade.c into corpus/ws_codec/ and corpus/ws_upgrade/.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A WebSocket frame decoder driven over bytes in memory, the way the glue
  * drives it over a socket, with what it reports written down as text.
  * Shared by tests/check_ws_codec.c and tests/fuzz/fuzz_ws_codec.c, so the

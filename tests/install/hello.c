@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Built by tests/check_install.sh against an installed taskwire, with
  * nothing but `pkg-config --cflags --libs taskwire`: one echo over tcp on
  * 127.0.0.1 through the public API, and a Dask message round trip. */

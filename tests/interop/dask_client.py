@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A Dask comm client for tests/check_dask.c: talks to a comm-level echo
 server (one that writes back every message it reads, like
 examples/tw-echo-server) and checks what comes back.

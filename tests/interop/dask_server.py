@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A small Dask RPC server for tests/check_dask.c.
 
     /usr/bin/python3 dask_server.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Python's distributed.core.rpc against a taskwire server (tests/check_rpc_dask.c).
 
     /usr/bin/python3 rpc_client.py ADDR [--tls CA CERT KEY] [--big BYTES]

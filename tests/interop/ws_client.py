@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """A Python `websockets` client (Debian's 10.4, asyncio API) that speaks
 the taskwire WebSocket mapping by hand to a taskwire comm-level echo
 server (tests/check_ws_peers.c): a message of N frames is an 8-byte

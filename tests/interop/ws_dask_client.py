@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """A Python Dask client over ws:// or wss:// (distributed.comm.connect,
 Debian's python3-distributed) against a taskwire comm-level echo server
 (tests/check_ws_peers.c): the handshake, then out-of-band bytes of 0, 3,

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """A Python `websockets` echo server (Debian's 10.4, asyncio API) for a
 taskwire client (tests/check_ws_peers.c): every message is sent back as
 it came, so a taskwire message (count, then one message per frame) comes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A tornado WebSocket client (Dask's ws comm is tornado's) that pings
 often and reads slowly: it sends one taskwire message ("go"), then reads
 N messages of one SIZE-byte frame (byte i of message k is
