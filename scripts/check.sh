@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Quick start, part 2: the whole test suite. Installs what is missing,
 # builds with -Werror, checks the style (`make format-check`: library,
-# examples, benches), runs `make check`, runs the suites under valgrind,
+# examples, benches; SPDX lines), checks the ABI (`make abi-check`), runs
+# `make check`, runs the suites under valgrind,
 # builds again with AddressSanitizer and UndefinedBehaviorSanitizer and
 # runs `make check` there, runs the multi-threaded suites (offload, tcp)
 # under ThreadSanitizer, builds the libFuzzer targets with clang, then
@@ -18,6 +19,9 @@ cd "$build"
 
 step "make format-check (clang-format)"
 make format-check
+
+step "make abi-check (abidiff against the last release's ABI)"
+make abi-check
 
 step "make check"
 make -j"$(nproc)" check || { cat test-suite.log >&2; exit 1; }
@@ -41,4 +45,4 @@ step "make distcheck"
 cd "$build"
 make -j"$(nproc)" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >/dev/null 2>&1
 echo "distcheck: ok"
-printf '\ncheck.sh: all steps passed (format-check, make check, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
+printf '\ncheck.sh: all steps passed (format-check, abi-check, make check, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
