@@ -120,6 +120,8 @@ static void deliver(struct queue *q)
 	if (q->comm != NULL && q->close_pending && (q->head == NULL || q->comm->app_paused)) {
 		q->close_pending = 0;
 		tw__comm_call(q->comm, run_close, q);
+		if (q->comm != NULL) /* else its owner freed it, which told */
+			tw__comm_end_known(q->comm);
 	} else if (q->paused && q->comm != NULL && !q->comm->ended && may_read(q)) {
 		q->paused = 0;
 		q->comm->ops->start(q->comm);
@@ -224,6 +226,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	}
 	q->close_pending = 1;
 	q->close_err = err;
+	comm->close_owed = 1; /* the end watches wait for the close callback */
 	deliver(q);
 }
 

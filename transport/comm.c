@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -36,8 +37,47 @@ void tw__comm_unwatch(struct tw__watch *w)
 	w->pprev = NULL;
 }
 
+struct tw_comm_watch {
+	struct tw_comm_watch *next, **pprev;
+	tw_comm *comm;
+	tw_comm_ended_fn fn;
+	void *arg;
+};
+
+static void unlink_end_watch(tw_comm_watch *w)
+{
+	*w->pprev = w->next;
+	if (w->next != NULL)
+		w->next->pprev = w->pprev;
+	else
+		w->comm->end_tail = w->pprev;
+}
+
+/* The owner no longer hears from c: its callbacks are cleared and the
+ * delivery layer lets go, so nothing runs for an owner that freed c. */
+static void owner_detach(tw_comm *c)
+{
+	c->recv_cb = NULL;
+	c->close_cb = NULL;
+	c->drain_cb = NULL;
+	c->arg = NULL;
+	if (c->deliver_free != NULL)
+		c->deliver_free(c->deliver);
+	c->deliver = NULL;
+	c->deliver_free = NULL;
+	c->deliver_resume = NULL;
+	c->deliver_backlog = NULL;
+}
+
 static void destroy_comm(tw_comm *c)
 {
+	while (c->end_watches != NULL) { /* context teardown: never run */
+		tw_comm_watch *w = c->end_watches;
+		unlink_end_watch(w);
+		free(w);
+	}
+	if (c->end_ev != NULL)
+		event_free(c->end_ev);
 	while (c->watchers != NULL) {
 		struct tw__watch *w = c->watchers;
 		tw__comm_unwatch(w);
@@ -70,6 +110,8 @@ void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 	c->ops = ops;
 	c->ctx = ctx;
 	c->limits = ctx->limits;
+	c->refs = 1; /* the owner's */
+	c->end_tail = &c->end_watches;
 	tw__ctx_track(ctx, &c->node, kill_comm);
 }
 
@@ -161,14 +203,108 @@ void tw__comm_end(tw_comm *c, int err)
 	if (c->ended)
 		return;
 	c->ended = 1;
+	c->end_err = err;
 	if (c->timeout_ev != NULL)
 		event_del(c->timeout_ev);
 	c->ops->stop(c);
-	if (c->close_cb == NULL)
+	if (c->close_cb == NULL) {
+		tw__comm_end_known(c);
 		return;
+	}
 	c->depth++;
 	c->close_cb(c, err, c->arg);
+	if (!c->close_owed)
+		tw__comm_end_known(c);
 	after_callback(c);
+}
+
+void tw__comm_end_known(tw_comm *c)
+{
+	c->close_owed = 0;
+	if (c->end_known)
+		return;
+	c->end_known = 1;
+	if (c->end_watches != NULL)
+		event_active(c->end_ev, EV_TIMEOUT, 0);
+}
+
+/* Drop one reference; the last frees c, at once or when the callback of
+ * c that is running returns. */
+static void drop_ref(tw_comm *c)
+{
+	if (--c->refs > 0)
+		return;
+	if (c->depth > 0) {
+		c->free_pending = 1;
+		return;
+	}
+	tw__ctx_untrack(&c->node);
+	destroy_comm(c);
+}
+
+void tw_comm_hold(tw_comm *c)
+{
+	c->refs++;
+}
+
+void tw_comm_release(tw_comm *c)
+{
+	if (c != NULL)
+		drop_ref(c);
+}
+
+/* The end watches, outside any other call: each holds a reference, so c
+ * stays valid in fn; one more is held across the loop, since fn may
+ * release others or unwatch the rest. */
+static void run_end_watches(evutil_socket_t fd, short what, void *arg)
+{
+	tw_comm *c = arg;
+	tw_comm_watch *w;
+	(void)fd;
+	(void)what;
+	c->refs++;
+	while ((w = c->end_watches) != NULL) {
+		unlink_end_watch(w);
+		w->fn(c, c->end_err, w->arg);
+		free(w);
+		drop_ref(c);
+	}
+	drop_ref(c);
+}
+
+int tw_comm_watch_end(tw_comm *c, tw_comm_ended_fn fn, void *arg, tw_comm_watch **out)
+{
+	tw_comm_watch *w;
+	if (c == NULL || fn == NULL)
+		return TW_EINVAL;
+	if (c->end_ev == NULL &&
+	    (c->end_ev = event_new(c->ctx->base, -1, 0, run_end_watches, c)) == NULL)
+		return TW_ENOMEM;
+	if ((w = calloc(1, sizeof(*w))) == NULL)
+		return TW_ENOMEM;
+	w->comm = c;
+	w->fn = fn;
+	w->arg = arg;
+	w->pprev = c->end_tail;
+	*c->end_tail = w;
+	c->end_tail = &w->next;
+	c->refs++;
+	if (c->end_known)
+		event_active(c->end_ev, EV_TIMEOUT, 0);
+	if (out != NULL)
+		*out = w;
+	return 0;
+}
+
+void tw_comm_unwatch(tw_comm_watch *w)
+{
+	tw_comm *c;
+	if (w == NULL)
+		return;
+	c = w->comm;
+	unlink_end_watch(w);
+	free(w);
+	drop_ref(c);
 }
 
 int tw__comm_attach(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb, void *arg)
@@ -381,18 +517,21 @@ void tw_comm_abort(tw_comm *c)
 
 void tw_comm_free(tw_comm *c)
 {
-	if (c == NULL)
+	if (c == NULL || c->owner_gone)
 		return;
+	c->owner_gone = 1;
 	if (!c->ended) {
 		c->ended = 1;
+		c->end_err = TW_ECANCELED;
+		if (c->error[0] == '\0')
+			tw__comm_seterr(c, "freed by the application");
+		if (c->timeout_ev != NULL)
+			event_del(c->timeout_ev);
 		c->ops->stop(c);
 	}
-	if (c->depth > 0) {
-		c->free_pending = 1;
-		return;
-	}
-	tw__ctx_untrack(&c->node);
-	destroy_comm(c);
+	owner_detach(c);
+	tw__comm_end_known(c);
+	drop_ref(c);
 }
 
 void tw_comm_stats_sized(const tw_comm *c, tw_stats *out, size_t size)

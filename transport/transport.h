@@ -99,6 +99,15 @@ struct tw_comm {
 	void (*deliver_resume)(tw_comm *c);
 	int (*deliver_backlog)(const tw_comm *c); /* messages received, not yet delivered */
 	struct tw__watch *watchers;
+	/* References (tw_comm_hold); the owner's is one of them. The memory
+	 * goes when the last is dropped and no callback of c is running. */
+	int refs;
+	int end_err;    /* why it ended, for the end watches */
+	int end_known;  /* the end was told to the owner: watches may run */
+	int close_owed; /* the delivery layer runs the owner's close later */
+	int owner_gone; /* tw_comm_free ran */
+	struct tw_comm_watch *end_watches, **end_tail;
+	struct event *end_ev; /* runs the end watches, outside any call */
 };
 
 struct tw__stream_io;
@@ -140,6 +149,11 @@ int tw__comm_release(tw_comm *c);
 /* End the comm with err: release I/O, run the close callback once. The
  * caller must not touch c afterwards. */
 void tw__comm_end(tw_comm *c, int err);
+/* The owner has been told that c ended (its close callback ran, or it
+ * freed c): the end watches may run now. Idempotent. The delivery layer
+ * calls it when it runs a close callback it had to hold back
+ * (c->close_owed). */
+void tw__comm_end_known(tw_comm *c);
 /* Set callbacks for an internal user (the handshake) and start reading;
  * tw__comm_detach clears them and pauses reading, so the application can
  * then call tw_comm_set_callbacks. */

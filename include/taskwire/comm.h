@@ -10,7 +10,11 @@
  * Lifetime: the application owns each comm it is handed and frees it with
  * tw_comm_free (from inside a callback of that comm too: the free is then
  * deferred until the callback returns). After the close callback has run,
- * no other callback of the comm runs. */
+ * no other callback of the comm runs. Others may keep a comm they were
+ * lent (a server's comm in an op or stream handler) with tw_comm_hold: the
+ * memory then stays until the last tw_comm_release, though the comm may
+ * have ended (tw_comm_watch_end says when). Every comm goes with its
+ * context (tw_context_free), held or not. */
 #ifndef TASKWIRE_COMM_H
 #define TASKWIRE_COMM_H
 
@@ -119,9 +123,62 @@ uint64_t tw_comm_queued_bytes(const tw_comm *comm);
 void tw_comm_close(tw_comm *comm);
 void tw_comm_abort(tw_comm *comm);
 
-/* tw_comm_free: abort if still open (no close callback then) and free.
- * Queued messages are released. Accepts NULL. */
+/* tw_comm_free: abort if still open (no close callback then; watchers of
+ * tw_comm_watch_end see TW_ECANCELED), stop every callback the owner set,
+ * and drop the owner's reference: the memory goes with the last reference
+ * (tw_comm_release). Queued messages are released at once. Call it once,
+ * as the comm's owner (whoever was handed it by tw_connect, tw_listen's
+ * accept callback, or a server that serves it). Accepts NULL. */
 void tw_comm_free(tw_comm *comm);
+
+/* tw_comm_hold: take one more reference to comm, so that the pointer stays
+ * valid after its owner frees it (a server frees each served comm when it
+ * ends). tw_comm_release: drop one; the memory goes with the last.
+ * A comm that ended but is still held answers: tw_comm_write returns
+ * TW_ECLOSED; tw_comm_peer_address and tw_comm_local_address give the
+ * addresses it had while up; tw_comm_last_error, tw_comm_stats and
+ * tw_comm_queued_bytes (0) answer; tw_comm_pause, tw_comm_resume,
+ * tw_comm_close and tw_comm_abort do nothing. No callback set by its owner
+ * runs any more.
+ * Ownership: each hold is one reference, released by exactly one
+ * tw_comm_release (tw_comm_release(NULL) does nothing). Context
+ * teardown (tw_context_free) frees the comm whatever its references.
+ * Thread: the loop thread of the comm's context.
+ * Source: the rule a Dask scheduler lives by: it keeps each worker's comm
+ * (Scheduler.stream_comms) after the handler that got it returned. */
+void tw_comm_hold(tw_comm *comm);
+void tw_comm_release(tw_comm *comm);
+
+/* The end of a comm: err 0 when it ended in order (the peer closed between
+ * messages, or tw_comm_close finished), else the reason (TW_ECLOSED,
+ * TW_ETRUNCATED, TW_ETIMEDOUT, TW_ECANCELED for tw_comm_abort or
+ * tw_comm_free ...; the text in tw_comm_last_error). comm is valid during
+ * the call; keep it longer with tw_comm_hold. */
+typedef void (*tw_comm_ended_fn)(tw_comm *comm, int err, void *arg);
+typedef struct tw_comm_watch tw_comm_watch;
+
+/* tw_comm_watch_end: run fn(comm, err, arg) once when comm ends, after
+ * its owner's close callback (and after the messages it still delivers:
+ * a server's stream handlers have seen the last map), on the loop thread,
+ * never inside this call; when comm has already ended, on the next loop
+ * pass. The watch holds a reference to comm until fn has returned (or
+ * tw_comm_unwatch), so comm is valid in fn even after its owner freed it.
+ * out (may be NULL) receives a handle for tw_comm_unwatch, valid until fn
+ * has started running. Any number of watches per comm; they run in the
+ * order they were set. Watches still set when the context is freed never
+ * run.
+ * Thread: the loop thread of the comm's context.
+ * Returns 0, or:
+ *   TW_EINVAL  comm or fn is NULL
+ *   TW_ENOMEM  out of memory (fn never runs)
+ * Source: Dask's Scheduler.handle_worker / add_client, whose `finally`
+ * removes the worker or client when its stream comm ends. */
+int tw_comm_watch_end(tw_comm *comm, tw_comm_ended_fn fn, void *arg, tw_comm_watch **out);
+
+/* tw_comm_unwatch: cancel a watch whose fn has not started, and drop the
+ * reference it held (which may free the comm when its owner already let
+ * it go). Accepts NULL. Loop thread. */
+void tw_comm_unwatch(tw_comm_watch *w);
 
 /* tw_comm_stats: this comm's message and byte counters into *out (other
  * fields zero); sized as tw_stats_global (taskwire/stats.h). */

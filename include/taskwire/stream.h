@@ -22,7 +22,9 @@ extern "C" {
 #pragma GCC visibility push(default)
 
 /* A stream message: `msg` is one map of the decoded message d (both valid
- * during the call). */
+ * during the call). `comm` is lent for the call: the server frees its
+ * reference when the comm ends; keep it longer with tw_comm_hold (and
+ * tw_comm_watch_end to learn when it ends), then tw_comm_release. */
 typedef void (*tw_stream_fn)(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg,
 			     void *arg);
 

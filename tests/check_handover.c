@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Comms a scheduler keeps (issue 16): a stream handler's comm held past
+ * its end (tw_comm_hold, tw_comm_watch_end), with the peer a real Python
+ * Dask process killed with SIGKILL, or a raw socket cut in the middle of a
+ * message. The held comm answers (peer address, TW_ECLOSED on write) and
+ * the end watch runs once with the reason. Run under ASan and valgrind
+ * (scripts/valgrind-check.sh): before comms had references, the server
+ * freed the comm at the end and these reads were a use-after-free. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "tests/dask_util.h"
+#include "tests/rpc_util.h"
+#include "tests/tcp_util.h"
+
+static struct du_proc peer;
+
+static void stop_procs(void)
+{
+	du_stop(&peer);
+}
+
+/* What the "hello" stream handler and the end watch saw. */
+struct keep {
+	tw_comm *comm; /* held from the hello handler on */
+	char peer[128];
+	size_t hellos;
+	int ended; /* end watch runs */
+	int ended_err;
+	char ended_text[256];
+	int in_call; /* set while tw_comm_watch_end runs: fn must not run then */
+	int ran_in_call;
+};
+
+static void on_ended(tw_comm *comm, int err, void *arg)
+{
+	struct keep *k = arg;
+	char addr[128];
+	k->ended++;
+	k->ended_err = err;
+	k->ran_in_call |= k->in_call;
+	snprintf(k->ended_text, sizeof(k->ended_text), "%s", tw_comm_last_error(comm));
+	/* valid here even when nobody holds it but the watch */
+	ck_assert_int_eq(tw_comm_peer_address(comm, addr, sizeof(addr)), 0);
+}
+
+static void on_hello(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct keep *k = arg;
+	(void)d;
+	(void)m;
+	k->hellos++;
+	tw_comm_hold(comm);
+	k->comm = comm;
+	ck_assert_int_eq(tw_comm_peer_address(comm, k->peer, sizeof(k->peer)), 0);
+	k->in_call = 1;
+	ck_assert_int_eq(tw_comm_watch_end(comm, on_ended, k, NULL), 0);
+	k->in_call = 0;
+}
+
+static tw_server *start_server(struct tu *h, struct keep *k, char *addr, size_t len)
+{
+	tw_server *s;
+	ck_assert_int_eq(tw_server_new(h->ctx, &s), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(s, "hello", on_hello, k), 0);
+	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(s, 0, addr, len), 0);
+	return s;
+}
+
+static void start_peer(const char *mode, const char *addr)
+{
+	char script[512];
+	char *env[] = {"PYTHONNOUSERSITE=1", "DASK_DISTRIBUTED__COMM__COMPRESSION=False", NULL};
+	char *argv[] = {DU_PYTHON, script, (char *)mode, (char *)addr, NULL};
+	du_script("handover_peer.py", script, sizeof(script));
+	ck_assert_int_eq(du_spawn(&peer, argv, env), 0);
+}
+
+/* Everything a held, ended comm must still answer. */
+static void use_ended(struct keep *k)
+{
+	char addr[128], local[128];
+	tw_msg *m = rq_op("identity");
+	tw_stats st;
+	ck_assert_int_eq(tw_comm_peer_address(k->comm, addr, sizeof(addr)), 0);
+	ck_assert_str_eq(addr, k->peer);
+	ck_assert_int_eq(tw_comm_local_address(k->comm, local, sizeof(local)), 0);
+	ck_assert(strncmp(local, "tcp://127.0.0.1:", 16) == 0);
+	ck_assert_int_eq(tw_comm_write(k->comm, m), TW_ECLOSED);
+	tw_msg_free(m); /* refused: still ours */
+	ck_assert_uint_eq(tw_comm_queued_bytes(k->comm), 0);
+	tw_comm_stats(k->comm, &st);
+	ck_assert_uint_ge(st.msgs_received, 2);
+	tw_comm_pause(k->comm); /* no-ops on an ended comm */
+	tw_comm_resume(k->comm);
+	tw_comm_close(k->comm);
+	tw_comm_abort(k->comm);
+	ck_assert_str_eq(tw_comm_last_error(k->comm), k->ended_text);
+}
+
+static int got_hello(void *arg)
+{
+	return ((struct keep *)arg)->hellos > 0;
+}
+
+START_TEST(held_comm_after_peer_killed)
+{
+	struct tu h;
+	struct keep k = {0};
+	char addr[128];
+	tw_server *s;
+	tu_init(&h);
+	s = start_server(&h, &k, addr, sizeof(addr));
+	start_peer("stream", addr);
+	ck_assert_msg(tu_run_until(&h, got_hello, &k, DU_WAIT_MS), "no hello from the peer");
+	ck_assert_int_eq(kill(-peer.pid, SIGKILL), 0);
+	ck_assert(tu_wait_flag(&h, &k.ended, DU_WAIT_MS));
+	ck_assert_int_eq(k.ran_in_call, 0);
+	/* the kernel closed the killed peer's socket between messages */
+	ck_assert_int_eq(k.ended_err, 0);
+	use_ended(&k);
+	/* a watch set on an ended comm runs on a later loop pass, not inside */
+	k.in_call = 1;
+	ck_assert_int_eq(tw_comm_watch_end(k.comm, on_ended, &k, NULL), 0);
+	k.in_call = 0;
+	ck_assert_int_eq(k.ended, 1);
+	tu_run_for(&h, 20);
+	ck_assert_int_eq(k.ended, 2);
+	ck_assert_int_eq(k.ran_in_call, 0);
+	use_ended(&k);
+	tw_comm_release(k.comm);
+	tw_server_free(s);
+	du_stop(&peer);
+	tu_fini(&h);
+}
+END_TEST
+
+/* A Dask stream message packed for the wire (handshake first). */
+static uint8_t *wire(tw_msg *m, size_t *len)
+{
+	uint8_t *p = du_encode(m, len);
+	tw_msg_free(m);
+	return p;
+}
+
+static tw_msg *handshake_msg(void)
+{
+	tw_builder *b;
+	msgpack_packer *pk;
+	tw_msg *m;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 3);
+	tw_pack_str(pk, "compression");
+	msgpack_pack_nil(pk);
+	tw_pack_str(pk, "python");
+	msgpack_pack_array(pk, 3);
+	msgpack_pack_int(pk, 3);
+	msgpack_pack_int(pk, 11);
+	msgpack_pack_int(pk, 2);
+	tw_pack_str(pk, "pickle-protocol");
+	msgpack_pack_int(pk, 5);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	return m;
+}
+
+static void raw_send_msg(struct tu *h, int fd, tw_msg *m, size_t cut)
+{
+	size_t len;
+	uint8_t *p = wire(m, &len);
+	if (cut > 0)
+		len = cut < len ? cut : len - 1;
+	ck_assert_uint_eq(tu_raw_send(h, fd, p, len), len);
+	free(p);
+}
+
+/* The peer dies in the middle of a message: the watch says TW_ETRUNCATED
+ * and the comm's text says so; two watches, one cancelled. */
+START_TEST(held_comm_end_reason_truncated)
+{
+	struct tu h;
+	struct keep k = {0}, other = {0};
+	tw_comm_watch *w;
+	char addr[128];
+	tw_server *s;
+	tw_builder *b;
+	int fd;
+	tu_init(&h);
+	s = start_server(&h, &k, addr, sizeof(addr));
+	fd = tu_raw_connect(addr);
+	ck_assert_int_ge(fd, 0);
+	raw_send_msg(&h, fd, handshake_msg(), 0);
+	b = rq_begin("connection_stream", 1);
+	rq_bool(b, "reply", 0);
+	raw_send_msg(&h, fd, rq_end(b), 0);
+	raw_send_msg(&h, fd, rq_op("hello"), 0);
+	ck_assert(tu_run_until(&h, got_hello, &k, TU_WAIT_MS));
+	ck_assert_int_eq(tw_comm_watch_end(k.comm, on_ended, &other, &w), 0);
+	tw_comm_unwatch(w); /* cancelled: never runs */
+	raw_send_msg(&h, fd, rq_op("hello"), 12); /* part of a second one */
+	shutdown(fd, SHUT_WR);
+	ck_assert(tu_wait_flag(&h, &k.ended, TU_WAIT_MS));
+	close(fd);
+	ck_assert_int_eq(k.ended_err, TW_ETRUNCATED);
+	ck_assert_msg(strstr(k.ended_text, "12") != NULL, "text: %s", k.ended_text);
+	use_ended(&k);
+	tu_run_for(&h, 20);
+	ck_assert_int_eq(k.ended, 1);
+	ck_assert_int_eq(other.ended, 0);
+	tw_comm_release(k.comm);
+	tw_server_free(s);
+	tu_fini(&h);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("handover");
+	TCase *tc = tcase_create("lifetime");
+	SRunner *sr;
+	int failed;
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 120);
+	tcase_add_checked_fixture(tc, NULL, stop_procs);
+	tcase_add_test(tc, held_comm_after_peer_killed);
+	tcase_add_test(tc, held_comm_end_reason_truncated);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""A Python Dask peer for tests/check_handover.c, speaking as a real worker
+or client does (distributed.comm.connect, the Dask handshake):
+
+  stream ADDR           connection_stream, one {"op": "hello"} map, then
+                        prints SENT and waits to be killed.
+  register-worker ADDR  Dask's Worker._register_with_scheduler: writes
+                        register-worker (reply: false), reads the one reply
+                        map on the same comm, then uses that comm as its
+                        stream both ways (handle_scheduler): writes
+                        [keep-alive, worker-status-change], reads the
+                        scheduler's batch, answers with close-stream.
+  register-client ADDR  Client._ensure_connected: register-client (reply:
+                        false), expects [{"op": "stream-start"}], then
+                        writes a heartbeat-client map and reads the
+                        scheduler's answer on the stream.
+Prints "ALL OK <mode>" on success; any failure raises (exit status 1).
+"""
+import asyncio
+import sys
+
+from distributed.comm import connect
+from distributed.comm.core import CommClosedError
+
+
+async def stream(addr):
+    comm = await connect(addr)
+    await comm.write({"op": "connection_stream", "reply": False})
+    await comm.write({"op": "hello", "n": 1})
+    print("SENT", flush=True)
+    await asyncio.sleep(3600)
+
+
+async def register_worker(addr):
+    comm = await connect(addr)
+    await comm.write({"op": "register-worker", "reply": False,
+                      "address": "tcp://127.0.0.1:1234", "status": "running",
+                      "nthreads": 2, "name": "w1", "now": 0.0,
+                      "resources": {}, "memory_limit": 1 << 30,
+                      "local_directory": "/tmp", "services": {},
+                      "nanny": None, "pid": 1, "versions": {}, "metrics": {},
+                      "extra": {}, "server_id": "w1", "types": {},
+                      "nbytes": {}, "stimulus_id": "s1"})
+    reply = await comm.read()
+    assert reply["status"] == "OK", reply
+    assert reply["heartbeat-interval"] == 0.5, reply
+    # the comm is now the worker's stream both ways (Dask's BatchedSend)
+    await comm.write([{"op": "keep-alive"},
+                      {"op": "worker-status-change", "status": "paused",
+                       "stimulus_id": "s2"}])
+    batch = await comm.read()
+    assert isinstance(batch, list), batch
+    assert batch == [{"op": "compute-task", "key": "x", "n": 2},
+                     {"op": "free-keys", "keys": ["y"]}], batch
+    await comm.write([{"op": "close-stream"}])
+    try:
+        extra = await comm.read()
+        raise AssertionError("comm still open: %r" % (extra,))
+    except CommClosedError:
+        pass
+    print("ALL OK register-worker", flush=True)
+
+
+async def register_client(addr):
+    comm = await connect(addr)
+    await comm.write({"op": "register-client", "client": "Client-1",
+                      "reply": False, "versions": {}})
+    msg = await comm.read()
+    assert msg == [{"op": "stream-start"}], msg
+    await comm.write([{"op": "heartbeat-client"}])
+    msg = await comm.read()
+    assert msg == [{"op": "client-heartbeat-seen", "client": "Client-1"}], msg
+    await comm.close()
+    print("ALL OK register-client", flush=True)
+
+
+MODES = {"stream": stream, "register-worker": register_worker,
+         "register-client": register_client}
+
+if __name__ == "__main__":
+    asyncio.run(MODES[sys.argv[1]](sys.argv[2]))
