@@ -62,6 +62,11 @@ struct stream {
 	struct wq_entry *q; /* ring of qcap entries */
 	size_t qhead, qn, qcap;
 	uint64_t queued_bytes, head_sent;
+	/* Where the head entry's unsent bytes start: part head_part (0: the
+	 * prelude, j: frame j-1) at head_off. A cursor, so a message of many
+	 * frames is walked once in all, not from its start at every write. */
+	size_t head_part;
+	uint64_t head_off;
 	int closing;    /* 1: flushing, 2: FIN sent, waiting for the peer's */
 	int peer_eof;   /* the peer's FIN came while we were flushing */
 	int reading;    /* deliver messages (paused while no one takes them) */
@@ -93,36 +98,65 @@ static void release_queue(struct stream *s)
 	}
 	s->qn = 0;
 	s->queued_bytes = 0;
+	s->head_sent = 0;
+	s->head_part = 0;
+	s->head_off = 0;
 }
 
-/* Fill iov with the unsent bytes of the queue, from the head on. */
+/* Part j of e: its prelude (j == 0), then frame j-1. */
+static size_t part_len(struct wq_entry *e, size_t j)
+{
+	return j == 0 ? e->prelude_len : tw__msg_frames(e->msg)[j - 1].len;
+}
+
+static uint8_t *part_data(struct wq_entry *e, size_t j)
+{
+	return j == 0 ? prelude_of(e) : tw_slice_data(&tw__msg_frames(e->msg)[j - 1]);
+}
+
+/* Fill iov with the unsent bytes of the queue, from the head's cursor on. */
 static int gather(struct stream *s, struct iovec *iov, int max)
 {
-	uint64_t skip = s->head_sent;
+	size_t j0 = s->head_part;
+	uint64_t off = s->head_off;
 	int k = 0;
 	for (size_t i = 0; i < s->qn && k < max; i++) {
 		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
-		const tw_slice *f = tw__msg_frames(e->msg);
-		size_t nf = tw_msg_nframes(e->msg);
-		for (size_t j = 0; j <= nf && k < max; j++) {
-			uint8_t *p = j == 0 ? prelude_of(e) : tw_slice_data(&f[j - 1]);
-			size_t len = j == 0 ? e->prelude_len : f[j - 1].len;
-			if (skip >= len) {
-				skip -= len;
-				continue;
+		size_t nparts = tw_msg_nframes(e->msg) + 1;
+		for (size_t j = j0; j < nparts && k < max; j++) {
+			size_t len = part_len(e, j);
+			if (off < len) {
+				iov[k].iov_base = part_data(e, j) + off;
+				iov[k].iov_len = len - off;
+				k++;
 			}
-			iov[k].iov_base = p + skip;
-			iov[k].iov_len = len - skip;
-			skip = 0;
-			k++;
+			off = 0;
 		}
+		j0 = 0;
 	}
 	return k;
+}
+
+/* Move the head's cursor n bytes on (n stays within the head entry). */
+static void advance_cursor(struct stream *s, uint64_t n)
+{
+	struct wq_entry *e = &s->q[s->qhead];
+	while (n > 0) {
+		uint64_t left = part_len(e, s->head_part) - s->head_off;
+		if (n < left) {
+			s->head_off += n;
+			return;
+		}
+		n -= left;
+		s->head_part++;
+		s->head_off = 0;
+	}
 }
 
 /* n bytes left: retire the messages they complete. */
 static void consume(struct stream *s, uint64_t n)
 {
+	uint64_t was = s->head_sent;
 	TW__COUNT(&s->base.stats, bytes_sent, n);
 	s->queued_bytes -= n;
 	n += s->head_sent;
@@ -134,8 +168,13 @@ static void consume(struct stream *s, uint64_t n)
 		s->qhead = (s->qhead + 1) % s->qcap;
 		s->qn--;
 		TW__COUNT(&s->base.stats, msgs_sent, 1);
+		s->head_part = 0;
+		s->head_off = 0;
+		was = 0;
 	}
 	s->head_sent = n;
+	if (s->qn > 0)
+		advance_cursor(s, n - was);
 }
 
 static void finish_close(struct stream *s);
