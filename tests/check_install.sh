@@ -15,6 +15,12 @@ for f in taskwire.h comm.h serial.h server.h; do
 	[ -f "$tmp$prefix/include/taskwire/$f" ] || { echo "check_install: $f missing" >&2; exit 1; }
 done
 [ -x "$tmp$prefix/bin/tw-echo-server" ] || { echo "check_install: examples missing" >&2; exit 1; }
+# The reference manual's man pages, when configure found doxygen.
+if [ -d "$build/docs/man3" ]; then
+	[ -f "$tmp$prefix/share/man/man3/tw_comm_write.3" ] &&
+		MANPATH="$tmp$prefix/share/man" man -w tw_comm_write >/dev/null 2>&1 ||
+		{ echo "check_install: man page tw_comm_write(3) missing" >&2; exit 1; }
+fi
 flags=$(PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$tmp" pkg-config --cflags --libs taskwire)
 # shellcheck disable=SC2086
 ${CC:-cc} $TW_LDFLAGS -o "$tmp/hello" "$src/tests/install/hello.c" $flags
