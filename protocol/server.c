@@ -42,6 +42,7 @@ struct tw_request {
 	tw_decoded *d;
 	char *op;
 	int reply, close;
+	int keep;      /* tw_request_keep_stream: a stream after the reply */
 	tw_builder *b; /* &b_mem once the reply is begun */
 	tw_builder b_mem;
 }; /* in d's memory, op too: freed with d */
@@ -475,6 +476,30 @@ int tw_request_wants_reply(const tw_request *r)
 	return r->reply;
 }
 
+tw_comm *tw_request_comm(const tw_request *r)
+{
+	return r != NULL && r->conn != NULL ? r->conn->comm : NULL;
+}
+
+int tw_request_peer_address(const tw_request *r, char *buf, size_t len)
+{
+	tw_comm *c = tw_request_comm(r);
+	return c == NULL ? TW_ECLOSED : tw_comm_peer_address(c, buf, len);
+}
+
+int tw_request_keep_stream(tw_request *r, tw_comm **out)
+{
+	struct sconn *sc = r != NULL ? r->conn : NULL;
+	if (r == NULL || out == NULL || r->keep)
+		return TW_EINVAL;
+	if (sc == NULL || sc->closing || sc->comm->ended || sc->comm->closing)
+		return TW_ECLOSED;
+	r->keep = 1;
+	tw_comm_hold(sc->comm);
+	*out = sc->comm;
+	return 0;
+}
+
 tw_builder *tw_request_reply_builder(tw_request *r)
 {
 	const char *codec = r->conn != NULL ? tw_comm_compression(r->conn->comm) : NULL;
@@ -561,7 +586,13 @@ int tw_request_reply(tw_request *r)
 		request_free(r);
 		return TW_ECLOSED;
 	}
-	if (r->reply) {
+	if (r->keep) {
+		/* Dask's add_worker and add_client write their one message
+		 * on a reply:false request's comm, then read it as a stream */
+		sc->stream = 1;
+		r->close = 0;
+	}
+	if (r->reply || (r->keep && r->b != NULL && !tw__builder_empty(r->b))) {
 		if (tw_request_reply_builder(r) == NULL)
 			rv = TW_ENOMEM;
 		else if (tw__builder_empty(r->b))

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <check.h>
@@ -221,6 +222,241 @@ START_TEST(held_comm_end_reason_truncated)
 }
 END_TEST
 
+/* A scheduler's registry of one worker and one client (Dask's
+ * Scheduler.add_worker / handle_worker and add_client). */
+struct sched {
+	tw_comm *worker, *client; /* held by tw_request_keep_stream */
+	char worker_peer[128];
+	int reg_reply_flag; /* tw_request_wants_reply of register-worker */
+	int double_keep;    /* second tw_request_keep_stream's result */
+	tw_batched *to_worker;
+	size_t keep_alives, status_changes, heartbeats;
+	int comm_matches; /* stream handlers got the kept comm */
+	char status[32];
+	int worker_ended, worker_err, client_ended, client_err;
+};
+
+static void worker_ended(tw_comm *comm, int err, void *arg)
+{
+	struct sched *sc = arg;
+	(void)comm;
+	sc->worker_ended++;
+	sc->worker_err = err;
+}
+
+static void client_ended(tw_comm *comm, int err, void *arg)
+{
+	struct sched *sc = arg;
+	(void)comm;
+	sc->client_ended++;
+	sc->client_err = err;
+}
+
+static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
+{
+	tw_pack_str(pk, k);
+	tw_pack_str(pk, v);
+}
+
+/* register-worker: the reply map on the same comm, then its stream. */
+static void op_register_worker(tw_request *r, void *arg)
+{
+	struct sched *sc = arg;
+	msgpack_packer *pk;
+	tw_comm *again;
+	sc->reg_reply_flag = tw_request_wants_reply(r);
+	ck_assert_int_eq(tw_request_peer_address(r, sc->worker_peer, sizeof(sc->worker_peer)), 0);
+	ck_assert_int_eq(tw_request_peer_address(r, sc->worker_peer, 4), TW_ERANGE);
+	ck_assert_int_eq(tw_request_keep_stream(r, &sc->worker), 0);
+	ck_assert_ptr_eq(sc->worker, tw_request_comm(r));
+	sc->double_keep = tw_request_keep_stream(r, &again);
+	ck_assert_int_eq(tw_comm_watch_end(sc->worker, worker_ended, sc, NULL), 0);
+	ck_assert_int_eq(tw_batched_new(sc->worker, 0, &sc->to_worker), 0);
+	pk = tw_builder_packer(tw_request_reply_builder(r));
+	msgpack_pack_map(pk, 4);
+	pack_kv_str(pk, "status", "OK");
+	tw_pack_str(pk, "time");
+	msgpack_pack_double(pk, 1.5);
+	tw_pack_str(pk, "heartbeat-interval");
+	msgpack_pack_double(pk, 0.5);
+	tw_pack_str(pk, "worker-plugins");
+	msgpack_pack_map(pk, 0);
+	ck_assert_int_eq(tw_request_reply(r), 0);
+}
+
+static void op_register_client(tw_request *r, void *arg)
+{
+	struct sched *sc = arg;
+	msgpack_packer *pk;
+	ck_assert_int_eq(tw_request_wants_reply(r), 0);
+	ck_assert_int_eq(tw_request_keep_stream(r, &sc->client), 0);
+	ck_assert_int_eq(tw_comm_watch_end(sc->client, client_ended, sc, NULL), 0);
+	pk = tw_builder_packer(tw_request_reply_builder(r));
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 1);
+	pack_kv_str(pk, "op", "stream-start");
+	ck_assert_int_eq(tw_request_reply(r), 0);
+}
+
+static void batch_send(tw_batched *b, void (*pack)(msgpack_packer *pk))
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	pack(&pk);
+	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static void pack_compute(msgpack_packer *pk)
+{
+	msgpack_pack_map(pk, 3);
+	pack_kv_str(pk, "op", "compute-task");
+	pack_kv_str(pk, "key", "x");
+	tw_pack_str(pk, "n");
+	msgpack_pack_int(pk, 2);
+}
+
+static void pack_free_keys(msgpack_packer *pk)
+{
+	msgpack_pack_map(pk, 2);
+	pack_kv_str(pk, "op", "free-keys");
+	tw_pack_str(pk, "keys");
+	msgpack_pack_array(pk, 1);
+	tw_pack_str(pk, "y");
+}
+
+static void sop_keep_alive(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct sched *sc = arg;
+	(void)d;
+	(void)m;
+	sc->keep_alives++;
+	sc->comm_matches += comm == sc->worker;
+}
+
+static void sop_status(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct sched *sc = arg;
+	const msgpack_object *st = tw_map_get(m, "status");
+	(void)d;
+	sc->status_changes++;
+	sc->comm_matches += comm == sc->worker;
+	ck_assert(st != NULL && st->type == MSGPACK_OBJECT_STR && st->via.str.size < 32);
+	memcpy(sc->status, st->via.str.ptr, st->via.str.size);
+	/* the scheduler answers on the worker's stream, batched */
+	batch_send(sc->to_worker, pack_compute);
+	batch_send(sc->to_worker, pack_free_keys);
+}
+
+static void sop_heartbeat_client(tw_comm *comm, const tw_decoded *d, const msgpack_object *m,
+				 void *arg)
+{
+	struct sched *sc = arg;
+	tw_builder *b;
+	tw_msg *out;
+	(void)d;
+	(void)m;
+	sc->heartbeats++;
+	ck_assert_ptr_eq(comm, sc->client);
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	msgpack_pack_array(tw_builder_packer(b), 1);
+	msgpack_pack_map(tw_builder_packer(b), 2);
+	pack_kv_str(tw_builder_packer(b), "op", "client-heartbeat-seen");
+	pack_kv_str(tw_builder_packer(b), "client", "Client-1");
+	ck_assert_int_eq(tw_builder_finish(b, &out), 0);
+	tw_builder_free(b);
+	ck_assert_int_eq(tw_comm_write(comm, out), 0);
+}
+
+static int proc_exited(void *arg)
+{
+	struct du_proc *p = arg;
+	if (!p->exited && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
+		p->exited = 1;
+	return p->exited;
+}
+
+static void expect_ok(struct tu *h, const char *ok)
+{
+	char tail[2048];
+	ck_assert_msg(tu_run_until(h, proc_exited, &peer, DU_WAIT_MS), "peer did not finish: %s",
+		      du_log_tail(&peer, tail, sizeof(tail)));
+	ck_assert_msg(WIFEXITED(peer.status) && WEXITSTATUS(peer.status) == 0,
+		      "status %d: %s", peer.status, du_log_tail(&peer, tail, sizeof(tail)));
+	ck_assert_msg(strstr(du_log_tail(&peer, tail, sizeof(tail)), ok) != NULL, "log: %s", tail);
+}
+
+static tw_server *start_sched(struct tu *h, struct sched *sc, char *addr, size_t len)
+{
+	tw_server *s;
+	ck_assert_int_eq(tw_server_new(h->ctx, &s), 0);
+	ck_assert_int_eq(tw_server_add_op(s, "register-worker", op_register_worker, sc), 0);
+	ck_assert_int_eq(tw_server_add_op(s, "register-client", op_register_client, sc), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(s, "keep-alive", sop_keep_alive, sc), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(s, "worker-status-change", sop_status, sc), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(s, "heartbeat-client", sop_heartbeat_client, sc),
+			 0);
+	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(s, 0, addr, len), 0);
+	return s;
+}
+
+/* A real Python peer registers as Dask's worker does: reply:false, one
+ * reply map on the same comm, then that comm is its stream both ways,
+ * until it sends close-stream. */
+START_TEST(register_worker_keeps_stream)
+{
+	struct tu h;
+	struct sched sc = {0};
+	char addr[128], peer_addr[128];
+	tw_server *s;
+	tu_init(&h);
+	s = start_sched(&h, &sc, addr, sizeof(addr));
+	start_peer("register-worker", addr);
+	expect_ok(&h, "ALL OK register-worker");
+	ck_assert(tu_wait_flag(&h, &sc.worker_ended, DU_WAIT_MS));
+	ck_assert_int_eq(sc.reg_reply_flag, 0);
+	ck_assert_int_eq(sc.double_keep, TW_EINVAL);
+	ck_assert_uint_eq(sc.keep_alives, 1);
+	ck_assert_uint_eq(sc.status_changes, 1);
+	ck_assert_int_eq(sc.comm_matches, 2);
+	ck_assert_str_eq(sc.status, "paused");
+	ck_assert_int_eq(sc.worker_err, 0); /* close-stream: an orderly end */
+	ck_assert_int_eq(tw_comm_peer_address(sc.worker, peer_addr, sizeof(peer_addr)), 0);
+	ck_assert_str_eq(peer_addr, sc.worker_peer);
+	ck_assert_int_eq(tw_batched_send(sc.to_worker, "\x80", 1), TW_ECLOSED);
+	tw_batched_free(sc.to_worker);
+	tw_comm_release(sc.worker);
+	tw_server_free(s);
+	du_stop(&peer);
+	tu_fini(&h);
+}
+END_TEST
+
+/* register-client gets [{"op": "stream-start"}] though it said
+ * reply:false, and its comm is the client's stream. */
+START_TEST(register_client_keeps_stream)
+{
+	struct tu h;
+	struct sched sc = {0};
+	char addr[128];
+	tw_server *s;
+	tu_init(&h);
+	s = start_sched(&h, &sc, addr, sizeof(addr));
+	start_peer("register-client", addr);
+	expect_ok(&h, "ALL OK register-client");
+	ck_assert(tu_wait_flag(&h, &sc.client_ended, DU_WAIT_MS));
+	ck_assert_uint_eq(sc.heartbeats, 1);
+	ck_assert_int_eq(sc.client_err, 0);
+	tw_comm_release(sc.client);
+	tw_server_free(s);
+	du_stop(&peer);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("handover");
@@ -232,6 +468,12 @@ int main(void)
 	tcase_add_checked_fixture(tc, NULL, stop_procs);
 	tcase_add_test(tc, held_comm_after_peer_killed);
 	tcase_add_test(tc, held_comm_end_reason_truncated);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("handover");
+	tcase_set_timeout(tc, 120);
+	tcase_add_checked_fixture(tc, NULL, stop_procs);
+	tcase_add_test(tc, register_worker_keeps_stream);
+	tcase_add_test(tc, register_client_keeps_stream);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

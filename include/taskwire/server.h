@@ -29,7 +29,9 @@ extern "C" {
 typedef struct tw_server tw_server;
 typedef struct tw_request tw_request;
 
-/* An op handler; `req` stays valid until it is replied to. */
+/* An op handler; `req` stays valid until it is replied to. The comm it
+ * came on (tw_request_comm) is lent until then; keep it with tw_comm_hold
+ * or tw_request_keep_stream. */
 typedef void (*tw_op_fn)(tw_request *req, void *arg);
 
 /* tw_server_new: a server on ctx with the built-in ops. Returns 0,
@@ -65,6 +67,52 @@ const msgpack_object *tw_request_arg(const tw_request *r, const char *key);
 const tw_decoded *tw_request_decoded(const tw_request *r);
 int tw_request_wants_reply(const tw_request *r);
 
+/* tw_request_comm: the comm the request came on, lent until the reply
+ * (the server frees its reference when the comm ends: keep it with
+ * tw_comm_hold or tw_request_keep_stream). NULL when the comm went away
+ * (a deferred reply's peer closed) or r is NULL. Loop thread.
+ * Source: Dask's handlers take `comm` as their first argument
+ * (Server.handle_comm passes it to every handler that names it). */
+tw_comm *tw_request_comm(const tw_request *r);
+
+/* tw_request_peer_address: the address of the peer that sent r, as a URI
+ * ("tcp://127.0.0.1:40123"), NUL-terminated into buf of len bytes.
+ * Loop thread.
+ * Returns 0, or:
+ *   TW_ERANGE   buf too small (or NULL)
+ *   TW_ECLOSED  the comm went away
+ * Source: Dask's comm.peer_address (Scheduler.add_client logs it). */
+int tw_request_peer_address(const tw_request *r, char *buf, size_t len);
+
+/* tw_request_keep_stream: take the request's comm over, as Dask's
+ * scheduler does at register-worker and register-client: once the reply
+ * has been written, the comm serves no more requests and is one of the
+ * server's streams (as after connection_stream): each message, a map or
+ * an array of maps, goes to the server's stream ops
+ * (tw_server_add_stream_op) with this comm, until close-stream or its
+ * end. Call before tw_request_reply (or tw_request_reply_error).
+ * The rule for the reply of a kept request: what the handler packed into
+ * tw_request_reply_builder is written even when the request said
+ * reply:false (Dask's register-worker and register-client do, and their
+ * peers read exactly that one message: {"status": "OK", ...}, or
+ * [{"op": "stream-start"}]); when nothing was packed, nil is written if
+ * the request wanted a reply and nothing otherwise. A `close` flag of a
+ * kept request is ignored. To refuse, reply (an error, say), then
+ * tw_comm_close and tw_comm_release the comm.
+ * out: receives the comm with a reference HELD for the caller: it stays
+ * valid after the comm ended, until the caller's tw_comm_release; the
+ * server still owns the comm (callbacks, free at its end). Watch its end
+ * with tw_comm_watch_end (Dask's handle_worker then removes the worker).
+ * Loop thread, inside the op handler or before a deferred reply.
+ * Returns 0, or:
+ *   TW_EINVAL   r or out NULL, or the comm is already kept
+ *   TW_ECLOSED  the comm went away or is closing (nothing is held)
+ * Source: Dask's Scheduler.add_worker (comm.write(msg), then
+ * handle_worker -> handle_stream on the same comm) and
+ * Scheduler.add_client (bcomm = BatchedSend on the comm, then
+ * [{"op": "stream-start"}], then handle_stream). */
+int tw_request_keep_stream(tw_request *r, tw_comm **out);
+
 /* tw_request_reply_builder: the builder for the reply, made on first use
  * with the comm's negotiated compression; pack exactly one value (with
  * tw_builder_pack_object to return a part of the request with its
@@ -74,7 +122,8 @@ int tw_request_wants_reply(const tw_request *r);
 tw_builder *tw_request_reply_builder(tw_request *r);
 
 /* tw_request_reply: send the packed value (nil when nothing was packed),
- * unless the caller asked for no reply, then read the next request (or
+ * unless the caller asked for no reply (a kept request: see
+ * tw_request_keep_stream), then read the next request (or
  * close the comm when the request said `close`). Frees r in every case.
  * Returns 0, or TW_ENOMEM / TW_ECLOSED (the comm went away: the reply is
  * dropped), or TW_ETOOBIG (the reply has more frames than the comm's

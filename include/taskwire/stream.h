@@ -6,7 +6,9 @@
  * After {"op": "connection_stream", "reply": false} a server comm is a
  * stream: each message is a map, or an array of maps, and each map goes
  * to the stream handler of its `op`, with no reply; {"op":
- * "close-stream"} ends it. A batched sender coalesces the maps written
+ * "close-stream"} ends it. An op handler makes its request's comm such
+ * a stream with tw_request_keep_stream (taskwire/server.h), as Dask's
+ * scheduler does at register-worker. A batched sender coalesces the maps written
  * within one interval into one array message. */
 #ifndef TASKWIRE_STREAM_H
 #define TASKWIRE_STREAM_H
