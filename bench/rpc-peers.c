@@ -2,12 +2,15 @@
 /* rpc-peers: the small-RPC baselines for bench/rpc-bench.sh: a 10-byte
  * echo over loopback tcp with ZeroMQ REQ/REP, NNG req/rep, and raw epoll
  * (the floor: the syscalls any epoll-driven peer pays per message, send,
- * epoll_wait and recv on each side, with no protocol at all).
+ * epoll_wait and recv on each side, with no protocol at all). The ZeroMQ
+ * and NNG clients take a payload SIZE too (bench/report.sh's throughput
+ * against message size).
  *
- *   rpc-peers zmq-server PORT | zmq-client PORT COUNT
- *   rpc-peers nng-server PORT | nng-client PORT COUNT
+ *   rpc-peers zmq-server PORT | zmq-client PORT COUNT [SIZE]
+ *   rpc-peers nng-server PORT | nng-client PORT COUNT [SIZE]
  *   rpc-peers raw-server PORT | raw-client PORT COUNT
- * Clients print "<name>: N round trips/s, p50 X us, p99 Y us".
+ * Clients print "<name>: N round trips/s, p50 X us, p99 Y us, Z MB/s
+ * payload each way".
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,44 +37,60 @@ static int cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static void report(const char *name, double *lat, size_t n, double secs)
+static void report_sized(const char *name, double *lat, size_t n, double secs, size_t size)
 {
 	qsort(lat, n, sizeof(double), cmp);
-	printf("%s: %.0f round trips/s, p50 %.1f us, p99 %.1f us\n", name, (double)n / secs,
-	       lat[n / 2], lat[n * 99 / 100]);
+	printf("%s: %.0f round trips/s, p50 %.1f us, p99 %.1f us, %.1f MB/s payload each way\n",
+	       name, (double)n / secs, lat[n / 2], lat[n * 99 / 100],
+	       (double)size * (double)n / secs / 1e6);
+}
+
+static void report(const char *name, double *lat, size_t n, double secs)
+{
+	report_sized(name, lat, n, secs, 10);
+}
+
+/* The payload of COUNT echoes: "0123456789" repeated to SIZE bytes. */
+static char *payload(size_t size)
+{
+	char *p = malloc(size);
+	for (size_t i = 0; p != NULL && i < size; i++)
+		p[i] = (char)('0' + i % 10);
+	return p;
 }
 
 static int zmq_server(const char *port)
 {
 	void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_REP);
-	char addr[64], buf[64];
+	char addr[64];
 	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
 	if (zmq_bind(s, addr) != 0)
 		return 1;
 	for (;;) {
-		int n = zmq_recv(s, buf, sizeof(buf), 0);
-		if (n < 0 || zmq_send(s, buf, (size_t)n, 0) < 0)
+		zmq_msg_t m;
+		zmq_msg_init(&m);
+		if (zmq_msg_recv(&m, s, 0) < 0 || zmq_msg_send(&m, s, 0) < 0)
 			return 1;
 	}
 }
 
-static int zmq_client(const char *port, long count)
+static int zmq_client(const char *port, long count, size_t size)
 {
 	void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_REQ);
-	char addr[64], buf[64];
+	char addr[64], *msg = payload(size), *buf = malloc(size);
 	double *lat = malloc((size_t)count * sizeof(double)), t0;
 	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
-	if (lat == NULL || zmq_connect(s, addr) != 0)
+	if (lat == NULL || msg == NULL || buf == NULL || zmq_connect(s, addr) != 0)
 		return 1;
 	t0 = tw_ex_now();
 	for (long i = 0; i < count; i++) {
 		double t = tw_ex_now();
-		if (zmq_send(s, "0123456789", 10, 0) != 10 ||
-		    zmq_recv(s, buf, sizeof(buf), 0) != 10)
+		if (zmq_send(s, msg, size, 0) != (int)size ||
+		    zmq_recv(s, buf, size, 0) != (int)size)
 			return 1;
 		lat[i] = (tw_ex_now() - t) * 1e6;
 	}
-	report("zeromq req/rep", lat, (size_t)count, tw_ex_now() - t0);
+	report_sized("zeromq req/rep", lat, (size_t)count, tw_ex_now() - t0, size);
 	return 0;
 }
 
@@ -80,7 +99,8 @@ static int nng_server(const char *port)
 	nng_socket s;
 	char addr[64];
 	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
-	if (nng_rep0_open(&s) != 0 || nng_listen(s, addr, NULL, 0) != 0)
+	if (nng_rep0_open(&s) != 0 || nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0) != 0 ||
+	    nng_listen(s, addr, NULL, 0) != 0)
 		return 1;
 	for (;;) {
 		nng_msg *m;
@@ -89,26 +109,28 @@ static int nng_server(const char *port)
 	}
 }
 
-static int nng_client(const char *port, long count)
+static int nng_client(const char *port, long count, size_t size)
 {
 	nng_socket s;
-	char addr[64];
+	char addr[64], *msg = payload(size);
 	double *lat = malloc((size_t)count * sizeof(double)), t0;
 	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%s", port);
-	if (lat == NULL || nng_req0_open(&s) != 0 || nng_dial(s, addr, NULL, 0) != 0)
+	/* NNG refuses messages over 1 MiB by default (NNG_OPT_RECVMAXSZ). */
+	if (lat == NULL || msg == NULL || nng_req0_open(&s) != 0 ||
+	    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0) != 0 || nng_dial(s, addr, NULL, 0) != 0)
 		return 1;
 	t0 = tw_ex_now();
 	for (long i = 0; i < count; i++) {
 		double t = tw_ex_now();
 		char *buf;
 		size_t n;
-		if (nng_send(s, "0123456789", 10, 0) != 0 ||
-		    nng_recv(s, &buf, &n, NNG_FLAG_ALLOC) != 0)
+		if (nng_send(s, msg, size, 0) != 0 || nng_recv(s, &buf, &n, NNG_FLAG_ALLOC) != 0 ||
+		    n != size)
 			return 1;
 		nng_free(buf, n);
 		lat[i] = (tw_ex_now() - t) * 1e6;
 	}
-	report("nng req/rep", lat, (size_t)count, tw_ex_now() - t0);
+	report_sized("nng req/rep", lat, (size_t)count, tw_ex_now() - t0, size);
 	return 0;
 }
 
@@ -200,13 +222,14 @@ int main(int argc, char **argv)
 		return raw_client(argv[2], atol(argv[3]));
 	if (argc == 3 && strcmp(argv[1], "zmq-server") == 0)
 		return zmq_server(argv[2]);
-	if (argc == 4 && strcmp(argv[1], "zmq-client") == 0)
-		return zmq_client(argv[2], atol(argv[3]));
+	size_t size = argc == 5 ? (size_t)atol(argv[4]) : 10;
+	if ((argc == 4 || argc == 5) && size > 0 && strcmp(argv[1], "zmq-client") == 0)
+		return zmq_client(argv[2], atol(argv[3]), size);
 	if (argc == 3 && strcmp(argv[1], "nng-server") == 0)
 		return nng_server(argv[2]);
-	if (argc == 4 && strcmp(argv[1], "nng-client") == 0)
-		return nng_client(argv[2], atol(argv[3]));
-	fprintf(stderr,
-		"usage: rpc-peers {zmq,nng,raw}-server PORT | {zmq,nng,raw}-client PORT COUNT\n");
+	if ((argc == 4 || argc == 5) && size > 0 && strcmp(argv[1], "nng-client") == 0)
+		return nng_client(argv[2], atol(argv[3]), size);
+	fprintf(stderr, "usage: rpc-peers {zmq,nng,raw}-server PORT | raw-client PORT COUNT |\n"
+			"       {zmq,nng}-client PORT COUNT [SIZE]\n");
 	return 2;
 }

@@ -3,7 +3,8 @@
 # Install the Debian packages taskwire needs to build, test and benchmark;
 # the python3-* packages are the real Dask peers the interop tests run,
 # libzmq3-dev and libnng-dev the benchmarks' baselines; abigail-tools runs
-# make abi-check, doxygen makes the reference manual (man pages, HTML).
+# make abi-check, doxygen makes the reference manual (man pages, HTML), gnuplot-nox
+# the plots of make bench.
 # Idempotent: quiet and quick when everything is present. Run as root.
 set -e
 PKGS="build-essential autoconf automake libtool pkg-config
@@ -12,7 +13,7 @@ clang libclang-rt-14-dev valgrind clang-format python3 openssl
 python3-distributed python3-msgpack python3-zstandard python3-lz4 python3-websockets
 python3-numpy
 libzmq3-dev libnng-dev
-abigail-tools doxygen"
+abigail-tools doxygen gnuplot-nox"
 
 missing=""
 for p in $PKGS; do
