@@ -159,12 +159,24 @@ static int place_block(struct tw__rx *rx, size_t i, size_t span)
 	return 0;
 }
 
-/* Place frame i (and the frames the hook groups with it). */
+/* Frame i may be placed before the frames ahead of it are complete:
+ * always without a hook; with one, when it is small (the hook groups the
+ * shards of a split payload, and a group starts with a full shard, so a
+ * small frame only ever starts a group of small frames, which the slab
+ * keeps adjacent anyway) and not frame 0 (the hook's call for frame 0
+ * starts its message). */
+static int place_early(const struct tw__rx *rx, size_t i)
+{
+	return rx->place == NULL || (i > 0 && rx->dec.lens[i] <= rx->small_frame_bytes);
+}
+
+/* Place frame i (and the frames the hook groups with it; the hook is
+ * asked only about frames it may group). */
 static int place_one(struct tw__rx *rx, size_t i)
 {
 	uint64_t len = rx->dec.lens[i];
 	int span = 0;
-	if (rx->place != NULL) {
+	if (rx->place != NULL && !place_early(rx, i)) {
 		span = rx->place(rx->place_arg, rx->msg, rx->dec.lens, rx->dec.n, i);
 		if (span < 0)
 			return span;
@@ -183,14 +195,15 @@ static int place_one(struct tw__rx *rx, size_t i)
 }
 
 /* Place what is needed and step over complete frames until a frame needs
- * bytes (0) or the message is complete (1). Without a hook every frame is
- * placed up front, so one readv can span many frames. */
+ * bytes (0) or the message is complete (1). Frames placed early let one
+ * readv span many of them: a message of 100,000 small frames (a Dask
+ * gather of small results) is read in gulps, not one recv per frame. */
 static int settle(struct tw__rx *rx)
 {
 	int rv;
 	while (rx->cur < rx->dec.n) {
 		size_t placed = tw_msg_nframes(rx->msg);
-		if (rx->cur == placed || (rx->place == NULL && placed < rx->dec.n)) {
+		if (rx->cur == placed || (placed < rx->dec.n && place_early(rx, placed))) {
 			if ((rv = place_one(rx, placed)) != 0)
 				return fail(rx, rv);
 			continue;

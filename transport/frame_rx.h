@@ -8,10 +8,14 @@
  *
  * Placement: a message of at most `small_message_bytes` after its 16-byte
  * head (total, N) is read into one block, prelude and frames together.
- * Otherwise each frame is placed before its bytes are read: by the hook
- * when one is set, else frames up to `small_frame_bytes` share one slab
- * block and each larger frame gets an exact-size block of its own, so a
- * kept small frame never pins a large neighbour.
+ * Otherwise each frame is placed before its bytes are read: frames up to
+ * `small_frame_bytes` share one slab block, in order, and each larger
+ * frame gets an exact-size block of its own (or the hook's grouping), so
+ * a kept small frame never pins a large neighbour. Small frames are placed
+ * as soon as the lengths are known, so one readv spans many of them (a
+ * message of 100,000 small frames takes some thousands of reads, not
+ * 100,000); a large frame waits until the frames before it are complete,
+ * for the hook to read their sub-headers.
  *
  * Read-ahead ("gulp"): once a comm has received a run of small messages
  * (request/response traffic), the read for the next head goes into one
@@ -36,7 +40,11 @@
  * frames 0..i-1 of msg are complete (so frame 0 and any sub-header before
  * frame i can be read). Return 0 for the default placement, s >= 1 to read
  * frames i..i+s-1 into one new block of their summed size (adjacent, so a
- * merge of them is a view), or a negative TW_E* code to fail the message. */
+ * merge of them is a view), or a negative TW_E* code to fail the message.
+ * Asked about frame 0 (a new message) and about every frame larger than
+ * small_frame_bytes not already grouped, never about a small frame: a
+ * split payload's first shard is a full shard (Dask splits at 64 MiB, or
+ * 8 MiB over ws), and small shards are adjacent in the slab anyway. */
 typedef int (*tw__place_fn)(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n, size_t i);
 
 enum tw__rx_phase { RX_HEAD, RX_SMALL, RX_LENGTHS, RX_FRAMES, RX_DONE, RX_ERROR };
