@@ -8,6 +8,7 @@
 #include <taskwire/offload.h>
 
 #include "protocol/decode.h"
+#include "protocol/delivery.h"
 #include "protocol/offload.h"
 #include "transport/transport.h"
 
@@ -290,4 +291,22 @@ int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_cl
 		free(q);
 	}
 	return rv;
+}
+
+tw_decoded_cb tw__deliver_cb(const tw_comm *comm)
+{
+	const struct queue *q = comm->deliver;
+	return q != NULL && comm->deliver_free == detach ? q->cb : NULL;
+}
+
+int tw__deliver_rebind(tw_comm *comm, tw_decoded_cb cb, tw_close_cb close_cb, void *arg)
+{
+	struct queue *q = comm->deliver;
+	if (tw__deliver_cb(comm) == NULL)
+		return TW_EINVAL;
+	q->cb = cb;
+	q->close_cb = close_cb;
+	q->drain_cb = NULL;
+	q->arg = arg;
+	return 0;
 }

@@ -14,14 +14,8 @@
 
 #include "protocol/builder.h"
 #include "protocol/decode.h"
+#include "protocol/optable.h"
 #include "transport/transport.h"
-
-struct op {
-	char *name;
-	size_t len;
-	tw_op_fn fn;
-	void *arg;
-};
 
 /* One served comm. */
 struct sconn {
@@ -49,10 +43,8 @@ struct tw_request {
 
 struct tw_server {
 	tw_context *ctx;
-	struct op *ops;
-	size_t nops;
-	struct op *sops; /* stream ops */
-	size_t nsops;
+	struct tw__optable ops;
+	tw_stream_ops sops; /* stream ops */
 	tw_listener **ls;
 	size_t nls;
 	struct sconn conns; /* list head: served comms, and comms in their handshake */
@@ -85,69 +77,14 @@ static void op_echo(tw_request *r, void *arg)
 	tw_request_reply(r);
 }
 
-/* Register or replace name -> fn in a table of ops. */
-/* Op tables are sorted by (length, bytes), so a request's op is found by
- * binary search: a scheduler registers about a hundred ops. */
-static int op_cmp(const struct op *o, const char *name, size_t len)
-{
-	if (o->len != len)
-		return o->len < len ? -1 : 1;
-	return memcmp(o->name, name, len);
-}
-
-/* 1 with *at where name is; 0 with *at where it would go. */
-static int op_search(const struct op *tab, size_t n, const char *name, size_t len, size_t *at)
-{
-	size_t lo = 0, hi = n;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = op_cmp(&tab[mid], name, len);
-		if (c == 0) {
-			*at = mid;
-			return 1;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*at = lo;
-	return 0;
-}
-
-static int table_add(struct op **tab, size_t *n, const char *name, void (*fn)(void), void *arg)
-{
-	struct op *ops;
-	size_t at, len;
-	if (name == NULL || fn == NULL)
-		return TW_EINVAL;
-	len = strlen(name);
-	if (!op_search(*tab, *n, name, len, &at)) { /* new: else replaced */
-		char *copy = strdup(name);
-		if (copy == NULL || (ops = realloc(*tab, (*n + 1) * sizeof(*ops))) == NULL) {
-			free(copy);
-			return TW_ENOMEM;
-		}
-		*tab = ops;
-		memmove(&ops[at + 1], &ops[at], (*n - at) * sizeof(*ops));
-		ops[at].name = copy;
-		ops[at].len = len;
-		(*n)++;
-	}
-	(*tab)[at].fn = (tw_op_fn)fn;
-	(*tab)[at].arg = arg;
-	return 0;
-}
-
 int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg)
 {
-	return s == NULL ? TW_EINVAL : table_add(&s->ops, &s->nops, name, (void (*)(void))fn, arg);
+	return s == NULL ? TW_EINVAL : tw__optable_add(&s->ops, name, (void (*)(void))fn, arg);
 }
 
 int tw_server_add_stream_op(tw_server *s, const char *name, tw_stream_fn fn, void *arg)
 {
-	return s == NULL ? TW_EINVAL
-			 : table_add(&s->sops, &s->nsops, name, (void (*)(void))fn, arg);
+	return s == NULL ? TW_EINVAL : tw_stream_ops_add(&s->sops, name, fn, arg);
 }
 
 int tw_server_new(tw_context *ctx, tw_server **out)
@@ -200,57 +137,36 @@ static void drop(struct sconn *sc, int err, const char *why)
 	tw__comm_end(sc->comm, err);
 }
 
-/* By the str's bytes: "close\0x" is no op's name. */
-static const struct op *find_op(const struct op *tab, size_t n, const msgpack_object *name)
-{
-	size_t at;
-	if (name == NULL || name->type != MSGPACK_OBJECT_STR)
-		return NULL;
-	return op_search(tab, n, name->via.str.ptr, name->via.str.size, &at) ? &tab[at] : NULL;
-}
-
-/* One map of a stream: its op's handler, or the end of the stream. */
-static int stream_map(struct sconn *sc, const tw_decoded *d, const msgpack_object *m)
-{
-	const msgpack_object *op = tw_map_get(m, "op");
-	const struct op *h;
-	if (op == NULL)
-		return 0;
-	if (tw_obj_str_eq(op, "close-stream")) {
-		/* maps after it, in this batch or already received, are
-		 * dropped: tw_comm_close still delivers what arrived before */
-		sc->closing = 1;
-		tw_comm_close(sc->comm);
-		return 1;
-	}
-	if ((h = find_op(sc->srv->sops, sc->srv->nsops, op)) != NULL)
-		((tw_stream_fn)(void (*)(void))h->fn)(sc->comm, d, m, h->arg);
-	return 0;
-}
-
 static void server_destroy(tw_server *s);
 
-/* A stream message: a map or an array of maps, no replies. A handler may
- * free the server: the batch stops there, and the server goes after it. */
+/* Stop a batch: a handler freed the server, or the comm went. */
+static int batch_stop(void *arg)
+{
+	struct sconn *sc = arg;
+	return sc->srv->dying || sc->gone;
+}
+
+/* A stream message: a map or an array of maps, no replies (Dask's
+ * Server.handle_stream). A handler may free the server: the batch stops
+ * there, and the server goes after it. At close-stream, maps after it, in
+ * this batch or already received, are dropped: tw_comm_close still
+ * delivers what arrived before. */
 static void stream_message(struct sconn *sc, tw_decoded *d)
 {
-	const msgpack_object *root = tw_decoded_root(d);
 	tw_server *s = sc->srv;
-	if (root->type != MSGPACK_OBJECT_MAP && root->type != MSGPACK_OBJECT_ARRAY) {
-		tw_decoded_free(d);
-		return drop(sc, TW_EPROTO, "stream message is not a map or a list of maps");
-	}
+	int rv;
 	s->depth++;
 	sc->in_batch = 1;
-	if (root->type == MSGPACK_OBJECT_MAP)
-		stream_map(sc, d, root);
-	for (uint32_t i = 0; root->type == MSGPACK_OBJECT_ARRAY && i < root->via.array.size; i++)
-		if (stream_map(sc, d, &root->via.array.ptr[i]) || s->dying || sc->gone)
-			break;
+	rv = tw__stream_dispatch(&s->sops.t, sc->comm, d, batch_stop, sc);
 	sc->in_batch = 0;
 	tw_decoded_free(d);
 	if (sc->gone)
 		free(sc);
+	else if (rv == 1) {
+		sc->closing = 1;
+		tw_comm_close(sc->comm);
+	} else if (rv == TW_EPROTO)
+		drop(sc, TW_EPROTO, "stream message is not a map or a list of maps");
 	if (--s->depth == 0 && s->dying)
 		server_destroy(s);
 }
@@ -308,7 +224,7 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 {
 	struct sconn *sc = arg;
 	const msgpack_object *op;
-	const struct op *h;
+	const struct tw__op *h;
 	tw_request *r;
 	int rv;
 	if (sc->closing) {
@@ -344,11 +260,11 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw_request_reply(r);
 		return;
 	}
-	if ((h = find_op(sc->srv->ops, sc->srv->nops, op)) == NULL) {
+	if ((h = tw__optable_find(&sc->srv->ops, op)) == NULL) {
 		tw_request_reply(r); /* unknown op: nil, as Dask does */
 		return;
 	}
-	h->fn(r, h->arg);
+	((tw_op_fn)h->fn)(r, h->arg);
 }
 
 static void resume(struct sconn *sc)
@@ -446,12 +362,8 @@ static void server_destroy(tw_server *s)
 		tw_listener_free(s->ls[i]);
 	while (s->conns.next != &s->conns)
 		conn_free(s->conns.next);
-	for (size_t i = 0; i < s->nops; i++)
-		free(s->ops[i].name);
-	for (size_t i = 0; i < s->nsops; i++)
-		free(s->sops[i].name);
-	free(s->ops);
-	free(s->sops);
+	tw__optable_fini(&s->ops);
+	tw__optable_fini(&s->sops.t);
 	free(s->ls);
 	free(s);
 }

@@ -234,6 +234,7 @@ struct sched {
 	int comm_matches; /* stream handlers got the kept comm */
 	char status[32];
 	int worker_ended, worker_err, client_ended, client_err;
+	int push_at_register; /* a batch right behind the register reply */
 };
 
 static void worker_ended(tw_comm *comm, int err, void *arg)
@@ -257,6 +258,8 @@ static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
 	tw_pack_str(pk, k);
 	tw_pack_str(pk, v);
 }
+
+static void push_batch(struct sched *sc);
 
 /* register-worker: the reply map on the same comm, then its stream. */
 static void op_register_worker(tw_request *r, void *arg)
@@ -282,6 +285,8 @@ static void op_register_worker(tw_request *r, void *arg)
 	tw_pack_str(pk, "worker-plugins");
 	msgpack_pack_map(pk, 0);
 	ck_assert_int_eq(tw_request_reply(r), 0);
+	if (sc->push_at_register)
+		push_batch(sc);
 }
 
 static void op_register_client(tw_request *r, void *arg)
@@ -325,6 +330,23 @@ static void pack_free_keys(msgpack_packer *pk)
 	tw_pack_str(pk, "keys");
 	msgpack_pack_array(pk, 1);
 	tw_pack_str(pk, "y");
+}
+
+static void pack_close_stream(msgpack_packer *pk)
+{
+	msgpack_pack_map(pk, 1);
+	pack_kv_str(pk, "op", "close-stream");
+}
+
+/* compute-task, free-keys, close-stream, then a compute-task the worker
+ * must drop; one message, written right behind the register reply. */
+static void push_batch(struct sched *sc)
+{
+	batch_send(sc->to_worker, pack_compute);
+	batch_send(sc->to_worker, pack_free_keys);
+	batch_send(sc->to_worker, pack_close_stream);
+	batch_send(sc->to_worker, pack_compute);
+	ck_assert_int_eq(tw_batched_flush(sc->to_worker), 0);
 }
 
 static void sop_keep_alive(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
@@ -457,6 +479,136 @@ START_TEST(register_client_keeps_stream)
 }
 END_TEST
 
+/* A worker written in C: register-worker, the reply read in the decoded
+ * callback, then the same comm dispatched by op (Dask's
+ * Worker._register_with_scheduler, then handle_scheduler). */
+struct worker {
+	tw_comm *comm;
+	tw_stream_ops *ops;
+	int done, err;
+	int replied, dispatch_rv, again_rv;
+	int old_close_ran;
+	size_t computes, frees;
+	int64_t n;
+	int ended, ended_err;
+};
+
+static void wk_compute(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct worker *w = arg;
+	const msgpack_object *n = tw_map_get(m, "n");
+	(void)d;
+	ck_assert_ptr_eq(comm, w->comm);
+	ck_assert(tw_obj_str_eq(tw_map_get(m, "key"), "x"));
+	ck_assert(n != NULL && n->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
+	w->n = (int64_t)n->via.u64;
+	w->computes++;
+}
+
+static void wk_free_keys(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct worker *w = arg;
+	const msgpack_object *keys = tw_map_get(m, "keys");
+	(void)comm;
+	(void)d;
+	ck_assert(keys != NULL && keys->type == MSGPACK_OBJECT_ARRAY && keys->via.array.size == 1);
+	ck_assert(tw_obj_str_eq(&keys->via.array.ptr[0], "y"));
+	w->frees++;
+}
+
+static void wk_ended(tw_comm *comm, int err, void *arg)
+{
+	struct worker *w = arg;
+	(void)comm;
+	w->ended++;
+	w->ended_err = err;
+}
+
+static void wk_old_close(tw_comm *comm, int err, void *arg)
+{
+	(void)comm;
+	(void)err;
+	((struct worker *)arg)->old_close_ran = 1;
+}
+
+static void wk_reply(tw_comm *comm, tw_decoded *d, int err, const char *detail, void *arg)
+{
+	struct worker *w = arg;
+	ck_assert_msg(err == 0, "decode: %s", detail);
+	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "status"), "OK"));
+	tw_decoded_free(d);
+	w->replied++;
+	w->dispatch_rv = tw_comm_dispatch_stream(comm, w->ops, wk_ended, w);
+	w->again_rv = tw_comm_dispatch_stream(comm, w->ops, wk_ended, w);
+}
+
+static void wk_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
+{
+	struct worker *w = arg;
+	tw_builder *b;
+	(void)info;
+	if (err == 0)
+		err = tw_comm_set_decoded_callbacks(comm, wk_reply, wk_old_close, NULL, w);
+	if (err == 0) {
+		b = rq_begin("register-worker", 3);
+		rq_bool(b, "reply", 0);
+		rq_str(b, "address", "tcp://127.0.0.1:1234");
+		rq_int(b, "nthreads", 1);
+		err = tw_comm_write(comm, rq_end(b));
+	}
+	w->err = err;
+	w->done = 1;
+}
+
+static void wk_connected(tw_comm *comm, int err, void *arg)
+{
+	struct worker *w = arg;
+	w->comm = comm;
+	if (err == 0 && (err = tw_comm_handshake(comm, 0, wk_handshake, w)) == 0)
+		return;
+	w->err = err;
+	w->done = 1;
+}
+
+START_TEST(worker_side_dispatches_by_op)
+{
+	struct tu h;
+	struct sched sc = {.push_at_register = 1};
+	struct worker w = {0};
+	char addr[128];
+	tw_server *s;
+	tu_init(&h);
+	s = start_sched(&h, &sc, addr, sizeof(addr));
+	ck_assert_int_eq(tw_stream_ops_new(&w.ops), 0);
+	ck_assert_int_eq(tw_stream_ops_add(w.ops, "compute-task", wk_compute, &w), 0);
+	ck_assert_int_eq(tw_stream_ops_add(w.ops, "free-keys", wk_free_keys, &w), 0);
+	ck_assert_int_eq(tw_stream_ops_add(w.ops, "free-keys", NULL, &w), TW_EINVAL);
+	ck_assert_int_eq(tw_connect(h.ctx, addr, wk_connected, &w), 0);
+	ck_assert(tu_wait_flag(&h, &w.done, TU_WAIT_MS));
+	ck_assert_int_eq(w.err, 0);
+	ck_assert(tu_wait_flag(&h, &w.ended, TU_WAIT_MS));
+	ck_assert_int_eq(w.replied, 1);
+	ck_assert_int_eq(w.dispatch_rv, 0);
+	ck_assert_int_eq(w.again_rv, TW_EINVAL);
+	ck_assert_uint_eq(w.computes, 1); /* the one after close-stream is dropped */
+	ck_assert_int_eq(w.n, 2);
+	ck_assert_uint_eq(w.frees, 1);
+	ck_assert_int_eq(w.ended_err, 0);
+	ck_assert_int_eq(w.old_close_ran, 0);
+	/* the scheduler sees the worker's stream end too */
+	ck_assert(tu_wait_flag(&h, &sc.worker_ended, TU_WAIT_MS));
+	tu_run_for(&h, 20);
+	ck_assert_int_eq(w.ended, 1);
+	ck_assert_int_eq(tw_comm_dispatch_stream(w.comm, w.ops, wk_ended, &w), TW_ECLOSED);
+	tw_comm_free(w.comm);
+	tw_stream_ops_free(w.ops);
+	tw_batched_free(sc.to_worker);
+	tw_comm_release(sc.worker);
+	tw_server_free(s);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("handover");
@@ -474,6 +626,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, NULL, stop_procs);
 	tcase_add_test(tc, register_worker_keeps_stream);
 	tcase_add_test(tc, register_client_keeps_stream);
+	tcase_add_test(tc, worker_side_dispatches_by_op);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -34,6 +34,64 @@ typedef void (*tw_stream_fn)(tw_comm *comm, const tw_decoded *d, const msgpack_o
  * Maps with an unknown op are skipped. Returns 0, TW_ENOMEM, TW_EINVAL. */
 int tw_server_add_stream_op(tw_server *s, const char *name, tw_stream_fn fn, void *arg);
 
+/* Stream op tables usable on any comm: the connecting side of a stream (a
+ * worker reading its scheduler stream, a client its report stream)
+ * dispatches by op as a server does. */
+typedef struct tw_stream_ops tw_stream_ops;
+
+/* tw_stream_ops_new: an empty table into *out (free with
+ * tw_stream_ops_free). Any thread (no context involved).
+ * Returns 0, or:
+ *   TW_EINVAL  out is NULL
+ *   TW_ENOMEM  out of memory
+ * Source: Dask's Worker.stream_handlers / Client._stream_handlers. */
+int tw_stream_ops_new(tw_stream_ops **out);
+
+/* tw_stream_ops_add: register (or replace) the handler of stream op
+ * `name` (NUL-terminated, copied). Maps whose op has no handler are
+ * skipped (Dask's handle_stream would raise KeyError and end the
+ * stream). On the loop thread of the comms that dispatch through t, from
+ * their handlers too.
+ * Returns 0, or:
+ *   TW_EINVAL  t, name or fn is NULL
+ *   TW_ENOMEM  out of memory */
+int tw_stream_ops_add(tw_stream_ops *t, const char *name, tw_stream_fn fn, void *arg);
+
+/* tw_stream_ops_free: free the table; no comm may dispatch through it any
+ * more (their ended callbacks ran, or they were freed). Accepts NULL. */
+void tw_stream_ops_free(tw_stream_ops *t);
+
+/* tw_comm_dispatch_stream: from now on each message of comm, a map or an
+ * array of maps, goes to t's handlers by `op` (handler(comm, d, map,
+ * arg), d and map valid during the call), in order, with no replies; maps
+ * with an unknown op are skipped; a map {"op": "close-stream"} ends the
+ * stream: the maps after it are dropped and comm is closed
+ * (tw_comm_close). A message that is not a map or an array, or that cannot
+ * be decoded, ends comm with TW_EPROTO (or the decode error).
+ * comm: after its handshake (tw_comm_handshake), with no callbacks set or
+ * with decoded callbacks (tw_comm_set_decoded_callbacks); from inside its
+ * decoded callback too: a worker reads its register-worker reply, then
+ * switches, and the messages already received behind the reply are
+ * dispatched by op. The comm's previous decoded, close and drain
+ * callbacks are replaced (a tw_batched sender has its own drain callback).
+ * ended(comm, err, arg) then runs once, as the close callback would (err
+ * 0: an orderly end, close-stream included; else the reason, text in
+ * tw_comm_last_error), unless the owner frees comm first. The caller
+ * keeps owning comm (tw_comm_free, from ended too). t is borrowed: it
+ * must outlive the dispatching (until ended ran or comm was freed).
+ * Thread: the loop thread of comm's context; handlers and ended run
+ * there.
+ * Returns 0, or:
+ *   TW_EINVAL   comm, t or ended is NULL, comm has raw callbacks
+ *               (tw_comm_set_callbacks), or it dispatches already
+ *   TW_ECLOSED  comm ended or is closing
+ *   TW_ENOMEM   out of memory
+ * Source: Dask's Server.handle_stream, which the worker runs on its
+ * scheduler comm (Worker.handle_scheduler) right after
+ * _register_with_scheduler read the reply on that comm. */
+int tw_comm_dispatch_stream(tw_comm *comm, const tw_stream_ops *t, tw_comm_ended_fn ended,
+			    void *arg);
+
 typedef struct tw_batched tw_batched;
 
 #define TW_DEFAULT_BATCH_INTERVAL_MS 2 /* Dask's BatchedSend: 2 ms */
