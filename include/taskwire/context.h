@@ -34,7 +34,7 @@ typedef struct tw_context tw_context;
 #define TW_DEFAULT_WS_MIN_PING_INTERVAL_MS 1000
 #define TW_DEFAULT_WS_PING_STRIKES         2
 #define TW_DEFAULT_MIN_RECEIVE_RATE        1024 /* bytes/s */
-#define TW_DEFAULT_MIN_RECEIVE_GRACE_MS    10000
+#define TW_DEFAULT_MIN_RECEIVE_GRACE_MS    60000
 #define TW_DEFAULT_TCP_TIMEOUT_MS          30000 /* Dask's distributed.comm.timeouts.tcp */
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
@@ -179,11 +179,13 @@ int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes);
  * in the socket (a loop that was busy) count as received. The models are
  * ASP.NET Kestrel's MinRequestBodyDataRate (240 bytes/s after a 5 s
  * grace period) and nginx's client_body_timeout (60 s between two
- * reads). Defaults 1,024 bytes/s and 10,000 ms, far below what any
- * working peer sends. 0 bytes/s turns the check off (grace_ms is then
- * ignored). Returns 0, or TW_EINVAL (ctx NULL, or grace_ms 0 with
- * bytes_per_sec non-zero: every message would have to arrive in the read
- * that starts it). */
+ * reads). Defaults 1,024 bytes/s and 60,000 ms, far below what any
+ * working peer sends: a busy Dask worker writing over ws awaits between
+ * the WebSocket messages of one Dask message (distributed/comm/ws.py
+ * write), and under load such a gap passed 10 s, the old grace.
+ * 0 bytes/s turns the check off (grace_ms is then ignored). Returns 0,
+ * or TW_EINVAL (ctx NULL, or grace_ms 0 with bytes_per_sec non-zero:
+ * every message would have to arrive in the read that starts it). */
 int tw_context_set_min_receive_rate(tw_context *ctx, uint32_t bytes_per_sec, uint32_t grace_ms);
 
 #pragma GCC visibility pop
