@@ -26,6 +26,8 @@ typedef struct tw_tls_config tw_tls_config;
 /* tw_tls_config_new: an empty configuration (one reference, the
  * caller's). Returns 0, TW_ENOMEM or TW_EINVAL. */
 int tw_tls_config_new(tw_tls_config **out);
+/* tw_tls_config_hold: take one more reference to cfg (any thread); returns
+ * cfg. Each reference is dropped with tw_tls_config_free. */
 tw_tls_config *tw_tls_config_hold(tw_tls_config *cfg);
 /* Drop one reference; accepts NULL. */
 void tw_tls_config_free(tw_tls_config *cfg);
