@@ -1,0 +1,747 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Keys and clients: Dask's Scheduler.scatter (scatter_to_workers:
+ * update_data on workers, round robin by threads), gather
+ * (gather_from_workers: get_data on workers, then "OK"), get_who_has,
+ * get_ncores, add_client and the client stream ops. Payloads are never
+ * decoded here: tw_builder_pack_object forwards the frames a request or
+ * reply brought, by reference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "examples/mini-scheduler/sched.h"
+
+struct key {
+	struct worker **who; /* holders */
+	uint32_t nwho, cwho;
+	struct client **wants;
+	uint32_t nwants, cwants;
+	uint64_t nbytes;
+	size_t len;
+	char name[];
+};
+
+static int push(void *arrp, uint32_t *n, uint32_t *cap, void *p)
+{
+	void ***arr = arrp;
+	for (uint32_t i = 0; i < *n; i++)
+		if ((*arr)[i] == p)
+			return 0;
+	if (*n == *cap) {
+		uint32_t c = *cap ? 2 * *cap : 2;
+		void **a = realloc(*arr, c * sizeof(void *));
+		if (a == NULL)
+			abort();
+		*arr = a;
+		*cap = c;
+	}
+	(*arr)[(*n)++] = p;
+	return 1;
+}
+
+static int drop(void **arr, uint32_t *n, void *p)
+{
+	for (uint32_t i = 0; i < *n; i++)
+		if (arr[i] == p) {
+			arr[i] = arr[--*n];
+			return 1;
+		}
+	return 0;
+}
+
+static void key_free(struct key *k)
+{
+	free(k->who);
+	free(k->wants);
+	free(k);
+}
+
+static struct key *key_get_or_add(const char *name, size_t len)
+{
+	struct key *k = table_get(&S.keys, name, len);
+	if (k != NULL)
+		return k;
+	if ((k = calloc(1, sizeof(*k) + len + 1)) == NULL)
+		abort();
+	k->len = len;
+	memcpy(k->name, name, len);
+	if (table_put(&S.keys, name, len, k) != 0)
+		abort();
+	return k;
+}
+
+void keys_add_holder(const char *name, size_t len, struct worker *w, uint64_t nbytes)
+{
+	struct key *k = key_get_or_add(name, len);
+	push(&k->who, &k->nwho, &k->cwho, w);
+	if (nbytes)
+		k->nbytes = nbytes;
+}
+
+static void pack_key_name(msgpack_packer *pk, const char *s, size_t n)
+{
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+/* One {"op": op, "key": k} to a client's stream (Dask's report). */
+static void report_key(struct client *cl, const char *op, const char *name, size_t len)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 2);
+	tw_pack_str(&pk, "op");
+	tw_pack_str(&pk, op);
+	tw_pack_str(&pk, "key");
+	pack_key_name(&pk, name, len);
+	stream_send(cl->out, &sb);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* free-keys to workers, gathered per worker in w->tmp (Dask's
+ * transition to forgotten sends {"op": "free-keys", "keys": [...]}). */
+struct freelist {
+	msgpack_sbuffer names;
+	uint32_t n;
+};
+
+static void free_add(struct worker *w, const struct key *k)
+{
+	struct freelist *f = w->tmp;
+	msgpack_packer pk;
+	if (f == NULL) {
+		if ((f = w->tmp = calloc(1, sizeof(*f))) == NULL)
+			abort();
+		msgpack_sbuffer_init(&f->names);
+	}
+	msgpack_packer_init(&pk, &f->names, msgpack_sbuffer_write);
+	pack_key_name(&pk, k->name, k->len);
+	f->n++;
+}
+
+static void free_flush(const char *stimulus)
+{
+	for (struct worker *w = S.workers; w != NULL; w = w->next) {
+		struct freelist *f = w->tmp;
+		msgpack_sbuffer sb;
+		msgpack_packer pk;
+		char id[96];
+		if (f == NULL)
+			continue;
+		snprintf(id, sizeof(id), "%s-%.6f", stimulus, now_wall());
+		msgpack_sbuffer_init(&sb);
+		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+		msgpack_pack_map(&pk, 3);
+		tw_pack_str(&pk, "op");
+		tw_pack_str(&pk, "free-keys");
+		tw_pack_str(&pk, "keys");
+		msgpack_pack_array(&pk, f->n);
+		msgpack_sbuffer_write(&sb, f->names.data, f->names.size);
+		tw_pack_str(&pk, "stimulus_id");
+		tw_pack_str(&pk, id);
+		stream_send(w->out, &sb);
+		msgpack_sbuffer_destroy(&sb);
+		msgpack_sbuffer_destroy(&f->names);
+		free(f);
+		w->tmp = NULL;
+	}
+}
+
+/* A key nobody wants any more is forgotten: its holders free it. */
+static void key_forget(struct key *k)
+{
+	for (uint32_t i = 0; i < k->nwho; i++)
+		free_add(k->who[i], k);
+	key_free(k);
+}
+
+static void release_keys(struct client *cl, const msgpack_object *keys)
+{
+	const char *s;
+	size_t n;
+	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY)
+		return;
+	for (uint32_t i = 0; i < keys->via.array.size; i++) {
+		struct key *k;
+		if (obj_str(&keys->via.array.ptr[i], &s, &n) != 0 ||
+		    (k = table_get(&S.keys, s, n)) == NULL)
+			continue;
+		if (drop((void **)k->wants, &k->nwants, cl) && k->nwants == 0) {
+			table_del(&S.keys, s, n);
+			key_forget(k);
+		}
+	}
+	free_flush("client-releases-keys");
+}
+
+static int worker_gone_filter(void *val, void *arg)
+{
+	struct key *k = val;
+	if (!drop((void **)k->who, &k->nwho, arg) || k->nwho > 0)
+		return 0;
+	/* Lost: Dask's remove_worker forgets pure data, and report_on_key
+	 * tells the clients that wanted it. */
+	for (uint32_t i = 0; i < k->nwants; i++)
+		report_key(k->wants[i], "cancelled-key", k->name, k->len);
+	key_free(k);
+	return 1;
+}
+
+void keys_worker_gone(struct worker *w)
+{
+	table_filter(&S.keys, worker_gone_filter, w);
+}
+
+static int client_gone_filter(void *val, void *arg)
+{
+	struct key *k = val;
+	if (!drop((void **)k->wants, &k->nwants, arg) || k->nwants > 0)
+		return 0;
+	key_forget(k);
+	return 1;
+}
+
+void client_remove(struct client *cl)
+{
+	struct client **p = &S.clients;
+	while (*p != cl)
+		p = &(*p)->next;
+	*p = cl->next;
+	say("remove client %s\n", cl->id);
+	table_filter(&S.keys, client_gone_filter, cl);
+	free_flush("remove-client");
+	tw_batched_free(cl->out);
+	cl->stream->client = NULL;
+	conn_release(cl->stream);
+	free(cl->id);
+	free(cl);
+}
+
+/* Dask's add_client: [{"op": "stream-start"}] on the same comm, which
+ * stays the client's stream. */
+int op_register_client(struct conn *c, const msgpack_object *req)
+{
+	const char *id;
+	size_t n;
+	struct client *cl;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	if (obj_str(tw_map_get(req, "client"), &id, &n) != 0) {
+		c->no_reply = 0;
+		reply_error(c, "register-client needs client");
+		return 0;
+	}
+	if ((cl = calloc(1, sizeof(*cl))) == NULL || (cl->id = strndup(id, n)) == NULL ||
+	    tw_batched_new(c->comm, 2, &cl->out) != 0) /* Dask: BatchedSend(interval="2ms") */
+		abort();
+	cl->stream = c;
+	c->refs++;
+	c->mode = CONN_CLIENT;
+	c->client = cl;
+	cl->next = S.clients;
+	S.clients = cl;
+	say("register client %s\n", cl->id);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 1);
+	tw_pack_str(&pk, "op");
+	tw_pack_str(&pk, "stream-start");
+	stream_send(cl->out, &sb);
+	msgpack_sbuffer_destroy(&sb);
+	/* The client reads exactly [{"op": "stream-start"}] first. */
+	tw_batched_flush(cl->out);
+	return 0;
+}
+
+/* Dask's client_desires_keys, for keys that exist (scattered data); an
+ * unknown key is reported cancelled. */
+static void want_keys(struct client *cl, const msgpack_object *keys)
+{
+	const char *s;
+	size_t n;
+	struct key *k;
+	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY)
+		return;
+	for (uint32_t i = 0; i < keys->via.array.size; i++) {
+		if (obj_str(&keys->via.array.ptr[i], &s, &n) != 0)
+			continue;
+		if ((k = table_get(&S.keys, s, n)) != NULL)
+			push(&k->wants, &k->nwants, &k->cwants, cl);
+		else
+			report_key(cl, "cancelled-key", s, n);
+	}
+}
+
+void client_stream_op(struct client *cl, const msgpack_object *msg)
+{
+	const msgpack_object *op = tw_map_get(msg, "op");
+	if (tw_obj_str_eq(op, "client-releases-keys")) {
+		release_keys(cl, tw_map_get(msg, "keys"));
+	} else if (tw_obj_str_eq(op, "report-key")) {
+		/* Dask's report_on_key: a key in memory, or one the scheduler
+		 * does not know (lost with its worker): cancelled. */
+		const char *s;
+		size_t n;
+		if (obj_str(tw_map_get(msg, "key"), &s, &n) == 0)
+			report_key(cl, table_get(&S.keys, s, n) ? "key-in-memory" : "cancelled-key",
+				   s, n);
+	} else if (tw_obj_str_eq(op, "client-desires-keys")) {
+		want_keys(cl, tw_map_get(msg, "keys"));
+	}
+	/* heartbeat-client, close-client: nothing to do (the stream's end
+	 * removes the client). */
+}
+
+/* --- scatter --- */
+
+struct scatter_op {
+	struct conn *c;
+	int pending;
+	int failed;
+	char why[400];
+	char *client;
+	msgpack_sbuffer keys; /* the reply: an array of the keys, in order */
+};
+
+struct scatter_part {
+	struct scatter_op *op;
+	char *address;
+};
+
+static void scatter_done(struct scatter_op *op)
+{
+	if (op->failed) {
+		reply_error(op->c, op->why);
+	} else {
+		tw_builder *b = builder_new();
+		msgpack_packer *pk = tw_builder_packer(b);
+		pk->callback(pk->data, op->keys.data, op->keys.size);
+		reply_send(op->c, b);
+	}
+	conn_release(op->c);
+	msgpack_sbuffer_destroy(&op->keys);
+	free(op->client);
+	free(op);
+}
+
+static void on_update_data(int err, const char *why, tw_decoded *reply, void *arg)
+{
+	struct scatter_part *part = arg;
+	struct scatter_op *op = part->op;
+	struct worker *w = worker_find(part->address, strlen(part->address));
+	const msgpack_object *nbytes = reply ? tw_map_get(tw_decoded_root(reply), "nbytes") : NULL;
+	if (err == 0 && (w == NULL || nbytes == NULL || nbytes->type != MSGPACK_OBJECT_MAP)) {
+		err = TW_EPROTO;
+		why = w ? "update_data replied without nbytes" : "the worker was removed";
+	}
+	if (err != 0 && !op->failed) {
+		op->failed = 1;
+		snprintf(op->why, sizeof(op->why), "scatter to %s failed: %s", part->address, why);
+	}
+	if (err == 0) {
+		struct client *cl = NULL;
+		for (cl = S.clients; cl != NULL && strcmp(cl->id, op->client); cl = cl->next)
+			;
+		for (uint32_t i = 0; i < nbytes->via.map.size; i++) {
+			const msgpack_object_kv *kv = &nbytes->via.map.ptr[i];
+			const char *s;
+			size_t n;
+			struct key *k;
+			if (obj_str(&kv->key, &s, &n) != 0)
+				continue;
+			k = key_get_or_add(s, n);
+			push(&k->who, &k->nwho, &k->cwho, w);
+			if (kv->val.type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+				k->nbytes = kv->val.via.u64;
+			if (cl != NULL)
+				push(&k->wants, &k->nwants, &k->cwants, cl);
+		}
+	}
+	tw_decoded_free(reply);
+	free(part->address);
+	free(part);
+	if (--op->pending == 0)
+		scatter_done(op);
+}
+
+static int in_list(const msgpack_object *list, const char *addr)
+{
+	if (list == NULL || list->type != MSGPACK_OBJECT_ARRAY)
+		return 1; /* no restriction */
+	for (uint32_t i = 0; i < list->via.array.size; i++)
+		if (tw_obj_str_eq(&list->via.array.ptr[i], addr))
+			return 1;
+	return 0;
+}
+
+/* Dask's scatter_to_workers: keys go round robin over the running
+ * workers, each repeated by its threads; one update_data per worker. */
+int op_scatter(struct conn *c, tw_decoded *d, const msgpack_object *req)
+{
+	static uint64_t round_robin;
+	const msgpack_object *data = tw_map_get(req, "data");
+	const msgpack_object *only = tw_map_get(req, "workers");
+	struct worker **slots = NULL, **used = NULL;
+	size_t nslots = 0, nused = 0;
+	uint32_t *counts = NULL;
+	tw_builder **builders = NULL;
+	struct scatter_op *op;
+	msgpack_packer kp;
+	const char *client = "";
+	size_t clen = 0;
+	if (data == NULL || data->type != MSGPACK_OBJECT_MAP) {
+		reply_error(c, "scatter needs data (a map)");
+		return 0;
+	}
+	for (struct worker *w = S.workers; w != NULL; w = w->next)
+		if (strcmp(w->status, "running") == 0 && in_list(only, w->address))
+			for (int64_t t = 0; t < (w->nthreads > 0 ? w->nthreads : 1); t++) {
+				if ((slots = realloc(slots, (nslots + 1) * sizeof(*slots))) == NULL)
+					abort();
+				slots[nslots++] = w;
+			}
+	if (nslots == 0 || data->via.map.size == 0) {
+		free(slots);
+		reply_error(c, nslots ? "nothing to scatter" : "No valid workers found");
+		return 0;
+	}
+	if ((used = calloc(S.nworkers, sizeof(*used))) == NULL ||
+	    (counts = calloc(S.nworkers, sizeof(*counts))) == NULL ||
+	    (builders = calloc(S.nworkers, sizeof(*builders))) == NULL ||
+	    (op = calloc(1, sizeof(*op))) == NULL)
+		abort();
+	for (struct worker *w = S.workers; w != NULL; w = w->next)
+		w->tmp = NULL;
+	/* Count per worker (w->tmp: its index in used), then pack. */
+	for (uint32_t i = 0; i < data->via.map.size; i++) {
+		struct worker *w = slots[(round_robin + i) % nslots];
+		if (w->tmp == NULL) {
+			used[nused] = w;
+			w->tmp = &used[nused++];
+		}
+		counts[(struct worker **)w->tmp - used]++;
+	}
+	for (size_t j = 0; j < nused; j++) {
+		msgpack_packer *pk;
+		builders[j] = builder_new();
+		pk = tw_builder_packer(builders[j]);
+		msgpack_pack_map(pk, 4);
+		tw_pack_str(pk, "op");
+		tw_pack_str(pk, "update_data");
+		tw_pack_str(pk, "report");
+		msgpack_pack_false(pk);
+		tw_pack_str(pk, "reply");
+		msgpack_pack_true(pk);
+		tw_pack_str(pk, "data");
+		msgpack_pack_map(pk, counts[j]);
+	}
+	msgpack_sbuffer_init(&op->keys);
+	msgpack_packer_init(&kp, &op->keys, msgpack_sbuffer_write);
+	msgpack_pack_array(&kp, data->via.map.size);
+	for (uint32_t i = 0; i < data->via.map.size; i++) {
+		const msgpack_object_kv *kv = &data->via.map.ptr[i];
+		struct worker *w = slots[(round_robin + i) % nslots];
+		tw_builder *b = builders[(struct worker **)w->tmp - used];
+		msgpack_pack_object(tw_builder_packer(b), kv->key);
+		if (tw_builder_pack_object(b, d, &kv->val) != 0)
+			abort();
+		msgpack_pack_object(&kp, kv->key);
+	}
+	round_robin += data->via.map.size;
+	obj_str(tw_map_get(req, "client"), &client, &clen);
+	op->client = strndup(client, clen);
+	op->c = c;
+	c->refs++;
+	op->pending = (int)nused;
+	for (size_t j = 0; j < nused; j++) {
+		struct scatter_part *part = calloc(1, sizeof(*part));
+		tw_msg *m;
+		used[j]->tmp = NULL;
+		if (part == NULL || tw_builder_finish(builders[j], &m) != 0 ||
+		    (part->address = strdup(used[j]->address)) == NULL)
+			abort();
+		tw_builder_free(builders[j]);
+		part->op = op;
+		wcall(used[j], m, 0, on_update_data, part);
+	}
+	free(slots);
+	free(used);
+	free(counts);
+	free(builders);
+	return 1;
+}
+
+/* --- gather --- */
+
+struct gather_op {
+	struct conn *c;
+	int pending;
+	tw_decoded **replies; /* get_data replies whose data goes out */
+	size_t nreplies;
+	msgpack_sbuffer missing; /* map entries {key: [addresses]} */
+	uint32_t nmissing;
+	uint32_t ndata;
+};
+
+struct gather_part {
+	struct gather_op *op;
+	char *address;
+	msgpack_sbuffer keys; /* the requested keys, packed, to report missing */
+	uint32_t nkeys;
+};
+
+static void add_missing(struct gather_op *op, const msgpack_object *key, const char *addr)
+{
+	msgpack_packer pk;
+	msgpack_packer_init(&pk, &op->missing, msgpack_sbuffer_write);
+	msgpack_pack_object(&pk, *key);
+	msgpack_pack_array(&pk, addr ? 1 : 0);
+	if (addr)
+		tw_pack_str(&pk, addr);
+	op->nmissing++;
+}
+
+static void gather_done(struct gather_op *op)
+{
+	tw_builder *b = builder_new();
+	msgpack_packer *pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 2);
+	tw_pack_str(pk, "status");
+	if (op->nmissing > 0) {
+		/* Dask: {"status": "error", "keys": missing}; the client then
+		 * asks report-key and learns they are lost (cancelled-key). */
+		tw_pack_str(pk, "error");
+		tw_pack_str(pk, "keys");
+		msgpack_pack_map(pk, op->nmissing);
+		pk->callback(pk->data, op->missing.data, op->missing.size);
+	} else {
+		tw_pack_str(pk, "OK");
+		tw_pack_str(pk, "data");
+		msgpack_pack_map(pk, op->ndata);
+		for (size_t i = 0; i < op->nreplies; i++) {
+			const msgpack_object *data =
+				tw_map_get(tw_decoded_root(op->replies[i]), "data");
+			for (uint32_t j = 0; j < data->via.map.size; j++) {
+				msgpack_pack_object(pk, data->via.map.ptr[j].key);
+				if (tw_builder_pack_object(b, op->replies[i],
+							   &data->via.map.ptr[j].val) != 0)
+					abort();
+			}
+		}
+	}
+	/* The finished message holds the payloads; the replies can go. */
+	reply_send(op->c, b);
+	for (size_t i = 0; i < op->nreplies; i++)
+		tw_decoded_free(op->replies[i]);
+	free(op->replies);
+	msgpack_sbuffer_destroy(&op->missing);
+	conn_release(op->c);
+	free(op);
+}
+
+/* The data map's keys, to find which asked keys a worker did not send. */
+static int index_keys(struct table *t, const msgpack_object *map)
+{
+	for (uint32_t i = 0; i < map->via.map.size; i++) {
+		const char *s;
+		size_t n;
+		if (obj_str(&map->via.map.ptr[i].key, &s, &n) == 0 && table_put(t, s, n, t) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+static void on_get_data(int err, const char *why, tw_decoded *reply, void *arg)
+{
+	struct gather_part *part = arg;
+	struct gather_op *op = part->op;
+	const msgpack_object *root = reply ? tw_decoded_root(reply) : NULL;
+	const msgpack_object *data = tw_map_get(root, "data");
+	msgpack_unpacked keys;
+	size_t off = 0;
+	if (err == 0 && (!tw_obj_str_eq(tw_map_get(root, "status"), "OK") || data == NULL ||
+			 data->type != MSGPACK_OBJECT_MAP)) {
+		err = TW_EPROTO;
+		why = "get_data replied without status OK and data";
+	}
+	if (err != 0)
+		say("gather: %s\n", why);
+	/* Keys the worker did not send are missing (Dask: bad keys). */
+	if (err != 0 || data->via.map.size != part->nkeys) {
+		struct table sent = {0};
+		if (err == 0 && index_keys(&sent, data) != 0)
+			abort();
+		msgpack_unpacked_init(&keys);
+		while (msgpack_unpack_next(&keys, part->keys.data, part->keys.size, &off) ==
+		       MSGPACK_UNPACK_SUCCESS) {
+			const char *s = "";
+			size_t n = 0;
+			obj_str(&keys.data, &s, &n);
+			if (err != 0 || table_get(&sent, s, n) == NULL)
+				add_missing(op, &keys.data, part->address);
+		}
+		msgpack_unpacked_destroy(&keys);
+		table_fini(&sent);
+	}
+	if (err == 0) {
+		op->ndata += data->via.map.size;
+		op->replies[op->nreplies++] = reply;
+	} else {
+		tw_decoded_free(reply);
+	}
+	msgpack_sbuffer_destroy(&part->keys);
+	free(part->address);
+	free(part);
+	if (--op->pending == 0)
+		gather_done(op);
+}
+
+/* Dask's gather: get_data from a holder of each key, one call per worker. */
+int op_gather(struct conn *c, const msgpack_object *req)
+{
+	const msgpack_object *keys = tw_map_get(req, "keys");
+	struct gather_op *op;
+	struct gather_part **parts;
+	size_t nparts = 0;
+	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY) {
+		reply_error(c, "gather needs keys (a list)");
+		return 0;
+	}
+	if ((op = calloc(1, sizeof(*op))) == NULL ||
+	    (parts = calloc(S.nworkers + 1, sizeof(*parts))) == NULL)
+		abort();
+	msgpack_sbuffer_init(&op->missing);
+	for (struct worker *w = S.workers; w != NULL; w = w->next)
+		w->tmp = NULL;
+	for (uint32_t i = 0; i < keys->via.array.size; i++) {
+		const msgpack_object *ko = &keys->via.array.ptr[i];
+		struct key *k = NULL;
+		const char *s;
+		size_t n;
+		struct gather_part *part;
+		msgpack_packer pk;
+		if (obj_str(ko, &s, &n) == 0)
+			k = table_get(&S.keys, s, n);
+		if (k == NULL || k->nwho == 0) {
+			add_missing(op, ko, NULL);
+			continue;
+		}
+		if ((part = k->who[0]->tmp) == NULL) {
+			if ((part = calloc(1, sizeof(*part))) == NULL ||
+			    (part->address = strdup(k->who[0]->address)) == NULL)
+				abort();
+			part->op = op;
+			msgpack_sbuffer_init(&part->keys);
+			k->who[0]->tmp = parts[nparts++] = part;
+		}
+		msgpack_packer_init(&pk, &part->keys, msgpack_sbuffer_write);
+		msgpack_pack_object(&pk, *ko);
+		part->nkeys++;
+	}
+	if ((op->replies = calloc(nparts + 1, sizeof(*op->replies))) == NULL)
+		abort();
+	op->c = c;
+	c->refs++;
+	op->pending = (int)nparts + 1; /* + 1 until every call is out */
+	for (struct worker *w = S.workers; w != NULL; w = w->next) {
+		struct gather_part *part = w->tmp;
+		tw_builder *b;
+		msgpack_packer *pk;
+		tw_msg *m;
+		if (part == NULL)
+			continue;
+		w->tmp = NULL;
+		b = builder_new();
+		pk = tw_builder_packer(b);
+		msgpack_pack_map(pk, 5);
+		tw_pack_str(pk, "op");
+		tw_pack_str(pk, "get_data");
+		tw_pack_str(pk, "keys");
+		msgpack_pack_array(pk, part->nkeys);
+		pk->callback(pk->data, part->keys.data, part->keys.size);
+		tw_pack_str(pk, "who");
+		msgpack_pack_nil(pk);
+		tw_pack_str(pk, "max_connections");
+		msgpack_pack_false(pk);
+		tw_pack_str(pk, "reply");
+		msgpack_pack_true(pk);
+		if (tw_builder_finish(b, &m) != 0)
+			abort();
+		tw_builder_free(b);
+		wcall(w, m, 1, on_get_data, part);
+	}
+	free(parts);
+	if (--op->pending == 0) { /* no call went out: every key is missing */
+		gather_done(op);
+		return 0;
+	}
+	return 1;
+}
+
+/* Dask's get_who_has: {key: [addresses]} for the keys asked (all: nil). */
+static void pack_who(msgpack_packer *pk, const struct key *k)
+{
+	msgpack_pack_array(pk, k ? k->nwho : 0);
+	for (uint32_t i = 0; k && i < k->nwho; i++)
+		tw_pack_str(pk, k->who[i]->address);
+}
+
+static int pack_each_key(void *val, void *arg)
+{
+	struct key *k = val;
+	pack_key_name(arg, k->name, k->len);
+	pack_who(arg, k);
+	return 0;
+}
+
+int op_who_has(struct conn *c, const msgpack_object *req)
+{
+	const msgpack_object *keys = tw_map_get(req, "keys");
+	tw_builder *b = builder_new();
+	msgpack_packer *pk = tw_builder_packer(b);
+	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY) {
+		msgpack_pack_map(pk, (uint32_t)S.keys.n);
+		table_filter(&S.keys, pack_each_key, pk);
+	} else {
+		msgpack_pack_map(pk, keys->via.array.size);
+		for (uint32_t i = 0; i < keys->via.array.size; i++) {
+			const char *s;
+			size_t n;
+			struct key *k = NULL;
+			if (obj_str(&keys->via.array.ptr[i], &s, &n) == 0)
+				k = table_get(&S.keys, s, n);
+			msgpack_pack_object(pk, keys->via.array.ptr[i]);
+			pack_who(pk, k);
+		}
+	}
+	reply_send(c, b);
+	return 0;
+}
+
+/* Dask's get_ncores / get_ncores_running: {address: nthreads}. */
+int op_ncores(struct conn *c, const msgpack_object *req, int running_only)
+{
+	const msgpack_object *only = tw_map_get(req, "workers");
+	tw_builder *b = builder_new();
+	msgpack_packer *pk = tw_builder_packer(b);
+	uint32_t n = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1)
+			msgpack_pack_map(pk, n);
+		for (struct worker *w = S.workers; w != NULL; w = w->next) {
+			if ((running_only && strcmp(w->status, "running") != 0) ||
+			    !in_list(only, w->address))
+				continue;
+			if (pass == 0) {
+				n++;
+				continue;
+			}
+			tw_pack_str(pk, w->address);
+			msgpack_pack_int64(pk, w->nthreads);
+		}
+	}
+	reply_send(c, b);
+	return 0;
+}
