@@ -831,7 +831,7 @@ void ra_listen(struct tu *h, const char *uri, int dask)
 {
 	static struct listen_arg la[2];
 	la[dask != 0] = (struct listen_arg){h, dask != 0};
-	ck_assert_int_eq(tw_listen(h->ctx, uri, on_accept, &la[dask != 0], &h->lis), 0);
+	ck_assert_int_eq(tu_tw_listen(h->ctx, uri, on_accept, &la[dask != 0], &h->lis), 0);
 	ck_assert_int_eq(tw_listener_address(h->lis, h->addr, sizeof(h->addr)), 0);
 }
 

@@ -346,6 +346,8 @@ static void stream_item(tw_comm *comm, const tw_decoded *d, const msgpack_object
 
 void rs_start(struct rs *s, tw_context *ctx, struct event_base *base, const char *uri)
 {
+	char buf[256];
+	int saved;
 	memset(s, 0, sizeof(*s));
 	s->base = base;
 	ck_assert_int_eq(tw_server_new(ctx, &s->srv), 0);
@@ -357,7 +359,9 @@ void rs_start(struct rs *s, tw_context *ctx, struct event_base *base, const char
 	ck_assert_int_eq(tw_server_add_op(s->srv, "later", op_later, s), 0);
 	ck_assert_int_eq(tw_server_add_op(s->srv, "count", op_count, s), 0);
 	ck_assert_int_eq(tw_server_add_stream_op(s->srv, "item", stream_item, s), 0);
-	ck_assert_int_eq(tw_server_listen(s->srv, uri), 0);
+	saved = tu_ns_enter(); /* tests/netns-check.sh */
+	ck_assert_int_eq(tw_server_listen(s->srv, tu_uri_host(uri, buf, sizeof(buf))), 0);
+	tu_ns_leave(saved);
 	ck_assert_int_eq(tw_server_address(s->srv, 0, s->addr, sizeof(s->addr)), 0);
 }
 

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The TCP test harness (tests/tcp_util.h). */
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,9 +278,59 @@ static void on_accept(tw_listener *l, tw_comm *c, void *arg)
 	h->srv[h->nsrv++] = p;
 }
 
+const char *tu_host(void)
+{
+	const char *host = getenv("TW_TEST_HOST");
+	return host != NULL && *host != '\0' ? host : "127.0.0.1";
+}
+
+const char *tu_uri_host(const char *uri, char *buf, size_t len)
+{
+	const char *at = strstr(uri, "://127.0.0.1:");
+	int n;
+	if (at == NULL)
+		n = snprintf(buf, len, "%s", uri);
+	else
+		n = snprintf(buf, len, "%.*s://%s%s", (int)(at - uri), uri, tu_host(),
+			     at + strlen("://127.0.0.1"));
+	ck_assert(n >= 0 && (size_t)n < len);
+	return buf;
+}
+
+int tu_ns_enter(void)
+{
+	const char *ns = getenv("TW_TEST_LISTEN_NETNS");
+	int saved, fd;
+	if (ns == NULL || *ns == '\0')
+		return -1;
+	saved = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	fd = open(ns, O_RDONLY | O_CLOEXEC);
+	ck_assert_msg(saved >= 0 && fd >= 0, "TW_TEST_LISTEN_NETNS=%s: %s", ns, strerror(errno));
+	ck_assert_msg(setns(fd, CLONE_NEWNET) == 0, "setns %s: %s", ns, strerror(errno));
+	close(fd);
+	return saved;
+}
+
+void tu_ns_leave(int saved)
+{
+	if (saved < 0)
+		return;
+	ck_assert_msg(setns(saved, CLONE_NEWNET) == 0, "setns back: %s", strerror(errno));
+	close(saved);
+}
+
+int tu_tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out)
+{
+	char buf[256];
+	int saved = tu_ns_enter();
+	int rv = tw_listen(ctx, tu_uri_host(uri, buf, sizeof(buf)), cb, arg, out);
+	tu_ns_leave(saved);
+	return rv;
+}
+
 int tu_listen(struct tu *h, const char *uri)
 {
-	int rv = tw_listen(h->ctx, uri, on_accept, h, &h->lis);
+	int rv = tu_tw_listen(h->ctx, uri, on_accept, h, &h->lis);
 	if (rv == 0)
 		ck_assert_int_eq(tw_listener_address(h->lis, h->addr, sizeof(h->addr)), 0);
 	return rv;

@@ -75,6 +75,24 @@ void tu_fini(struct tu *h);
  * address. Returns the tw_listen code. */
 int tu_listen(struct tu *h, const char *uri);
 
+/* Realistic networks (tests/netns-check.sh): loopback's 64 KiB MTU hides
+ * segmentation, so the transport suites can also run with their servers
+ * across a real link. With TW_TEST_HOST set (e.g. 10.200.0.2), servers
+ * listen on that host instead of 127.0.0.1; with TW_TEST_LISTEN_NETNS set
+ * (a namespace file such as /run/netns/NAME), their listening sockets are
+ * made in that network namespace (setns(2) on this thread, then back), so
+ * clients in the test's own namespace reach them over the link, and so
+ * do the comms they accept. Unset, both change nothing. */
+const char *tu_host(void);
+/* uri with a host of 127.0.0.1 replaced by tu_host(), into buf. */
+const char *tu_uri_host(const char *uri, char *buf, size_t len);
+/* Enter the listening namespace; returns what tu_ns_leave needs (-1 when
+ * there is none). Asserts on failure. */
+int tu_ns_enter(void);
+void tu_ns_leave(int saved);
+/* tw_listen on tu_uri_host(uri), in the listening namespace. */
+int tu_tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out);
+
 /* Bytes and messages moved by every comm of the process so far: while
  * this changes, a wait is slow (a loaded machine, valgrind), not stuck. */
 uint64_t tu_progress(void);

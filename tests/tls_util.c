@@ -327,7 +327,7 @@ tw_listener *tt_listen(struct tu *h, tw_context *ctx, const char *uri, int dask,
 	ck_assert_uint_lt(nlargs, MAX_EXTRA);
 	la = &largs[nlargs++];
 	*la = (struct listen_arg){h, dask, failed};
-	ck_assert_int_eq(tw_listen(ctx, uri, on_accept, la, &l), 0);
+	ck_assert_int_eq(tu_tw_listen(ctx, uri, on_accept, la, &l), 0);
 	ck_assert_int_eq(tw_listener_address(l, addr, addr_len), 0);
 	return l;
 }

@@ -534,7 +534,7 @@ static void on_dask_accept(tw_listener *l, tw_comm *c, void *arg)
 void wu_dask_listen(struct tu *h, const char *uri, struct wu_dask_srv *s)
 {
 	s->h = h;
-	ck_assert_int_eq(tw_listen(h->ctx, uri, on_dask_accept, s, &s->l), 0);
+	ck_assert_int_eq(tu_tw_listen(h->ctx, uri, on_dask_accept, s, &s->l), 0);
 	ck_assert_int_eq(tw_listener_address(s->l, s->addr, sizeof(s->addr)), 0);
 }
 

@@ -982,7 +982,8 @@ static void w_stop(tw_comm *c)
 	for (size_t i = 0; i < w->qn; i++)
 		out_free(&w->q[(w->qhead + i) % w->qcap]);
 	w->qn = 0;
-	reset_rx(w); /* an ended comm holds no memory for its peer's bytes */
+	w->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
+	reset_rx(w);         /* an ended comm holds no memory for its peer's bytes */
 	if (w->io->free != NULL)
 		w->io->free(w->io_arg);
 	close(w->fd);

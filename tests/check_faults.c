@@ -1,0 +1,597 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Faults between a client and a server (issue 17): the fault proxy
+ * (tests/fault_proxy.h) between taskwire clients (tw_pool calls, stream
+ * comms, plain comms) and taskwire servers (tw_server, an echo
+ * listener), over tcp, tls, ws and wss. For each fault the test asserts
+ * the error code the call or comm ends with, that it ends by its own
+ * deadline (every other clock of the library is set far out, and the
+ * wait's guard, WAIT_MS, is shorter than those), that other comms of the
+ * same server keep working while the faulty connection hangs, and that
+ * nothing is left behind: once the proxy lets go, the process has the
+ * descriptors and live blocks it had before the call (valgrind and ASan
+ * runs of the suite check the rest). Deadlines are short and payloads
+ * small (1 MiB) so the suite stays quick; no assertion is on time. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <check.h>
+#include <msgpack.h>
+
+#include "tests/fault_proxy.h"
+#include "tests/rpc_util.h"
+#include "tests/tcp_util.h"
+#include "tests/tls_util.h"
+
+#define MiB ((size_t)1 << 20)
+#define KiB ((size_t)1 << 10)
+/* Clocks that no test case may run into: the one under test is short. */
+#define FAR_MS 600000
+/* How long a deadline of a few hundred ms may take, on a loaded machine,
+ * before the test says it did not hold (valgrind, TW_TEST_QUICK=1: 120 s). */
+#define WAIT_MS (tu_quick() ? 120000 : 20000)
+/* The proxy lets this much through before its fault: past any handshake
+ * (tls certificates, the ws upgrade), inside a 1 MiB message. */
+#define AFTER (256 * KiB)
+
+enum { TCP, TLS, WS, WSS };
+static const char *const schemes[] = {"tcp", "tls", "ws", "wss"};
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Drive the loop until pred(arg) or ms pass, progress or not (the
+ * harness's waits restart on progress: a throttled transfer would keep
+ * them going past a deadline that failed to hold). */
+static int run_until_abs(struct tu *h, int (*pred)(void *), void *arg, int ms)
+{
+	long long end = now_ms() + ms;
+	while (!pred(arg)) {
+		if (now_ms() > end)
+			return 0;
+		tu_run_for(h, 10);
+	}
+	return 1;
+}
+
+static int rc_is_done(void *arg)
+{
+	return ((struct rc *)arg)->done;
+}
+
+/* The fixture: a tw_server (tests/rpc_util.h ops) on transport t, a pool,
+ * the proxy in front of the server. */
+struct ff {
+	struct tu h;
+	struct rs s;
+	tw_pool *pool;
+	struct fp px;
+	int t;
+	char via[128]; /* the proxy's URI, with t's scheme */
+	int fds;       /* descriptors open before the proxy started */
+	uint64_t blocks;
+};
+
+static void far_clocks(tw_context *ctx)
+{
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(ctx, FAR_MS), 0);
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(ctx, FAR_MS), 0);
+	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(ctx, FAR_MS), 0);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(ctx, 0), 0);
+	ck_assert_int_eq(tw_context_set_min_receive_rate(ctx, 0, 0), 0);
+}
+
+static tw_stats stats_now(void)
+{
+	tw_stats st;
+	tw_stats_global(&st);
+	return st;
+}
+
+static void ff_init(struct ff *f, int t, const struct fp_opts *o)
+{
+	char uri[64];
+	memset(f, 0, sizeof(*f));
+	f->t = t;
+	tu_init(&f->h);
+	if (t == TLS || t == WSS)
+		tt_use_tls(f->h.ctx, "ca.pem", "cert.pem", "key.pem");
+	far_clocks(f->h.ctx);
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[t]);
+	rs_start(&f->s, f->h.ctx, f->h.base, uri);
+	ck_assert_int_eq(tw_pool_new(f->h.ctx, &f->pool), 0);
+	f->fds = tt_fd_count();
+	f->blocks = stats_now().blocks_live;
+	fp_start(&f->px, f->h.base, f->s.addr, o);
+	fp_uri(&f->px, schemes[t], f->via, sizeof(f->via));
+}
+
+/* A call straight to the server, on a pool of its own: the server keeps
+ * serving while a faulty connection hangs. */
+static void canary(struct ff *f)
+{
+	tw_pool *p;
+	struct rc rc;
+	ck_assert_int_eq(tw_pool_new(f->h.ctx, &p), 0);
+	rc_start(p, f->s.addr, rq_echo_str("canary"), WAIT_MS, &rc);
+	ck_assert_msg(run_until_abs(&f->h, rc_is_done, &rc, WAIT_MS + 1000), "%s: canary hung",
+		      schemes[f->t]);
+	rc_assert_str(&rc, "canary");
+	rc_clear(&rc);
+	tw_pool_free(p);
+}
+
+struct fd_wait {
+	int fds;
+	uint64_t blocks;
+};
+
+static int back_to(void *arg)
+{
+	const struct fd_wait *w = arg;
+	return tt_fd_count() == w->fds && stats_now().blocks_live == w->blocks;
+}
+
+/* The proxy lets go of every connection; then the comms on both sides
+ * must be gone: the descriptors and blocks of before the proxy. */
+static void assert_nothing_left(struct ff *f)
+{
+	struct fd_wait w = {f->fds, f->blocks};
+	fp_stop(&f->px);
+	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
+		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
+		      schemes[f->t], tt_fd_count(), f->fds,
+		      (unsigned long long)stats_now().blocks_live, (unsigned long long)f->blocks);
+}
+
+static void ff_fini(struct ff *f)
+{
+	fp_stop(&f->px);
+	tw_pool_free(f->pool);
+	rs_stop(&f->s);
+	tu_fini(&f->h);
+}
+
+/* echo(data=<n pattern bytes, out of band>): the reply is the bytes. */
+static tw_msg *echo_bytes(size_t n, unsigned seed)
+{
+	tw_slice s = ru_pattern(n, seed);
+	tw_builder *b = rq_begin("echo", 1);
+	tw_msg *m;
+	rq_bytes(b, "data", &s);
+	m = rq_end(b);
+	tw_block_free(s.block);
+	return m;
+}
+
+static void assert_echo(const struct rc *rc, size_t n, unsigned seed)
+{
+	const uint8_t *p;
+	size_t len;
+	ck_assert_msg(rc->done && rc->err == 0, "call: %s: %s", tw_strerror(rc->err), rc->why);
+	ck_assert_int_eq(ru_bytes(rc->reply, tw_decoded_root(rc->reply), &p, &len), 0);
+	ck_assert_uint_eq(len, n);
+	ck_assert_int_eq(tu_check(p, n, seed), -1);
+}
+
+/* A deadline of ms, twenty times longer under valgrind (TW_TEST_QUICK=1),
+ * where moving a 1 MiB request through the server takes seconds. */
+static uint32_t dl(uint32_t ms)
+{
+	return tu_quick() ? 20 * ms : ms;
+}
+
+/* The stall came before the deadline. Under valgrind on a loaded machine,
+ * a 1 MiB request may take longer than even the scaled deadline to come
+ * through the server, so there only "at most once" is asserted (the
+ * ASan run of make check keeps the exact count). */
+static void assert_stalled(const struct ff *f)
+{
+	if (tu_quick())
+		ck_assert_uint_le(f->px.faults, 1);
+	else
+		ck_assert_uint_eq(f->px.faults, 1);
+}
+
+/* A small call through the proxy first, so the pool holds a comm past
+ * its handshakes: the deadline of the next call then covers its bytes
+ * only, and the proxy's fault moves to `after` bytes into them (the
+ * proxy counts from the connection's first byte). */
+static void warm(struct ff *f, uint64_t after)
+{
+	struct rc rc;
+	int d = f->px.o.dir == FP_UP ? 0 : 1;
+	ck_assert_int_eq(rc_call(&f->h, f->pool, f->via, rq_echo_str("warm"), WAIT_MS, &rc), 0);
+	rc_assert_str(&rc, "warm");
+	rc_clear(&rc);
+	ck_assert_uint_eq(tw_pool_open_comms(f->pool, f->via), 1);
+	ck_assert_uint_eq(f->px.faults, 0);
+	f->px.o.after = f->px.moved[d] + after;
+}
+
+/* One pool call through the proxy with deadline ms: it must end by then
+ * with want; the pool keeps no comm to the proxy afterwards (a comm still
+ * connecting may stay, for the calls to come, until its own clocks or
+ * tw_pool_free end it: pass connecting). */
+static void call_fails_in(struct ff *f, tw_msg *req, uint32_t ms, int want, const char *what,
+			  int connecting)
+{
+	struct rc rc;
+	rc_start(f->pool, f->via, req, ms, &rc);
+	ck_assert_msg(run_until_abs(&f->h, rc_is_done, &rc, WAIT_MS),
+		      "%s over %s: the call outlived its %u ms deadline", what, schemes[f->t], ms);
+	ck_assert_msg(rc.err == want, "%s over %s: %s (%s), wanted %s", what, schemes[f->t],
+		      tw_strerror(rc.err), rc.why, tw_strerror(want));
+	rc_assert_why(&rc, f->via);
+	rc_clear(&rc);
+	if (!connecting)
+		ck_assert_uint_eq(tw_pool_open_comms(f->pool, f->via), 0);
+}
+
+static void call_fails(struct ff *f, tw_msg *req, uint32_t ms, int want, const char *what)
+{
+	call_fails_in(f, req, ms, want, what, 0);
+}
+
+/* tw_pool calls. */
+
+/* Accepted, never answered: the call's deadline ends it, in whatever
+ * stage the connect is (tcp: the Dask handshake; tls: the TLS handshake;
+ * ws: the upgrade; wss: the TLS handshake). */
+START_TEST(pool_black_hole)
+{
+	struct fp_opts o = {.fault = FP_BLACK_HOLE};
+	struct ff f;
+	ff_init(&f, _i, &o);
+	call_fails_in(&f, rq_op("identity"), dl(300), TW_ETIMEDOUT, "black hole", 1);
+	ck_assert_uint_eq(f.px.accepts, 1);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* The reply stops coming 64 KiB in: the call's deadline ends it. */
+START_TEST(pool_stall_reply)
+{
+	struct fp_opts o = {.fault = FP_STALL, .dir = FP_DOWN, .after = AFTER};
+	struct ff f;
+	ff_init(&f, _i, &o);
+	warm(&f, 64 * KiB);
+	call_fails(&f, echo_bytes(MiB, 3), dl(500), TW_ETIMEDOUT, "stalled reply");
+	assert_stalled(&f);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* The request stops going 64 KiB in: the call's deadline ends it. */
+START_TEST(pool_stall_request)
+{
+	struct fp_opts o = {.fault = FP_STALL, .dir = FP_UP, .after = AFTER};
+	struct ff f;
+	ff_init(&f, _i, &o);
+	warm(&f, 64 * KiB);
+	call_fails(&f, echo_bytes(MiB, 4), dl(500), TW_ETIMEDOUT, "stalled request");
+	assert_stalled(&f);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* A reset in the middle of the reply: the call fails at once with the
+ * socket error (ECONNRESET), not at its deadline (FAR_MS). */
+START_TEST(pool_reset_reply)
+{
+	struct fp_opts o = {.fault = FP_RESET, .dir = FP_DOWN, .after = AFTER};
+	struct ff f;
+	ff_init(&f, _i, &o);
+	call_fails(&f, echo_bytes(MiB, 5), FAR_MS, TW_EIO, "reset reply");
+	ck_assert_uint_eq(f.px.faults, 1);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* A reset in the middle of the request. */
+START_TEST(pool_reset_request)
+{
+	struct fp_opts o = {.fault = FP_RESET, .dir = FP_UP, .after = AFTER};
+	struct ff f;
+	ff_init(&f, _i, &o);
+	call_fails(&f, echo_bytes(MiB, 6), FAR_MS, TW_EIO, "reset request");
+	ck_assert_uint_eq(f.px.faults, 1);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* The server's direction ends (FIN) in the middle of the reply while the
+ * client's stays open: the message was cut, TW_ETRUNCATED, at once. */
+START_TEST(pool_half_open_reply)
+{
+	struct fp_opts o = {.fault = FP_HALF_OPEN, .dir = FP_DOWN, .after = AFTER};
+	struct ff f;
+	ff_init(&f, _i, &o);
+	call_fails(&f, echo_bytes(MiB, 7), FAR_MS, TW_ETRUNCATED, "half-open reply");
+	ck_assert_uint_eq(f.px.faults, 1);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* Slow but working paths: delayed bursts and a throttled link carry
+ * every byte; a deadline shorter than the throttled transfer holds while
+ * bytes still move (500 ms for 1 MiB each way at 256 KiB/s, which takes
+ * 4 s or more: not scaled under valgrind). */
+START_TEST(pool_delay_throttle)
+{
+	struct fp_opts d = {.fault = FP_DELAY, .delay_ms = 20};
+	struct fp_opts th = {.fault = FP_THROTTLE, .rate = 4 * MiB};
+	struct fp_opts slow = {.fault = FP_THROTTLE, .rate = 256 * KiB};
+	struct ff f;
+	struct rc rc;
+	ff_init(&f, _i, &d);
+	rc_start(f.pool, f.via, echo_bytes(MiB, 8), WAIT_MS, &rc);
+	ck_assert(run_until_abs(&f.h, rc_is_done, &rc, WAIT_MS + 1000));
+	assert_echo(&rc, MiB, 8);
+	rc_clear(&rc);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+
+	ff_init(&f, _i, &th);
+	rc_start(f.pool, f.via, echo_bytes(MiB, 9), WAIT_MS, &rc);
+	ck_assert(run_until_abs(&f.h, rc_is_done, &rc, WAIT_MS + 1000));
+	assert_echo(&rc, MiB, 9);
+	rc_clear(&rc);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+
+	ff_init(&f, _i, &slow);
+	warm(&f, 0);
+	call_fails(&f, echo_bytes(MiB, 10), 500, TW_ETIMEDOUT, "throttled");
+	ck_assert_uint_gt(f.px.moved[0], 0);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+/* Plain comms: an echo listener on transport t, the proxy in front. */
+
+struct pf {
+	struct tu h;
+	struct fp px;
+	char via[128];
+	int fds;
+	uint64_t blocks;
+};
+
+static void pf_init(struct pf *f, int t, const struct fp_opts *o)
+{
+	char uri[64];
+	memset(f, 0, sizeof(*f));
+	tu_init(&f->h);
+	if (t == TLS || t == WSS)
+		tt_use_tls(f->h.ctx, "ca.pem", "cert.pem", "key.pem");
+	far_clocks(f->h.ctx);
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[t]);
+	ck_assert_int_eq(tu_listen(&f->h, uri), 0);
+	f->fds = tt_fd_count();
+	f->blocks = stats_now().blocks_live;
+	fp_start(&f->px, f->h.base, f->h.addr, o);
+	fp_uri(&f->px, schemes[t], f->via, sizeof(f->via));
+}
+
+static void pf_nothing_left(struct pf *f, int t)
+{
+	struct fd_wait w = {f->fds, f->blocks};
+	fp_stop(&f->px);
+	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
+		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
+		      schemes[t], tt_fd_count(), f->fds,
+		      (unsigned long long)stats_now().blocks_live, (unsigned long long)f->blocks);
+}
+
+static void pf_fini(struct pf *f)
+{
+	fp_stop(&f->px);
+	tu_fini(&f->h);
+}
+
+/* A direct client to the echo listener echoes while the other hangs. */
+static void pf_canary(struct pf *f)
+{
+	struct tu_peer *c;
+	size_t len = 100;
+	ck_assert_int_eq(tu_connect(&f->h, f->h.addr, &c), 0);
+	c->keep = 1;
+	tu_echo_check(c, &len, 1, 11, WAIT_MS);
+	tu_peer_free(c);
+}
+
+static int peer_closed(void *arg)
+{
+	return ((const struct tu_peer *)arg)->closed;
+}
+
+/* A message stops coming a quarter of the way in: the minimum receive
+ * rate (1 MiB/s on average after 300 ms, 256 KiB having come; under
+ * valgrind a tenth of that) ends the receiving comm with
+ * TW_ETIMEDOUT, and nothing of the message is delivered. */
+START_TEST(comm_stall_mid_message)
+{
+	struct fp_opts o = {.fault = FP_STALL, .dir = FP_DOWN, .after = AFTER};
+	struct pf f;
+	struct tu_peer *c;
+	tw_context *cc;
+	size_t len = MiB;
+	char why[256];
+	pf_init(&f, _i, &o);
+	/* the client's own context: the server must not be held to the rate
+	 * (under valgrind it receives slower than that) */
+	ck_assert_int_eq(tw_context_new(f.h.base, &cc), 0);
+	if (_i == TLS || _i == WSS)
+		tt_use_tls(cc, "ca.pem", "cert.pem", "key.pem");
+	far_clocks(cc);
+	ck_assert_int_eq(tw_context_set_min_receive_rate(cc, tu_quick() ? MiB / 10 : MiB, 300), 0);
+	ck_assert_msg(tt_connect(&f.h, cc, f.via, &c, why, sizeof(why)) == 0, "%s", why);
+	c->keep = 1;
+	ck_assert_int_eq(tw_comm_write(c->comm, tu_msg_pattern(&len, 1, 12)), 0);
+	ck_assert_msg(run_until_abs(&f.h, peer_closed, c, WAIT_MS),
+		      "%s: a stalled message outlived the minimum receive rate", schemes[_i]);
+	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i],
+		      tw_strerror(c->close_err), c->last_error);
+	ck_assert_uint_eq(c->nmsgs, 0);
+	ck_assert_uint_eq(f.px.faults, 1);
+	tt_peer_free(c);
+	tw_context_free(cc);
+	pf_canary(&f);
+	pf_nothing_left(&f, _i);
+	pf_fini(&f);
+}
+END_TEST
+
+/* The peer's side stops reading (the proxy stalls the client's
+ * direction): the TCP timeout (1,000 ms) ends the writing comm with
+ * TW_ETIMEDOUT and releases what it queued. */
+START_TEST(comm_stall_writer)
+{
+	struct fp_opts o = {.fault = FP_STALL, .dir = FP_UP, .after = AFTER};
+	struct pf f;
+	struct tu_peer *c;
+	size_t len = 32 * MiB;
+	pf_init(&f, _i, &o);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(f.h.ctx, 1000), 0);
+	ck_assert_int_eq(tu_connect(&f.h, f.via, &c), 0);
+	ck_assert_int_eq(tw_comm_write(c->comm, tu_msg_pattern(&len, 1, 13)), 0);
+	ck_assert_msg(run_until_abs(&f.h, peer_closed, c, WAIT_MS),
+		      "%s: a write to a stalled peer outlived the TCP timeout", schemes[_i]);
+	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i],
+		      tw_strerror(c->close_err), c->last_error);
+	ck_assert_uint_eq(tw_comm_queued_bytes(c->comm), 0);
+	tu_peer_free(c);
+	pf_canary(&f);
+	pf_nothing_left(&f, _i);
+	pf_fini(&f);
+}
+END_TEST
+
+/* Streams (connection_stream and tw_batched) through a reset: the client
+ * comm ends with TW_EIO, the server got a prefix of the maps, in order
+ * and intact, and keeps serving. */
+static void send_item(tw_batched *b, int64_t i)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	char name[32];
+	int len = snprintf(name, sizeof(name), "m%lld", (long long)i);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	msgpack_pack_str(&pk, 2);
+	msgpack_pack_str_body(&pk, "op", 2);
+	msgpack_pack_str(&pk, 4);
+	msgpack_pack_str_body(&pk, "item", 4);
+	msgpack_pack_str(&pk, 1);
+	msgpack_pack_str_body(&pk, "i", 1);
+	msgpack_pack_int64(&pk, i);
+	msgpack_pack_str(&pk, 4);
+	msgpack_pack_str_body(&pk, "name", 4);
+	msgpack_pack_str(&pk, (size_t)len);
+	msgpack_pack_str_body(&pk, name, (size_t)len);
+	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static int rw_is_closed(void *arg)
+{
+	return ((const struct rw *)arg)->closed;
+}
+
+START_TEST(stream_reset)
+{
+	struct fp_opts o = {.fault = FP_RESET, .dir = FP_UP, .after = 64 * KiB};
+	struct ff f;
+	struct rw w;
+	tw_batched *b;
+	tw_builder *start;
+	int64_t i;
+	ff_init(&f, _i, &o);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.via, &w), 0);
+	start = rq_begin("connection_stream", 1);
+	rq_bool(start, "reply", 0);
+	rw_send(&w, rq_end(start));
+	ck_assert_int_eq(tw_batched_new(w.comm, 2, &b), 0);
+	for (i = 0; i < 20000 && !w.closed; i++) {
+		send_item(b, i);
+		if (i % 500 == 499)
+			tu_run_for(&f.h, 1);
+	}
+	ck_assert_msg(run_until_abs(&f.h, rw_is_closed, &w, WAIT_MS),
+		      "%s: the stream outlived a reset", schemes[_i]);
+	ck_assert_msg(w.close_err == TW_EIO, "%s: %s (%s)", schemes[_i], tw_strerror(w.close_err),
+		      tw_comm_last_error(w.comm));
+	ck_assert_uint_eq(f.px.faults, 1);
+	ck_assert_uint_gt(f.s.items, 0);
+	ck_assert_uint_lt(f.s.items, (size_t)i);
+	ck_assert_uint_eq(f.s.item_errors, 0);
+	tw_batched_free(b);
+	rw_free(&w);
+	canary(&f);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
+static TCase *tc(const char *name, const TTest *t)
+{
+	TCase *c = tcase_create(name);
+	tcase_set_timeout(c, 300);
+	if (tu_quick()) { /* valgrind: tcp and wss cover the code of all four */
+		tcase_add_loop_test(c, t, TCP, TCP + 1);
+		tcase_add_loop_test(c, t, WSS, WSS + 1);
+	} else {
+		tcase_add_loop_test(c, t, TCP, WSS + 1);
+	}
+	return c;
+}
+
+int main(void)
+{
+	Suite *s = suite_create("faults");
+	SRunner *sr;
+	int failed;
+	/* The proxy writes with libevent (writev) to peers that reset; the
+	 * library itself never raises SIGPIPE (tests/check_tcp.c keeps the
+	 * default action to show it). */
+	signal(SIGPIPE, SIG_IGN);
+	tt_make_certs();
+	suite_add_tcase(s, tc("pool_black_hole", pool_black_hole));
+	suite_add_tcase(s, tc("pool_stall_reply", pool_stall_reply));
+	suite_add_tcase(s, tc("pool_stall_request", pool_stall_request));
+	suite_add_tcase(s, tc("pool_reset_reply", pool_reset_reply));
+	suite_add_tcase(s, tc("pool_reset_request", pool_reset_request));
+	suite_add_tcase(s, tc("pool_half_open_reply", pool_half_open_reply));
+	suite_add_tcase(s, tc("pool_delay_throttle", pool_delay_throttle));
+	suite_add_tcase(s, tc("comm_stall_mid_message", comm_stall_mid_message));
+	suite_add_tcase(s, tc("comm_stall_writer", comm_stall_writer));
+	suite_add_tcase(s, tc("stream_reset", stream_reset));
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	tt_remove_certs();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
