@@ -3,9 +3,10 @@
 # Quick start, part 2: the whole test suite. Installs what is missing,
 # builds with -Werror, checks the style (`make format-check`: library,
 # examples, benches; SPDX lines), checks the ABI (`make abi-check`), runs
-# `make check`, runs the suites under valgrind,
-# builds again with AddressSanitizer and UndefinedBehaviorSanitizer and
-# runs `make check` there, runs the multi-threaded suites (offload, tcp)
+# `make check`, runs the transport suites between two network namespaces
+# (`make check-netns`; skipped when not root), runs the suites under
+# valgrind, builds again with AddressSanitizer and UndefinedBehaviorSanitizer
+# and runs `make check` there, runs the multi-threaded suites (offload, tcp)
 # under ThreadSanitizer, builds the libFuzzer targets with clang, then
 # `make distcheck`. Fails on the first failing step.
 set -e
@@ -26,6 +27,9 @@ make abi-check
 step "make check"
 make -j"$(nproc)" check || { cat test-suite.log >&2; exit 1; }
 
+step "transport suites across network namespaces (veth, MTU 1500)"
+make check-netns
+
 step "suites under valgrind"
 "$top/scripts/valgrind-check.sh" "$build"
 
@@ -45,4 +49,4 @@ step "make distcheck"
 cd "$build"
 make -j"$(nproc)" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >/dev/null 2>&1
 echo "distcheck: ok"
-printf '\ncheck.sh: all steps passed (format-check, abi-check, make check, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
+printf '\ncheck.sh: all steps passed (format-check, abi-check, make check, netns, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
