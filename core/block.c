@@ -17,6 +17,7 @@
 #include <taskwire/error.h>
 
 #include "core/block.h"
+#include "core/reclaim.h"
 #include "core/stats.h"
 
 enum kind { KIND_HEAP, KIND_MAP, KIND_WRAP };
@@ -92,7 +93,7 @@ static void *cache_take_le(size_t cap, size_t *len)
 /* Drop the oldest cached mapping; cache.lock held. */
 static void evict_oldest(void)
 {
-	munmap(cache.slot[0].p, cache.slot[0].len);
+	tw__unmap(cache.slot[0].p, cache.slot[0].len, cache.slot[0].len);
 	cache.bytes -= cache.slot[0].len;
 	cache.n--;
 	memmove(&cache.slot[0], &cache.slot[1], cache.n * sizeof(cache.slot[0]));
@@ -113,17 +114,18 @@ static void cache_put(void *p, size_t len)
 	}
 	pthread_mutex_unlock(&cache.lock);
 	if (p != NULL)
-		munmap(p, len);
+		tw__unmap(p, len, len);
 }
 
 void tw__block_cache_drain(void)
 {
 	pthread_mutex_lock(&cache.lock);
 	for (size_t i = 0; i < cache.n; i++)
-		munmap(cache.slot[i].p, cache.slot[i].len);
+		tw__unmap(cache.slot[i].p, cache.slot[i].len, cache.slot[i].len);
 	cache.n = 0;
 	cache.bytes = 0;
 	pthread_mutex_unlock(&cache.lock);
+	tw__reclaim_wait(); /* callers count on the memory being back */
 }
 
 void tw_block_cache_set_limit(size_t bytes)
@@ -341,9 +343,10 @@ void tw_block_free(tw_block *b)
 		free(b);
 		return;
 	case KIND_MAP:
-		/* The cache hands out usable pages only. */
+		/* The cache hands out usable pages only. Large unmaps run on
+		 * the reclaimer: this may be the loop thread (issue 17). */
 		if (b->uncached || b->committed < b->map_len)
-			munmap(b->data, b->map_len);
+			tw__unmap(b->data, b->map_len, b->committed);
 		else
 			cache_put(b->data, b->map_len);
 		break;

@@ -47,6 +47,15 @@ static void run_calls(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* The write budget has room again: tell the writers it refused. */
+static void wbudget_due(evutil_socket_t fd, short what, void *arg)
+{
+	tw_context *ctx = arg;
+	(void)fd;
+	(void)what;
+	tw__wbudget_due(&ctx->wbudget);
+}
+
 static void *loop_main(void *arg)
 {
 	tw_context *ctx = arg;
@@ -96,6 +105,9 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	set_defaults(&ctx->limits);
 	ctx->offload_threads = default_offload_threads();
 	ctx->offload_threshold = (uint64_t)10 << 20; /* TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES */
+	tw__budget_init(&ctx->rbudget, tw__budget_default_bytes());
+	tw__wbudget_init(&ctx->wbudget, tw__budget_default_bytes());
+	ctx->rbudget.also = &ctx->wbudget.used;
 	ctx->own_base = base == NULL;
 	ctx->base = base != NULL ? base : event_base_new();
 	if (ctx->base == NULL)
@@ -110,6 +122,8 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->call_ev = event_new(ctx->base, ctx->wake_fd, EV_READ | EV_PERSIST, run_calls, ctx);
 	if (ctx->call_ev == NULL || event_add(ctx->call_ev, NULL) != 0)
 		goto fail;
+	if ((ctx->wbudget_ev = event_new(ctx->base, -1, 0, wbudget_due, ctx)) == NULL)
+		goto fail;
 	if (ctx->own_base) {
 		if (pthread_create(&ctx->thread, NULL, loop_main, ctx) != 0)
 			goto fail;
@@ -118,6 +132,8 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	*out = ctx;
 	return 0;
 fail:
+	if (ctx->wbudget_ev != NULL)
+		event_free(ctx->wbudget_ev);
 	if (ctx->call_ev != NULL)
 		event_free(ctx->call_ev);
 	if (ctx->wake_fd >= 0)
@@ -205,6 +221,7 @@ void tw_context_free(tw_context *ctx)
 	if (ctx->offload_release != NULL)
 		ctx->offload_release(ctx->offload);
 	run_calls(-1, 0, ctx);
+	event_free(ctx->wbudget_ev);
 	event_free(ctx->call_ev);
 	close(ctx->wake_fd);
 	if (ctx->tls_release != NULL)
@@ -275,6 +292,57 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes)
 	if (ctx == NULL || bytes == 0)
 		return TW_EINVAL;
 	ctx->limits.write_hwm_bytes = bytes;
+	return 0;
+}
+
+/* Budgets apply at once, to every comm: a larger one lets waiting
+ * comms go on now. */
+int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes)
+{
+	if (ctx == NULL || bytes == 0)
+		return TW_EINVAL;
+	tw__budget_set_limit(&ctx->rbudget, bytes);
+	return 0;
+}
+
+int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes)
+{
+	if (ctx == NULL || bytes == 0)
+		return TW_EINVAL;
+	ctx->wbudget.limit = bytes;
+	tw__ctx_write_gone(ctx, 0);
+	return 0;
+}
+
+void tw__ctx_write_gone(tw_context *ctx, uint64_t n)
+{
+	if (tw__wbudget_sub(&ctx->wbudget, n)) {
+		ctx->wbudget.posted = 1;
+		event_active(ctx->wbudget_ev, EV_TIMEOUT, 0);
+	}
+	if (ctx->rbudget.wait.next != &ctx->rbudget.wait)
+		tw__budget_admit(&ctx->rbudget); /* the write queues count there too */
+}
+
+int tw_context_receive_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	if (limit != NULL)
+		*limit = ctx->rbudget.limit;
+	if (used != NULL)
+		*used = ctx->rbudget.used;
+	return 0;
+}
+
+int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	if (limit != NULL)
+		*limit = ctx->wbudget.limit;
+	if (used != NULL)
+		*used = ctx->wbudget.used;
 	return 0;
 }
 

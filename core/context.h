@@ -8,6 +8,8 @@
 
 #include <taskwire/context.h>
 
+#include "core/budget.h"
+
 struct event;
 
 /* The limits a comm copies when it is made. */
@@ -75,7 +77,21 @@ struct tw_context {
 	void (*offload_release)(void *offload); /* join the workers, cancel the rest */
 	unsigned offload_threads;
 	uint64_t offload_threshold;
+	/* Across comms (core/budget.h): bytes of messages being received,
+	 * bytes queued for writing; wbudget_ev tells refused writers. */
+	struct tw__budget rbudget;
+	struct tw__wbudget wbudget;
+	struct event *wbudget_ev;
 };
+
+/* Bytes queued for writing on a comm of ctx (tw__wbudget_add), and bytes
+ * that left the queues (written or dropped): refused writers are told
+ * from the loop once the budget has room. Loop thread. */
+static inline void tw__ctx_write_queued(tw_context *ctx, uint64_t n)
+{
+	tw__wbudget_add(&ctx->wbudget, n);
+}
+void tw__ctx_write_gone(tw_context *ctx, uint64_t n);
 
 void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *));
 void tw__ctx_untrack(struct tw__node *n);

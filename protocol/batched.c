@@ -150,8 +150,8 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 	return 0;
 }
 
-/* Write the queued maps as one array message. With `force`, the write
- * queue's high-water mark does not refuse it (the last batch, from
+/* Write the queued maps as one array message. With `force`, neither the
+ * write queue's high-water mark nor the context's write budget refuses it (the last batch, from
  * tw_batched_free, has no later interval to retry in). */
 static int flush(tw_batched *b, int force)
 {
@@ -181,7 +181,7 @@ static int flush(tw_batched *b, int force)
 	hwm = b->comm->limits.write_hwm_bytes;
 	if (force)
 		b->comm->limits.write_hwm_bytes = SIZE_MAX;
-	rv = tw_comm_write(b->comm, m);
+	rv = force ? tw__comm_write_unbudgeted(b->comm, m) : tw_comm_write(b->comm, m);
 	b->comm->limits.write_hwm_bytes = hwm;
 	if (rv != 0) {
 		tw_msg_free(m);

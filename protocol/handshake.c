@@ -76,7 +76,7 @@ static int write_info(tw_comm *comm)
 	msgpack_pack_uint8(pk, TW_PICKLE_PROTOCOL);
 	rv = tw_builder_finish(b, &m);
 	tw_builder_free(b);
-	if (rv == 0 && (rv = tw_comm_write(comm, m)) != 0)
+	if (rv == 0 && (rv = tw__comm_write_unbudgeted(comm, m)) != 0)
 		tw_msg_free(m);
 	return rv;
 }

@@ -512,7 +512,7 @@ static void dispatch(struct dest *d)
 		unwait(c);
 		c->pc = pc;
 		pc->busy = c;
-		if ((rv = tw_comm_write(pc->comm, c->req)) != 0) {
+		if ((rv = tw__comm_write_unbudgeted(pc->comm, c->req)) != 0) {
 			say(c, "the request to %s could not be written: %s", d->uri,
 			    tw_strerror(rv));
 			fail(c, rv);
@@ -591,7 +591,7 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	 * inside this call; only the addresses that got calls (a scheduler
 	 * calls many workers). */
 	if (d->wait_head == c && (pc = idle_comm(d)) != NULL &&
-	    tw_comm_write(pc->comm, request) == 0) {
+	    tw__comm_write_unbudgeted(pc->comm, request) == 0) {
 		unwait(c);
 		c->req = NULL;
 		c->pc = pc;

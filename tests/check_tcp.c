@@ -18,6 +18,7 @@ int main(void)
 	suite_add_tcase(s, tcp_echo_tcase());
 	suite_add_tcase(s, tcp_errors_tcase());
 	suite_add_tcase(s, tcp_flow_tcase());
+	suite_add_tcase(s, tcp_budget_tcase());
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);

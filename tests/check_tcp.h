@@ -8,5 +8,6 @@
 TCase *tcp_echo_tcase(void);   /* tests/check_tcp_echo.c */
 TCase *tcp_errors_tcase(void); /* tests/check_tcp_errors.c */
 TCase *tcp_flow_tcase(void);   /* tests/check_tcp_flow.c */
+TCase *tcp_budget_tcase(void); /* tests/check_tcp_budget.c */
 
 #endif

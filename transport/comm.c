@@ -69,8 +69,16 @@ static void owner_detach(tw_comm *c)
 	c->deliver_backlog = NULL;
 }
 
+/* Let go of the context's budgets: an ended comm holds nothing. */
+static void leave_budgets(tw_comm *c)
+{
+	tw__budget_release(&c->ctx->rbudget, &c->rx_claim);
+	tw__wbudget_forget(&c->wq_claim);
+}
+
 static void destroy_comm(tw_comm *c)
 {
+	leave_budgets(c);
 	while (c->end_watches != NULL) { /* context teardown: never run */
 		tw_comm_watch *w = c->end_watches;
 		unlink_end_watch(w);
@@ -105,8 +113,50 @@ tw_comm *tw__node_comm(struct tw__node *n)
 	return n->kill == kill_comm ? (tw_comm *)((char *)n - offsetof(tw_comm, node)) : NULL;
 }
 
+/* The write budget has room again: a comm it refused with nothing of its
+ * own queued hears it as a drain (one with bytes queued hears it when
+ * they are out, as always). From the loop (tw__wbudget_due). */
+static void wq_room(struct tw__claim *claim)
+{
+	tw_comm *c = (tw_comm *)((char *)claim - offsetof(tw_comm, wq_claim));
+	if (!c->ended && c->ops->queued(c) == 0)
+		tw__comm_drained(c);
+}
+
+int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, size_t *len)
+{
+	uint64_t held = c->rx_claim.held;
+	if (held <= got) {
+		uint64_t step = left < TW__RX_STEP_BYTES ? left : TW__RX_STEP_BYTES;
+		if (step == 0)
+			return 0;
+		if (tw__budget_reserve(&c->ctx->rbudget, &c->rx_claim, step) != 0)
+			return TW_EAGAIN;
+		held += step;
+	}
+	if (*len > held - got)
+		*len = (size_t)(held - got);
+	return 0;
+}
+
+void tw__comm_rx_release(tw_comm *c)
+{
+	tw__budget_release(&c->ctx->rbudget, &c->rx_claim);
+}
+
+void tw__comm_wq_add(tw_comm *c, uint64_t n)
+{
+	tw__ctx_write_queued(c->ctx, n);
+}
+
+void tw__comm_wq_sub(tw_comm *c, uint64_t n)
+{
+	tw__ctx_write_gone(c->ctx, n);
+}
+
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 {
+	c->wq_claim.granted = wq_room;
 	c->ops = ops;
 	c->ctx = ctx;
 	c->limits = ctx->limits;
@@ -207,6 +257,7 @@ void tw__comm_end(tw_comm *c, int err)
 	if (c->timeout_ev != NULL)
 		event_del(c->timeout_ev);
 	c->ops->stop(c);
+	leave_budgets(c);
 	if (c->close_cb == NULL) {
 		tw__comm_end_known(c);
 		return;
@@ -468,7 +519,7 @@ int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
 	return rv;
 }
 
-int tw_comm_write(tw_comm *c, tw_msg *m)
+int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m)
 {
 	if (c == NULL || m == NULL || tw_msg_nframes(m) == 0)
 		return TW_EINVAL;
@@ -477,6 +528,16 @@ int tw_comm_write(tw_comm *c, tw_msg *m)
 	if (c->ended)
 		return TW_ECLOSED;
 	return c->ops->write(c, m);
+}
+
+int tw_comm_write(tw_comm *c, tw_msg *m)
+{
+	/* The write budget across comms: at it or past it, writers wait (one
+	 * message alone always goes, as with a comm's high-water mark). */
+	if (c != NULL && m != NULL && !c->ended && !c->closing &&
+	    tw__wbudget_refuse(&c->ctx->wbudget, &c->wq_claim))
+		return TW_EAGAIN;
+	return tw__comm_write_unbudgeted(c, m);
 }
 
 uint64_t tw_comm_queued_bytes(const tw_comm *c)
@@ -528,6 +589,7 @@ void tw_comm_free(tw_comm *c)
 		if (c->timeout_ev != NULL)
 			event_del(c->timeout_ev);
 		c->ops->stop(c);
+		leave_budgets(c);
 	}
 	owner_detach(c);
 	tw__comm_end_known(c);

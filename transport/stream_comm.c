@@ -5,6 +5,7 @@
  * memory. The byte I/O (plain socket or TLS) comes from a tw__stream_io. */
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -67,11 +68,13 @@ struct stream {
 	 * frames is walked once in all, not from its start at every write. */
 	size_t head_part;
 	uint64_t head_off;
-	int closing;    /* 1: flushing, 2: FIN sent, waiting for the peer's */
-	int peer_eof;   /* the peer's FIN came while we were flushing */
-	int reading;    /* deliver messages (paused while no one takes them) */
-	int in_read;    /* inside on_readable: writes wait for its end */
-	int write_held; /* a write came meanwhile: on_readable flushes */
+	int closing;     /* 1: flushing, 2: FIN sent, waiting for the peer's */
+	int peer_eof;    /* the peer's FIN came while we were flushing */
+	int reading;     /* deliver messages (paused while no one takes them) */
+	int in_read;     /* inside on_readable: writes wait for its end */
+	int rx_large;    /* the message in progress is large: it holds receive budget */
+	uint64_t rx_got; /* ... and this many of its bytes were read after its head */
+	int write_held;  /* a write came meanwhile: on_readable flushes */
 };
 
 static int grow_queue(struct stream *s)
@@ -97,6 +100,7 @@ static void release_queue(struct stream *s)
 		free(e->prelude);
 	}
 	s->qn = 0;
+	tw__comm_wq_sub(&s->base, s->queued_bytes);
 	s->queued_bytes = 0;
 	s->head_sent = 0;
 	s->head_part = 0;
@@ -159,6 +163,7 @@ static void consume(struct stream *s, uint64_t n)
 	uint64_t was = s->head_sent;
 	TW__COUNT(&s->base.stats, bytes_sent, n);
 	s->queued_bytes -= n;
+	tw__comm_wq_sub(&s->base, n);
 	n += s->head_sent;
 	while (s->qn > 0 && n >= s->q[s->qhead].wire_len) {
 		struct wq_entry *e = &s->q[s->qhead];
@@ -247,6 +252,7 @@ static int s_write(tw_comm *c, tw_msg *m)
 	e->wire_len = e->prelude_len + tw_msg_bytes(m);
 	s->qn++;
 	s->queued_bytes += e->wire_len;
+	tw__comm_wq_add(c, e->wire_len);
 	/* Write from the loop, not from inside this call: the caller never
 	 * sees a callback (drain, close) run within tw_comm_write, and the
 	 * writes of one loop turn go out in one writev. A reply written by a
@@ -360,6 +366,61 @@ static void read_again(struct stream *s)
 	event_active(s->rev, EV_READ, 0);
 }
 
+/* Keep the first iovecs of iov[0..k-1] that hold at most cap bytes. */
+static int cap_iov(struct iovec *iov, int k, size_t cap)
+{
+	for (int i = 0; i < k; i++) {
+		if (iov[i].iov_len >= cap) {
+			iov[i].iov_len = cap;
+			return i + 1;
+		}
+		cap -= iov[i].iov_len;
+	}
+	return k;
+}
+
+/* A large message (its head is in; small ones reserve nothing) takes its
+ * bytes out of the context's receive budget as they arrive, a step ahead
+ * of them (tw__comm_rx_budget), so the budget follows memory, and a peer
+ * that declares 1 GiB and drips holds a step of it, not 1 GiB. Returns
+ * the iovecs of want that fit what is reserved (>= 1), or 0 to wait:
+ * reading stops until rx_granted. */
+static int within_budget(struct stream *s, struct iovec *iov, int k)
+{
+	size_t cap = SIZE_MAX;
+	if (s->rx.phase != RX_LENGTHS && s->rx.phase != RX_FRAMES)
+		return k;
+	if (!s->rx_large) {
+		s->rx_large = 1;
+		s->rx_got = 0;
+	}
+	if (tw__comm_rx_budget(&s->base, s->rx_got, s->rx.dec.total - 8 - s->rx_got, &cap) != 0) {
+		tw__comm_rate_stop(&s->base); /* the wait is ours, not the peer's */
+		event_del(s->rev);
+		return 0;
+	}
+	return cap_iov(iov, k, cap);
+}
+
+static void unreserve(struct stream *s)
+{
+	s->rx_large = 0;
+	tw__comm_rx_release(&s->base);
+}
+
+/* The budget has room for the next bytes: read on, from the loop (this
+ * runs inside another comm's release). */
+static void rx_granted(struct tw__claim *claim)
+{
+	struct stream *s = (struct stream *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
+	if (!s->reading || s->closing || s->base.ended)
+		return;
+	tw__comm_rate_watch(&s->base, 1);
+	if (!event_pending(s->rev, EV_READ, NULL))
+		event_add(s->rev, NULL);
+	read_again(s);
+}
+
 static void read_input(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
@@ -383,6 +444,8 @@ static void read_input(struct stream *s)
 			int k = tw__rx_want(&s->rx, iov, IOV_BATCH);
 			if (k < 0)
 				return protocol_error(s, k);
+			if ((k = within_budget(s, iov, k)) == 0)
+				return;
 			for (int i = 0; i < k; i++)
 				asked += iov[i].iov_len;
 			n = s->io->readv(s->io_arg, s->fd, iov, k);
@@ -394,6 +457,7 @@ static void read_input(struct stream *s)
 				return read_ended(s, n);
 			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
 			budget = (size_t)n < budget ? budget - (size_t)n : 0;
+			s->rx_got += (uint64_t)n;
 			rv = tw__rx_advance(&s->rx, (size_t)n);
 		}
 		if (rv < 0)
@@ -401,6 +465,8 @@ static void read_input(struct stream *s)
 		if (rv == 1) {
 			tw_msg *m = tw__rx_take(&s->rx);
 			int alive;
+			if (s->rx_large)
+				unreserve(s);
 			TW__COUNT(&s->base.stats, msgs_received, 1);
 			alive = tw__comm_deliver(&s->base, m);
 			tw_msg_free(m);
@@ -500,6 +566,7 @@ static void s_close(tw_comm *c)
 		return;
 	s->closing = 1;
 	tw__comm_rate_stop(c); /* input is dropped from now on */
+	unreserve(s);
 	if (s->qn == 0)
 		start_linger(s);
 }
@@ -514,6 +581,7 @@ static void s_stop(tw_comm *c)
 	event_del(s->linger_ev);
 	tw__comm_rate_stop(c);
 	release_queue(s);
+	unreserve(s);
 	/* A message cut short is dropped now, not when the comm is freed:
 	 * an ended comm holds no memory for its peer's bytes. */
 	tw__rx_fini(&s->rx);
@@ -577,6 +645,7 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 		return TW_ENOMEM;
 	}
 	tw__comm_init(&s->base, &stream_ops, ctx);
+	s->base.rx_claim.granted = rx_granted;
 	tw__rx_init(&s->rx, &s->base.limits);
 	s->rx.gulp_max = GULP_MAX;
 	tw__comm_set_addresses(&s->base, fd, scheme);

@@ -108,6 +108,10 @@ struct tw_comm {
 	int owner_gone; /* tw_comm_free ran */
 	struct tw_comm_watch *end_watches, **end_tail;
 	struct event *end_ev; /* runs the end watches, outside any call */
+	/* The context's budgets (core/budget.h): the receive budget's claim
+	 * (the transport sets rx_claim.granted), and a place among the
+	 * writers the write budget refused. */
+	struct tw__claim rx_claim, wq_claim;
 };
 
 struct tw__stream_io;
@@ -126,6 +130,27 @@ struct tw_listener {
 	char address[128];
 	tw__then_fn then; /* after TLS, for wss */
 };
+
+/* The receive budget (tw_context_set_receive_budget_bytes). Before a read
+ * of up to *len bytes of a large message on c, of which `got` bytes have
+ * arrived and at most `left` are still to come: the bytes are reserved a
+ * step (TW__RX_STEP_BYTES) ahead of what arrived, and *len is cut to what
+ * is reserved. 0, or TW_EAGAIN: stop reading; c->rx_claim.granted runs
+ * (from inside some other comm's release: schedule the read, do not run
+ * it) once the step is reserved. tw__comm_rx_release gives back all c
+ * holds (a message complete, a comm ending) and drops c from the
+ * waiters. */
+#define TW__RX_STEP_BYTES ((uint64_t)4 << 20)
+int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, size_t *len);
+void tw__comm_rx_release(tw_comm *c);
+/* The write budget (tw_context_set_write_budget_bytes): bytes entering
+ * c's write queue, and leaving it (written, or dropped). */
+void tw__comm_wq_add(tw_comm *c, uint64_t n);
+void tw__comm_wq_sub(tw_comm *c, uint64_t n);
+/* tw_comm_write without the write budget: the protocol's own messages
+ * that nobody could retry (a handshake, a pool's request on an idle comm,
+ * a batched sender's last batch). Same returns, without that TW_EAGAIN. */
+int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m);
 
 /* The comm a context node belongs to, or NULL when it is no comm. */
 tw_comm *tw__node_comm(struct tw__node *n);

@@ -18,6 +18,7 @@
  * with a fresh key per fragment. */
 #include <endian.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@
 #define IO_BUDGET      ((size_t)4 << 20)
 #define LINGER_SECONDS 2
 #define COUNT_RULE     "a message must start with 8 bytes of frame count"
+#define RX_WAIT        (-2) /* reading waits for the receive budget */
 
 /* One WebSocket frame to send: header, then len payload bytes at p. */
 struct seg {
@@ -92,6 +94,7 @@ struct ws {
 	size_t blk_off, frame_start;
 	size_t span_left; /* frames still to land in blk */
 	int reserved;     /* blk is reserved address space, trimmed at the end */
+	uint64_t rx_got;  /* payload bytes of the taskwire message read so far */
 	tw__place_fn place;
 	void *place_arg;
 	struct tw__ws_ping_rate pings;
@@ -217,6 +220,7 @@ static void consume(struct ws *w, uint64_t n)
 {
 	TW__COUNT(&w->base.stats, bytes_sent, n);
 	w->queued_bytes -= n;
+	tw__comm_wq_sub(&w->base, n);
 	while (n > 0) {
 		struct out_msg *m = &w->q[w->qhead];
 		uint64_t left = seg_bytes(&m->segs[w->seg]) - w->seg_off;
@@ -473,6 +477,7 @@ static int w_write(tw_comm *c, tw_msg *msg)
 	w->q[(w->qhead + w->qn) % w->qcap] = m;
 	w->qn++;
 	w->queued_bytes += msg_wire(&m);
+	tw__comm_wq_add(c, msg_wire(&m));
 	if (!event_pending(w->wev, EV_WRITE, NULL))
 		event_active(w->wev, EV_WRITE, 0);
 	return 0;
@@ -524,6 +529,8 @@ static void reset_rx(struct ws *w)
 	w->msg_bytes = 0;
 	w->span_left = 0;
 	w->reserved = 0;
+	w->rx_got = 0;
+	tw__comm_rx_release(&w->base);
 }
 
 /* Send the close code and reason now, before the comm ends. It goes out
@@ -696,6 +703,35 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 	end_after_close(w);
 }
 
+/* The budget has room for the next payload bytes: read on, from the loop
+ * (this runs inside another comm's release). */
+static void rx_granted(struct tw__claim *claim)
+{
+	struct ws *w = (struct ws *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
+	if (!w->reading || w->state != WS_OPEN)
+		return;
+	tw__comm_rate_watch(&w->base, 1);
+	if (!event_pending(w->rev, EV_READ, NULL))
+		event_add(w->rev, NULL);
+	event_active(w->rev, EV_READ, 0);
+}
+
+/* Before reading payload of a taskwire message that is past the
+ * small-frame size (a WebSocket message has no total up front): its bytes
+ * come out of the context's receive budget a step ahead of what arrived
+ * (tw__comm_rx_budget), and *want is cut to what is reserved. 0 to read
+ * on, RX_WAIT to stop reading until rx_granted. */
+static int within_budget(struct ws *w, uint64_t room, size_t *want)
+{
+	if (w->nframes == 0 || room == 0 || w->rx_got + room <= w->base.limits.small_frame_bytes)
+		return 0;
+	if (tw__comm_rx_budget(&w->base, w->rx_got, room, want) == 0)
+		return 0;
+	tw__comm_rate_stop(&w->base); /* the wait is ours, not the peer's */
+	event_del(w->rev);
+	return RX_WAIT;
+}
+
 /* A data frame header: the count message (in any fragments, 8 bytes in
  * all) or part of frame i, checked against what the taskwire message may
  * still take before its payload is read. */
@@ -766,7 +802,8 @@ static void peer_gone(struct ws *w, ssize_t n)
 	tw__comm_end(&w->base, err);
 }
 
-/* One read into the decoder; 1 to go on, 0 to wait, -1 when ended. */
+/* One read into the decoder; 1 to go on, 0 to wait for the socket,
+ * RX_WAIT for the receive budget, -1 when ended. */
 static int read_once(struct ws *w, size_t *budget)
 {
 	struct tw__ws_event ev = {0};
@@ -783,6 +820,8 @@ static int read_once(struct ws *w, size_t *budget)
 		uint64_t room = tw__ws_dec_payload_room(&w->dec);
 		uint8_t *dst = payload_dst(w);
 		size_t want = room < *budget ? (size_t)room : *budget;
+		if ((rv = within_budget(w, room, &want)) != 0)
+			return rv;
 		if (w->nframes != 0 && w->blk != NULL &&
 		    tw__block_commit(w->blk, w->blk_off, &want) < 0) {
 			fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
@@ -792,10 +831,12 @@ static int read_once(struct ws *w, size_t *budget)
 		if (want > 0 && (n = io_read(w, dst, want)) <= 0)
 			goto io;
 		rv = tw__ws_dec_payload_done(&w->dec, dst, (size_t)n, &ev);
-		if (w->nframes == 0)
+		if (w->nframes == 0) {
 			w->count_have += (size_t)n;
-		else
+		} else {
 			w->blk_off += (size_t)n;
+			w->rx_got += (uint64_t)n;
+		}
 	} else {
 		return 0;
 	}
@@ -965,6 +1006,7 @@ static void w_close(tw_comm *c)
 	w->state = WS_CLOSING;
 	w->err_after_close = 0;
 	tw__comm_rate_stop(c); /* input is dropped from now on */
+	tw__comm_rx_release(c);
 	event_add(w->rev, NULL);
 	evtimer_add(w->timer, &tv);
 	event_active(w->wev, EV_WRITE, 0);
@@ -982,6 +1024,7 @@ static void w_stop(tw_comm *c)
 	for (size_t i = 0; i < w->qn; i++)
 		out_free(&w->q[(w->qhead + i) % w->qcap]);
 	w->qn = 0;
+	tw__comm_wq_sub(c, w->queued_bytes);
 	w->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
 	reset_rx(w);         /* an ended comm holds no memory for its peer's bytes */
 	if (w->io->free != NULL)
@@ -1167,6 +1210,7 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 		return TW_ENOMEM;
 	}
 	tw__comm_init(&w->base, &ws_ops, ctx);
+	w->base.rx_claim.granted = rx_granted;
 	tw__comm_set_addresses(&w->base, fd, io == &tw__tcp_io ? "ws" : "wss");
 	tw__ws_dec_init(&w->dec, client ? TW__WS_CLIENT : TW__WS_SERVER,
 			ctx->limits.max_message_bytes, ctx->limits.ws_max_fragments);

@@ -127,6 +127,61 @@ int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
 /* Write-queue high-water mark: tw_comm_write refuses new messages with
  * TW_EAGAIN while this many bytes or more are queued. Default 64 MiB. */
 int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
+
+/* Budgets across all comms of the context, in bytes. The limits above
+ * are per message (tw_context_set_max_message_bytes, 4 GiB) and per comm
+ * (the write high-water mark), so they multiply by the number of comms;
+ * these bound the sum. Both default to a quarter of the machine's
+ * physical memory (sysconf _SC_PHYS_PAGES; at least 256 MiB; a cgroup's
+ * smaller limit is not seen: set them there). Each applies at once to
+ * every comm of the context. Loop thread.
+ *
+ * Receive budget: bytes of messages being received, counted together
+ * with the bytes queued for writing (so a server whose echoes or forwards
+ * back up takes in less). A message larger than the small-frame size
+ * (tw_context_set_small_frame_bytes) reserves its bytes as they arrive,
+ * 4 MiB ahead of them (memory follows the bytes: a peer that declares
+ * 1 GiB and sends 10 bytes holds 4 MiB of the budget, not 1 GiB), and
+ * gives them back once it is complete and delivered (or its comm ends).
+ * A comm whose next bytes do not fit stops reading
+ * (nothing is dropped; its peer is held back by TCP) until reservations
+ * given back make room; waiting comms go on in the order they stopped,
+ * so a large message is never passed over for ever by smaller ones.
+ * Nothing deadlocks: when nothing is reserved, one message goes on
+ * whatever is queued for writing, and the oldest message in progress may
+ * always go on, past the budget if it must, so every message within the
+ * message limit is received (what Dask sends is never refused, only
+ * queued). Messages up
+ * to the small-frame size (64 KiB) reserve nothing: they keep flowing
+ * while large ones wait, and each comm has at most one in progress.
+ * Over ws and wss, which give no total up front, a message counts once
+ * its bytes pass the small-frame size.
+ * What the application keeps after its receive callback is its own, and
+ * not counted. The minimum receive rate (tw_context_set_min_receive_rate)
+ * does not count time a comm waits for the budget.
+ *
+ * Write budget: bytes queued for writing on all comms (what
+ * tw_comm_queued_bytes says, summed). While it holds this much or more,
+ * tw_comm_write returns TW_EAGAIN and keeps nothing (one message alone
+ * always goes, as with the high-water mark); the drain callback of each
+ * comm refused so runs once the sum is below the budget again (and, as
+ * before, whenever its own queue empties).
+ *
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or bytes 0
+ * The rule follows Dask's worker, which stops fetching data once its
+ * incoming transfers hold distributed.worker.memory.transfer (10% of its
+ * memory limit) and still lets one through when none is in flight
+ * (distributed/worker_state_machine.py, _should_throttle_incoming_transfers);
+ * the default here is more generous, so that a C peer never holds back
+ * what a Python one would take. */
+int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes);
+int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
+/* The budgets now: the limit and the bytes reserved (receive) or queued
+ * (write); either pointer may be NULL. Loop thread. Returns 0, or:
+ *   TW_EINVAL  ctx NULL */
+int tw_context_receive_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used);
+int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used);
 /* Frames up to this size share a slab block with the prelude; larger frames
  * get exact-size blocks of their own. Default 64 KiB. */
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes);

@@ -1,0 +1,160 @@
+/* Byte budgets across the comms of a context (core/budget.h). */
+#include <unistd.h>
+
+#include <taskwire/error.h>
+
+#include "core/budget.h"
+
+static void list_init(struct tw__claim *head)
+{
+	head->next = head->prev = head;
+	head->hnext = head->hprev = head;
+}
+
+static int waiting(const struct tw__claim *c)
+{
+	return c->next != NULL;
+}
+
+static void unwait(struct tw__claim *c)
+{
+	if (!waiting(c))
+		return;
+	c->prev->next = c->next;
+	c->next->prev = c->prev;
+	c->next = c->prev = NULL;
+}
+
+static void enqueue(struct tw__claim *head, struct tw__claim *c)
+{
+	c->next = head;
+	c->prev = head->prev;
+	head->prev->next = c;
+	head->prev = c;
+}
+
+static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
+{
+	if (c->held == 0) { /* a new holder: the youngest */
+		c->hnext = &b->hold;
+		c->hprev = b->hold.hprev;
+		b->hold.hprev->hnext = c;
+		b->hold.hprev = c;
+	}
+	c->held += bytes;
+	b->used += bytes;
+}
+
+static int fits(const struct tw__budget *b, const struct tw__claim *c, uint64_t bytes)
+{
+	uint64_t also = b->also != NULL ? *b->also : 0;
+	return b->used == 0 || b->used + also + bytes <= b->limit ||
+	       (c->held > 0 && b->hold.hnext == c);
+}
+
+/* Grant waiters in order while the first of them fits. */
+void tw__budget_admit(struct tw__budget *b)
+{
+	while (b->wait.next != &b->wait) {
+		struct tw__claim *c = b->wait.next;
+		if (!fits(b, c, c->want))
+			return;
+		unwait(c);
+		grant(b, c, c->want);
+		c->want = 0;
+		c->granted(c);
+	}
+}
+
+void tw__budget_init(struct tw__budget *b, uint64_t limit)
+{
+	b->limit = limit;
+	b->used = 0;
+	b->also = NULL;
+	list_init(&b->wait);
+	list_init(&b->hold);
+}
+
+int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
+{
+	if (waiting(c))
+		return TW_EAGAIN;
+	/* Nobody passes a waiter, except the oldest holder (see the header). */
+	if (fits(b, c, bytes) && (b->wait.next == &b->wait || b->hold.hnext == c)) {
+		grant(b, c, bytes);
+		return 0;
+	}
+	c->want = bytes;
+	enqueue(&b->wait, c);
+	return TW_EAGAIN;
+}
+
+void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
+{
+	unwait(c);
+	c->want = 0;
+	if (c->held > 0) {
+		b->used -= c->held;
+		c->held = 0;
+		c->hprev->hnext = c->hnext;
+		c->hnext->hprev = c->hprev;
+		c->hnext = c->hprev = NULL;
+		tw__budget_admit(b);
+	}
+}
+
+void tw__budget_set_limit(struct tw__budget *b, uint64_t limit)
+{
+	b->limit = limit;
+	tw__budget_admit(b);
+}
+
+void tw__wbudget_init(struct tw__wbudget *b, uint64_t limit)
+{
+	b->limit = limit;
+	b->used = 0;
+	b->posted = 0;
+	list_init(&b->refused);
+}
+
+int tw__wbudget_refuse(struct tw__wbudget *b, struct tw__claim *c)
+{
+	if (b->used < b->limit)
+		return 0;
+	if (!waiting(c))
+		enqueue(&b->refused, c);
+	return 1;
+}
+
+void tw__wbudget_forget(struct tw__claim *c)
+{
+	unwait(c);
+}
+
+void tw__wbudget_add(struct tw__wbudget *b, uint64_t n)
+{
+	b->used += n;
+}
+
+int tw__wbudget_sub(struct tw__wbudget *b, uint64_t n)
+{
+	b->used -= n;
+	return b->used < b->limit && b->refused.next != &b->refused && !b->posted;
+}
+
+void tw__wbudget_due(struct tw__wbudget *b)
+{
+	b->posted = 0;
+	while (b->used < b->limit && b->refused.next != &b->refused) {
+		struct tw__claim *c = b->refused.next;
+		unwait(c);
+		c->granted(c); /* may write, and so fill the budget again */
+	}
+}
+
+uint64_t tw__budget_default_bytes(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	uint64_t q = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
+	return q > ((uint64_t)256 << 20) ? q : (uint64_t)256 << 20;
+}

@@ -1,0 +1,79 @@
+/* Byte budgets across the comms of a context (issue 17): what a context
+ * holds for messages being received, and for messages queued to write.
+ * Per-message and per-comm limits multiply by the number of comms: 50
+ * peers each sending a 99 MiB message held 4.84 GiB in a server. Loop
+ * thread only, like everything of a context's comms. */
+#ifndef TW_CORE_BUDGET_H
+#define TW_CORE_BUDGET_H
+
+#include <stdint.h>
+
+/* One comm's place in a budget. Zeroed: holds nothing, waits for nothing. */
+struct tw__claim {
+	struct tw__claim *prev, *next;   /* in the waiting list, while waiting */
+	struct tw__claim *hprev, *hnext; /* in the holders, oldest first, while held > 0 */
+	uint64_t held;                   /* bytes reserved */
+	uint64_t want;                   /* bytes asked for while waiting */
+	/* Waiting ended (the bytes asked for are reserved now, or, for the
+	 * write budget, the budget has room again). Runs inside
+	 * tw__budget_release or the setter: it must only schedule work (an
+	 * event), never run the comm's callbacks. */
+	void (*granted)(struct tw__claim *c);
+};
+
+/* The receive budget. Messages reserve their bytes as they arrive, a
+ * step ahead; a reservation is granted while the bytes reserved (and
+ * `also`) stay within `limit`, with nobody waiting ahead (first come,
+ * first served, so a large message is never passed over forever by
+ * smaller ones). So that nothing deadlocks, one is granted whatever its
+ * size when nothing is reserved, and the oldest holder may always reserve
+ * more: it finishes, and gives back what it holds. */
+struct tw__budget {
+	uint64_t limit, used;
+	/* Bytes counted with `used` when a reservation is checked, but never
+	 * against the one that goes on when nothing is reserved: the write
+	 * queues, whose draining never waits for what we receive. */
+	const uint64_t *also;
+	struct tw__claim wait, hold; /* list heads */
+};
+
+void tw__budget_init(struct tw__budget *b, uint64_t limit);
+/* Reserve `bytes` more for c: 0 when granted; TW_EAGAIN when c must wait
+ * (c->granted runs once the bytes are reserved for it). A claim already
+ * waiting gets TW_EAGAIN again and keeps its place. */
+int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes);
+/* Give back all c holds and stop waiting; waiters that now fit are granted. */
+void tw__budget_release(struct tw__budget *b, struct tw__claim *c);
+/* Grant the waiters that fit now (`also` went down). */
+void tw__budget_admit(struct tw__budget *b);
+/* A new limit; waiters that now fit are granted. */
+void tw__budget_set_limit(struct tw__budget *b, uint64_t limit);
+
+/* The write budget: bytes queued for writing on all comms. A write is
+ * refused while `used` is at `limit` or more (so one message alone always
+ * goes, as with the per-comm high-water mark); the refused comms are
+ * told (c->granted) once `used` falls below the limit. */
+struct tw__wbudget {
+	uint64_t limit, used;
+	struct tw__claim refused; /* list head */
+	int posted;               /* a tw__wbudget_due is on its way */
+};
+
+void tw__wbudget_init(struct tw__wbudget *b, uint64_t limit);
+/* 1 when a write must be refused now: c joins the refused. */
+int tw__wbudget_refuse(struct tw__wbudget *b, struct tw__claim *c);
+/* Drop c from the refused (a comm that ends). */
+void tw__wbudget_forget(struct tw__claim *c);
+/* Bytes queued (add), or gone: written or dropped (sub). sub returns 1 when refused
+ * comms are waiting and the budget has room: the caller schedules
+ * tw__wbudget_due (on the loop, not inside a write). */
+void tw__wbudget_add(struct tw__wbudget *b, uint64_t n);
+int tw__wbudget_sub(struct tw__wbudget *b, uint64_t n);
+/* Tell the refused comms, oldest first, while the budget has room. */
+void tw__wbudget_due(struct tw__wbudget *b);
+
+/* The default of both budgets: a quarter of the machine's physical memory
+ * (sysconf), at least 256 MiB. */
+uint64_t tw__budget_default_bytes(void);
+
+#endif

@@ -1,0 +1,137 @@
+/* The reclaimer: one thread that unmaps large mappings for the others
+ * (core/reclaim.h). Freeing a decoded message of 2 GiB ran munmap on the
+ * loop thread for 0.25 s, and no other comm was served meanwhile (issue
+ * 17); the zstd bomb that inflates 65 KB to 2 GiB cost the loop 192 ms per
+ * message the same way. The thread starts with the first large unmap and
+ * lives as long as the process, as glibc's own helper threads do. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "core/reclaim.h"
+
+struct job {
+	struct job *next;
+	void *p;
+	size_t len;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t work, idle;
+	struct job *head, **tail;
+	int state; /* 0: no thread yet, 1: running, -1: could not start */
+	int busy;  /* the thread is unmapping a batch taken off the queue */
+	int atfork;
+} r = {PTHREAD_MUTEX_INITIALIZER,
+       PTHREAD_COND_INITIALIZER,
+       PTHREAD_COND_INITIALIZER,
+       NULL,
+       &r.head,
+       0,
+       0,
+       0};
+
+static void *reclaimer(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&r.lock);
+	for (;;) {
+		struct job *j;
+		r.busy = 0;
+		while (r.head == NULL) {
+			pthread_cond_broadcast(&r.idle);
+			pthread_cond_wait(&r.work, &r.lock);
+		}
+		j = r.head;
+		r.head = NULL;
+		r.tail = &r.head;
+		r.busy = 1;
+		pthread_mutex_unlock(&r.lock);
+		while (j != NULL) {
+			struct job *next = j->next;
+			munmap(j->p, j->len);
+			free(j);
+			j = next;
+		}
+		pthread_mutex_lock(&r.lock);
+	}
+	return NULL;
+}
+
+/* A child of fork has no reclaimer: what its parent had queued is
+ * unmapped in the child at once, and the next large unmap starts a new
+ * thread. */
+static void after_fork_child(void)
+{
+	struct job *j = r.head;
+	pthread_mutex_init(&r.lock, NULL);
+	pthread_cond_init(&r.work, NULL);
+	pthread_cond_init(&r.idle, NULL);
+	r.head = NULL;
+	r.tail = &r.head;
+	r.state = 0;
+	r.busy = 0;
+	while (j != NULL) {
+		struct job *next = j->next;
+		munmap(j->p, j->len);
+		free(j);
+		j = next;
+	}
+}
+
+/* Start the thread; r.lock held. Signals stay with the application's
+ * threads: the reclaimer blocks them all. */
+static void start(void)
+{
+	pthread_t t;
+	pthread_attr_t a;
+	sigset_t all, old;
+	if (!r.atfork) {
+		pthread_atfork(NULL, NULL, after_fork_child);
+		r.atfork = 1;
+	}
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	r.state = pthread_create(&t, &a, reclaimer, NULL) == 0 ? 1 : -1;
+	pthread_attr_destroy(&a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r.state == 1)
+		pthread_setname_np(t, "tw-reclaim");
+}
+
+void tw__unmap(void *p, size_t len, size_t used)
+{
+	struct job *j;
+	if (used < TW__RECLAIM_MIN_BYTES || (j = malloc(sizeof(*j))) == NULL) {
+		munmap(p, len);
+		return;
+	}
+	j->next = NULL;
+	j->p = p;
+	j->len = len;
+	pthread_mutex_lock(&r.lock);
+	if (r.state == 0)
+		start();
+	if (r.state < 0) {
+		pthread_mutex_unlock(&r.lock);
+		free(j);
+		munmap(p, len);
+		return;
+	}
+	*r.tail = j;
+	r.tail = &j->next;
+	pthread_cond_signal(&r.work);
+	pthread_mutex_unlock(&r.lock);
+}
+
+void tw__reclaim_wait(void)
+{
+	pthread_mutex_lock(&r.lock);
+	while (r.state == 1 && (r.head != NULL || r.busy))
+		pthread_cond_wait(&r.idle, &r.lock);
+	pthread_mutex_unlock(&r.lock);
+}

@@ -1,0 +1,271 @@
+/* The context's budgets across comms (issue 17, include/taskwire/context.h):
+ * the receive budget pauses comms whose next large message does not fit
+ * and resumes them in order, delivering every message intact; small
+ * messages keep flowing meanwhile; a lone message larger than the budget
+ * still goes; the write budget refuses with TW_EAGAIN and then drains.
+ * Raw peers send exact bytes, so what the server has read of each comm
+ * (its bytes_received) shows who waited. Waits only bound a hang. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "tests/check_tcp.h"
+#include "tests/tcp_util.h"
+#include "transport/stream_codec.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* The wire bytes of a one-frame message of len bytes, pattern seed. */
+static uint8_t *wire_msg(size_t len, unsigned seed, size_t *wlen)
+{
+	tw_slice f = {NULL, 0, len};
+	size_t plen = tw__stream_prelude_bytes(1);
+	uint8_t *w = malloc(plen + len);
+	ck_assert_ptr_nonnull(w);
+	tw__stream_encode_prelude(&f, 1, w);
+	tu_fill(w + plen, len, seed);
+	*wlen = plen + len;
+	return w;
+}
+
+static uint64_t received(const struct tu_peer *p)
+{
+	tw_stats st;
+	tw_comm_stats(p->comm, &st);
+	return st.bytes_received;
+}
+
+struct at_least {
+	const struct tu_peer *p;
+	uint64_t bytes;
+};
+
+static int has_received(void *arg)
+{
+	const struct at_least *a = arg;
+	return received(a->p) >= a->bytes;
+}
+
+static uint64_t budget_used(struct tu *h)
+{
+	uint64_t used;
+	ck_assert_int_eq(tw_context_receive_budget_bytes(h->ctx, NULL, &used), 0);
+	return used;
+}
+
+/* A's 3 MiB message holds the 4 MiB budget while half sent; B's 3 MiB
+ * message (all sent) must wait with only its 16-byte head read, while D's
+ * small messages are delivered; once A completes, B goes on. Then C, a
+ * lone 6 MiB message (past the budget, within the message limit), goes
+ * too. Every message arrives intact. Without the budget B is read at
+ * once (its bytes_received is megabytes when checked). */
+START_TEST(receive_budget_pauses_and_resumes)
+{
+	struct tu h;
+	struct tu_peer *sa, *sb, *sc, *sd;
+	size_t big = 3 * MiB, lone = 6 * MiB, small = 1000, wa, wb, wc, wd;
+	uint8_t *ma = wire_msg(big, 1, &wa), *mb = wire_msg(big, 2, &wb);
+	uint8_t *mc = wire_msg(lone, 3, &wc), *md = wire_msg(small, 4, &wd);
+	int fa, fb, fc, fd;
+	struct at_least head;
+	tu_init(&h);
+	h.sopts.echo = 0;
+	h.sopts.keep = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_ge(fa = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sa = tu_server_peer(&h, 0));
+	ck_assert_int_ge(fb = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sb = tu_server_peer(&h, 1));
+	ck_assert_int_ge(fd = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sd = tu_server_peer(&h, 2));
+
+	/* A: head and half of its frame; it holds its whole message's bytes */
+	ck_assert_uint_eq(tu_raw_send(&h, fa, ma, wa / 2), wa / 2);
+	head = (struct at_least){sa, wa / 2};
+	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+
+	/* B: its first 64 KiB (the kernel holds what the server does not read) */
+	ck_assert_uint_eq(tu_raw_send(&h, fb, mb, 64 * KiB), 64 * KiB);
+	head = (struct at_least){sb, 16};
+	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	ck_assert_uint_eq(received(sb), 16);
+	ck_assert_uint_eq(budget_used(&h), wa - 16); /* its bytes after the head */
+
+	/* D: small messages are not held back */
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert_uint_eq(tu_raw_send(&h, fd, md, wd), wd);
+	ck_assert(tu_wait_count(&h, &sd->nmsgs, 3, TU_WAIT_MS));
+	ck_assert_uint_eq(received(sb), 16);
+	ck_assert_uint_eq(sa->nmsgs + sb->nmsgs, 0);
+	ck_assert_uint_eq(budget_used(&h), wa - 16); /* its bytes after the head */
+
+	/* A completes; B goes on with the rest of its bytes */
+	ck_assert_uint_eq(tu_raw_send(&h, fa, ma + wa / 2, wa - wa / 2), wa - wa / 2);
+	ck_assert_uint_eq(tu_raw_send(&h, fb, mb + 64 * KiB, wb - 64 * KiB), wb - 64 * KiB);
+	ck_assert(tu_wait_count(&h, &sa->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(tu_wait_count(&h, &sb->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(tu_msg_matches(sa->msgs[0], &big, 1, 1));
+	ck_assert(tu_msg_matches(sb->msgs[0], &big, 1, 2));
+	ck_assert_uint_eq(budget_used(&h), 0);
+
+	/* C: alone, larger than the budget, within the message limit */
+	ck_assert_int_ge(fc = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sc = tu_server_peer(&h, 3));
+	ck_assert_uint_eq(tu_raw_send(&h, fc, mc, wc), wc);
+	ck_assert(tu_wait_count(&h, &sc->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(tu_msg_matches(sc->msgs[0], &lone, 1, 3));
+	for (size_t i = 0; i < 3; i++)
+		ck_assert(tu_msg_matches(sd->msgs[i], &small, 1, 4));
+	ck_assert_uint_eq(budget_used(&h), 0);
+	ck_assert_int_eq(sa->closed + sb->closed + sc->closed + sd->closed, 0);
+	close(fa);
+	close(fb);
+	close(fc);
+	close(fd);
+	tu_fini(&h);
+	free(ma);
+	free(mb);
+	free(mc);
+	free(md);
+}
+END_TEST
+
+/* Eight peers send 3 MiB messages at once through a 4 MiB budget: comms
+ * pause and resume in turn, the bytes reserved never pass the budget (one
+ * message at a time here), and every message arrives intact. */
+struct crowd {
+	struct tu *h;
+	uint64_t max_used;
+};
+
+static struct crowd crowd;
+
+static void note_used(struct tu_peer *p, tw_msg *m)
+{
+	uint64_t used;
+	(void)p;
+	(void)m;
+	ck_assert_int_eq(tw_context_receive_budget_bytes(crowd.h->ctx, NULL, &used), 0);
+	if (used > crowd.max_used)
+		crowd.max_used = used;
+}
+
+START_TEST(receive_budget_crowd)
+{
+	enum { N = 8 };
+	struct tu h;
+	struct tu_peer *cli[N], *srv[N];
+	size_t len = 3 * MiB;
+	tu_init(&h);
+	crowd.h = &h;
+	crowd.max_used = 0;
+	h.sopts.echo = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(tu_connect(&h, h.addr, &cli[i]), 0);
+		ck_assert_ptr_nonnull(srv[i] = tu_server_peer(&h, (size_t)i));
+		srv[i]->on_recv = note_used;
+		cli[i]->keep = 1;
+	}
+	/* the clients share the context: their own receive waits its turn too */
+	for (int i = 0; i < N; i++)
+		ck_assert_int_eq(tw_comm_write(cli[i]->comm, tu_msg_pattern(&len, 1, (unsigned)i)),
+				 0);
+	for (int i = 0; i < N; i++) {
+		ck_assert(tu_wait_count(&h, &cli[i]->nmsgs, 1, TU_WAIT_MS));
+		ck_assert(tu_msg_matches(cli[i]->msgs[0], &len, 1, (unsigned)i));
+		ck_assert_uint_eq(srv[i]->nmsgs, 1);
+		ck_assert_int_eq(cli[i]->closed + srv[i]->closed, 0);
+	}
+	/* checked inside each delivery, after the message gave its bytes back:
+	 * one other 3 MiB message at most was in progress */
+	ck_assert_uint_le(crowd.max_used, 4 * MiB);
+	tu_fini(&h);
+}
+END_TEST
+
+struct drained {
+	struct tu_peer *p;
+	int d0;
+};
+
+static int drained_more(void *arg)
+{
+	struct drained *d = arg;
+	return d->p->drains > d->d0;
+}
+
+/* The write budget: with 32 MiB queued on one comm, a write on another
+ * comm whose own queue is empty gets TW_EAGAIN; once the first queue
+ * drains, the refused comm's drain callback runs and its write goes. */
+START_TEST(write_budget_refuses_then_drains)
+{
+	struct tu h;
+	struct tu_peer *c1, *c2, *s1, *s2;
+	size_t big = 32 * MiB, small = 100;
+	tw_msg *m1 = tu_msg_pattern(&big, 1, 1), *m2 = tu_msg_pattern(&small, 1, 2);
+	uint64_t limit, used;
+	struct drained d;
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_write_budget_bytes(h.ctx, MiB), 0);
+	h.sopts.no_callbacks = 1; /* not read until started below */
+	h.sopts.echo = 0;
+	h.sopts.keep = 1;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &c1), 0);
+	ck_assert_ptr_nonnull(s1 = tu_server_peer(&h, 0));
+	ck_assert_int_eq(tu_connect(&h, h.addr, &c2), 0);
+	ck_assert_ptr_nonnull(s2 = tu_server_peer(&h, 1));
+	ck_assert_int_eq(tw_comm_write(c1->comm, m1), 0); /* alone: it goes */
+	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, &limit, &used), 0);
+	ck_assert_uint_eq(limit, MiB);
+	ck_assert_uint_ge(used, big);
+	ck_assert_uint_eq(tw_comm_queued_bytes(c2->comm), 0);
+	ck_assert_int_eq(tw_comm_write(c2->comm, m2), TW_EAGAIN); /* kept by us */
+	d = (struct drained){c2, c2->drains};
+	ck_assert_int_eq(tu_peer_start(s1, s1->comm), 0);
+	ck_assert_int_eq(tu_peer_start(s2, s2->comm), 0);
+	ck_assert(tu_run_until(&h, drained_more, &d, TU_WAIT_MS));
+	ck_assert_int_eq(tw_comm_write(c2->comm, m2), 0);
+	ck_assert(tu_wait_count(&h, &s1->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(tu_wait_count(&h, &s2->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(tu_msg_matches(s1->msgs[0], &big, 1, 1));
+	ck_assert(tu_msg_matches(s2->msgs[0], &small, 1, 2));
+	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, NULL, &used), 0);
+	ck_assert_uint_eq(used, 0);
+	ck_assert_int_eq(c1->closed + c2->closed + s1->closed + s2->closed, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+START_TEST(budget_setters)
+{
+	struct tu h;
+	uint64_t limit;
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_receive_budget_bytes(h.ctx, &limit, NULL), 0);
+	ck_assert_uint_ge(limit, (uint64_t)256 << 20); /* a quarter of RAM, at least 256 MiB */
+	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, &limit, NULL), 0);
+	ck_assert_uint_ge(limit, (uint64_t)256 << 20);
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 0), TW_EINVAL);
+	ck_assert_int_eq(tw_context_set_write_budget_bytes(NULL, 1), TW_EINVAL);
+	ck_assert_int_eq(tw_context_receive_budget_bytes(NULL, &limit, NULL), TW_EINVAL);
+	tu_fini(&h);
+}
+END_TEST
+
+TCase *tcp_budget_tcase(void)
+{
+	TCase *tc = tcase_create("budget");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, receive_budget_pauses_and_resumes);
+	tcase_add_test(tc, receive_budget_crowd);
+	tcase_add_test(tc, write_budget_refuses_then_drains);
+	tcase_add_test(tc, budget_setters);
+	return tc;
+}
