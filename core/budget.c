@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Byte budgets across the comms of a context (core/budget.h). */
 #include <unistd.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Byte budgets across the comms of a context (issue 17): what a context
  * holds for messages being received, and for messages queued to write.
  * Per-message and per-comm limits multiply by the number of comms: 50

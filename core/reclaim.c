@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The reclaimer: one thread that unmaps large mappings for the others
  * (core/reclaim.h). Freeing a decoded message of 2 GiB ran munmap on the
  * loop thread for 0.25 s, and no other comm was served meanwhile (issue

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unmapping large mappings off the caller's thread. */
 #ifndef TW_CORE_RECLAIM_H
 #define TW_CORE_RECLAIM_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The context's budgets across comms (issue 17, include/taskwire/context.h):
  * the receive budget pauses comms whose next large message does not fit
  * and resumes them in order, delivering every message intact; small
