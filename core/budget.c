@@ -46,25 +46,42 @@ static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
 	b->used += bytes;
 }
 
-static int fits(const struct tw__budget *b, const struct tw__claim *c, uint64_t bytes)
+static int fits(const struct tw__budget *b, uint64_t bytes)
 {
 	uint64_t also = b->also != NULL ? *b->also : 0;
-	return b->used == 0 || b->used + also + bytes <= b->limit ||
-	       (c->held > 0 && b->hold.hnext == c);
+	return b->used == 0 || b->used + also + bytes <= b->limit;
 }
 
-/* Grant waiters in order while the first of them fits. */
+/* The budget is full and nobody can go on: the oldest message in
+ * progress goes on, past the limit and past the waiters, finishes, and
+ * gives back what it holds. The bytes queued for writing count as full
+ * too: their peers may be waiting for our reads before they read what we
+ * wrote (a taskwire peer with a budget of its own, or one that writes
+ * before it reads). With room, the oldest waits its turn like any other,
+ * so the freed bytes go round the waiters. */
+static int must_pass(const struct tw__budget *b, const struct tw__claim *c, uint64_t bytes)
+{
+	return c->held > 0 && b->hold.hnext == c && !fits(b, bytes);
+}
+
+static void admit_one(struct tw__budget *b, struct tw__claim *c)
+{
+	unwait(c);
+	grant(b, c, c->want);
+	c->want = 0;
+	c->granted(c);
+}
+
+/* Grant waiters in order while the first of them fits; and the oldest
+ * holder, wherever it waits, when it must pass. */
 void tw__budget_admit(struct tw__budget *b)
 {
-	while (b->wait.next != &b->wait) {
-		struct tw__claim *c = b->wait.next;
-		if (!fits(b, c, c->want))
-			return;
-		unwait(c);
-		grant(b, c, c->want);
-		c->want = 0;
-		c->granted(c);
-	}
+	struct tw__claim *old;
+	while (b->wait.next != &b->wait && fits(b, b->wait.next->want))
+		admit_one(b, b->wait.next);
+	old = b->hold.hnext;
+	if (old != &b->hold && waiting(old) && must_pass(b, old, old->want))
+		admit_one(b, old);
 }
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit)
@@ -80,8 +97,8 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 {
 	if (waiting(c))
 		return TW_EAGAIN;
-	/* Nobody passes a waiter, except the oldest holder (see the header). */
-	if (fits(b, c, bytes) && (b->wait.next == &b->wait || b->hold.hnext == c)) {
+	/* Nobody passes a waiter, except the oldest holder when it must. */
+	if ((fits(b, bytes) && b->wait.next == &b->wait) || must_pass(b, c, bytes)) {
 		grant(b, c, bytes);
 		return 0;
 	}

@@ -27,8 +27,9 @@ struct tw__claim {
  * `also`) stay within `limit`, with nobody waiting ahead (first come,
  * first served, so a large message is never passed over forever by
  * smaller ones). So that nothing deadlocks, one is granted whatever its
- * size when nothing is reserved, and the oldest holder may always reserve
- * more: it finishes, and gives back what it holds. */
+ * size when nothing is reserved, and when the budget is full the oldest
+ * holder reserves more, past the limit: it finishes, and gives back what
+ * it holds. */
 struct tw__budget {
 	uint64_t limit, used;
 	/* Bytes counted with `used` when a reservation is checked, but never

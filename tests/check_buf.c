@@ -344,7 +344,8 @@ static void on_granted(struct tw__claim *c)
 }
 
 /* The receive budget's rules (core/budget.h): first come, first served;
- * alone, any size goes; the oldest holder may always reserve more; the
+ * alone, any size goes; the oldest holder passes when the budget is
+ * full, and only then; the
  * write queues count with the reservations, except for the lone one. */
 START_TEST(budget_rules)
 {
@@ -361,18 +362,28 @@ START_TEST(budget_rules)
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 10), TW_EAGAIN);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 10), TW_EAGAIN);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 10), TW_EAGAIN); /* keeps its place */
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 50), 0);         /* oldest holder */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 50), 0);         /* oldest, budget full */
 	ck_assert_uint_eq(b.used, 350);
 	tw__budget_release(&b, &c[0]);
 	ck_assert_int_eq(granted[0], 2); /* both fit now, in order */
 	ck_assert_uint_eq(b.used, 20);
 	ck_assert_uint_eq(c[1].held + c[2].held, 20);
-	/* a waiter ahead is not passed by one that would fit */
+	/* a waiter ahead is not passed by one that would fit, nor by a
+	 * holder, even the oldest, while there is room */
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], 90), TW_EAGAIN);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 1), TW_EAGAIN);
-	/* c[1] is the oldest holder: it may go past the limit */
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 1000), 0);
-	tw__budget_release(&b, &c[1]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 5), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 5), TW_EAGAIN);
+	ck_assert_uint_eq(b.used, 20);
+	/* the budget is full: the oldest holder passes */
+	tw__budget_set_limit(&b, 20);
+	ck_assert_uint_eq(c[1].held, 15);
+	tw__budget_set_limit(&b, 100);
+	ck_assert_uint_eq(b.used, 25);
+	tw__budget_release(&b, &c[1]); /* c[3] fits; then c[2], now oldest, passes */
+	ck_assert_uint_eq(c[3].held, 90);
+	ck_assert_uint_eq(c[2].held, 15);
+	ck_assert_uint_eq(c[0].held, 0);
 	tw__budget_release(&b, &c[2]);
 	ck_assert_uint_eq(b.used, 91); /* c[3] then c[0] */
 	tw__budget_release(&b, &c[3]);

@@ -148,10 +148,13 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * given back make room; waiting comms go on in the order they stopped,
  * so a large message is never passed over for ever by smaller ones.
  * Nothing deadlocks: when nothing is reserved, one message goes on
- * whatever is queued for writing, and the oldest message in progress may
- * always go on, past the budget if it must, so every message within the
- * message limit is received (what Dask sends is never refused, only
- * queued). Messages up
+ * whatever is queued for writing, and when the budget is full, the
+ * oldest message in progress goes on past it and finishes, so
+ * every message within the message limit is received (what Dask sends is
+ * never refused, only queued). A paused comm's peer keeps its bytes: a
+ * pause longer than the peer's TCP timeout (30 s in Dask and here) ends
+ * the connection there, so size the budget for the traffic (a comm waits
+ * about budget / throughput at most). Messages up
  * to the small-frame size (64 KiB) reserve nothing: they keep flowing
  * while large ones wait, and each comm has at most one in progress.
  * Over ws and wss, which give no total up front, a message counts once
