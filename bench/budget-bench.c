@@ -3,7 +3,8 @@
  * (issue 17).
  *
  *   budget-bench [--peers N] [--size BYTES] [--budget BYTES]
- *                [--big BYTES[,BYTES...]] [--bombs N] [--bomb-size BYTES]
+ *                [--big BYTES[,BYTES...]|none] [--bombs N] [--bomb-size BYTES]
+ *                [--cache BYTES]
  *
  * Forks a taskwire echo server (one loop, receive budget --budget,
  * default 1 GiB; 0 leaves the library's default) and measures, in three
@@ -18,6 +19,8 @@
  *     listener that decodes (offload pool) and frees the result.
  * Throughout, a canary comm on a thread of its own does small echo round
  * trips (p50/p99/max per phase), and the server's loop runs a 1 ms timer
+ * (--cache sets the server's large-block cache, tw_block_cache_set_limit;
+ * default the library's 256 MiB, which counts in its RSS)
  * whose longest gap is the longest stall of its loop. The server's peak
  * RSS (VmHWM) is read after phase 1. Prints one line per phase.
  * Built with -DBUDGET_BENCH_NO_BUDGETS it runs against a library that has
@@ -168,12 +171,14 @@ static void srv_ctl(evutil_socket_t fd, short what, void *arg)
 		event_base_loopbreak(s->base);
 }
 
-static int server_main(int ctl_fd, int out_fd, uint64_t budget)
+static int server_main(int ctl_fd, int out_fd, uint64_t budget, long long cache)
 {
 	struct srv s = {0};
 	struct timeval ms = {0, 1000};
 	tw_listener *l1, *l2;
 	char a1[128], a2[128], line[300];
+	if (cache >= 0)
+		tw_block_cache_set_limit((size_t)cache);
 	s.base = event_base_new();
 	if (s.base == NULL || tw_context_new(s.base, &s.ctx) != 0)
 		return 1;
@@ -436,6 +441,7 @@ int main(int argc, char **argv)
 	uint64_t size = (uint64_t)100 << 20, budget = (uint64_t)1 << 30,
 		 bomb_size = (uint64_t)2047 << 20, hwm0, hwm;
 	size_t peers = 50, nbig = 2, bombs_n = 3;
+	long long cache = -1;
 	uint64_t big[8] = {(uint64_t)1 << 30, (uint64_t)2 << 30};
 	int ctl[2], out[2];
 	char a1[128], a2[128], line[300];
@@ -447,7 +453,7 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {{"peers", 1, 0, 'n'},  {"size", 1, 0, 's'},
 					     {"budget", 1, 0, 'b'}, {"big", 1, 0, 'g'},
 					     {"bombs", 1, 0, 'z'},  {"bomb-size", 1, 0, 'Z'},
-					     {0, 0, 0, 0}};
+					     {"cache", 1, 0, 'c'},  {0, 0, 0, 0}};
 	for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
 		char *tok, *save = NULL;
 		switch (c) {
@@ -456,8 +462,11 @@ int main(int argc, char **argv)
 		case 'b': budget = tw_ex_parse_size(optarg); break;
 		case 'z': bombs_n = (size_t)strtoull(optarg, NULL, 10); break;
 		case 'Z': bomb_size = tw_ex_parse_size(optarg); break;
+		case 'c': cache = (long long)tw_ex_parse_size(optarg); break;
 		case 'g':
 			nbig = 0;
+			if (strcmp(optarg, "none") == 0)
+				break;
 			for (tok = strtok_r(optarg, ",", &save); tok != NULL && nbig < 8;
 			     tok = strtok_r(NULL, ",", &save))
 				big[nbig++] = tw_ex_parse_size(tok);
@@ -471,7 +480,7 @@ int main(int argc, char **argv)
 	if ((pid = fork()) == 0) {
 		close(ctl[0]);
 		close(out[0]);
-		_exit(server_main(ctl[1], out[1], budget));
+		_exit(server_main(ctl[1], out[1], budget, cache));
 	}
 	close(ctl[1]);
 	close(out[1]);
