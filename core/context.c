@@ -260,6 +260,8 @@ int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes)
 	if (ctx == NULL || bytes == 0)
 		return TW_EINVAL;
 	ctx->limits.max_message_bytes = bytes;
+	if (!ctx->max_frames_set) /* the frame bound follows the byte limit */
+		ctx->limits.max_frames = TW_MAX_FRAMES_FOR(bytes);
 	return 0;
 }
 
@@ -268,6 +270,7 @@ int tw_context_set_max_frames(tw_context *ctx, uint64_t frames)
 	if (ctx == NULL || frames == 0)
 		return TW_EINVAL;
 	ctx->limits.max_frames = frames;
+	ctx->max_frames_set = 1;
 	return 0;
 }
 

@@ -60,6 +60,7 @@ struct tw_context {
 	pthread_mutex_t lock;  /* guards calls */
 	struct tw__call *calls, **calls_tail;
 	struct tw__limits limits;
+	int max_frames_set;      /* tw_context_set_max_frames ran: frames no longer follow bytes */
 	struct tw__node objects; /* list head; loop thread only */
 	/* The transport's TLS configuration, released with the context
 	 * (core knows no TLS types). */

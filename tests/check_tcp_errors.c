@@ -14,6 +14,7 @@
 #include <event2/dns.h>
 #include <event2/event.h>
 
+#include "core/context.h"
 #include "tests/check_tcp.h"
 #include "tests/tcp_util.h"
 
@@ -89,6 +90,51 @@ START_TEST(peer_closes_mid_message)
 	put_u64(buf, &n, 200000);
 	truncated_case(&h, good, buf, n - 4);
 	tu_fini(&h);
+}
+END_TEST
+
+/* Issue 16: frames are bounded by bytes (8 per frame on the wire), not by
+ * a small count. A Dask gather of 100,000 small results is one message of
+ * 100,000+ frames; the old default (65,536) dropped it. Here a default
+ * context receives 100,001 frames over a real socket. */
+START_TEST(default_frames_follow_bytes)
+{
+	struct tu h;
+	struct tu_peer *sp;
+	const size_t nf = 100001;
+	size_t n = 0;
+	uint8_t *buf = malloc(8 * (nf + 2) + nf);
+	tw_context *ctx;
+	int fd;
+	ck_assert_ptr_nonnull(buf);
+	tu_init(&h);
+	h.sopts.keep = 1;
+	ck_assert_uint_eq(h.ctx->limits.max_frames, TW_DEFAULT_MAX_MESSAGE_BYTES / 8);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	put_u64(buf, &n, 8 + 8 * nf + nf);
+	put_u64(buf, &n, nf);
+	for (size_t i = 0; i < nf; i++)
+		put_u64(buf, &n, 1);
+	memset(buf + n, 'x', nf);
+	n += nf;
+	fd = tu_raw_connect(h.addr);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	ck_assert_uint_eq(tu_raw_send(&h, fd, buf, n), n);
+	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, TU_WAIT_MS), "not received: %s",
+		      sp->last_error);
+	ck_assert_uint_eq(tw_msg_nframes(sp->msgs[0]), nf);
+	ck_assert_int_eq(sp->closed, 0);
+	close(fd);
+	free(buf);
+	tu_fini(&h);
+	/* the bound follows the byte limit until frames are set */
+	ck_assert_int_eq(tw_context_new(NULL, &ctx), 0);
+	ck_assert_int_eq(tw_context_set_max_message_bytes(ctx, 80000), 0);
+	ck_assert_uint_eq(ctx->limits.max_frames, 10000);
+	ck_assert_int_eq(tw_context_set_max_frames(ctx, 7), 0);
+	ck_assert_int_eq(tw_context_set_max_message_bytes(ctx, 1 << 20), 0);
+	ck_assert_uint_eq(ctx->limits.max_frames, 7);
+	tw_context_free(ctx);
 }
 END_TEST
 
@@ -764,6 +810,7 @@ TCase *tcp_errors_tcase(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, peer_closes_mid_message);
 	tcase_add_test(tc, bad_preludes);
+	tcase_add_test(tc, default_frames_follow_bytes);
 	tcase_add_test(tc, connect_refused);
 	tcase_add_test(tc, bad_uris);
 	tcase_add_test(tc, listen_in_use);

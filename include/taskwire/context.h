@@ -23,9 +23,12 @@ extern "C" {
 struct event_base;
 typedef struct tw_context tw_context;
 
-/* Defaults of the limits, each changed by a setter below. */
+/* Defaults of the limits, each changed by a setter below. The frame bound
+ * follows the byte limit (TW_MAX_FRAMES_FOR): each frame costs 8 bytes of
+ * lengths on the wire, so a message within the limit has no more. */
+#define TW_MAX_FRAMES_FOR(bytes)           ((bytes) / 8)
 #define TW_DEFAULT_MAX_MESSAGE_BYTES       (UINT64_C(4) << 30) /* 4 GiB */
-#define TW_DEFAULT_MAX_FRAMES              65536
+#define TW_DEFAULT_MAX_FRAMES              TW_MAX_FRAMES_FOR(TW_DEFAULT_MAX_MESSAGE_BYTES)
 #define TW_DEFAULT_CONNECT_TIMEOUT_MS      10000
 #define TW_DEFAULT_WRITE_HWM_BYTES         ((size_t)64 << 20) /* 64 MiB */
 #define TW_DEFAULT_SMALL_FRAME_BYTES       ((size_t)64 << 10) /* 64 KiB */
@@ -95,9 +98,19 @@ int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns);
  * TW_EINVAL unless stated. */
 
 /* Largest message accepted, as the 8-byte `total` of the stream prelude
- * (bytes that follow it), checked before allocating. Default 4 GiB. */
+ * (bytes that follow it), checked before allocating. Default 4 GiB.
+ * Until tw_context_set_max_frames is called, it also sets the frame
+ * bound to bytes / 8 (TW_MAX_FRAMES_FOR). */
 int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
-/* Largest number of frames in one message. Default 65,536. */
+/* Largest number of frames in one message. Default: the message limit
+ * divided by 8 (each frame costs 8 bytes on the wire: 536,870,912 for the
+ * default 4 GiB), following tw_context_set_max_message_bytes until this
+ * is called. Dask bounds frames by nothing but bytes, and real traffic
+ * has many: every out-of-band value is its own payload group, so a
+ * gather of 100,000 small results is one message of 100,000+ frames
+ * (the former default, 65,536, refused it). The receiver's bookkeeping
+ * is 8 bytes of lengths plus one 24-byte tw_slice per frame, allocated
+ * only once the lengths have arrived. */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
 /* Time a tw_connect may take before it fails with TW_ETIMEDOUT.
  * Default 10,000 ms. */

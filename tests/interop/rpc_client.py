@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Python's distributed.core.rpc against a taskwire server (tests/check_rpc_dask.c).
 
-    /usr/bin/python3 rpc_client.py ADDR [--tls CA CERT KEY] [--big BYTES]
+    /usr/bin/python3 rpc_client.py ADDR [--tls CA CERT KEY] [--big BYTES] [--many N]
 
 The server has the ops of examples/tw-rpc-server: identity, echo(data),
 sum(data), nbytes(data), slow(delay), fail(), and the built-in close.
@@ -14,6 +14,8 @@ Checks, one line each ("ok NAME" or "FAIL NAME: why"):
   fail              the call raises, with the server's exception text
   unknown           an op the server does not have returns None
   slow              four concurrent slow(0.1) calls return "done"
+  echo many         (--many N) a dict of N out-of-band values comes back equal: one
+                    message of 2N+1 frames each way, as a gather of N small results
   close op          {"op": "close"} -> "OK", then the server closes the comm
   close flag        echo with close=True -> the data, then the server closes
   identity again    the server still answers
@@ -57,7 +59,7 @@ def short(v):
     return repr(v)[:200]
 
 
-async def rpc_checks(c, addr, args, big):
+async def rpc_checks(c, addr, args, big, many):
     async with rpc(addr, connection_args=args) as r:
         ident = await r.identity()
         c.check("identity", isinstance(ident, dict) and ident.get("type") == "taskwire"
@@ -85,6 +87,13 @@ async def rpc_checks(c, addr, args, big):
         c.check("unknown", got is None, short(got))
         got = await asyncio.gather(*[r.slow(delay=0.1) for _ in range(4)])
         c.check("slow", list(got) == ["done"] * 4, short(got))
+        if many:
+            data = {"k%d" % i: b"v%d" % i for i in range(many)}
+            try:
+                got = await r.echo(data={k: to_serialize(v) for k, v in data.items()})
+                c.check("echo many", got == data, "%d keys back" % len(got))
+            except Exception as e:  # the old default frame limit: the comm dropped
+                c.check("echo many", False, repr(e))
 
 
 async def expect_closed(comm):
@@ -118,6 +127,7 @@ async def main():
     ap.add_argument("addr")
     ap.add_argument("--tls", nargs=3, metavar=("CA", "CERT", "KEY"))
     ap.add_argument("--big", type=int, default=20_000_000)
+    ap.add_argument("--many", type=int, default=0)
     a = ap.parse_args()
     args = {}
     if a.tls:
@@ -125,7 +135,7 @@ async def main():
                        tls_client_key=a.tls[2], require_encryption=True)
         args = sec.get_connection_args("client")
     c = Checks()
-    await asyncio.wait_for(rpc_checks(c, a.addr, args, a.big), 120)
+    await asyncio.wait_for(rpc_checks(c, a.addr, args, a.big, a.many), 240)
     await asyncio.wait_for(close_checks(c, a.addr, args), 60)
     if c.failed:
         print("FAILED %d of %d" % (c.failed, c.failed + c.passed), flush=True)
