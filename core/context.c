@@ -240,6 +240,7 @@ struct event_base *tw_context_base(tw_context *ctx)
 void tw__ctx_track(tw_context *ctx, struct tw__node *n, void (*kill)(struct tw__node *))
 {
 	n->kill = kill;
+	n->connect_arg = NULL;
 	n->next = ctx->objects.next;
 	n->prev = &ctx->objects;
 	ctx->objects.next->prev = n;

@@ -448,6 +448,19 @@ static void kill_pc(struct tw__node *n)
 	free(pc);
 }
 
+/* A comm still connecting (TCP, TLS handshake, ws upgrade) or in the
+ * Dask handshake is closed at once, its callbacks never run: it used to
+ * stay open until the stage's own clock ended it (issue 17: 10 s). */
+static void abort_connecting(struct pcomm *pc)
+{
+	tw__ctx_untrack(&pc->node);
+	if (pc->comm != NULL)
+		tw_comm_free(pc->comm); /* the handshake's state goes with it */
+	else
+		tw__connect_cancel(pc->dest->pool->ctx, pc);
+	free(pc);
+}
+
 static int connect_one(struct dest *d)
 {
 	struct pcomm *pc = calloc(1, sizeof(*pc));
@@ -726,9 +739,9 @@ void tw_pool_free(tw_pool *p)
 				fail(pc->busy, TW_ECANCELED);
 				continue;
 			}
-			if (pc->node.next != NULL) { /* connecting: its callback frees it */
+			if (pc->node.next != NULL) { /* connecting, or in its handshake */
 				d->comms = pc->next;
-				pc->dest = NULL;
+				abort_connecting(pc);
 				continue;
 			}
 			drop_comm(pc);

@@ -6,10 +6,14 @@
  * addresses forgotten once they have no comms and no calls (also when a
  * callback calls the address again), and pools freed with calls waiting,
  * connecting or in flight. */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <check.h>
 #include <event2/event.h>
@@ -1197,6 +1201,184 @@ START_TEST(pool_free_then_context)
 }
 END_TEST
 
+/* Issue 17, finding 4: peers that accept and never answer, at every
+ * stage before a comm is usable. The black hole accepts TCP and reads
+ * nothing, so a tls connect waits in its TLS handshake, ws in its
+ * upgrade, wss in its TLS handshake, tcp in the Dask handshake. */
+static const char *const silent_schemes[] = {"tcp", "tls", "ws", "wss"};
+
+/* b's address with the scheme replaced. */
+static void silent_uri(const struct bh *b, const char *scheme, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s", scheme, strstr(b->addr, "://"));
+}
+
+static void silent_ctx(struct tu *h, const char *scheme)
+{
+	if (strcmp(scheme, "tls") == 0 || strcmp(scheme, "wss") == 0)
+		tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+	/* no clock of its own may end these stages while the test looks */
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h->ctx, 600000), 0);
+	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(h->ctx, 600000), 0);
+}
+
+struct fd_wait {
+	int fd;
+	short ev;
+};
+
+static int fd_ready(void *arg)
+{
+	struct fd_wait *w = arg;
+	struct pollfd p = {w->fd, w->ev, 0};
+	return poll(&p, 1, 0) == 1;
+}
+
+/* The connector's first bytes (TLS ClientHello, upgrade request) reached
+ * the black hole: it is past TCP, in the stage that waits for the peer. */
+static void wait_first_bytes(struct tu *h, struct bh *b, const char *scheme)
+{
+	struct fd_wait w;
+	ck_assert(tu_wait_count(h, &b->n, 1, TU_WAIT_MS));
+	w.fd = b->fds[0];
+	w.ev = POLLIN;
+	if (strcmp(scheme, "tcp") != 0) /* tcp: the connector reads first */
+		ck_assert(tu_run_until(h, fd_ready, &w, TU_WAIT_MS));
+}
+
+/* The black hole's end of the comm sees EOF (or a reset) now, with no
+ * loop running: whatever freed the comm closed its socket at once. */
+static void assert_closed_now(int fd)
+{
+	char buf[4096];
+	ssize_t n;
+	struct pollfd p = {fd, POLLIN, 0};
+	for (;;) {
+		ck_assert_msg(poll(&p, 1, 10000) == 1, "the socket is still open");
+		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return;
+		ck_assert_msg(n > 0, "recv: %s", strerror(errno));
+	}
+}
+
+/* tw_pool_free aborts its comms in every stage at once (issue 17: those in
+ * their TLS handshake or ws upgrade stayed open until its 10 s clock). */
+START_TEST(pool_free_aborts_every_stage)
+{
+	const char *scheme = silent_schemes[_i];
+	static struct rc rc;
+	struct tu h;
+	struct bh b;
+	tw_pool *p;
+	char uri[96];
+	tu_init(&h);
+	silent_ctx(&h, scheme);
+	bh_start(&b, h.base, NULL, 0);
+	silent_uri(&b, scheme, uri, sizeof(uri));
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	memset(&rc, 0, sizeof(rc));
+	rc_start(p, uri, rq_op("identity"), 0, &rc);
+	wait_first_bytes(&h, &b, scheme);
+	tw_pool_free(p);
+	ck_assert_int_eq(rc.err, TW_ECANCELED);
+	assert_closed_now(b.fds[0]);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
+static void never_hs(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	(void)c;
+	(void)err;
+	(void)info;
+	(void)arg;
+	ck_abort_msg("handshake callback after tw_context_free");
+}
+
+/* tcp connects at once: its comm then waits in the Dask handshake. */
+static void connected_cb(tw_comm *c, int err, void *arg)
+{
+	int *n = arg;
+	ck_assert_int_eq(err, 0);
+	ck_assert_int_eq(tw_comm_handshake(c, 0, never_hs, NULL), 0);
+	++*n;
+}
+
+/* tw_context_free does the same for connects in every stage. */
+START_TEST(context_free_aborts_every_stage)
+{
+	const char *scheme = silent_schemes[_i];
+	struct tu h;
+	struct bh b;
+	char uri[96];
+	int fd, connected = 0;
+	tu_init(&h);
+	silent_ctx(&h, scheme);
+	bh_start(&b, h.base, NULL, 0);
+	silent_uri(&b, scheme, uri, sizeof(uri));
+	ck_assert_int_eq(tw_connect(h.ctx, uri, connected_cb, &connected), 0);
+	wait_first_bytes(&h, &b, scheme);
+	if (strcmp(scheme, "tcp") == 0)
+		ck_assert(tu_wait_flag(&h, &connected, TU_WAIT_MS));
+	else
+		ck_assert_int_eq(connected, 0);
+	event_free(b.ev); /* on the base tu_fini frees */
+	b.ev = NULL;
+	fd = b.fds[0];
+	tw_context_free(h.ctx);
+	h.ctx = NULL;
+	assert_closed_now(fd);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
+struct connect_result {
+	tw_context *ctx;
+	int done, err;
+	char why[512];
+};
+
+static void result_cb(tw_comm *c, int err, void *arg)
+{
+	struct connect_result *r = arg;
+	r->done = 1;
+	r->err = err;
+	snprintf(r->why, sizeof(r->why), "%s", tw_context_last_error(r->ctx));
+	tw_comm_free(c);
+}
+
+/* The connect timeout covers everything until a comm is usable: TCP, the
+ * TLS handshake and the ws upgrade (issue 17: with a 1 s connect timeout,
+ * tls, ws and wss connects to a silent peer failed after 10 s, and ws said
+ * "refused by the server"). The stages' own clocks are 600 s here, so
+ * without the fix this waits for the hang guard. */
+START_TEST(connect_timeout_covers_upgrade)
+{
+	const char *scheme = silent_schemes[_i + 1]; /* tls, ws, wss */
+	struct connect_result r = {NULL, 0, 0, ""};
+	struct tu h;
+	struct bh b;
+	char uri[96];
+	tu_init(&h);
+	silent_ctx(&h, scheme);
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(h.ctx, 300), 0);
+	bh_start(&b, h.base, NULL, 0);
+	silent_uri(&b, scheme, uri, sizeof(uri));
+	r.ctx = h.ctx;
+	ck_assert_int_eq(tw_connect(h.ctx, uri, result_cb, &r), 0);
+	ck_assert_msg(tu_wait_flag(&h, &r.done, TU_WAIT_MS), "%s: no result", scheme);
+	ck_assert_int_eq(r.err, TW_ETIMEDOUT);
+	ck_assert_msg(strstr(r.why, "timed out") != NULL && strstr(r.why, "300 ms") != NULL,
+		      "%s: %s", scheme, r.why);
+	ck_assert_msg(strstr(r.why, "refused") == NULL, "%s: %s", scheme, r.why);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
 TCase *rpc_pool_tcase(void)
 {
 	TCase *tc = tcase_create("pool");
@@ -1212,6 +1394,9 @@ TCase *rpc_pool_tcase(void)
 	tcase_add_test(tc, pool_free_in_flight);
 	tcase_add_test(tc, pool_call_while_freeing);
 	tcase_add_test(tc, pool_free_then_context);
+	tcase_add_loop_test(tc, pool_free_aborts_every_stage, 0, 4);
+	tcase_add_loop_test(tc, context_free_aborts_every_stage, 0, 4);
+	tcase_add_loop_test(tc, connect_timeout_covers_upgrade, 0, 3);
 	tcase_add_test(tc, pool_deadlines);
 	tcase_add_test(tc, pool_adds_no_loop_timeout);
 	tcase_add_test(tc, pool_call_after_closing_reply);

@@ -108,6 +108,32 @@ static void kill_comm(struct tw__node *n)
 	destroy_comm(c);
 }
 
+void tw__connect_cancel(tw_context *ctx, void *arg)
+{
+	struct tw__node *head = &ctx->objects;
+	for (struct tw__node *n = head->next; n != head && arg != NULL; n = n->next) {
+		tw_comm *c;
+		if (n->connect_arg != arg)
+			continue;
+		/* one stage at a time holds a connect: the first is the one */
+		if ((c = tw__node_comm(n)) != NULL) {
+			n->connect_arg = NULL;
+			tw_comm_free(c); /* a ws upgrade: the comm is not handed out yet */
+		} else {
+			tw__ctx_untrack(n);
+			n->kill(n);
+		}
+		return;
+	}
+}
+
+uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect)
+{
+	uint64_t now = tw__mono_ms(), left = deadline_ms > now ? deadline_ms - now : 0;
+	*by_connect = deadline_ms != 0 && left < own_ms;
+	return *by_connect ? (uint32_t)left : own_ms;
+}
+
 tw_comm *tw__node_comm(struct tw__node *n)
 {
 	return n->kill == kill_comm ? (tw_comm *)((char *)n - offsetof(tw_comm, node)) : NULL;

@@ -126,6 +126,7 @@ struct connect_req {
 	int os_err;                            /* its errno, for tw_context_last_error */
 	int gai_err;                           /* the lookup's error, when it failed */
 	int timed_out;                         /* the connect timeout ended it */
+	uint64_t deadline_ms;                  /* tw__mono_ms when it runs out: every stage's */
 	struct event *ev;                      /* the socket of this attempt becoming writable */
 	struct event *step;                    /* go on from the loop, never from tw_connect */
 	struct event *timer;                   /* the connect timeout */
@@ -195,7 +196,7 @@ static void attempt_failed(struct connect_req *r, int e)
 static void say_failed(struct connect_req *r, int err)
 {
 	if (r->timed_out)
-		tw__ctx_seterr(r->ctx, "connect to %s:%u: no connection within %u ms%s",
+		tw__ctx_seterr(r->ctx, "connect to %s:%u timed out: no connection within %u ms%s",
 			       r->uri.host, (unsigned)r->uri.port,
 			       (unsigned)r->ctx->limits.connect_timeout_ms,
 			       r->dns != NULL ? " (still resolving the name)" : "");
@@ -215,7 +216,7 @@ static void finish_connect(struct connect_req *r, int err)
 	if (err == 0) {
 		/* connected: not earlier, where it would also cut SYN retries */
 		set_tcp_timeout(r->fd, r->ctx->limits.tcp_timeout_ms);
-		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg);
+		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg, r->deadline_ms);
 		r->fd = -1;
 	} else {
 		say_failed(r, err);
@@ -340,11 +341,12 @@ static int start_resolve(struct connect_req *r)
 }
 
 static void plain_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			  void *arg, void *up_arg)
+			  void *arg, void *up_arg, uint64_t deadline_ms)
 {
 	tw_comm *c = NULL;
 	int err = tw__stream_new(ctx, fd, "tcp", &tw__tcp_io, NULL, &c);
 	(void)up_arg;
+	(void)deadline_ms;
 	if (err != 0) {
 		tw__ctx_seterr(ctx, "connect to %s:%u: %s", u->host, (unsigned)u->port,
 			       tw_strerror(err));
@@ -384,6 +386,8 @@ int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_f
 		return rv;
 	}
 	tw__ctx_track(ctx, &r->node, kill_connect);
+	r->node.connect_arg = arg;
+	r->deadline_ms = tw__mono_ms() + ctx->limits.connect_timeout_ms;
 	tv.tv_sec = ctx->limits.connect_timeout_ms / 1000;
 	tv.tv_usec = (ctx->limits.connect_timeout_ms % 1000) * 1000;
 	event_add(r->timer, &tv);

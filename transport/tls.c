@@ -207,7 +207,10 @@ struct handshake {
 	tw_listener *l;   /* server side */
 	tw_connect_cb cb; /* client side */
 	void *arg;
-	tw__then_fn then; /* the layer above (ws), or NULL for a tls comm */
+	tw__then_fn then;             /* the layer above (ws), or NULL for a tls comm */
+	uint64_t connect_deadline_ms; /* client: when the connect timeout runs out */
+	uint32_t timeout_ms;          /* the bound it has */
+	int by_connect;               /* that bound is the connect timeout's */
 	struct tw__uri uri;
 };
 
@@ -250,7 +253,7 @@ static void hs_done(struct handshake *h)
 		int fd = h->fd;
 		t->ssl = h->ssl;
 		h->ssl = NULL, h->fd = -1;
-		then(ctx, fd, &tls_io_ops, t, &h->uri, h->cb, h->arg, h->l);
+		then(ctx, fd, &tls_io_ops, t, &h->uri, h->cb, h->arg, h->l, h->connect_deadline_ms);
 		hs_free(h);
 		return;
 	}
@@ -305,8 +308,14 @@ static void hs_step(evutil_socket_t fd, short what, void *arg)
 	char why[256];
 	int r, e;
 	(void)fd;
-	if ((what & EV_TIMEOUT) || !remaining(h, &left))
-		return hs_report(h, TW_ETIMEDOUT, "timed out");
+	if ((what & EV_TIMEOUT) || !remaining(h, &left)) {
+		/* nothing (or not enough) came back: say which clock ended it */
+		snprintf(why, sizeof(why), "timed out: no handshake within %u ms (the %s)",
+			 (unsigned)(h->by_connect ? h->ctx->limits.connect_timeout_ms
+						  : h->timeout_ms),
+			 h->by_connect ? "connect timeout" : "TLS handshake timeout");
+		return hs_report(h, TW_ETIMEDOUT, why);
+	}
 	io_begin();
 	if ((r = SSL_do_handshake(h->ssl)) == 1)
 		return hs_done(h);
@@ -334,15 +343,20 @@ static void set_peer_name(SSL *ssl, const tw_tls_config *cfg, const char *host)
 		SSL_set1_host(ssl, host);
 }
 
-static int hs_start(tw_context *ctx, int fd, SSL_CTX *ssl_ctx, struct handshake **out)
+/* deadline_ms: a client's connect deadline (0: none, accepting side). */
+static int hs_start(tw_context *ctx, int fd, SSL_CTX *ssl_ctx, uint64_t deadline_ms,
+		    struct handshake **out)
 {
 	struct handshake *h = calloc(1, sizeof(*h));
 	BIO *bio;
-	struct timeval tv = {(time_t)(ctx->limits.tls_handshake_timeout_ms / 1000),
-			     (suseconds_t)(ctx->limits.tls_handshake_timeout_ms % 1000) * 1000};
-	struct timeval now;
+	struct timeval tv, now;
 	if (h == NULL)
 		return TW_ENOMEM;
+	h->connect_deadline_ms = deadline_ms;
+	h->timeout_ms =
+		tw__stage_ms(deadline_ms, ctx->limits.tls_handshake_timeout_ms, &h->by_connect);
+	tv.tv_sec = (time_t)(h->timeout_ms / 1000);
+	tv.tv_usec = (suseconds_t)(h->timeout_ms % 1000) * 1000;
 	h->ctx = ctx;
 	h->fd = fd;
 	h->ssl = SSL_new(ssl_ctx);
@@ -382,11 +396,11 @@ static const tw_tls_config *current_config(tw_context *ctx, int server)
 }
 
 static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			void *arg, void *then)
+			void *arg, void *then, uint64_t deadline_ms)
 {
 	const tw_tls_config *cfg = current_config(ctx, 0);
 	struct handshake *h;
-	int err = cfg != NULL ? hs_start(ctx, fd, cfg->client, &h) : TW_EINVAL;
+	int err = cfg != NULL ? hs_start(ctx, fd, cfg->client, deadline_ms, &h) : TW_EINVAL;
 	if (err != 0) {
 		if (cfg != NULL)
 			tw__ctx_seterr(ctx, "TLS handshake with the server: %s", tw_strerror(err));
@@ -401,13 +415,14 @@ static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_con
 	SSL_set_connect_state(h->ssl);
 	set_peer_name(h->ssl, cfg, u->host);
 	hs_go(h);
+	h->node.connect_arg = arg; /* tw__connect_cancel finds it */
 }
 
 static void tls_accept(tw_listener *l, int fd)
 {
 	const tw_tls_config *cfg = current_config(l->ctx, 1);
 	struct handshake *h;
-	if (cfg == NULL || hs_start(l->ctx, fd, cfg->server, &h) != 0) {
+	if (cfg == NULL || hs_start(l->ctx, fd, cfg->server, 0, &h) != 0) {
 		close(fd);
 		return;
 	}

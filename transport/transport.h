@@ -119,7 +119,8 @@ struct tw__stream_io;
 /* The step after TCP (and TLS) for transports layered on them (ws, wss):
  * it owns fd and io_arg. Client side: u, cb and arg; server side: l. */
 typedef void (*tw__then_fn)(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
-			    const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l);
+			    const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l,
+			    uint64_t deadline_ms);
 
 struct tw_listener {
 	struct tw__node node;
@@ -264,9 +265,20 @@ void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_liste
 /* TCP underneath other transports. tw__tcp_connect_with connects (with the
  * context's connect timeout) and hands the connected socket to `upgrade`,
  * which owns it and reports to cb (a failed connect reports to cb
- * directly); `host` is the URI's host, for TLS names. */
+ * directly); `host` is the URI's host, for TLS names. The connect timeout
+ * covers every stage until the comm is usable: `deadline_ms` (tw__mono_ms)
+ * is when it runs out, and the TLS handshake and ws upgrade end there if
+ * their own clocks would end later (then: 0 on the accepting side). */
 typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			       void *arg, void *up_arg);
+			       void *arg, void *up_arg, uint64_t deadline_ms);
+/* The milliseconds left until deadline_ms (0 if past), capped at own_ms;
+ * *by_connect set when the connect's deadline is the sooner bound. */
+uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect);
+/* Abort the connect that tw_connect(ctx, ..., cb, arg) started, in
+ * whatever stage it is (TCP, TLS handshake, ws upgrade): its socket is
+ * closed now and its callback never runs. Nothing when none is pending
+ * (its callback has run). Loop thread. */
+void tw__connect_cancel(tw_context *ctx, void *arg);
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
 			 void *up_arg, tw_connect_cb cb, void *arg);
 /* TLS underneath ws: after the TLS handshake, `then` continues on the TLS

@@ -76,8 +76,10 @@ struct ws {
 	struct tw__ws_client hs;
 	char hs_out[TW__WS_REQUEST_MAX];
 	size_t hs_len, hs_sent;
-	int refuse;        /* server: a non-101 verdict is being written */
-	uint8_t pre[1024]; /* bytes read with the upgrade that belong to frames */
+	int refuse;          /* server: a non-101 verdict is being written */
+	uint32_t upgrade_ms; /* the upgrade's bound */
+	int by_connect;      /* client: that bound is the connect timeout's */
+	uint8_t pre[1024];   /* bytes read with the upgrade that belong to frames */
 	size_t pre_len, pre_off;
 	tw_connect_cb cb;
 	void *cb_arg;
@@ -1068,12 +1070,22 @@ static const struct tw__comm_ops ws_ops = {
 /* The upgrade. */
 
 /* The upgrade failed or timed out: report (client) and free. */
+/* "refused" only when the server answered with a refusal (TW_EPROTO);
+ * "timed out" when nothing (or not all) came back in time. */
 static void upgrade_failed(struct ws *w, int err, const char *why)
 {
 	tw_connect_cb cb = w->cb;
 	void *arg = w->cb_arg;
-	tw__ctx_seterr(w->base.ctx, "WebSocket upgrade %s: %s",
-		       w->client ? "refused by the server" : "of a client failed", why);
+	if (!w->client)
+		tw__ctx_seterr(w->base.ctx, "WebSocket upgrade of a client (%s) %s: %s",
+			       w->base.peer, err == TW_ETIMEDOUT ? "timed out" : "failed", why);
+	else
+		tw__ctx_seterr(w->base.ctx, "WebSocket upgrade %s (%s): %s",
+			       err == TW_EPROTO      ? "refused by the server"
+			       : err == TW_ETIMEDOUT ? "timed out"
+						     : "failed",
+			       w->base.peer, why);
+	w->base.node.connect_arg = NULL;
 	tw_comm_free(&w->base);
 	if (cb != NULL)
 		cb(NULL, err, arg);
@@ -1083,6 +1095,7 @@ static void upgrade_done(struct ws *w)
 {
 	tw_connect_cb cb = w->cb;
 	event_del(w->timer);
+	w->base.node.connect_arg = NULL; /* handed out: no longer a connect */
 	w->state = WS_OPEN;
 	event_del(w->rev);
 	event_del(w->wev);
@@ -1174,14 +1187,22 @@ static void on_upgrade_timeout(evutil_socket_t fd, short what, void *arg)
 	struct ws *w = arg;
 	(void)fd;
 	(void)what;
-	if (w->state == WS_UPGRADE)
-		upgrade_failed(w, TW_ETIMEDOUT, "timed out");
-	else
+	char why[160];
+	if (w->state == WS_UPGRADE) {
+		/* the connect timeout as set: it ran from the connect's start */
+		snprintf(why, sizeof(why), "no %s within %u ms (the %s)",
+			 w->client ? "answer from the server" : "upgrade request",
+			 (unsigned)(w->by_connect ? w->base.limits.connect_timeout_ms
+						  : w->upgrade_ms),
+			 w->by_connect ? "connect timeout" : "handshake timeout");
+		upgrade_failed(w, TW_ETIMEDOUT, why);
+	} else
 		on_linger(fd, what, arg);
 }
 
+/* deadline_ms: a client's connect deadline (0: none). */
 static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg, int client,
-		  struct ws **out)
+		  uint64_t deadline_ms, struct ws **out)
 {
 	struct ws *w = calloc(1, sizeof(*w));
 	struct timeval tv;
@@ -1217,8 +1238,9 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	tw__ws_ping_rate_init(&w->pings, ctx->limits.ws_min_ping_interval_ms,
 			      ctx->limits.ws_ping_strikes);
 	tw__ws_req_init(&w->req, 0, 0);
-	tv.tv_sec = (time_t)(ctx->limits.handshake_timeout_ms / 1000);
-	tv.tv_usec = (suseconds_t)(ctx->limits.handshake_timeout_ms % 1000) * 1000;
+	w->upgrade_ms = tw__stage_ms(deadline_ms, ctx->limits.handshake_timeout_ms, &w->by_connect);
+	tv.tv_sec = (time_t)(w->upgrade_ms / 1000);
+	tv.tv_usec = (suseconds_t)(w->upgrade_ms % 1000) * 1000;
 	evtimer_add(w->timer, &tv);
 	*out = w;
 	return 0;
@@ -1227,12 +1249,13 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 /* Entry points: after TCP (ws) or TLS (wss). */
 
 static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
-			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l)
+			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l,
+			uint64_t deadline_ms)
 {
 	struct ws *w;
 	int rv, len;
 	(void)l;
-	if ((rv = ws_new(ctx, fd, io, io_arg, 1, &w)) != 0) {
+	if ((rv = ws_new(ctx, fd, io, io_arg, 1, deadline_ms, &w)) != 0) {
 		tw__ctx_seterr(ctx, "WebSocket upgrade: %s", tw_strerror(rv));
 		if (io->free != NULL)
 			io->free(io_arg);
@@ -1242,6 +1265,7 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	}
 	w->cb = cb;
 	w->cb_arg = arg;
+	w->base.node.connect_arg = arg; /* tw__connect_cancel finds it */
 	if ((rv = tw__ws_client_init(&w->hs, 0, 0)) != 0 ||
 	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, sizeof(w->hs_out))) <
 		    0)
@@ -1253,13 +1277,14 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 }
 
 static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
-			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l)
+			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l,
+			uint64_t deadline_ms)
 {
 	struct ws *w;
 	(void)u;
 	(void)cb;
 	(void)arg;
-	if (ws_new(ctx, fd, io, io_arg, 0, &w) != 0) {
+	if (ws_new(ctx, fd, io, io_arg, 0, deadline_ms, &w) != 0) {
 		if (io->free != NULL)
 			io->free(io_arg);
 		close(fd);
@@ -1271,15 +1296,15 @@ static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 }
 
 static void plain_client(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			 void *arg, void *up_arg)
+			 void *arg, void *up_arg, uint64_t deadline_ms)
 {
 	(void)up_arg;
-	client_then(ctx, fd, &tw__tcp_io, NULL, u, cb, arg, NULL);
+	client_then(ctx, fd, &tw__tcp_io, NULL, u, cb, arg, NULL, deadline_ms);
 }
 
 static void plain_accept(tw_listener *l, int fd)
 {
-	server_then(l->ctx, fd, &tw__tcp_io, NULL, NULL, NULL, NULL, l);
+	server_then(l->ctx, fd, &tw__tcp_io, NULL, NULL, NULL, NULL, l, 0);
 }
 
 /* A freed listener must not be reached by upgrades it started. */

@@ -112,8 +112,13 @@ int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
  * is 8 bytes of lengths plus one 24-byte tw_slice per frame, allocated
  * only once the lengths have arrived. */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
-/* Time a tw_connect may take before it fails with TW_ETIMEDOUT.
- * Default 10,000 ms. */
+/* Time a tw_connect may take before it fails with TW_ETIMEDOUT: it covers
+ * every stage until the comm is usable (resolving, TCP, the TLS handshake,
+ * the ws upgrade), each stage also bounded by its own timeout
+ * (tw_context_set_tls_handshake_timeout_ms, and the handshake timeout for
+ * the upgrade), the sooner winning; tw_context_last_error then says
+ * "timed out" and which bound it was. The Dask handshake that follows
+ * (tw_comm_handshake) has its own timeout. Default 10,000 ms. */
 int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
 /* The TCP timeout: how long a connection may stay stuck before the
  * kernel ends it, and its comm ends with TW_ETIMEDOUT ("Connection timed

@@ -90,8 +90,9 @@ const char *tw_call_error(const tw_call *call);
 size_t tw_pool_open_comms(const tw_pool *p, const char *uri);
 
 /* tw_pool_free: cancel every call (callbacks run with TW_ECANCELED),
- * abort every comm, free. Free pools before their context; not from
- * inside one of the pool's reply callbacks. Accepts NULL. */
+ * abort every comm, free. Comms still connecting, in their TLS handshake,
+ * ws upgrade or Dask handshake are closed before it returns too. Free pools before their context;
+ * not from inside one of the pool's reply callbacks. Accepts NULL. */
 void tw_pool_free(tw_pool *p);
 
 /* tw_rpc_call_sync: a blocking call for simple programs: runs the

@@ -61,7 +61,9 @@ const char *tw_tls_config_last_error(const tw_tls_config *cfg);
 int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg);
 
 /* tw_context_set_tls_handshake_timeout_ms: bound on the TLS handshake
- * (default 10,000 ms); a silent or stalled peer is dropped after it. */
+ * (default 10,000 ms); a silent or stalled peer is dropped after it. A
+ * connecting side's handshake also ends when the connect timeout, counted
+ * from tw_connect, runs out (tw_context_set_connect_timeout_ms). */
 int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
 
 #pragma GCC visibility pop
