@@ -127,6 +127,17 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 	}
 }
 
+/* A client that failed before it became a comm (a TLS client refused for
+ * its certificate, a ws upgrade): one line, so an operator sees why. */
+static void on_accept_error(tw_listener *l, int err, const char *peer, const char *why, void *arg)
+{
+	(void)l;
+	(void)arg;
+	printf("%s: refused before the handshake: %s\n  detail: %s\n", *peer ? peer : "?",
+	       tw_strerror(err), why);
+	fflush(stdout);
+}
+
 static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	(void)l;
@@ -199,6 +210,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "  %s\n", tw_context_last_error(ctx));
 		return 1;
 	}
+	tw_listener_set_error_cb(l, on_accept_error, NULL);
 	tw_listener_address(l, addr, sizeof(addr));
 	idle_rss = tw_ex_rss();
 	printf("listening on %s\n", addr);

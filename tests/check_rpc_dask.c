@@ -191,12 +191,45 @@ START_TEST(probe_scheduler_ws)
 }
 END_TEST
 
+/* A TLS client refused for a missing certificate leaves a line in
+ * tw-echo-server's log, with its address and the reason (issue 17: none,
+ * so an operator could not see why workers failed to join). */
+START_TEST(echo_server_logs_refused_tls_client)
+{
+	struct tu h;
+	tw_context *bad;
+	char prog[512], addr[128], tail[1024], ca[320], cert[320], key[320], why[512];
+	char *argv[] = {prog,	     "--tls-ca", ca,  "--tls-cert", cert, "--tls-key",
+			key,	     "tls://127.0.0.1:0", NULL};
+	int stage;
+	program("tw-echo-server", prog, sizeof(prog));
+	tu_init(&h);
+	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
+	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+	ck_assert_int_eq(du_spawn(&server, argv, NULL), 0);
+	ck_assert_msg(du_wait_log(&server, "listening on", addr, sizeof(addr), DU_START_MS),
+		      "tw-echo-server: %s", du_log_tail(&server, tail, sizeof(tail)));
+	bad = tt_context(&h, "ca.pem", NULL, NULL); /* no client certificate */
+	ck_assert_int_eq(tt_refused(&h, bad, addr, 1, DU_WAIT_MS, &stage, why, sizeof(why)),
+			 TW_ETLS);
+	ck_assert_msg(du_wait_log(&server, "refused before the handshake", tail, sizeof(tail),
+				  DU_WAIT_MS),
+		      "no line: %s", du_log_tail(&server, tail, sizeof(tail)));
+	ck_assert_msg(log_has(&server, "peer did not return a certificate") &&
+			      log_has(&server, "tls://127.0.0.1:"),
+		      "%s", du_log_tail(&server, tail, sizeof(tail)));
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *rpc_dask_tcase(void)
 {
 	TCase *tc = tcase_create("dask");
 	tcase_set_timeout(tc, 180);
 	tcase_add_checked_fixture(tc, NULL, stop_procs);
 	tcase_add_test(tc, python_rpc_to_example_tcp);
+	tcase_add_test(tc, echo_server_logs_refused_tls_client);
 	tcase_add_test(tc, python_rpc_to_inprocess_tls);
 	tcase_add_test(tc, python_rpc_to_inprocess_ws);
 	tcase_add_test(tc, python_rpc_to_inprocess_zstd);

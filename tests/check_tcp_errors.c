@@ -45,13 +45,17 @@ static void truncated_case(struct tu *h, struct tu_peer *good, const uint8_t *p,
 	size_t idx = h->nsrv;
 	int fd = tu_raw_connect(h->addr);
 	struct tu_peer *sp = tu_server_peer(h, idx);
+	char want[96];
 	ck_assert_ptr_nonnull(sp);
 	ck_assert_uint_eq(tu_raw_send(h, fd, p, n), n);
 	close(fd);
 	ck_assert_msg(tu_wait_flag(h, &sp->closed, BAD_WAIT_MS), "server comm not closed");
 	ck_assert_msg(sp->close_err == TW_ETRUNCATED, "err %s (%s)", tw_strerror(sp->close_err),
 		      sp->last_error);
-	ck_assert_uint_gt(strlen(sp->last_error), 0);
+	/* the true count of bytes that arrived (issue 17: "after 0" where 99
+	 * MiB had) */
+	snprintf(want, sizeof(want), "in the middle of a message: after %zu ", n);
+	ck_assert_msg(strstr(sp->last_error, want) != NULL, "text: %s", sp->last_error);
 	ck_assert_uint_eq(sp->nmsgs, 0);
 	/* the comm is ended, not freed: its reason stays readable, and
 	 * closing or aborting it now changes nothing */
@@ -66,7 +70,7 @@ START_TEST(peer_closes_mid_message)
 {
 	struct tu h;
 	struct tu_peer *good = tu_setup_echo(&h);
-	static uint8_t buf[64 << 10];
+	static uint8_t buf[1 << 20];
 	size_t n = 0;
 	check_good(good, 0);
 	/* inside the 16-byte head (BH-07: 7 zero bytes then FIN) */
@@ -82,6 +86,13 @@ START_TEST(peer_closes_mid_message)
 	put_u64(buf, &n, 1);
 	put_u64(buf, &n, MiB);
 	truncated_case(&h, good, buf, n + (32 << 10));
+	/* into the second of two large frames, 600 KiB of them in */
+	n = 0;
+	put_u64(buf, &n, 8 + 16 + 2 * MiB);
+	put_u64(buf, &n, 2);
+	put_u64(buf, &n, 300 << 10);
+	put_u64(buf, &n, 2 * MiB - (300 << 10));
+	truncated_case(&h, good, buf, n + (600 << 10));
 	/* in the middle of the lengths */
 	n = 0;
 	put_u64(buf, &n, 8 + 16 + 300000);
@@ -135,6 +146,41 @@ START_TEST(default_frames_follow_bytes)
 	ck_assert_int_eq(tw_context_set_max_message_bytes(ctx, 1 << 20), 0);
 	ck_assert_uint_eq(ctx->limits.max_frames, 7);
 	tw_context_free(ctx);
+}
+END_TEST
+
+/* A raw client that resets at once (SO_LINGER 0), before the loop ran to
+ * accept it; returns its port. */
+static unsigned reset_client(const char *addr)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	struct linger lg = {1, 0};
+	int fd = tu_raw_connect(addr);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&ss, &sl), 0);
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
+	return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* A comm whose client reset before it was made still has the client's
+ * address, kept from accept (issue 17: 170 of 200 such log lines had an
+ * empty address, getpeername having nothing left to say). */
+START_TEST(peer_address_kept_from_accept)
+{
+	struct tu h;
+	struct tu_peer *sp;
+	char want[64], got[128] = "";
+	unsigned port;
+	tu_init(&h);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	port = reset_client(h.addr);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+	ck_assert_int_eq(tw_comm_peer_address(sp->comm, got, sizeof(got)), 0);
+	snprintf(want, sizeof(want), "tcp://127.0.0.1:%u", port);
+	ck_assert_str_eq(got, want);
+	tu_fini(&h);
 }
 END_TEST
 
@@ -811,6 +857,7 @@ TCase *tcp_errors_tcase(void)
 	tcase_add_test(tc, peer_closes_mid_message);
 	tcase_add_test(tc, bad_preludes);
 	tcase_add_test(tc, default_frames_follow_bytes);
+	tcase_add_test(tc, peer_address_kept_from_accept);
 	tcase_add_test(tc, connect_refused);
 	tcase_add_test(tc, bad_uris);
 	tcase_add_test(tc, listen_in_use);

@@ -21,6 +21,22 @@
 
 #define BAD_WAIT_MS 10000
 
+/* The listener's error callback (tw_listener_set_error_cb). */
+struct refusal {
+	int n, err;
+	char peer[128], why[512];
+};
+
+static void on_refused(tw_listener *l, int err, const char *peer, const char *why, void *arg)
+{
+	struct refusal *r = arg;
+	(void)l;
+	r->n++;
+	r->err = err;
+	snprintf(r->peer, sizeof(r->peer), "%s", peer);
+	snprintf(r->why, sizeof(r->why), "%s", why);
+}
+
 /* A client with the given certificate is refused by the listener with
  * TW_ETLS, either in the connect (TLS 1.2) or on the comm's first read
  * (TLS 1.3: the server checks the client's certificate after the client
@@ -34,6 +50,8 @@ static void refused_client(const char *cert, const char *key, const char *client
 	tw_context *bad = tt_context(&h, "ca.pem", cert, key);
 	char why[512];
 	int stage;
+	struct refusal r = {0, 0, "", ""};
+	ck_assert_int_eq(tw_listener_set_error_cb(h.lis, on_refused, &r), 0);
 	tt_canary(good, 0);
 	for (int write = 0; write <= 1; write++) {
 		int rv = tt_refused(&h, bad, h.addr, write, BAD_WAIT_MS, &stage, why, sizeof(why));
@@ -42,6 +60,13 @@ static void refused_client(const char *cert, const char *key, const char *client
 		ck_assert_msg(strstr(why, client_hears) != NULL, "client hears: %s", why);
 		ck_assert_msg(strstr(tw_context_last_error(h.ctx), server_says) != NULL,
 			      "server says: %s", tw_context_last_error(h.ctx));
+		/* issue 17: the refusal reaches the application, with the
+		 * client's address and the reason (tw-echo-server logs it) */
+		ck_assert_int_eq(r.n, 1 + write);
+		ck_assert_int_eq(r.err, TW_ETLS);
+		ck_assert_msg(strncmp(r.peer, "tls://127.0.0.1:", 16) == 0, "peer %s", r.peer);
+		ck_assert_msg(strstr(r.why, server_says) != NULL && strstr(r.why, r.peer) != NULL,
+			      "why: %s", r.why);
 		tt_canary(good, 1 + (unsigned)write);
 	}
 	ck_assert_uint_eq(h.nsrv, 1); /* no comm was accepted for the bad client */

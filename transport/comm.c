@@ -202,6 +202,12 @@ void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme)
 		tw__uri_format_sa(scheme, (struct sockaddr *)&ss, c->local, sizeof(c->local));
 }
 
+void tw__comm_set_peer(tw_comm *c, const struct sockaddr *sa, const char *scheme)
+{
+	if (sa != NULL)
+		tw__uri_format_sa(scheme, sa, c->peer, sizeof(c->peer));
+}
+
 void tw__comm_seterr(tw_comm *c, const char *fmt, ...)
 {
 	va_list ap;
@@ -687,6 +693,21 @@ int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_l
 	if ((t = tw__transport_find(u.scheme)) == NULL)
 		return TW_ESCHEME;
 	return t->listen(ctx, &u, cb, arg, out);
+}
+
+int tw_listener_set_error_cb(tw_listener *l, tw_accept_error_cb cb, void *arg)
+{
+	if (l == NULL)
+		return TW_EINVAL;
+	l->error_cb = cb;
+	l->error_arg = arg;
+	return 0;
+}
+
+void tw__listener_failed(tw_listener *l, int err, const char *peer, const char *why)
+{
+	if (l->error_cb != NULL)
+		l->error_cb(l, err, peer, why, l->error_arg);
 }
 
 int tw_listener_address(const tw_listener *l, char *buf, size_t len)

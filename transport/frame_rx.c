@@ -406,6 +406,23 @@ tw_msg *tw__rx_take(struct tw__rx *rx)
 	return m;
 }
 
+uint64_t tw__rx_progress(const struct tw__rx *rx)
+{
+	uint64_t got = 16;
+	switch (rx->phase) {
+	case RX_HEAD: return rx->have + rx->carry_len;
+	case RX_SMALL: return 16 + rx->have;
+	case RX_LENGTHS: return 16 + rx->dec.have;
+	case RX_FRAMES:
+	case RX_DONE:
+		got += 8 * rx->dec.n + rx->cur_have;
+		for (size_t i = 0; i < rx->cur; i++)
+			got += tw__msg_frames(rx->msg)[i].len;
+		return got;
+	default: return 0;
+	}
+}
+
 int tw__rx_idle(const struct tw__rx *rx)
 {
 	return rx->phase == RX_HEAD && rx->have == 0 && rx->carry_len == 0;

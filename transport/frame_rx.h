@@ -106,6 +106,9 @@ int tw__rx_pending(const struct tw__rx *rx);
 /* tw__rx_replay: consume read-ahead bytes as if just read, up to the end
  * of a message. Same returns as tw__rx_advance. */
 int tw__rx_replay(struct tw__rx *rx);
+/* tw__rx_progress: bytes of the message in progress received so far,
+ * prelude included (for error texts: a peer that closed mid-message). */
+uint64_t tw__rx_progress(const struct tw__rx *rx);
 /* tw__rx_idle: 1 when no byte of a next message has arrived. */
 int tw__rx_idle(const struct tw__rx *rx);
 /* tw__rx_feed: copy bytes in through want/advance, stopping after one

@@ -276,6 +276,23 @@ static const char *io_error(struct stream *s)
 	return e != NULL ? e : strerror(errno);
 }
 
+/* The true count of what arrived (issue 17 saw "after 0" where 99 MiB
+ * had), and the size the prelude declared once its total was in. */
+static void say_truncated(struct stream *s)
+{
+	unsigned long long got = tw__rx_progress(&s->rx), total = s->rx.dec.total;
+	if (total != 0)
+		tw__comm_seterr(
+			&s->base,
+			"peer closed in the middle of a message: after %llu of its %llu bytes", got,
+			total + 8);
+	else
+		tw__comm_seterr(&s->base,
+				"peer closed in the middle of a message: after %llu bytes of its "
+				"prelude",
+				got);
+}
+
 /* The peer closed (or errored) while we were reading. */
 static void read_ended(struct stream *s, ssize_t n)
 {
@@ -286,10 +303,12 @@ static void read_ended(struct stream *s, ssize_t n)
 		s->peer_eof = 1;
 		event_del(s->rev);
 	} else if (n == 0 && tw__rx_idle(&s->rx)) {
+		/* err 0 (orderly), yet never an empty text: a killed peer's
+		 * kernel closes this way too (issue 16: workers saw "") */
+		tw__comm_seterr(&s->base, "peer closed the connection between messages");
 		tw__comm_end(&s->base, 0);
 	} else if (n == 0) {
-		tw__comm_seterr(&s->base, "peer closed after %zu of a message's bytes",
-				(size_t)s->rx.have);
+		say_truncated(s);
 		tw__comm_end(&s->base, TW_ETRUNCATED);
 	} else {
 		int err = tw__io_err(errno);

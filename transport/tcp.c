@@ -413,20 +413,20 @@ static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct soc
 {
 	struct tcp_listener *l = arg;
 	(void)lev;
-	(void)sa;
 	(void)salen;
 	tune_socket(fd);
 	set_tcp_timeout(fd, l->base.ctx->limits.tcp_timeout_ms);
-	l->on_fd(&l->base, fd);
+	l->on_fd(&l->base, fd, sa);
 }
 
-static void plain_accept(tw_listener *l, int fd)
+static void plain_accept(tw_listener *l, int fd, const struct sockaddr *peer)
 {
 	tw_comm *c;
 	if (tw__stream_new(l->ctx, fd, "tcp", &tw__tcp_io, NULL, &c) != 0) {
 		close(fd);
 		return;
 	}
+	tw__comm_set_peer(c, peer, "tcp");
 	l->accept_cb(l, c, l->arg);
 }
 

@@ -211,6 +211,8 @@ struct handshake {
 	uint64_t connect_deadline_ms; /* client: when the connect timeout runs out */
 	uint32_t timeout_ms;          /* the bound it has */
 	int by_connect;               /* that bound is the connect timeout's */
+	struct sockaddr_storage peer; /* server: the client, as accept gave it */
+	int has_peer;
 	struct tw__uri uri;
 };
 
@@ -229,12 +231,35 @@ static void kill_hs(struct tw__node *n)
 	hs_free((struct handshake *)n);
 }
 
+/* The client's address (server side), in the listener's scheme. */
+static void peer_text(const struct handshake *h, char *buf, size_t len)
+{
+	char scheme[8] = "tls";
+	sscanf(h->l->address, "%7[a-z]", scheme);
+	buf[0] = '\0';
+	if (h->has_peer)
+		tw__uri_format_sa(scheme, (const struct sockaddr *)&h->peer, buf, len);
+}
+
+static const struct sockaddr *peer_sa(const struct handshake *h)
+{
+	return h->has_peer ? (const struct sockaddr *)&h->peer : NULL;
+}
+
+/* A server's failed handshake is also told to the listener's error
+ * callback: a client refused for its certificate left no trace before. */
 static void hs_report(struct handshake *h, int err, const char *why)
 {
+	char peer[TW__URI_TEXT_BYTES];
 	tw__ctx_untrack(&h->node);
-	if (why != NULL)
-		tw__ctx_seterr(h->ctx, "TLS handshake with %s failed: %s",
-			       h->l != NULL ? "a client" : "the server", why);
+	if (h->l != NULL) {
+		peer_text(h, peer, sizeof(peer));
+		tw__ctx_seterr(h->ctx, "TLS handshake with a client (%s) failed: %s", peer,
+			       why != NULL ? why : tw_strerror(err));
+		tw__listener_failed(h->l, err, peer, h->ctx->error);
+	} else if (why != NULL) {
+		tw__ctx_seterr(h->ctx, "TLS handshake with the server failed: %s", why);
+	}
 	if (h->l == NULL)
 		h->cb(NULL, err, h->arg);
 	hs_free(h);
@@ -253,16 +278,18 @@ static void hs_done(struct handshake *h)
 		int fd = h->fd;
 		t->ssl = h->ssl;
 		h->ssl = NULL, h->fd = -1;
-		then(ctx, fd, &tls_io_ops, t, &h->uri, h->cb, h->arg, h->l, h->connect_deadline_ms);
+		then(ctx, fd, &tls_io_ops, t, &h->uri, h->cb, h->arg, h->l, h->connect_deadline_ms,
+		     peer_sa(h));
 		hs_free(h);
 		return;
 	}
 	if (t != NULL) {
 		t->ssl = h->ssl;
 		err = tw__stream_new(h->ctx, h->fd, "tls", &tls_io_ops, t, &c);
-		if (err == 0)
+		if (err == 0) {
 			h->ssl = NULL, h->fd = -1;
-		else
+			tw__comm_set_peer(c, peer_sa(h), "tls");
+		} else
 			free(t);
 	}
 	if (c == NULL)
@@ -418,13 +445,19 @@ static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_con
 	h->node.connect_arg = arg; /* tw__connect_cancel finds it */
 }
 
-static void tls_accept(tw_listener *l, int fd)
+static void tls_accept(tw_listener *l, int fd, const struct sockaddr *peer)
 {
 	const tw_tls_config *cfg = current_config(l->ctx, 1);
 	struct handshake *h;
 	if (cfg == NULL || hs_start(l->ctx, fd, cfg->server, 0, &h) != 0) {
 		close(fd);
 		return;
+	}
+	if (peer != NULL && (peer->sa_family == AF_INET || peer->sa_family == AF_INET6)) {
+		memcpy(&h->peer, peer,
+		       peer->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+						  : sizeof(struct sockaddr_in6));
+		h->has_peer = 1;
 	}
 	h->l = l;
 	h->then = l->then;

@@ -120,7 +120,7 @@ struct tw__stream_io;
  * it owns fd and io_arg. Client side: u, cb and arg; server side: l. */
 typedef void (*tw__then_fn)(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
 			    const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l,
-			    uint64_t deadline_ms);
+			    uint64_t deadline_ms, const struct sockaddr *peer);
 
 struct tw_listener {
 	struct tw__node node;
@@ -129,7 +129,9 @@ struct tw_listener {
 	tw_accept_cb accept_cb;
 	void *arg;
 	char address[128];
-	tw__then_fn then; /* after TLS, for wss */
+	tw__then_fn then;            /* after TLS, for wss */
+	tw_accept_error_cb error_cb; /* tw_listener_set_error_cb */
+	void *error_arg;
 };
 
 /* The receive budget (tw_context_set_receive_budget_bytes). Before a read
@@ -152,6 +154,10 @@ void tw__comm_wq_sub(tw_comm *c, uint64_t n);
  * that nobody could retry (a handshake, a pool's request on an idle comm,
  * a batched sender's last batch). Same returns, without that TW_EAGAIN. */
 int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m);
+
+/* An accepted connection of l failed before it became a comm: tell the
+ * application (tw_listener_set_error_cb); why is also on the context. */
+void tw__listener_failed(tw_listener *l, int err, const char *peer, const char *why);
 
 /* The comm a context node belongs to, or NULL when it is no comm. */
 tw_comm *tw__node_comm(struct tw__node *n);
@@ -227,6 +233,9 @@ int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);
 void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *));
 /* Fill c->peer and c->local from the socket, as scheme:// URIs. */
 void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme);
+/* The peer's address as accept gave it (NULL: keep what the socket
+ * said): a client that reset before its comm was made has none left. */
+void tw__comm_set_peer(tw_comm *c, const struct sockaddr *sa, const char *scheme);
 /* Record an error text on the comm (printf style). */
 void tw__comm_seterr(tw_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The code of a failed socket read or write, by errno: EPROTO is the TLS
@@ -290,7 +299,7 @@ int tw__tls_listen_then(tw_context *ctx, const struct tw__uri *u, const char *sc
 extern const struct tw__stream_io tw__tcp_io;
 /* tw__tcp_listen_with listens and hands each accepted socket to on_fd,
  * which owns it; the listener's address uses `scheme`. */
-typedef void (*tw__accept_fd_fn)(tw_listener *l, int fd);
+typedef void (*tw__accept_fd_fn)(tw_listener *l, int fd, const struct sockaddr *peer);
 int tw__tcp_listen_with(tw_context *ctx, const struct tw__uri *u, const char *scheme,
 			tw__accept_fd_fn on_fd, tw_accept_cb cb, void *arg, tw_listener **out);
 

@@ -795,10 +795,24 @@ static void peer_gone(struct ws *w, ssize_t n)
 		return end_after_close(w);
 	if (w->write_err != 0) /* read_rest: write_failed said why */
 		return tw__comm_end(&w->base, w->write_err);
+	if (n == 0 && w->msg == NULL && w->count_have == 0) {
+		tw__comm_seterr(
+			&w->base,
+			"peer closed the connection between messages, without a close frame");
+		return tw__comm_end(&w->base, 0);
+	}
 	if (n == 0) {
-		tw__comm_seterr(&w->base, "peer closed the connection without a close frame");
-		return tw__comm_end(&w->base,
-				    w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED);
+		/* what arrived: frames complete, and the bytes of the one in
+		 * progress (its block fills from frame_start) */
+		uint64_t got = w->msg_bytes + (w->blk != NULL ? w->blk_off - w->frame_start : 0);
+		tw__comm_seterr(&w->base,
+				"peer closed the connection in the middle of a message, without a "
+				"close frame: after %llu bytes of its frames (%zu of %llu frames "
+				"complete)",
+				(unsigned long long)got,
+				w->msg != NULL ? tw_msg_nframes(w->msg) : 0,
+				(unsigned long long)w->nframes);
+		return tw__comm_end(&w->base, TW_ETRUNCATED);
 	}
 	tw__comm_seterr(&w->base, "read failed: %s", io_error(w));
 	tw__comm_end(&w->base, err);
@@ -1076,6 +1090,9 @@ static void upgrade_failed(struct ws *w, int err, const char *why)
 {
 	tw_connect_cb cb = w->cb;
 	void *arg = w->cb_arg;
+	tw_listener *l = w->client ? NULL : w->l;
+	char peer[sizeof(w->base.peer)];
+	memcpy(peer, w->base.peer, sizeof(peer));
 	if (!w->client)
 		tw__ctx_seterr(w->base.ctx, "WebSocket upgrade of a client (%s) %s: %s",
 			       w->base.peer, err == TW_ETIMEDOUT ? "timed out" : "failed", why);
@@ -1089,6 +1106,8 @@ static void upgrade_failed(struct ws *w, int err, const char *why)
 	tw_comm_free(&w->base);
 	if (cb != NULL)
 		cb(NULL, err, arg);
+	else if (l != NULL) /* after the free: the callback may free l, and its upgrades */
+		tw__listener_failed(l, err, peer, l->ctx->error);
 }
 
 static void upgrade_done(struct ws *w)
@@ -1250,11 +1269,12 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 
 static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
 			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l,
-			uint64_t deadline_ms)
+			uint64_t deadline_ms, const struct sockaddr *peer)
 {
 	struct ws *w;
 	int rv, len;
 	(void)l;
+	(void)peer;
 	if ((rv = ws_new(ctx, fd, io, io_arg, 1, deadline_ms, &w)) != 0) {
 		tw__ctx_seterr(ctx, "WebSocket upgrade: %s", tw_strerror(rv));
 		if (io->free != NULL)
@@ -1278,7 +1298,7 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 
 static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg,
 			const struct tw__uri *u, tw_connect_cb cb, void *arg, tw_listener *l,
-			uint64_t deadline_ms)
+			uint64_t deadline_ms, const struct sockaddr *peer)
 {
 	struct ws *w;
 	(void)u;
@@ -1290,6 +1310,7 @@ static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 		close(fd);
 		return;
 	}
+	tw__comm_set_peer(&w->base, peer, io == &tw__tcp_io ? "ws" : "wss");
 	w->l = l;
 	event_add(w->rev, NULL);
 	event_active(w->rev, EV_READ, 0); /* TLS may hold the request already */
@@ -1299,12 +1320,12 @@ static void plain_client(tw_context *ctx, int fd, const struct tw__uri *u, tw_co
 			 void *arg, void *up_arg, uint64_t deadline_ms)
 {
 	(void)up_arg;
-	client_then(ctx, fd, &tw__tcp_io, NULL, u, cb, arg, NULL, deadline_ms);
+	client_then(ctx, fd, &tw__tcp_io, NULL, u, cb, arg, NULL, deadline_ms, NULL);
 }
 
-static void plain_accept(tw_listener *l, int fd)
+static void plain_accept(tw_listener *l, int fd, const struct sockaddr *peer)
 {
-	server_then(l->ctx, fd, &tw__tcp_io, NULL, NULL, NULL, NULL, l, 0);
+	server_then(l->ctx, fd, &tw__tcp_io, NULL, NULL, NULL, NULL, l, 0, peer);
 }
 
 /* A freed listener must not be reached by upgrades it started. */

@@ -75,6 +75,25 @@ int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *ar
  * Returns 0, or TW_ERANGE when buf is too small. */
 int tw_listener_address(const tw_listener *l, char *buf, size_t len);
 
+/* tw_accept_error_cb: a connection that listener l accepted failed before
+ * it became a comm, so accept_cb never saw it: its TLS handshake (a
+ * client refused for a missing or unknown certificate, with OpenSSL's
+ * reason and the certificate check's), its ws upgrade, or their timeouts.
+ * err: TW_ETLS, TW_ETIMEDOUT, TW_EPROTO, TW_ECLOSED, TW_EIO or TW_ENOMEM;
+ * peer: the client's address as a URI ("tls://127.0.0.1:51234", kept from
+ * accept, so it is there even for a client that reset at once); why: the
+ * reason in words (also in tw_context_last_error). Both strings are valid
+ * during the call only. Runs on the loop thread; the listener may be
+ * freed inside it. */
+typedef void (*tw_accept_error_cb)(tw_listener *l, int err, const char *peer, const char *why,
+				   void *arg);
+
+/* tw_listener_set_error_cb: run cb(l, err, peer, why, arg) for each
+ * accepted connection that fails before it becomes a comm (NULL: none, the
+ * default), so an operator can see why clients (workers) fail to join.
+ * Loop thread. Returns 0 or TW_EINVAL (l NULL). */
+int tw_listener_set_error_cb(tw_listener *l, tw_accept_error_cb cb, void *arg);
+
 /* tw_listener_free: stop listening and free. Comms already accepted live
  * on. Accepts NULL. */
 void tw_listener_free(tw_listener *l);
