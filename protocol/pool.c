@@ -45,6 +45,7 @@ struct dest {
 	size_t connecting;
 	tw_call *wait_head, **wait_tail;
 	size_t nwaiting;
+	tw_call *sleeping;      /* idempotent calls waiting to be retried */
 	struct dest *kick_next; /* on the pool's kick list */
 	int kicked;
 	char why[TW__WHY_BYTES]; /* why its last connect failed */
@@ -61,7 +62,14 @@ struct tw_call {
 	tw_reply_cb cb;
 	void *arg;
 	int waiting;
-	int doomed;              /* failing with its address (connect_failed) */
+	int doomed; /* failing with its address (connect_failed) */
+	/* Retries (TW_CALL_IDEMPOTENT): the request kept for the next try,
+	 * the tries made, and the backoff between them. */
+	tw_msg *orig;
+	unsigned retries;
+	int sleeping;
+	tw_call *sl_next, **sl_pprev;
+	struct event *retry_ev;
 	char why[TW__WHY_BYTES]; /* tw_call_error */
 };
 
@@ -76,6 +84,10 @@ struct tw_pool {
 	struct tw__timer deadline; /* the soonest call deadline (or a later one) */
 	tw_call *dl_head, *dl_tail;
 	int closing;
+	unsigned retry_count; /* tw_pool_set_retry */
+	uint32_t retry_min_ms, retry_max_ms;
+	int no_retry;    /* failing an address: nothing is retried */
+	uint64_t jitter; /* xorshift state */
 };
 
 static void fail(tw_call *c, int err);
@@ -182,7 +194,7 @@ static void drop_unasked(struct pcomm *pc);
  * waiting call (every call is one or the other). */
 static int gone(const struct dest *d)
 {
-	return d->comms == NULL && d->wait_head == NULL;
+	return d->comms == NULL && d->wait_head == NULL && d->sleeping == NULL;
 }
 
 static void unlink_dest(struct dest *d)
@@ -220,10 +232,34 @@ static void maybe_gone(struct dest *d)
 		kick(d);
 }
 
+/* Failures worth another try of an idempotent call, as Dask's
+ * retry_operation retries OSError (connection refused, reset, closed,
+ * timed out), never a remote error or a refusal that will repeat. */
+static int retryable(int err)
+{
+	return err == TW_ECONNREFUSED || err == TW_ECLOSED || err == TW_EIO ||
+	       err == TW_ETIMEDOUT || err == TW_EHANDSHAKE || err == TW_ETRUNCATED;
+}
+
+static int sleep_call(tw_call *c);
+
 static void finish(tw_call *c, int err, tw_decoded *reply)
 {
-	dl_remove(c->dest->pool, c);
+	tw_pool *p = c->dest->pool;
+	dl_remove(p, c);
 	tw_msg_free(c->req);
+	c->req = NULL;
+	if (c->orig != NULL && err != 0 && retryable(err) && c->retries < p->retry_count &&
+	    !p->closing && !p->no_retry && sleep_call(c) == 0)
+		return;
+	if (c->retries > 0 && err != 0) { /* say how hard it tried */
+		size_t n = strlen(c->why);
+		snprintf(c->why + n, sizeof(c->why) - n, " (after %u retr%s)", c->retries,
+			 c->retries == 1 ? "y" : "ies");
+	}
+	tw_msg_free(c->orig);
+	if (c->retry_ev != NULL)
+		event_free(c->retry_ev);
 	c->cb(c, err, reply, c->arg);
 	free(c);
 }
@@ -251,10 +287,20 @@ static void drop_comm(struct pcomm *pc)
 	free(pc);
 }
 
+static void unsleep(tw_call *c)
+{
+	if ((*c->sl_pprev = c->sl_next) != NULL)
+		c->sl_next->sl_pprev = c->sl_pprev;
+	c->sleeping = 0;
+	event_del(c->retry_ev);
+}
+
 /* A call fails: if its request went out, its comm can never be reused. */
 static void fail(tw_call *c, int err)
 {
 	struct dest *d = c->dest;
+	if (c->sleeping)
+		unsleep(c);
 	if (c->waiting)
 		unwait(c);
 	if (c->pc != NULL) {
@@ -268,7 +314,7 @@ static void fail(tw_call *c, int err)
 
 void tw_call_cancel(tw_call *c)
 {
-	say(c, "canceled");
+	say(c, "call to %s canceled", c->dest->uri);
 	fail(c, TW_ECANCELED);
 }
 
@@ -541,6 +587,58 @@ static void dispatch(struct dest *d)
 	}
 }
 
+/* Back off, then try again: delay_min * 2^i, at most delay_max, plus up
+ * to 10% jitter (distributed.utils_comm.retry). */
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+	tw_call *c = arg;
+	struct dest *d = c->dest;
+	(void)fd;
+	(void)what;
+	unsleep(c);
+	c->req = tw_msg_hold(c->orig);
+	c->doomed = 0;
+	c->waiting = 1;
+	c->next = NULL;
+	c->pprev = d->wait_tail;
+	*d->wait_tail = c;
+	d->wait_tail = &c->next;
+	d->nwaiting++;
+	if (c->timeout_ms > 0) { /* each try has the call's timeout, as in Dask */
+		c->deadline_ms = tw__mono_ms() + c->timeout_ms + 1;
+		dl_insert(d->pool, c);
+	}
+	kick(d);
+}
+
+/* 0: c sleeps until its next try; -1: no memory for the timer. */
+static int sleep_call(tw_call *c)
+{
+	struct dest *d = c->dest;
+	tw_pool *p = d->pool;
+	uint64_t ms = p->retry_min_ms;
+	struct timeval tv;
+	for (unsigned i = 0; i < c->retries && ms < p->retry_max_ms; i++)
+		ms *= 2;
+	if (ms > p->retry_max_ms)
+		ms = p->retry_max_ms;
+	p->jitter ^= p->jitter << 13, p->jitter ^= p->jitter >> 7, p->jitter ^= p->jitter << 17;
+	ms += ms * (p->jitter % 1000) / 10000;
+	if (c->retry_ev == NULL && (c->retry_ev = evtimer_new(p->ctx->base, on_retry, c)) == NULL)
+		return -1;
+	c->retries++;
+	c->sleeping = 1;
+	c->sl_next = d->sleeping;
+	c->sl_pprev = &d->sleeping;
+	if (d->sleeping != NULL)
+		d->sleeping->sl_pprev = &c->sl_next;
+	d->sleeping = c;
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+	evtimer_add(c->retry_ev, &tv);
+	return 0;
+}
+
 static struct dest *find_dest(tw_pool *p, const char *uri)
 {
 	struct dest *d;
@@ -562,11 +660,18 @@ static struct dest *find_dest(tw_pool *p, const char *uri)
 int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
 		 void *arg, tw_call **out)
 {
+	return tw_pool_call_flags(p, uri, request, timeout_ms, 0, cb, arg, out);
+}
+
+int tw_pool_call_flags(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
+		       unsigned flags, tw_reply_cb cb, void *arg, tw_call **out)
+{
 	struct pcomm *pc;
 	struct dest *d;
 	tw_call *c;
 	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
-	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri))
+	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri) ||
+	    (flags & ~(unsigned)TW_CALL_IDEMPOTENT) != 0)
 		return TW_EINVAL;
 	if (p->closing) /* from a callback that tw_pool_free runs */
 		return TW_ECLOSED;
@@ -582,6 +687,8 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 	}
 	c->dest = d;
 	c->req = request;
+	if (flags & TW_CALL_IDEMPOTENT)
+		c->orig = tw_msg_hold(request);
 	c->cb = cb;
 	c->arg = arg;
 	c->waiting = 1;
@@ -674,6 +781,10 @@ int tw_pool_new(tw_context *ctx, tw_pool **out)
 	p->limit = TW_DEFAULT_POOL_LIMIT;
 	p->max_idle = TW_DEFAULT_POOL_MAX_IDLE;
 	p->idle_timeout_ms = TW_DEFAULT_POOL_IDLE_TIMEOUT_MS;
+	p->retry_count = TW_DEFAULT_POOL_RETRY_COUNT;
+	p->retry_min_ms = TW_DEFAULT_POOL_RETRY_DELAY_MIN_MS;
+	p->retry_max_ms = TW_DEFAULT_POOL_RETRY_DELAY_MAX_MS;
+	p->jitter = tw__mono_ms() | 1;
 	if ((p->kick = event_new(ctx->base, -1, 0, on_kick, p)) == NULL ||
 	    (rv = tw__timer_init(&p->sweep, ctx->base, on_sweep, p)) != 0 ||
 	    (rv = tw__timer_init(&p->deadline, ctx->base, on_deadline, p)) != 0) {
@@ -693,6 +804,16 @@ int tw_pool_set_limit(tw_pool *p, size_t n)
 	if (p == NULL || n == 0)
 		return TW_EINVAL;
 	p->limit = n;
+	return 0;
+}
+
+int tw_pool_set_retry(tw_pool *p, unsigned count, uint32_t delay_min_ms, uint32_t delay_max_ms)
+{
+	if (p == NULL || delay_min_ms == 0 || delay_max_ms < delay_min_ms)
+		return TW_EINVAL;
+	p->retry_count = count;
+	p->retry_min_ms = delay_min_ms;
+	p->retry_max_ms = delay_max_ms;
 	return 0;
 }
 
@@ -721,6 +842,73 @@ size_t tw__pool_ndests(const tw_pool *p)
 	return n;
 }
 
+/* The first call of d in flight, or NULL. */
+static tw_call *busy_call(const struct dest *d)
+{
+	for (const struct pcomm *pc = d->comms; pc != NULL; pc = pc->next)
+		if (pc->busy != NULL)
+			return pc->busy;
+	return NULL;
+}
+
+int tw_pool_fail_address(tw_pool *p, const char *uri, int err, const char *why)
+{
+	struct dest *d;
+	struct pcomm *pc, **pp;
+	tw_call *c;
+	if (p == NULL || uri == NULL || err >= 0 || p->closing)
+		return TW_EINVAL;
+	for (d = p->dests; d != NULL && strcmp(d->uri, uri) != 0; d = d->next)
+		;
+	if (d == NULL)
+		return 0;
+	say_dest(d, "%s: %s", uri, why != NULL ? why : tw_strerror(err));
+	p->no_retry = 1;
+	/* comms that carry no call first, with no callback: a callback below
+	 * that calls uri again must not get one of them */
+	for (pp = &d->comms; (pc = *pp) != NULL;) {
+		if (pc->busy != NULL) {
+			pp = &pc->next;
+		} else if (pc->node.next != NULL) { /* connecting, or in its handshake */
+			*pp = pc->next;
+			d->open--;
+			d->connecting--;
+			abort_connecting(pc);
+		} else {
+			drop_comm(pc);
+		}
+	}
+	/* then the calls; rescanning after each callback, which may cancel
+	 * another call or call the address again */
+	while ((c = busy_call(d)) != NULL) {
+		struct pcomm *cp = c->pc;
+		memcpy(c->why, d->why, sizeof(c->why));
+		cp->busy = NULL;
+		c->pc = NULL;
+		drop_comm(cp);
+		finish(c, err, NULL);
+	}
+	fail_waiting(d, err);
+	while ((c = d->sleeping) != NULL) {
+		memcpy(c->why, d->why, sizeof(c->why));
+		fail(c, err);
+	}
+	p->no_retry = 0;
+	if (d->wait_head != NULL) /* calls made by the callbacks: new comms */
+		kick(d);
+	maybe_gone(d);
+	return 0;
+}
+
+size_t tw__pool_nsleeping(const tw_pool *p)
+{
+	size_t n = 0;
+	for (const struct dest *d = p->dests; d != NULL; d = d->next)
+		for (const tw_call *c = d->sleeping; c != NULL; c = c->sl_next)
+			n++;
+	return n;
+}
+
 void tw_pool_free(tw_pool *p)
 {
 	if (p == NULL)
@@ -729,13 +917,17 @@ void tw_pool_free(tw_pool *p)
 	while (p->dests != NULL) {
 		struct dest *d = p->dests;
 		while (d->wait_head != NULL) {
-			say(d->wait_head, "canceled: the pool was freed");
+			say(d->wait_head, "call to %s canceled: the pool was freed", d->uri);
 			fail(d->wait_head, TW_ECANCELED);
+		}
+		while (d->sleeping != NULL) {
+			say(d->sleeping, "call to %s canceled: the pool was freed", d->uri);
+			fail(d->sleeping, TW_ECANCELED);
 		}
 		while (d->comms != NULL) {
 			struct pcomm *pc = d->comms;
 			if (pc->busy != NULL) {
-				say(pc->busy, "canceled: the pool was freed");
+				say(pc->busy, "call to %s canceled: the pool was freed", d->uri);
 				fail(pc->busy, TW_ECANCELED);
 				continue;
 			}

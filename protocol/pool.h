@@ -12,5 +12,7 @@
 /* tw__pool_ndests: the addresses p keeps an entry for (one with comms or
  * calls, or one freed on the loop's next pass). */
 size_t tw__pool_ndests(const tw_pool *p);
+/* tw__pool_nsleeping: idempotent calls waiting for their next try. */
+size_t tw__pool_nsleeping(const tw_pool *p);
 
 #endif

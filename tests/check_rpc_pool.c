@@ -828,6 +828,7 @@ START_TEST(pool_cancel)
 {
 	struct rf f;
 	struct rc a, b, c;
+	char want[160];
 	rf_init(&f);
 	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
 	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
@@ -836,7 +837,9 @@ START_TEST(pool_cancel)
 	tw_call_cancel(b.call); /* waiting for the only comm */
 	ck_assert_int_eq(b.done, 1);
 	ck_assert_int_eq(b.err, TW_ECANCELED);
-	ck_assert_str_eq(b.why, "canceled");
+	/* the text names the address (issue 16: "canceled" alone) */
+	snprintf(want, sizeof(want), "call to %s canceled", f.s.addr);
+	ck_assert_str_eq(b.why, want);
 	ck_assert_int_eq(a.done, 0);
 	tw_call_cancel(a.call); /* sent */
 	ck_assert_int_eq(a.done, 1);
@@ -847,6 +850,106 @@ START_TEST(pool_cancel)
 	rc_assert_str(&c, "c");
 	rc_clear(&c);
 	assert_ndests(&f.h, f.pool, 1);
+	rf_fini(&f);
+}
+END_TEST
+
+static void assert_closed_now(int fd);
+
+/* tw_pool_fail_address: what a scheduler does when it removes a worker.
+ * Every call to the address, in flight or waiting, fails at once with the
+ * given code and a text naming the address and the reason; its comms are
+ * closed; other addresses are untouched; the address works again after. */
+START_TEST(pool_fail_address)
+{
+	static struct rc rc[5], other, again;
+	struct rf f;
+	struct bh b;
+	rf_init(&f);
+	bh_start(&b, f.h.base, NULL, 0);
+	ck_assert_int_eq(tw_pool_set_limit(f.pool, 2), 0);
+	memset(rc, 0, sizeof(rc));
+	for (size_t i = 0; i < 4; i++) /* two in flight (held), two waiting */
+		rc_start(f.pool, f.s.addr, rq_op("later"), 0, &rc[i]);
+	rc_start(f.pool, b.addr, rq_op("identity"), 0, &other); /* in its handshake */
+	ck_assert(tu_wait_count(&f.h, &f.s.nheld, 2, TU_WAIT_MS));
+	ck_assert(tu_wait_count(&f.h, &b.n, 1, TU_WAIT_MS));
+	ck_assert_int_eq(tw_pool_fail_address(f.pool, f.s.addr, TW_ETIMEDOUT,
+					      "no heartbeat within 1000 ms"),
+			 0);
+	for (size_t i = 0; i < 4; i++) { /* at once: no loop pass since */
+		ck_assert_int_eq(rc[i].done, 1);
+		ck_assert_int_eq(rc[i].err, TW_ETIMEDOUT);
+		ck_assert_msg(strstr(rc[i].why, f.s.addr) != NULL &&
+				      strstr(rc[i].why, "no heartbeat within 1000 ms") != NULL,
+			      "%zu: %s", i, rc[i].why);
+	}
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
+	ck_assert_int_eq(other.done, 0);
+	ck_assert_uint_eq(tw_pool_open_comms(f.pool, b.addr), 1);
+	/* the one in its handshake, and its socket closed at once */
+	ck_assert_int_eq(tw_pool_fail_address(f.pool, b.addr, TW_ECLOSED, "removed"), 0);
+	ck_assert_int_eq(other.err, TW_ECLOSED);
+	assert_closed_now(b.fds[0]);
+	ck_assert_int_eq(tw_pool_fail_address(f.pool, "tcp://127.0.0.1:1", TW_ECLOSED, NULL), 0);
+	ck_assert_int_eq(tw_pool_fail_address(f.pool, b.addr, 0, "x"), TW_EINVAL);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("identity"), 0, &again), 0);
+	rc_clear(&again);
+	bh_stop(&b);
+	rf_fini(&f);
+}
+END_TEST
+
+/* Retries of idempotent calls (issue 16; Dask's retry_operation): tried
+ * count + 1 times in all, the text saying so; a call that is not
+ * idempotent is tried once; one sleeping before its next try is canceled,
+ * failed by tw_pool_fail_address (never retried then) and canceled by
+ * tw_pool_free; idempotent calls that succeed are plain calls. */
+static int one_sleeping(void *arg)
+{
+	return tw__pool_nsleeping(arg) == 1;
+}
+
+START_TEST(pool_retry)
+{
+	static struct rc a, b, c, d, e, ok;
+	struct rf f;
+	char refused[64], want[160];
+	rf_init(&f);
+	ru_refused_uri(refused, sizeof(refused));
+	ck_assert_int_eq(tw_pool_set_retry(f.pool, 2, 1, 5), 0);
+	ck_assert_int_eq(tw_pool_set_retry(f.pool, 2, 0, 5), TW_EINVAL);
+	ck_assert_int_eq(tw_pool_set_retry(f.pool, 2, 10, 5), TW_EINVAL);
+	rc_start_flags(f.pool, refused, rq_op("identity"), 0, TW_CALL_IDEMPOTENT, &a);
+	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
+	ck_assert_int_eq(a.err, TW_ECONNREFUSED);
+	ck_assert_msg(strstr(a.why, "(after 2 retries)") != NULL, "%s", a.why);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, refused, rq_op("identity"), 0, &b),
+			 TW_ECONNREFUSED);
+	ck_assert_msg(strstr(b.why, "retries") == NULL, "%s", b.why);
+	/* sleeping calls: canceled, failed with their address, freed */
+	ck_assert_int_eq(tw_pool_set_retry(f.pool, 5, 60000, 60000), 0);
+	rc_start_flags(f.pool, refused, rq_op("identity"), 0, TW_CALL_IDEMPOTENT, &c);
+	ck_assert(tu_run_until(&f.h, one_sleeping, f.pool, TU_WAIT_MS));
+	tw_call_cancel(c.call);
+	ck_assert_int_eq(c.err, TW_ECANCELED);
+	snprintf(want, sizeof(want), "call to %s canceled (after 1 retry)", refused);
+	ck_assert_str_eq(c.why, want);
+	ck_assert_uint_eq(tw__pool_nsleeping(f.pool), 0);
+	rc_start_flags(f.pool, refused, rq_op("identity"), 0, TW_CALL_IDEMPOTENT, &d);
+	ck_assert(tu_run_until(&f.h, one_sleeping, f.pool, TU_WAIT_MS));
+	ck_assert_int_eq(tw_pool_fail_address(f.pool, refused, TW_ECLOSED, "removed"), 0);
+	ck_assert_int_eq(d.err, TW_ECLOSED);
+	ck_assert_msg(strstr(d.why, "removed") != NULL, "%s", d.why);
+	rc_start_flags(f.pool, f.s.addr, rq_op("identity"), 0, TW_CALL_IDEMPOTENT, &ok);
+	ck_assert(rc_wait(&f.h, &ok, TU_WAIT_MS));
+	ck_assert_int_eq(ok.err, 0);
+	rc_clear(&ok);
+	rc_start_flags(f.pool, refused, rq_op("identity"), 0, TW_CALL_IDEMPOTENT, &e);
+	ck_assert(tu_run_until(&f.h, one_sleeping, f.pool, TU_WAIT_MS));
+	tw_pool_free(f.pool);
+	f.pool = NULL;
+	ck_assert_int_eq(e.err, TW_ECANCELED);
 	rf_fini(&f);
 }
 END_TEST
@@ -1385,6 +1488,8 @@ TCase *rpc_pool_tcase(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, pool_limit_and_idle);
 	tcase_add_test(tc, pool_cancel);
+	tcase_add_test(tc, pool_fail_address);
+	tcase_add_test(tc, pool_retry);
 	tcase_add_test(tc, pool_cancel_waiting_order);
 	tcase_add_test(tc, pool_chain_from_callback);
 	tcase_add_test(tc, pool_forgets_addresses);

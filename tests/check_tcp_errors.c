@@ -184,6 +184,38 @@ START_TEST(peer_address_kept_from_accept)
 }
 END_TEST
 
+/* Liveness (issue 16, point 3): a peer that stops sending while a message
+ * is due (stopped with SIGSTOP: its kernel still acknowledges, so no TCP
+ * timeout fires) ends its comm at the receive deadline, with a text that
+ * says so; one that keeps sending is never cut. */
+START_TEST(recv_deadline)
+{
+	struct tu h;
+	struct tu_peer *cli = tu_setup_echo(&h), *sp;
+	size_t lens[] = {10};
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	/* each message starts the time again; turned off, nothing ends */
+	ck_assert_int_eq(tw_comm_set_recv_deadline_ms(sp->comm, 10000), 0);
+	for (unsigned i = 0; i < 5; i++)
+		tu_echo_check(cli, lens, 1, i, TU_WAIT_MS);
+	ck_assert_int_eq(tw_comm_set_recv_deadline_ms(sp->comm, 0), 0);
+	ck_assert_int_eq(sp->closed, 0);
+	/* the client now sends nothing: the server's comm ends at 200 ms */
+	ck_assert_int_eq(tw_comm_set_recv_deadline_ms(sp->comm, 200), 0);
+	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+	ck_assert_int_eq(sp->close_err, TW_ETIMEDOUT);
+	ck_assert_msg(strstr(sp->last_error, "no message from tcp://127.0.0.1:") != NULL &&
+			      strstr(sp->last_error, "within 200 ms") != NULL,
+		      "%s", sp->last_error);
+	ck_assert_int_eq(tw_comm_set_recv_deadline_ms(sp->comm, 100), TW_ECLOSED);
+	/* the client sees its peer go, between messages, with a text */
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_int_eq(cli->close_err, 0);
+	ck_assert_str_eq(cli->last_error, "peer closed the connection between messages");
+	tu_fini(&h);
+}
+END_TEST
+
 /* Bad preludes: each bad comm ends with its error and is closed, nothing
  * is allocated from a declared size, the listener and other comms carry
  * on. */
@@ -858,6 +890,7 @@ TCase *tcp_errors_tcase(void)
 	tcase_add_test(tc, bad_preludes);
 	tcase_add_test(tc, default_frames_follow_bytes);
 	tcase_add_test(tc, peer_address_kept_from_accept);
+	tcase_add_test(tc, recv_deadline);
 	tcase_add_test(tc, connect_refused);
 	tcase_add_test(tc, bad_uris);
 	tcase_add_test(tc, listen_in_use);

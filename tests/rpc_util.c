@@ -135,9 +135,15 @@ static void rc_done(tw_call *call, int err, tw_decoded *reply, void *arg)
 
 void rc_start(tw_pool *p, const char *uri, tw_msg *req, uint32_t timeout_ms, struct rc *rc)
 {
+	rc_start_flags(p, uri, req, timeout_ms, 0, rc);
+}
+
+void rc_start_flags(tw_pool *p, const char *uri, tw_msg *req, uint32_t timeout_ms, unsigned flags,
+		    struct rc *rc)
+{
 	int rv;
 	memset(rc, 0, sizeof(*rc));
-	rv = tw_pool_call(p, uri, req, timeout_ms, rc_done, rc, &rc->call);
+	rv = tw_pool_call_flags(p, uri, req, timeout_ms, flags, rc_done, rc, &rc->call);
 	ck_assert_msg(rv == 0, "tw_pool_call: %s", tw_strerror(rv));
 	ck_assert_int_eq(rc->done, 0); /* never from inside tw_pool_call */
 }

@@ -44,6 +44,9 @@ struct rc {
 extern int rc_forbid;
 
 void rc_start(tw_pool *p, const char *uri, tw_msg *req, uint32_t timeout_ms, struct rc *rc);
+/* rc_start with tw_pool_call_flags. */
+void rc_start_flags(tw_pool *p, const char *uri, tw_msg *req, uint32_t timeout_ms, unsigned flags,
+		    struct rc *rc);
 int rc_wait(struct tu *h, struct rc *rc, int ms);
 /* Start, wait, return the error; the reply stays in rc. */
 int rc_call(struct tu *h, tw_pool *p, const char *uri, tw_msg *req, uint32_t timeout_ms,

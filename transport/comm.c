@@ -93,6 +93,8 @@ static void destroy_comm(tw_comm *c)
 	}
 	if (c->timeout_ev != NULL)
 		event_free(c->timeout_ev);
+	if (c->deadline_ev != NULL)
+		event_free(c->deadline_ev);
 	if (c->proto_free != NULL)
 		c->proto_free(c->proto);
 	if (c->deliver_free != NULL)
@@ -239,6 +241,8 @@ int tw__comm_release(tw_comm *c)
 
 int tw__comm_deliver(tw_comm *c, tw_msg *m)
 {
+	if (c->deadline_ms != 0) /* one clock read; the timer stays as it is */
+		c->last_msg_ms = tw__mono_ms();
 	c->depth++;
 	c->recv_cb(c, m, c->arg);
 	return after_callback(c);
@@ -288,6 +292,8 @@ void tw__comm_end(tw_comm *c, int err)
 	c->end_err = err;
 	if (c->timeout_ev != NULL)
 		event_del(c->timeout_ev);
+	if (c->deadline_ev != NULL)
+		event_del(c->deadline_ev);
 	c->ops->stop(c);
 	leave_budgets(c);
 	if (c->close_cb == NULL) {
@@ -418,6 +424,48 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	tw__comm_seterr(c, "timed out");
 	tw__comm_end(c, TW_ETIMEDOUT);
+}
+
+/* Liveness (issue 16): the peer owes us a message. */
+static void arm_deadline(tw_comm *c, uint64_t ms)
+{
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	evtimer_add(c->deadline_ev, &tv);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	tw_comm *c = arg;
+	uint64_t due = c->last_msg_ms + c->deadline_ms, now = tw__mono_ms();
+	(void)fd;
+	(void)what;
+	if (c->ended || c->deadline_ms == 0)
+		return;
+	if (now < due) /* a message came meanwhile: sleep for the rest */
+		return arm_deadline(c, due - now);
+	tw__comm_seterr(c, "no message from %s within %u ms (the receive deadline)",
+			c->peer[0] != '\0' ? c->peer : "the peer", (unsigned)c->deadline_ms);
+	tw__comm_end(c, TW_ETIMEDOUT);
+}
+
+int tw_comm_set_recv_deadline_ms(tw_comm *c, uint32_t ms)
+{
+	if (c == NULL)
+		return TW_EINVAL;
+	if (c->ended)
+		return TW_ECLOSED;
+	if (c->deadline_ev == NULL && ms != 0 &&
+	    (c->deadline_ev = evtimer_new(c->ctx->base, on_deadline, c)) == NULL)
+		return TW_ENOMEM;
+	c->deadline_ms = ms;
+	if (ms == 0) {
+		if (c->deadline_ev != NULL)
+			event_del(c->deadline_ev);
+		return 0;
+	}
+	c->last_msg_ms = tw__mono_ms();
+	arm_deadline(c, ms);
+	return 0;
 }
 
 int tw__comm_arm_timeout(tw_comm *c, uint32_t ms)
@@ -620,6 +668,8 @@ void tw_comm_free(tw_comm *c)
 			tw__comm_seterr(c, "freed by the application");
 		if (c->timeout_ev != NULL)
 			event_del(c->timeout_ev);
+		if (c->deadline_ev != NULL)
+			event_del(c->deadline_ev);
 		c->ops->stop(c);
 		leave_budgets(c);
 	}

@@ -91,8 +91,14 @@ struct tw_comm {
 	void *proto;             /* the protocol layer's state (placement) */
 	void (*proto_free)(void *p);
 	struct event *timeout_ev; /* tw__comm_arm_timeout */
-	int app_paused;           /* tw_comm_pause */
-	struct tw__rate rate;     /* tw__comm_rate_watch */
+	/* tw_comm_set_recv_deadline_ms: the next message within deadline_ms
+	 * of the last (or of the call); 0: off. The timer is not re-armed per
+	 * message: when it fires early it sleeps for the rest. */
+	struct event *deadline_ev;
+	uint32_t deadline_ms;
+	uint64_t last_msg_ms; /* tw__mono_ms of the last message, or of the arming */
+	int app_paused;       /* tw_comm_pause */
+	struct tw__rate rate; /* tw__comm_rate_watch */
 	/* The decoded-delivery layer (protocol/delivery.c), if used. */
 	void *deliver;
 	void (*deliver_free)(void *d);

@@ -142,6 +142,25 @@ uint64_t tw_comm_queued_bytes(const tw_comm *comm);
 void tw_comm_close(tw_comm *comm);
 void tw_comm_abort(tw_comm *comm);
 
+/* tw_comm_set_recv_deadline_ms: liveness for a peer that owes us
+ * messages (a worker's heartbeats, a reply due): from now on the next
+ * complete message must arrive within ms milliseconds of this call or of
+ * the message before it; each message delivered starts the time again.
+ * Past it the comm ends with TW_ETIMEDOUT (the close callback runs, end
+ * watches see it) and tw_comm_last_error says "no message from <peer
+ * address> within <ms> ms (the receive deadline)". This catches a peer
+ * whose kernel still acknowledges (stopped with SIGSTOP, a hung process),
+ * which the TCP timeout never does. ms 0 turns it off (the default).
+ * Time the comm spends paused counts (the peer's messages wait in our
+ * socket then): pause only when no message is due. Loop thread. Dask's
+ * equivalent is the scheduler's worker-ttl check of heartbeats
+ * (distributed/scheduler.py, Scheduler.check_worker_ttl).
+ * Returns 0, or:
+ * TW_EINVAL (comm NULL)
+ * TW_ECLOSED (the comm has ended)
+ * TW_ENOMEM */
+int tw_comm_set_recv_deadline_ms(tw_comm *comm, uint32_t ms);
+
 /* tw_comm_free: abort if still open (no close callback then; watchers of
  * tw_comm_watch_end see TW_ECANCELED), stop every callback the owner set,
  * and drop the owner's reference: the memory goes with the last reference

@@ -30,6 +30,11 @@ typedef struct tw_call tw_call;
 #define TW_DEFAULT_POOL_LIMIT           512 /* open comms per address (Dask: 512 in all) */
 #define TW_DEFAULT_POOL_MAX_IDLE        16  /* idle comms kept per address */
 #define TW_DEFAULT_POOL_IDLE_TIMEOUT_MS 60000
+/* Retries of idempotent calls, as Dask's distributed.comm.retry
+ * (count 0, delay min 1 s, max 20 s). */
+#define TW_DEFAULT_POOL_RETRY_COUNT        0
+#define TW_DEFAULT_POOL_RETRY_DELAY_MIN_MS 1000
+#define TW_DEFAULT_POOL_RETRY_DELAY_MAX_MS 20000
 
 /* The call finished. err is 0 with the reply (the callback owns it: free
  * it with tw_decoded_free; an op the server does not know replies nil,
@@ -72,6 +77,32 @@ int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_time
 int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
 		 void *arg, tw_call **out);
 
+/* Flags of tw_pool_call_flags. TW_CALL_IDEMPOTENT: the request may be
+ * sent again (it reads, or its effect does not add up), so a try that
+ * fails for the connection's sake is retried (tw_pool_set_retry). */
+#define TW_CALL_IDEMPOTENT 1u
+
+/* tw_pool_call_flags: tw_pool_call with flags (0 or TW_CALL_IDEMPOTENT).
+ * An idempotent call that fails with TW_ECONNREFUSED, TW_ECLOSED,
+ * TW_EIO, TW_ETIMEDOUT, TW_EHANDSHAKE or TW_ETRUNCATED is tried again,
+ * up to the pool's retry count, after a backoff of delay_min * 2^i ms
+ * (i: retries so far) capped at delay_max, plus up to 10% jitter; each
+ * try has timeout_ms of its own. Only the last failure reaches cb, its
+ * tw_call_error ending "(after N retries)". Never retried: remote errors,
+ * TW_ECANCELED, TLS refusals, bad replies, tw_pool_fail_address. The pool
+ * keeps a reference to request until cb runs. Dask: retry_operation
+ * (distributed/utils_comm.py), which retries OSError the same way.
+ * Returns as tw_pool_call, or TW_EINVAL for an unknown flag. */
+int tw_pool_call_flags(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
+		       unsigned flags, tw_reply_cb cb, void *arg, tw_call **out);
+
+/* tw_pool_set_retry: retries of idempotent calls: count (default 0, as
+ * Dask's distributed.comm.retry.count: none), delay_min_ms (default
+ * 1,000) and delay_max_ms (default 20,000), from the next failure on.
+ * Loop thread. Returns 0, or:
+ * TW_EINVAL (p NULL, delay_min_ms 0, or delay_max_ms below it) */
+int tw_pool_set_retry(tw_pool *p, unsigned count, uint32_t delay_min_ms, uint32_t delay_max_ms);
+
 /* tw_call_cancel: cb runs now with TW_ECANCELED; the call's comm, if its
  * request was sent, is aborted. */
 void tw_call_cancel(tw_call *call);
@@ -88,6 +119,20 @@ const char *tw_call_error(const tw_call *call);
 /* tw_pool_open_comms: comms open or connecting to uri (for tests and
  * monitoring). */
 size_t tw_pool_open_comms(const tw_pool *p, const char *uri);
+
+/* tw_pool_fail_address: what a scheduler does when it removes a worker
+ * (a heartbeat overdue, its stream ended): every call to uri, in flight or
+ * waiting, fails now with err (callbacks run inside this call), each with
+ * tw_call_error "<uri>: <why>" (why NULL: tw_strerror(err)); every comm to
+ * uri, idle, busy, connecting or in its handshake, is closed at once.
+ * Calls that the callbacks make to uri get new comms. uri: as given to
+ * tw_pool_call; an address the pool does not know is no error. err: a
+ * negative TW_E* code (TW_ETIMEDOUT, TW_ECLOSED ...). Loop thread, not
+ * from inside tw_pool_free. Dask: the scheduler's remove_worker, after
+ * which calls to the worker fail (distributed/scheduler.py).
+ * Returns 0, or:
+ * TW_EINVAL (p or uri NULL, err not negative, or the pool is being freed) */
+int tw_pool_fail_address(tw_pool *p, const char *uri, int err, const char *why);
 
 /* tw_pool_free: cancel every call (callbacks run with TW_ECANCELED),
  * abort every comm, free. Comms still connecting, in their TLS handshake,
