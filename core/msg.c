@@ -139,6 +139,15 @@ uint64_t tw_msg_bytes(const tw_msg *m)
 	return m->bytes;
 }
 
+void tw__msg_truncate(tw_msg *m, size_t n)
+{
+	while (m->n > n) {
+		tw_slice *f = &m->frames[--m->n];
+		m->bytes -= f->len;
+		tw_block_free(f->block);
+	}
+}
+
 const tw_slice *tw__msg_frames(const tw_msg *m)
 {
 	return m->frames;

@@ -13,6 +13,10 @@ int tw__msg_reserve(tw_msg *m, size_t n);
  * hands over (no extra hold). Room must have been reserved. */
 void tw__msg_append_owned(tw_msg *m, tw_slice frame);
 
+/* tw__msg_truncate: release the frames from index n on (a batch rolls
+ * back a map it refused). n <= tw_msg_nframes(m). */
+void tw__msg_truncate(tw_msg *m, size_t n);
+
 /* tw__msg_frames: the frame array (n = tw_msg_nframes). */
 const tw_slice *tw__msg_frames(const tw_msg *m);
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The batched sender (include/taskwire/stream.h): maps written within one
- * interval leave as one array message, like Dask's BatchedSend. */
+ * interval leave as one array message, like Dask's BatchedSend, with the
+ * payload groups the maps reference as the message's later frames. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,7 +12,10 @@
 #include <taskwire/error.h>
 #include <taskwire/stream.h>
 
+#include <taskwire/handshake.h>
+
 #include "core/msg.h"
+#include "protocol/builder.h"
 #include "protocol/packbuf.h"
 #include "protocol/mpcheck.h"
 #include "transport/transport.h"
@@ -21,9 +25,17 @@ struct tw_batched {
 	struct tw__watch watch;
 	struct event *timer;
 	struct timeval interval;
-	msgpack_sbuffer body; /* the queued maps, packed back to back */
+	/* The batch: frame 0 holds the queued maps back to back (the array
+	 * header goes in front at flush), groups their payloads, whose
+	 * placeholders number frames from 1 as the sent message will. */
+	tw_builder bld;
+	const char *codec;    /* the comm's negotiated compression */
+	uint64_t group_bytes; /* payload bytes in the batch */
 	uint32_t n;
-	int refused; /* a send got TW_EAGAIN: drain_cb is owed */
+	int open;     /* tw_batched_begin without commit or abandon yet */
+	size_t mark0; /* frame 0's size at begin */
+	size_t markg; /* payload frames at begin */
+	int refused;  /* a send got TW_EAGAIN: drain_cb is owed */
 	tw_batched_drain_fn drain_cb;
 	void *drain_arg;
 };
@@ -34,6 +46,20 @@ static tw_batched *batched_of(struct tw__watch *w)
 }
 
 static int flush(tw_batched *b, int force);
+
+static size_t ngroups(const tw_batched *b)
+{
+	return b->bld.groups != NULL ? tw_msg_nframes(b->bld.groups) : 0;
+}
+
+/* An empty batch (the builder again as new). */
+static void batch_reset(tw_batched *b)
+{
+	tw__builder_fini(&b->bld);
+	tw__builder_init(&b->bld, b->codec); /* known codec: cannot fail */
+	b->group_bytes = 0;
+	b->n = 0;
+}
 
 /* The comm is being closed (by its server at close-stream, say): what is
  * queued goes first, as tw_batched_free would send it; sends after it say
@@ -50,8 +76,8 @@ static void comm_gone(struct tw__watch *w)
 {
 	tw_batched *b = batched_of(w);
 	b->comm = NULL;
-	msgpack_sbuffer_clear(&b->body);
-	b->n = 0;
+	if (!b->open) /* else commit or abandon empties it */
+		batch_reset(b);
 	if (b->refused)
 		event_active(b->timer, EV_TIMEOUT, 0);
 	else
@@ -60,10 +86,15 @@ static void comm_gone(struct tw__watch *w)
 
 /* The batch and the comm's write queue leave room for len more bytes
  * (one map alone always goes). */
-static int room(const tw_batched *b, size_t len)
+static int room(const tw_batched *b, uint64_t batch_bytes, size_t len)
 {
-	uint64_t queued = b->body.size + tw_comm_queued_bytes(b->comm);
+	uint64_t queued = batch_bytes + tw_comm_queued_bytes(b->comm);
 	return queued == 0 || queued + len <= b->comm->limits.write_hwm_bytes;
+}
+
+static uint64_t batch_bytes(const tw_batched *b)
+{
+	return b->bld.frame0.size + b->group_bytes;
 }
 
 /* Flush; a refused sender is told when all it queued went to the kernel,
@@ -101,12 +132,17 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
 		return TW_ENOMEM;
 	}
 	b->comm = comm;
+	b->codec = tw_comm_compression(comm);
+	if (tw__builder_init(&b->bld, b->codec) != 0) {
+		event_free(b->timer);
+		free(b);
+		return TW_EINVAL;
+	}
 	b->watch.gone = comm_gone;
 	b->watch.closing = comm_closing;
 	tw__comm_watch(comm, &b->watch);
 	b->interval.tv_sec = (time_t)(interval_ms / 1000);
 	b->interval.tv_usec = (suseconds_t)(interval_ms % 1000) * 1000;
-	msgpack_sbuffer_init(&b->body);
 	*out = b;
 	return 0;
 }
@@ -124,29 +160,107 @@ void tw_batched_set_drain_cb(tw_batched *b, tw_batched_drain_fn fn, void *arg)
 	b->drain_arg = arg;
 }
 
+static void arm(tw_batched *b)
+{
+	if (!evtimer_pending(b->timer, NULL))
+		evtimer_add(b->timer, &b->interval);
+}
+
+/* Writers are told to wait, as tw_comm_write tells them: the batch and
+ * the comm's write queue together stay under the high-water mark (one
+ * map alone always goes). */
+static int refuse(tw_batched *b)
+{
+	b->refused = 1;
+	arm(b);
+	return TW_EAGAIN;
+}
+
 int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 {
 	const char *why;
-	if (b == NULL || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0 ||
+	if (b == NULL || b->open || packed == NULL || tw__mp_check(packed, len, NULL, &why) != 0 ||
 	    !is_map(packed))
 		return TW_EINVAL;
 	/* a closing comm writes nothing more: the map could never go out */
 	if (b->comm == NULL || b->comm->ended || b->comm->closing)
 		return TW_ECLOSED;
-	/* Writers are told to wait, as tw_comm_write tells them: the batch
-	 * and the comm's write queue together stay under the high-water mark
-	 * (one map alone always goes). */
-	if (!room(b, len)) {
-		b->refused = 1;
-		if (!evtimer_pending(b->timer, NULL))
-			evtimer_add(b->timer, &b->interval);
-		return TW_EAGAIN;
-	}
-	if (msgpack_sbuffer_write(&b->body, packed, len) != 0)
+	if (!room(b, batch_bytes(b), len))
+		return refuse(b);
+	if (tw__packbuf_write(&b->bld.frame0, packed, len) != 0) {
+		tw__packbuf_truncate(&b->bld.frame0, b->bld.frame0.size);
 		return TW_ENOMEM;
+	}
 	b->n++;
-	if (!evtimer_pending(b->timer, NULL))
-		evtimer_add(b->timer, &b->interval);
+	arm(b);
+	return 0;
+}
+
+tw_builder *tw_batched_begin(tw_batched *b)
+{
+	if (b == NULL || b->open)
+		return NULL;
+	b->open = 1;
+	b->mark0 = b->bld.frame0.size;
+	b->markg = ngroups(b);
+	return &b->bld;
+}
+
+/* Forget what was packed since begin. */
+static void roll_back(tw_batched *b)
+{
+	b->open = 0;
+	if (b->comm == NULL) { /* gone meanwhile: nothing can be sent */
+		batch_reset(b);
+		return;
+	}
+	tw__packbuf_truncate(&b->bld.frame0, b->mark0);
+	if (b->bld.groups != NULL)
+		tw__msg_truncate(b->bld.groups, b->markg);
+}
+
+void tw_batched_abandon(tw_batched *b)
+{
+	if (b != NULL && b->open)
+		roll_back(b);
+}
+
+int tw_batched_commit(tw_batched *b)
+{
+	const uint8_t *p;
+	const char *why;
+	size_t len;
+	uint64_t payload = 0;
+	if (b == NULL || !b->open)
+		return TW_EINVAL;
+	if (b->bld.frame0.failed) {
+		roll_back(b);
+		return TW_ENOMEM;
+	}
+	p = b->bld.frame0.data + b->mark0;
+	len = b->bld.frame0.size - b->mark0;
+	if (len == 0 || tw__mp_check(p, len, NULL, &why) != 0 || !is_map(p)) {
+		roll_back(b);
+		return TW_EINVAL;
+	}
+	if (b->comm == NULL || b->comm->ended || b->comm->closing) {
+		roll_back(b);
+		return TW_ECLOSED;
+	}
+	if (1 + ngroups(b) > b->comm->limits.max_frames) {
+		roll_back(b); /* flush, then commit it alone */
+		return TW_ETOOBIG;
+	}
+	for (size_t i = b->markg; i < ngroups(b); i++)
+		payload += tw_msg_frame(b->bld.groups, i)->len;
+	if (!room(b, b->mark0 + b->group_bytes, len + payload)) {
+		roll_back(b);
+		return refuse(b);
+	}
+	b->open = 0;
+	b->group_bytes += payload;
+	b->n++;
+	arm(b);
 	return 0;
 }
 
@@ -158,26 +272,35 @@ static int flush(tw_batched *b, int force)
 	struct tw__packbuf head;
 	msgpack_packer pk;
 	tw_msg *m;
-	size_t hwm;
+	size_t hwm, ng;
 	int rv;
 	if (b->comm == NULL)
 		return TW_ECLOSED;
 	if (b->n == 0)
 		return 0;
+	if (b->open) { /* a map half packed: the next interval */
+		arm(b);
+		return 0;
+	}
 	tw__packbuf_init(&head);
 	tw__packbuf_packer(&head, &pk);
 	msgpack_pack_array(&pk, b->n);
 	/* Frame 0 is the array header then the maps: one buffer, so the
-	 * header goes in front of the body once. */
-	tw__packbuf_write(&head, b->body.data, b->body.size);
+	 * header goes in front of the maps once (payloads are not copied:
+	 * the message references their frames). */
+	tw__packbuf_write(&head, (const char *)b->bld.frame0.data, b->bld.frame0.size);
+	ng = ngroups(b);
 	if (tw_msg_new(&m) != 0) {
 		tw__packbuf_fini(&head);
 		return TW_ENOMEM;
 	}
-	if (tw__packbuf_append(m, &head) != 0) {
+	if (tw__msg_reserve(m, 1 + ng) != 0 || tw__packbuf_append(m, &head) != 0) {
+		tw__packbuf_fini(&head);
 		tw_msg_free(m);
 		return TW_ENOMEM;
 	}
+	for (size_t i = 0; i < ng; i++)
+		tw_msg_append(m, tw_msg_frame(b->bld.groups, i)); /* room reserved */
 	hwm = b->comm->limits.write_hwm_bytes;
 	if (force)
 		b->comm->limits.write_hwm_bytes = SIZE_MAX;
@@ -189,13 +312,14 @@ static int flush(tw_batched *b, int force)
 			evtimer_add(b->timer, &b->interval);
 		return rv;
 	}
-	msgpack_sbuffer_clear(&b->body);
-	b->n = 0;
+	batch_reset(b);
 	return 0;
 }
 
 int tw_batched_flush(tw_batched *b)
 {
+	if (b != NULL && b->open)
+		return TW_EINVAL;
 	return flush(b, 0);
 }
 
@@ -203,10 +327,11 @@ void tw_batched_free(tw_batched *b)
 {
 	if (b == NULL)
 		return;
+	tw_batched_abandon(b);
 	if (b->comm != NULL && !b->comm->ended)
 		flush(b, 1);
 	tw__comm_unwatch(&b->watch);
 	event_free(b->timer);
-	msgpack_sbuffer_destroy(&b->body);
+	tw__builder_fini(&b->bld);
 	free(b);
 }

@@ -85,3 +85,9 @@ void tw__packbuf_fini(struct tw__packbuf *pb)
 	tw__block_draft_free(pb->data);
 	tw__packbuf_init(pb);
 }
+
+void tw__packbuf_truncate(struct tw__packbuf *pb, size_t size)
+{
+	pb->size = size;
+	pb->failed = 0;
+}

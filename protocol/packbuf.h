@@ -37,6 +37,10 @@ int tw__packbuf_write(void *pb, const char *buf, size_t len);
  * out of memory (the bytes are then dropped and m is unchanged). */
 int tw__packbuf_append(tw_msg *m, struct tw__packbuf *pb);
 
+/* Cut the bytes back to `size` (<= pb->size), forgetting a failed
+ * write after it: what lies before size was whole. */
+void tw__packbuf_truncate(struct tw__packbuf *pb, size_t size);
+
 /* Drop the bytes; pb is left empty. */
 void tw__packbuf_fini(struct tw__packbuf *pb);
 

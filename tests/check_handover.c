@@ -609,6 +609,123 @@ START_TEST(worker_side_dispatches_by_op)
 }
 END_TEST
 
+/* Batched maps with out-of-band payloads (Dask's BatchedSend), read by a
+ * real Python peer: sizes as in handover_peer.py, byte j of payload i is
+ * (j + i) % 251. */
+static const size_t batch_sizes[] = {1, 1000, 65536, 1 << 20, 7, 100};
+#define NSIZES (sizeof(batch_sizes) / sizeof(batch_sizes[0]))
+
+struct bsend {
+	tw_comm *comm;
+	tw_batched *b;
+	uint64_t copied_before, copied_after;
+	int64_t got;
+	int bad_rv; /* commit of a non-map */
+};
+
+static void pack_plain(tw_batched *b, int64_t i)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 2);
+	pack_kv_str(&pk, "op", "plain");
+	tw_pack_str(&pk, "i");
+	msgpack_pack_int64(&pk, i);
+	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static void pack_data(tw_batched *b, int64_t i, size_t size)
+{
+	tw_builder *bld = tw_batched_begin(b);
+	tw_block *blk;
+	uint8_t *p;
+	ck_assert_ptr_nonnull(bld);
+	ck_assert_ptr_null(tw_batched_begin(b)); /* one at a time */
+	ck_assert_int_eq(tw_block_new(size, &blk), 0);
+	p = tw_block_data(blk);
+	for (size_t j = 0; j < size; j++)
+		p[j] = (uint8_t)((j + (size_t)i) % 251);
+	msgpack_pack_map(tw_builder_packer(bld), 3);
+	pack_kv_str(tw_builder_packer(bld), "op", "data");
+	tw_pack_str(tw_builder_packer(bld), "i");
+	msgpack_pack_int64(tw_builder_packer(bld), i);
+	tw_pack_str(tw_builder_packer(bld), "value");
+	ck_assert_int_eq(tw_builder_pack_bytes(bld, &(tw_slice){blk, 0, size}), 0);
+	tw_block_free(blk); /* the batch holds its own reference */
+	ck_assert_int_eq(tw_batched_commit(b), 0);
+}
+
+static void op_take_batch(tw_request *r, void *arg)
+{
+	struct bsend *bs = arg;
+	tw_stats st;
+	tw_builder *bld;
+	ck_assert_int_eq(tw_request_keep_stream(r, &bs->comm), 0);
+	ck_assert_int_eq(tw_request_reply(r), 0); /* reply:false, nothing packed: nothing */
+	ck_assert_int_eq(tw_batched_new(bs->comm, 60000, &bs->b), 0);
+	tw_stats_global(&st);
+	bs->copied_before = st.payload_bytes_copied;
+	for (size_t i = 0; i < NSIZES; i++) {
+		pack_data(bs->b, (int64_t)i, batch_sizes[i]);
+		/* an abandoned map and a bad one leave no trace */
+		bld = tw_batched_begin(bs->b);
+		msgpack_pack_map(tw_builder_packer(bld), 1);
+		pack_kv_str(tw_builder_packer(bld), "op", "never");
+		tw_batched_abandon(bs->b);
+		bld = tw_batched_begin(bs->b);
+		msgpack_pack_array(tw_builder_packer(bld), 0);
+		bs->bad_rv = tw_batched_commit(bs->b);
+		pack_plain(bs->b, (int64_t)i);
+	}
+	ck_assert_int_eq(tw_batched_flush(bs->b), 0);
+	tw_stats_global(&st);
+	bs->copied_after = st.payload_bytes_copied;
+}
+
+static void sop_got(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct bsend *bs = arg;
+	const msgpack_object *n = tw_map_get(m, "n");
+	(void)comm;
+	(void)d;
+	ck_assert(n != NULL && n->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
+	bs->got = (int64_t)n->via.u64;
+}
+
+static int got_answer(void *arg)
+{
+	return ((struct bsend *)arg)->got >= 0;
+}
+
+START_TEST(batched_payloads_to_python)
+{
+	struct tu h;
+	struct bsend bs = {.got = -1};
+	char addr[128];
+	tw_server *s;
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &s), 0);
+	ck_assert_int_eq(tw_server_add_op(s, "take-batch", op_take_batch, &bs), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(s, "got", sop_got, &bs), 0);
+	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(s, 0, addr, sizeof(addr)), 0);
+	start_peer("read-batch", addr);
+	expect_ok(&h, "ALL OK read-batch");
+	ck_assert(tu_run_until(&h, got_answer, &bs, TU_WAIT_MS));
+	ck_assert_int_eq(bs.got, (int64_t)(2 * NSIZES));
+	ck_assert_int_eq(bs.bad_rv, TW_EINVAL);
+	ck_assert_uint_eq(bs.copied_after, bs.copied_before); /* zero-copy */
+	tw_batched_free(bs.b);
+	tw_comm_release(bs.comm);
+	tw_server_free(s);
+	du_stop(&peer);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("handover");
@@ -627,6 +744,7 @@ int main(void)
 	tcase_add_test(tc, register_worker_keeps_stream);
 	tcase_add_test(tc, register_client_keeps_stream);
 	tcase_add_test(tc, worker_side_dispatches_by_op);
+	tcase_add_test(tc, batched_payloads_to_python);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -96,7 +96,8 @@ typedef struct tw_batched tw_batched;
 
 #define TW_DEFAULT_BATCH_INTERVAL_MS 2 /* Dask's BatchedSend: 2 ms */
 
-/* tw_batched_new: a batched sender on comm (which the caller keeps
+/* tw_batched_new: a batched sender on comm (after its handshake: payloads
+ * are compressed as it negotiated; which the caller keeps
  * owning, or a tw_server does for its stream comms). The sender may
  * outlive its comm: once the comm is freed, sends return TW_ECLOSED (and
  * a refused sender's drain callback runs); free the sender in any case.
@@ -108,12 +109,54 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
 
 /* tw_batched_send: queue one msgpack map (`packed`, len bytes, copied; it
  * must not hold out-of-band placeholders) for the next batch. Returns 0,
- * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack map), TW_ECLOSED, or
+ * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack map, or a map is
+ * open: tw_batched_begin), TW_ECLOSED, or
  * TW_EAGAIN when the queued batch and the comm's write queue would pass
  * the comm's write high-water mark (tw_context_set_write_hwm_bytes; one map
  * alone is always taken): send again from the sender's drain callback
  * (tw_batched_set_drain_cb). */
 int tw_batched_send(tw_batched *b, const void *packed, size_t len);
+
+/* tw_batched_begin: a builder positioned to pack exactly ONE map into the
+ * next batch, with its payloads out of band: pack the map with
+ * tw_builder_packer, and where a payload goes call tw_builder_pack_bytes
+ * (the frame is referenced, not copied, unless the comm compresses it),
+ * tw_builder_pack_object (a value of a received message, its payloads
+ * referenced) or tw_builder_pack_msgpack. Then tw_batched_commit (or
+ * tw_batched_abandon). The batch leaves as one message: frame 0 the array
+ * of maps, then each map's payload groups, in the order committed, so the
+ * peer (Dask's comm.read with deserialization) gets each payload in its
+ * map, in order with the plain maps of tw_batched_send.
+ * Ownership: the sender owns the builder: never tw_builder_finish or
+ * tw_builder_free it. It is valid until commit or abandon, which must
+ * come before returning to the loop (a flush while a map is open waits).
+ * Thread: the loop thread. Returns NULL when b is NULL or a map is
+ * already open.
+ * Source: Dask's BatchedSend, whose batches carry serialized payloads
+ * (task specs, data) in order with the rest (batched.py _background_send
+ * writes the list with comm.write, which splits them out as frames). */
+tw_builder *tw_batched_begin(tw_batched *b);
+
+/* tw_batched_commit: queue the map packed since tw_batched_begin. On any
+ * error the map and its payload references are dropped (nothing was
+ * queued) and the batch is as before begin.
+ * Returns 0, or:
+ *   TW_EINVAL   no map open, or what was packed is not exactly one
+ *               well-formed msgpack map
+ *   TW_ECLOSED  the comm ended, is closing, or was freed
+ *   TW_EAGAIN   the batch and the comm's write queue would pass the write
+ *               high-water mark, as tw_batched_send (one map alone always
+ *               goes): pack it again from the drain callback
+ *   TW_ETOOBIG  the batch would hold more frames than the comm's limit
+ *               (tw_context_set_max_frames): flush, then commit again
+ *   TW_ENOMEM   out of memory while packing
+ * Thread: the loop thread. */
+int tw_batched_commit(tw_batched *b);
+
+/* tw_batched_abandon: drop the map open since tw_batched_begin (and the
+ * references its payloads took). No-op when none is open or b is NULL.
+ * Loop thread. */
+void tw_batched_abandon(tw_batched *b);
 
 /* Called once after tw_batched_send returned TW_EAGAIN, when the batch
  * and the comm's write queue are empty (all handed to the kernel, as for
@@ -127,9 +170,10 @@ typedef void (*tw_batched_drain_fn)(tw_batched *b, void *arg);
  * stream comms). Loop thread. */
 void tw_batched_set_drain_cb(tw_batched *b, tw_batched_drain_fn fn, void *arg);
 
-/* tw_batched_flush: write what is queued now, as one array message.
- * Returns 0 or the tw_comm_write error (the batch is kept on TW_EAGAIN and
- * retried at the next interval). */
+/* tw_batched_flush: write what is queued now, as one array message (with
+ * the payload frames of its maps). Returns 0, TW_EINVAL while a map is
+ * open (tw_batched_begin), or the tw_comm_write error (the batch is kept
+ * on TW_EAGAIN and retried at the next interval). */
 int tw_batched_flush(tw_batched *b);
 
 /* tw_batched_free: flush what is queued, then free. Accepts NULL. */

@@ -14,6 +14,11 @@ or client does (distributed.comm.connect, the Dask handshake):
                         false), expects [{"op": "stream-start"}], then
                         writes a heartbeat-client map and reads the
                         scheduler's answer on the stream.
+  read-batch ADDR       asks the server (take-batch, reply: false) to write
+                        one batch of maps with out-of-band bytes payloads
+                        (tw_batched_begin/commit) between plain maps
+                        (tw_batched_send), checks every map and payload
+                        in order, and answers [{"op": "got", "n": N}].
 Prints "ALL OK <mode>" on success; any failure raises (exit status 1).
 """
 import asyncio
@@ -75,7 +80,31 @@ async def register_client(addr):
     print("ALL OK register-client", flush=True)
 
 
-MODES = {"stream": stream, "register-worker": register_worker,
+SIZES = [1, 1000, 65536, 1 << 20, 7, 100]
+
+
+def pattern(size, seed):
+    return bytes((j + seed) % 251 for j in range(size))
+
+
+async def read_batch(addr):
+    comm = await connect(addr)
+    await comm.write({"op": "take-batch", "reply": False})
+    batch = await comm.read()
+    assert isinstance(batch, (list, tuple)), type(batch)
+    assert len(batch) == 2 * len(SIZES), len(batch)
+    for i, size in enumerate(SIZES):
+        data, plain = batch[2 * i], batch[2 * i + 1]
+        assert data["op"] == "data" and data["i"] == i, data.keys()
+        assert isinstance(data["value"], bytes), type(data["value"])
+        assert data["value"] == pattern(size, i), (i, len(data["value"]))
+        assert plain == {"op": "plain", "i": i}, plain
+    await comm.write([{"op": "got", "n": len(batch)}])
+    await comm.close()
+    print("ALL OK read-batch", flush=True)
+
+
+MODES = {"read-batch": read_batch, "stream": stream, "register-worker": register_worker,
          "register-client": register_client}
 
 if __name__ == "__main__":
