@@ -21,7 +21,10 @@
 # program named in tests/Makefile.inc, fix, and copy it into the corpus.
 #
 # Prints one summary line per target and appends it to $out/summary.txt:
-#   target execs seconds edges(cov of PCs) lines% regions% branches% crashes
+#   target execs seconds edges (libFuzzer's cov / PCs instrumented), line,
+#   region and branch coverage of every library file linked, crash (1: a
+#   crash or hang stopped it), corpus files before->after the merge; then
+#   line and branch coverage of the decoder files the target is about.
 set -e
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${TW_FUZZ_BUILD:-$top/build-fuzz}
@@ -35,6 +38,31 @@ merge=${TW_FUZZ_MERGE:-1}
 all="stream:stream:65536 decode:decode:65536 ws_codec:ws_codec:65536
 ws_upgrade:ws_upgrade:16384 handshake:handshake:16384 server:server:16384
 stream_dispatch:stream_dispatch:16384"
+
+# The decoder files each target is about (its own line in the summary:
+# the whole report also counts support code the target only passes through).
+focus() {
+	case $1 in
+	stream) echo "transport/frame_rx.c transport/stream_codec.c" ;;
+	decode) echo "protocol/decode.c protocol/compress.c protocol/mpcheck.c protocol/placeholder.c protocol/merge.c" ;;
+	ws_codec) echo "transport/ws_codec.c" ;;
+	ws_upgrade) echo "transport/ws_upgrade.c" ;;
+	handshake) echo "protocol/handshake.c" ;;
+	server | stream_dispatch) echo "protocol/server.c protocol/optable.c protocol/delivery.c" ;;
+	esac
+}
+
+# Lines and branches covered in the files named, from llvm-cov report's
+# rows: "covered/total lines (x%) covered/total branches (y%)". A report
+# of one file names it without its folder.
+focus_cov() {
+	awk -v files=" $2 " '
+		index(files, " " $1 " ") || index(files, "/" $1 " ") {
+			l += $8; lm += $9; b += $11; bm += $12
+		}
+		END { printf "%d/%d lines (%.1f%%) %d/%d branches (%.1f%%)", l - lm, l,
+			l ? 100 * (l - lm) / l : 0, b - bm, b, b ? 100 * (b - bm) / b : 0 }' "$1"
+}
 
 configure() {
 	mkdir -p "$1"
@@ -84,6 +112,7 @@ one() {
 	branches=$(echo "$tot" | awk '{print $13}')
 	line="$name execs=$execs seconds=$((end - start)) edges=$edges/$pcs lines=$lines"
 	line="$line regions=$regions branches=$branches crash=$crash corpus=$before->$after"
+	line="$line | $(focus "$name"): $(focus_cov "$w/cov.txt" "$(focus "$name")")"
 	echo "$line" | tee -a "$out/summary.txt"
 }
 
