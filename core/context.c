@@ -69,6 +69,7 @@ static void set_defaults(struct tw__limits *l)
 	l->max_frames = TW_DEFAULT_MAX_FRAMES;
 	l->connect_timeout_ms = TW_DEFAULT_CONNECT_TIMEOUT_MS;
 	l->tcp_timeout_ms = TW_DEFAULT_TCP_TIMEOUT_MS;
+	l->close_linger_ms = TW_DEFAULT_CLOSE_LINGER_MS;
 	l->write_hwm_bytes = TW_DEFAULT_WRITE_HWM_BYTES;
 	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
 	l->handshake_timeout_ms = 10000;     /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
@@ -288,6 +289,14 @@ int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms)
 	if (ctx == NULL || ms > INT32_MAX) /* TCP_USER_TIMEOUT is an int */
 		return TW_EINVAL;
 	ctx->limits.tcp_timeout_ms = ms;
+	return 0;
+}
+
+int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms)
+{
+	if (ctx == NULL || ms == 0)
+		return TW_EINVAL;
+	ctx->limits.close_linger_ms = ms;
 	return 0;
 }
 

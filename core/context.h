@@ -17,7 +17,8 @@ struct tw__limits {
 	uint64_t max_message_bytes;
 	uint64_t max_frames;
 	uint32_t connect_timeout_ms;
-	uint32_t tcp_timeout_ms; /* TCP_USER_TIMEOUT and keepalive; 0: the kernel's */
+	uint32_t tcp_timeout_ms;  /* TCP_USER_TIMEOUT and keepalive; 0: the kernel's */
+	uint32_t close_linger_ms; /* a closing comm's bytes stand still this long: abort */
 	size_t write_hwm_bytes;
 	size_t small_frame_bytes;
 	uint32_t handshake_timeout_ms;

@@ -252,8 +252,13 @@ START_TEST(server_send_is_zero_copy)
 }
 END_TEST
 
-/* tw_comm_close on the client: close 1000 both ways, both comms end with
- * 0; the server's view of the client's close is a clean one. */
+/* tw_comm_close on the client: close 1000 both ways, the client's comm
+ * ends with 0; the server's view of the client's close is a clean one,
+ * except that the server's echo of the last message may still be queued
+ * when the client's close frame arrives (same read): the server answers
+ * the close at once and its comm ends with TW_ECLOSED and the bytes of
+ * the echo not delivered (the client, closing, reads no more messages),
+ * never 0 with them missing. */
 START_TEST(orderly_close)
 {
 	struct tu h;
@@ -265,7 +270,9 @@ START_TEST(orderly_close)
 	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
 	ck_assert(tu_wait_flag(&h, &srv->closed, WU_WAIT_MS));
 	ck_assert_msg(cli->close_err == 0, "%s", cli->last_error);
-	ck_assert_msg(srv->close_err == 0, "%s", srv->last_error);
+	ck_assert_msg(srv->close_err == 0 || (srv->close_err == TW_ECLOSED &&
+					      strstr(srv->last_error, "not delivered") != NULL),
+		      "%s", srv->last_error);
 	ck_assert_uint_eq(srv->nmsgs, 2); /* the message queued before the close went out */
 	tt_fini(&h);
 }

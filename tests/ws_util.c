@@ -469,7 +469,9 @@ static void *fake_main(void *arg)
 		memcpy(f->got, f->request + hl, f->ngot);
 		f->request[hl] = '\0';
 		fake_respond(f, fd);
-		for (ssize_t k; f->ngot < sizeof(f->got) &&
+		while (f->stall && !atomic_load(&f->release) && now_ms() < deadline)
+			poll(NULL, 0, 5);
+		for (ssize_t k; !f->stall && f->ngot < sizeof(f->got) &&
 				(k = read_deadline(fd, f->got + f->ngot, sizeof(f->got) - f->ngot,
 						   deadline)) > 0;)
 			f->ngot += (size_t)k;

@@ -18,6 +18,7 @@
 #define TW_TESTS_WS_UTIL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -124,6 +125,10 @@ struct wu_fake {
 	uint8_t got[65536]; /* what it sent after it, until EOF */
 	size_t ngot;
 	int done; /* the thread finished (read after wu_fake_join) */
+	/* stall: after its response, read nothing more (a peer that stopped
+	 * reading) until `release` is set, then close. */
+	int stall;
+	_Atomic int release;
 };
 /* Listen on 127.0.0.1 and start the thread (one connection). */
 void wu_fake_start(struct wu_fake *f);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -284,10 +285,31 @@ int tw__comm_drained(tw_comm *c)
 	return after_callback(c);
 }
 
+/* A close that failed says what it did not deliver: queued bytes and
+ * bytes the peer's TCP never acknowledged (the kernel drops them as the
+ * socket closes). */
+static void tell_undelivered(tw_comm *c, uint64_t queued)
+{
+	uint64_t lost =
+		queued + (c->linger.on ? tw__unacked_bytes(c->linger.fd, c->linger.fin) : 0);
+	size_t len = strlen(c->error);
+	if (lost == 0 || c->linger.told || len + 1 >= sizeof(c->error))
+		return;
+	snprintf(c->error + len, sizeof(c->error) - len, "%s%llu bytes not delivered",
+		 len > 0 ? "; " : "", (unsigned long long)lost);
+	c->linger.told = 1;
+}
+
 void tw__comm_end(tw_comm *c, int err)
 {
+	uint64_t queued = c->ops->queued(c);
 	if (c->ended)
 		return;
+	/* Never success with data missing. */
+	if (err == 0 && queued > 0)
+		err = TW_ECLOSED;
+	if (err != 0)
+		tell_undelivered(c, queued);
 	c->ended = 1;
 	c->end_err = err;
 	if (c->timeout_ev != NULL)
@@ -571,6 +593,88 @@ int tw__comm_rate_due(tw_comm *c, int busy, int fd)
 	 * more come. */
 	next = (covered + 1 > grace ? covered + 1 : grace) - elapsed;
 	rate_arm(c, next > RATE_MIN_CHECK_MS ? next : RATE_MIN_CHECK_MS);
+	return 0;
+}
+
+/* The close linger. */
+
+uint64_t tw__unacked_bytes(int fd, int fin_sent)
+{
+	int n = 0;
+	if (fd < 0 || ioctl(fd, SIOCOUTQ, &n) != 0 || n <= 0)
+		return 0;
+	/* the FIN takes a sequence number, the last one, while unacknowledged */
+	return (uint64_t)n - (fin_sent ? 1 : 0);
+}
+
+void tw__abort_fd(int fd)
+{
+	struct linger l = {1, 0};
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+}
+
+static uint64_t linger_tick_ms(const tw_comm *c)
+{
+	uint64_t ms = c->limits.close_linger_ms;
+	if (ms > TW__LINGER_END_MS)
+		ms = TW__LINGER_END_MS;
+	return ms >= 4 ? ms / 4 : 1;
+}
+
+/* All written, waiting for the peer's TCP to acknowledge the rest: look
+ * often, so a close that is delivered ends soon after (a delayed ACK
+ * takes up to 40 ms on Linux). */
+#define LINGER_ACK_POLL_MS 20
+
+static void linger_arm(tw_comm *c, int acks_only)
+{
+	uint64_t ms = linger_tick_ms(c);
+	if (acks_only && ms > LINGER_ACK_POLL_MS)
+		ms = LINGER_ACK_POLL_MS;
+	struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+	evtimer_add(c->linger.ev, &tv);
+}
+
+void tw__linger_start(tw_comm *c, int fd)
+{
+	if (c->linger.on)
+		return;
+	c->linger.on = 1;
+	c->linger.fd = fd;
+	c->linger.last_ms = tw__mono_ms();
+	c->linger.sent = atomic_load_explicit(&c->stats.bytes_sent, memory_order_relaxed);
+	c->linger.unacked = tw__unacked_bytes(fd, 0);
+	linger_arm(c, 0);
+}
+
+int tw__linger_due(tw_comm *c, uint64_t queued, int end_sent, int peer_done)
+{
+	uint64_t now = tw__mono_ms(), linger = c->limits.close_linger_ms, idle;
+	uint64_t sent = atomic_load_explicit(&c->stats.bytes_sent, memory_order_relaxed);
+	uint64_t unacked = tw__unacked_bytes(c->linger.fd, c->linger.fin);
+	/* Progress: we wrote more, or the peer's TCP took more of what we
+	 * wrote (bytes it acknowledged are in its kernel). */
+	if (sent != c->linger.sent || unacked < c->linger.unacked)
+		c->linger.last_ms = now;
+	c->linger.sent = sent;
+	c->linger.unacked = unacked;
+	idle = now - c->linger.last_ms;
+	if (end_sent && queued == 0 && unacked == 0 &&
+	    (peer_done || idle >= (linger < TW__LINGER_END_MS ? linger : TW__LINGER_END_MS)))
+		return 1;
+	if (idle >= linger) {
+		char was[sizeof(c->error)];
+		snprintf(was, sizeof(was), "%s", c->error);
+		tw__comm_seterr(c,
+				"%s%sclose gave up after %llu ms with no progress: %llu bytes not "
+				"delivered (%llu queued, %llu unacknowledged by the peer's TCP)",
+				was, was[0] != '\0' ? "; " : "", (unsigned long long)idle,
+				(unsigned long long)(queued + unacked), (unsigned long long)queued,
+				(unsigned long long)unacked);
+		c->linger.told = 1;
+		return -1;
+	}
+	linger_arm(c, end_sent && queued == 0 && unacked > 0);
 	return 0;
 }
 

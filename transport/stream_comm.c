@@ -33,9 +33,6 @@
  * read per small message instead of two; a misprediction copies at most
  * this much. */
 #define GULP_MAX 4096
-/* How long an orderly close waits for the peer's EOF after our FIN. */
-#define LINGER_SECONDS 2
-
 /* Preludes of up to 6 frames live in the queue entry: no allocation for
  * the messages of small RPCs. */
 #define PRELUDE_INLINE 64
@@ -69,7 +66,8 @@ struct stream {
 	size_t head_part;
 	uint64_t head_off;
 	int closing;     /* 1: flushing, 2: FIN sent, waiting for the peer's */
-	int peer_eof;    /* the peer's FIN came while we were flushing */
+	int peer_eof;    /* the peer's FIN came while we were closing */
+	int fail_err;    /* closing after bad input: the close ends with it */
 	int reading;     /* deliver messages (paused while no one takes them) */
 	int in_read;     /* inside on_readable: writes wait for its end */
 	int rx_large;    /* the message in progress is large: it holds receive budget */
@@ -302,6 +300,7 @@ static void read_ended(struct stream *s, ssize_t n)
 		s->closing = 1;
 		s->peer_eof = 1;
 		event_del(s->rev);
+		tw__linger_start(&s->base, s->fd);
 	} else if (n == 0 && tw__rx_idle(&s->rx)) {
 		/* err 0 (orderly), yet never an empty text: a killed peer's
 		 * kernel closes this way too (issue 16: workers saw "") */
@@ -317,6 +316,9 @@ static void read_ended(struct stream *s, ssize_t n)
 	}
 }
 
+static void begin_close(struct stream *s, int err);
+static void unreserve(struct stream *s);
+
 static void protocol_error(struct stream *s, int err)
 {
 	const struct tw__sdec *d = &s->rx.dec;
@@ -331,8 +333,15 @@ static void protocol_error(struct stream *s, int err)
 			tw_strerror(err), (unsigned long long)d->total, (unsigned long long)d->n,
 			(unsigned long long)d->max_message_bytes,
 			(unsigned long long)d->max_frames);
+	/* Replies to the requests served before the bad input go out
+	 * first: the comm then closes as tw_comm_close does, reading no
+	 * more, and ends with err (design.md, Close). */
+	if (s->qn > 0)
+		return begin_close(s, err);
 	tw__comm_end(&s->base, err);
 }
+
+static void try_finish(struct stream *s);
 
 /* While closing, input is read and dropped until the peer's EOF, so our
  * close never turns into a reset that could destroy data we sent. */
@@ -345,12 +354,16 @@ static void drain_input(struct stream *s)
 		;
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return;
-	if (s->closing == 1) {
-		s->peer_eof = 1;
-		event_del(s->rev);
-		return;
+	if (n < 0 && (s->qn > 0 || tw__unacked_bytes(s->fd, s->closing == 2) > 0)) {
+		/* reset with bytes of ours still on the way: they are lost */
+		int err = tw__io_err(errno);
+		tw__comm_seterr(&s->base, "read failed while closing: %s", io_error(s));
+		return tw__comm_end(&s->base, err);
 	}
-	finish_close(s);
+	s->peer_eof = 1;
+	event_del(s->rev);
+	if (s->closing == 2)
+		try_finish(s);
 }
 
 /* The socket ran dry: a message left incomplete starts the clock of the
@@ -526,28 +539,66 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	tw__comm_release(&s->base);
 }
 
-static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)
+/* Ask the linger whether the close is over (tw__linger_due): delivered,
+ * given up, or not yet. */
+static void linger_check(struct stream *s, int peer_done)
 {
-	(void)fd;
-	(void)what;
-	finish_close(arg);
+	int r = tw__linger_due(&s->base, s->queued_bytes, s->closing == 2, peer_done);
+	if (r > 0)
+		return tw__comm_end(&s->base, s->fail_err);
+	if (r < 0) {
+		tw__abort_fd(s->fd);
+		tw__comm_end(&s->base, s->fail_err != 0 ? s->fail_err : TW_ETIMEDOUT);
+	}
 }
 
-/* The queue is flushed: send FIN, then wait (bounded) for the peer's. */
-static void start_linger(struct stream *s)
+static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)
 {
-	struct timeval tv = {LINGER_SECONDS, 0};
+	struct stream *s = arg;
+	(void)fd;
+	(void)what;
+	linger_check(s, s->peer_eof);
+}
+
+static void try_finish(struct stream *s)
+{
+	linger_check(s, 1);
+}
+
+/* The queue is flushed: send our end (FIN, after close_notify for tls),
+ * then wait (bounded by the linger) for the peer's and for the peer's TCP
+ * to acknowledge every byte. */
+static void send_end(struct stream *s)
+{
 	s->io->shutdown(s->io_arg, s->fd);
 	s->closing = 2;
+	s->base.linger.fin = 1;
+	if (s->peer_eof)
+		return try_finish(s);
 	event_add(s->rev, NULL);
-	event_add(s->linger_ev, &tv);
 }
 
 static void finish_close(struct stream *s)
 {
-	if (s->closing == 1 && !s->peer_eof)
-		return start_linger(s);
-	tw__comm_end(&s->base, 0);
+	if (s->closing == 1)
+		send_end(s);
+}
+
+/* Close: stop delivering, write what is queued, then end as above; a
+ * close for bad input (err) ends with err once its replies are out. */
+static void begin_close(struct stream *s, int err)
+{
+	if (s->closing)
+		return;
+	tw__comm_closing(&s->base);
+	s->closing = 1;
+	s->fail_err = err;
+	tw__comm_rate_stop(&s->base); /* input is dropped from now on */
+	unreserve(s);
+	event_add(s->rev, NULL);
+	tw__linger_start(&s->base, s->fd);
+	if (s->qn == 0)
+		send_end(s);
 }
 
 /* Pausing is lazy: the read event stays registered, and the next wakeup
@@ -580,14 +631,7 @@ static void s_pause(tw_comm *c)
 
 static void s_close(tw_comm *c)
 {
-	struct stream *s = (struct stream *)c;
-	if (s->closing)
-		return;
-	s->closing = 1;
-	tw__comm_rate_stop(c); /* input is dropped from now on */
-	unreserve(s);
-	if (s->qn == 0)
-		start_linger(s);
+	begin_close((struct stream *)c, 0);
 }
 
 static void s_stop(tw_comm *c)
@@ -650,6 +694,7 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, s);
 	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, s);
 	s->linger_ev = evtimer_new(ctx->base, on_linger_timeout, s);
+	s->base.linger.ev = s->linger_ev;
 	s->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, s);
 	if (s->rev == NULL || s->wev == NULL || s->linger_ev == NULL || s->base.rate.ev == NULL) {
 		if (s->rev)

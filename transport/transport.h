@@ -52,6 +52,22 @@ struct tw__rate {
 	uint64_t msgs;     /* stats.msgs_received then: a message since is a new one */
 };
 
+/* The close linger (tw_context_set_close_linger_ms): while a comm closes
+ * (tw_comm_close, a peer's half-close, a failure whose replies still go
+ * out), how long bytes may stand still before the close gives up. The
+ * transport makes the timer `ev` with its comm (its callback calls
+ * tw__linger_due) and frees it; comm.c keeps the books. */
+struct tw__linger {
+	struct event *ev;
+	int on;           /* a close is under way: tw__linger_start ran */
+	int fd;           /* the socket, for SIOCOUTQ */
+	int told;         /* the error text already says what was not delivered */
+	int fin;          /* our FIN was sent (shutdown) */
+	uint64_t last_ms; /* bytes last moved (CLOCK_MONOTONIC) */
+	uint64_t sent;    /* stats.bytes_sent at the last look */
+	uint64_t unacked; /* the kernel's unacknowledged bytes at the last look */
+};
+
 /* Told when a comm is freed, by whoever freed it: a batched sender on a
  * server's stream comm, which the server frees when it closes; and, if
  * `closing` is set, when tw_comm_close is about to run (a last chance to
@@ -96,9 +112,10 @@ struct tw_comm {
 	 * message: when it fires early it sleeps for the rest. */
 	struct event *deadline_ev;
 	uint32_t deadline_ms;
-	uint64_t last_msg_ms; /* tw__mono_ms of the last message, or of the arming */
-	int app_paused;       /* tw_comm_pause */
-	struct tw__rate rate; /* tw__comm_rate_watch */
+	uint64_t last_msg_ms;     /* tw__mono_ms of the last message, or of the arming */
+	int app_paused;           /* tw_comm_pause */
+	struct tw__rate rate;     /* tw__comm_rate_watch */
+	struct tw__linger linger; /* tw__linger_start */
 	/* The decoded-delivery layer (protocol/delivery.c), if used. */
 	void *deliver;
 	void (*deliver_free)(void *d);
@@ -185,7 +202,8 @@ int tw__comm_rx_pending(const tw_comm *c);
 void tw__comm_hold(tw_comm *c);
 int tw__comm_release(tw_comm *c);
 /* End the comm with err: release I/O, run the close callback once. The
- * caller must not touch c afterwards. */
+ * caller must not touch c afterwards. A comm that was closing and ends
+ * with an error gets the bytes it did not deliver added to its text. */
 void tw__comm_end(tw_comm *c, int err);
 /* The owner has been told that c ended (its close callback ran, or it
  * freed c): the end watches may run now. Idempotent. The delivery layer
@@ -214,6 +232,28 @@ void tw__comm_rate_stop(tw_comm *c);
  * is too slow: the error text is set, and the transport ends the comm
  * with TW_ETIMEDOUT. Bytes unread in fd's socket count as received. */
 int tw__comm_rate_due(tw_comm *c, int busy, int fd);
+
+/* The close linger. tw__linger_start: a close began on socket fd; arms
+ * the timer (idempotent). tw__linger_due, from the timer or when the
+ * peer's end arrives: `queued` bytes are still ours to write (linger.fin
+ * says our FIN is in the kernel: its sequence number is not a byte),
+ * `end_sent` that our end (FIN, close_notify or close frame) went out,
+ * `peer_done` that the peer's end arrived. Returns 1 when everything was
+ * delivered (our end sent, nothing queued, the kernel's send queue
+ * acknowledged by the peer's TCP) and the peer's end came or the wait for
+ * it is over (the linger, at most TW__LINGER_END_MS): end the comm with
+ * its close error; -1 when no byte moved for the linger: the error text
+ * says how many bytes were not delivered, and the transport aborts
+ * (tw__abort_fd) and ends the comm; 0 to wait (the timer is re-armed). */
+#define TW__LINGER_END_MS 2000
+void tw__linger_start(tw_comm *c, int fd);
+int tw__linger_due(tw_comm *c, uint64_t queued, int end_sent, int peer_done);
+/* Bytes in fd's send queue that the peer's TCP has not acknowledged
+ * (SIOCOUTQ), our FIN excluded when fin_sent; 0 when unknown. */
+uint64_t tw__unacked_bytes(int fd, int fin_sent);
+/* Make close(fd) reset the connection (SO_LINGER 0): a close that gave
+ * up leaves nothing for the kernel to retry. */
+void tw__abort_fd(int fd);
 
 /* Small pieces of a write (preludes, WebSocket headers, small frames)
  * are copied into one buffer of up to this many bytes: one send(2) with

@@ -36,12 +36,11 @@
 #include "transport/ws_codec.h"
 #include "transport/ws_upgrade.h"
 
-#define IOV_BATCH      64
-#define SCRATCH_BYTES  ((size_t)64 << 10)
-#define IO_BUDGET      ((size_t)4 << 20)
-#define LINGER_SECONDS 2
-#define COUNT_RULE     "a message must start with 8 bytes of frame count"
-#define RX_WAIT        (-2) /* reading waits for the receive budget */
+#define IOV_BATCH     64
+#define SCRATCH_BYTES ((size_t)64 << 10)
+#define IO_BUDGET     ((size_t)4 << 20)
+#define COUNT_RULE    "a message must start with 8 bytes of frame count"
+#define RX_WAIT       (-2) /* reading waits for the receive budget */
 
 /* One WebSocket frame to send: header, then len payload bytes at p. */
 struct seg {
@@ -117,6 +116,12 @@ struct ws {
 	uint8_t *scratch; /* client: masked bytes being written */
 	size_t scratch_len, scratch_sent;
 	int close_sent, close_rcvd, err_after_close;
+	/* Failing for bad input with replies queued: they go out, then the
+	 * close frame with this code and reason, and no input is processed
+	 * (RFC 6455 section 7.1.7); input is read and dropped. */
+	int failing;
+	unsigned fail_code;
+	char fail_why[123];
 	int write_err; /* a write failed with it: so does a read_rest that ends */
 };
 
@@ -265,6 +270,10 @@ static int gather(struct ws *w, struct iovec *iov, int max)
 				iov[k++].iov_len = s->len - skip;
 			}
 			skip = 0;
+			/* A control frame waits (a close, a pong): only to the
+			 * end of this segment, where it can go out. */
+			if (w->ctrl_len > 0)
+				return k;
 		}
 		seg = 0;
 	}
@@ -298,15 +307,20 @@ static void fill_scratch(struct ws *w)
 			pos += k;
 			if (skip + k < s->len)
 				break;
+			if (w->ctrl_len > 0)
+				goto done; /* a control frame waits for this boundary */
 			skip = 0;
 		}
 		seg = 0;
 	}
+done:
 	w->scratch_len = pos;
 	w->scratch_sent = 0;
 }
 
 static void end_after_close(struct ws *w);
+static void fail_sent(struct ws *w);
+static void start_linger(struct ws *w);
 
 static int write_held(const struct ws *w)
 {
@@ -395,6 +409,8 @@ static void flush(struct ws *w)
 				goto wait;
 			if (w->close_sent && w->close_rcvd)
 				return end_after_close(w);
+			if (w->failing && w->close_sent && w->ctrl_len == 0)
+				return fail_sent(w);
 			continue;
 		}
 		if (w->qn == 0)
@@ -420,8 +436,12 @@ static void flush(struct ws *w)
 		int len;
 		if (w->client)
 			tw__ws_mask_key(key);
-		len = tw__ws_encode_close(w->ctrl, TW__WS_CLOSE_NORMAL, NULL, 0,
-					  w->client ? key : NULL);
+		if (w->failing)
+			len = tw__ws_encode_close(w->ctrl, w->fail_code, w->fail_why,
+						  strlen(w->fail_why), w->client ? key : NULL);
+		else
+			len = tw__ws_encode_close(w->ctrl, TW__WS_CLOSE_NORMAL, NULL, 0,
+						  w->client ? key : NULL);
 		w->ctrl_len = len > 0 ? (size_t)len : 0;
 		w->close_sent = 1;
 		event_active(w->wev, EV_WRITE, 0);
@@ -557,10 +577,28 @@ static void send_close_now(struct ws *w, unsigned code, const char *why)
 	}
 }
 
+/* Bad input with replies queued: they go out first, then the close code
+ * (design.md, Close); no more input is processed. */
+static void fail_after_replies(struct ws *w, int err, unsigned code, const char *why)
+{
+	w->state = WS_CLOSING;
+	w->failing = 1;
+	w->fail_code = code;
+	snprintf(w->fail_why, sizeof(w->fail_why), "%s", why);
+	w->err_after_close = err;
+	tw__comm_closing(&w->base);
+	tw__comm_rate_stop(&w->base);
+	event_add(w->rev, NULL); /* input is read and dropped */
+	start_linger(w);
+	event_active(w->wev, EV_WRITE, 0);
+}
+
 /* Fail the comm: send the close code, then end with err. */
 static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
 {
 	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
+	if (w->qn > 0 && w->state == WS_OPEN && !w->close_sent)
+		return fail_after_replies(w, err, code, why);
 	send_close_now(w, code, why);
 	tw__comm_end(&w->base, err);
 }
@@ -679,17 +717,25 @@ static int deliver(struct ws *w)
 	return alive;
 }
 
+/* The peer's close frame. Unless ours went out, it is answered at once
+ * (RFC 6455 section 5.5.1): at the end of the frame being written (a
+ * control frame may come between fragments), never after the rest of
+ * the queue, which the peer would not read; the linger bounds the wait
+ * for that boundary. What stays queued is not delivered: the comm then
+ * ends with an error that says how much. */
 static void got_close(struct ws *w, const struct tw__ws_event *ev)
 {
 	uint8_t key[4];
+	int normal = ev->code == TW__WS_CLOSE_NORMAL || ev->code == TW__WS_CLOSE_GOING_AWAY ||
+		     ev->code == TW__WS_CLOSE_NO_STATUS;
 	w->close_rcvd = 1;
-	if (ev->code == TW__WS_CLOSE_NORMAL || ev->code == TW__WS_CLOSE_GOING_AWAY ||
-	    ev->code == TW__WS_CLOSE_NO_STATUS)
+	if (normal && w->state == WS_OPEN)
 		w->err_after_close = w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED;
-	else
+	else if (!normal)
 		w->err_after_close = ev->code == TW__WS_CLOSE_TOO_BIG ? TW_ETOOBIG : TW_ECLOSED;
-	tw__comm_seterr(&w->base, "closed by peer (code %u: %.*s)", ev->code, (int)ev->payload_len,
-			(const char *)ev->payload);
+	if (w->state == WS_OPEN || !normal || w->queued_bytes > 0)
+		tw__comm_seterr(&w->base, "closed by peer (code %u: %.*s)", ev->code,
+				(int)ev->payload_len, (const char *)ev->payload);
 	if (!w->close_sent) {
 		if (w->client)
 			tw__ws_mask_key(key);
@@ -697,12 +743,14 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 						  w->client ? key : NULL));
 		w->close_sent = 1;
 		w->state = WS_CLOSING;
-		/* no data after our close (RFC 6455 5.5.1): what is queued
-		 * is dropped when the comm ends */
-		w->base.closing = 1;
+		/* no data after our close (RFC 6455 5.5.1) */
+		tw__comm_closing(&w->base);
+		tw__comm_rate_stop(&w->base);
+		start_linger(w);
 		return;
 	}
-	end_after_close(w);
+	if (w->ctrl_len == 0)
+		end_after_close(w);
 }
 
 /* The budget has room for the next payload bytes: read on, from the loop
@@ -920,15 +968,71 @@ static void read_frames(struct ws *w)
  * and end the comm. */
 static void end_after_close(struct ws *w)
 {
+	int err = w->err_after_close;
 	w->state = WS_DONE;
-	tw__comm_end(&w->base, w->err_after_close);
+	if (err == 0 && w->queued_bytes > 0) {
+		/* the peer closed before it had all we queued */
+		if (w->base.error[0] == '\0')
+			tw__comm_seterr(&w->base, "closed by peer");
+		err = TW_ECLOSED;
+	}
+	tw__comm_end(&w->base, err);
+}
+
+/* Closing: ask the linger whether the close is over (tw__linger_due).
+ * Our end is our close frame, written; the peer's is its close frame
+ * (while failing we read none: nothing of the peer's counts then). */
+static void linger_check(struct ws *w)
+{
+	int r = tw__linger_due(&w->base, w->queued_bytes, w->close_sent && w->ctrl_len == 0,
+			       w->close_rcvd || w->failing);
+	if (r > 0)
+		return end_after_close(w);
+	if (r < 0) {
+		tw__abort_fd(w->fd);
+		w->state = WS_DONE;
+		tw__comm_end(&w->base, w->err_after_close != 0 ? w->err_after_close : TW_ETIMEDOUT);
+	}
+}
+
+static void start_linger(struct ws *w)
+{
+	w->base.linger.ev = w->timer;
+	tw__linger_start(&w->base, w->fd);
 }
 
 static void on_linger(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
 	(void)what;
-	end_after_close(arg);
+	linger_check(arg);
+}
+
+/* Failing: our close frame is out; FIN too, and end once the peer's TCP
+ * has every byte (the replies before the close). */
+static void fail_sent(struct ws *w)
+{
+	event_del(w->wev);
+	w->io->shutdown(w->io_arg, w->fd);
+	w->base.linger.fin = 1;
+	linger_check(w);
+}
+
+/* Failing: drop what the peer sends, until its EOF. */
+static void read_failing(struct ws *w)
+{
+	uint8_t sink[16384];
+	struct iovec iov = {sink, sizeof(sink)};
+	ssize_t n;
+	while ((n = w->io->readv(w->io_arg, w->fd, &iov, 1)) > 0)
+		;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	event_del(w->rev);
+	if (n < 0 && (w->queued_bytes > 0 || tw__unacked_bytes(w->fd, w->base.linger.fin) > 0))
+		return tw__comm_end(&w->base, w->err_after_close);
+	if (w->close_sent && w->ctrl_len == 0)
+		linger_check(w);
 }
 
 /* Closing: drop data, look only for the peer's close frame or EOF. */
@@ -961,7 +1065,9 @@ static void read_closing(struct ws *w)
 		} else {
 			return end_after_close(w);
 		}
-		if (rv < 0 || (rv == 1 && ev.type == TW__WS_EV_CLOSE)) {
+		if (rv == 1 && ev.type == TW__WS_EV_CLOSE)
+			return got_close(w, &ev);
+		if (rv < 0) {
 			w->close_rcvd = 1;
 			if (w->ctrl_len == 0)
 				return end_after_close(w);
@@ -983,6 +1089,8 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (w->state == WS_UPGRADE)
 		return upgrade_read(w);
+	if (w->failing)
+		return read_failing(w);
 	if (w->state == WS_CLOSING)
 		return read_closing(w);
 	if (!w->reading) {
@@ -1016,7 +1124,6 @@ static void w_pause(tw_comm *c)
 static void w_close(tw_comm *c)
 {
 	struct ws *w = (struct ws *)c;
-	struct timeval tv = {LINGER_SECONDS, 0};
 	if (w->state != WS_OPEN)
 		return;
 	w->state = WS_CLOSING;
@@ -1024,7 +1131,7 @@ static void w_close(tw_comm *c)
 	tw__comm_rate_stop(c); /* input is dropped from now on */
 	tw__comm_rx_release(c);
 	event_add(w->rev, NULL);
-	evtimer_add(w->timer, &tv);
+	start_linger(w);
 	event_active(w->wev, EV_WRITE, 0);
 }
 

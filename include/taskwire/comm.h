@@ -38,9 +38,14 @@ typedef struct tw_listener tw_listener;
 /* A received message, borrowed for the duration of the call: keep it with
  * tw_msg_hold. */
 typedef void (*tw_recv_cb)(tw_comm *comm, tw_msg *msg, void *arg);
-/* The comm ended: err is 0 for an orderly end (peer closed between
- * messages, or tw_comm_close finished flushing), else the reason
- * (TW_ETRUNCATED, TW_ETOOBIG, TW_EIO ...; details in tw_comm_last_error).
+/* The comm ended: err is 0 for an orderly end (the peer closed between
+ * messages with nothing of ours queued, or tw_comm_close delivered
+ * everything: see there), else the reason (TW_ETRUNCATED, TW_ETOOBIG,
+ * TW_EIO, TW_ETIMEDOUT ...; details in tw_comm_last_error). err is never
+ * 0 while bytes we queued were not delivered: a comm that ends with any
+ * queued (the peer closed or reset, a write failed, the close linger ran
+ * out) ends with an error, TW_ECLOSED when the peer's orderly end is the
+ * only reason, and tw_comm_last_error ends with "N bytes not delivered".
  * Runs exactly once per comm that had callbacks set, unless the
  * application freed the comm first. By then the socket is closed, queued
  * writes and any message cut short are released; the comm itself (its
@@ -135,8 +140,30 @@ void tw_comm_resume(tw_comm *comm);
 /* tw_comm_queued_bytes: bytes queued and not yet written to the kernel. */
 uint64_t tw_comm_queued_bytes(const tw_comm *comm);
 
-/* tw_comm_close: orderly close: stop reading, flush the write queue, shut
- * the socket, then run the close callback with err 0 (or the write error).
+/* tw_comm_close: orderly close, the same contract on tcp, tls, ws and
+ * wss. Messages stop being delivered (input is read and dropped); later
+ * writes return TW_ECLOSED; everything queued is written; then our end
+ * goes out (tcp: FIN; tls: close_notify, then FIN; ws and wss: a close
+ * frame 1000, RFC 6455 section 5.5.1) and the close waits for the peer's
+ * (EOF, or its close frame). The close callback then runs once:
+ * - err 0: delivered. Every byte queued was written, and the peer's TCP
+ *   acknowledged all of it (the kernel's send queue is empty, SIOCOUTQ),
+ *   or over ws/wss the peer answered our close frame, which it reads only
+ *   after every frame before it. Delivered means in the peer's kernel (or
+ *   read by a ws peer), not processed by its application: only a reply
+ *   says that. A peer that acknowledged everything but sends no end is
+ *   waited for at most min(linger, 2 s).
+ * - TW_ETIMEDOUT: no byte moved (none written, none newly acknowledged)
+ *   for the close linger (tw_context_set_close_linger_ms, default 5 s):
+ *   the peer stopped reading. The connection is reset (SO_LINGER 0) and
+ *   tw_comm_last_error says "close gave up after T ms with no progress: N
+ *   bytes not delivered (Q queued, K unacknowledged by the peer's TCP)".
+ *   A slow reader that keeps taking bytes is waited for.
+ * - another error (the peer reset, a write failed, the peer's close frame
+ *   came first with data still queued: TW_ECLOSED or the code its close
+ *   names): tw_comm_last_error ends with "N bytes not delivered".
+ * N counts bytes as framed on the wire (preludes, WebSocket headers; over
+ * tls the kernel's part counts TLS records), our end marker included.
  * Idempotent. tw_comm_abort: drop the queue and close at once; the close
  * callback runs with TW_ECANCELED. */
 void tw_comm_close(tw_comm *comm);

@@ -39,6 +39,7 @@ typedef struct tw_context tw_context;
 #define TW_DEFAULT_MIN_RECEIVE_RATE        1024 /* bytes/s */
 #define TW_DEFAULT_MIN_RECEIVE_GRACE_MS    60000
 #define TW_DEFAULT_TCP_TIMEOUT_MS          30000 /* Dask's distributed.comm.timeouts.tcp */
+#define TW_DEFAULT_CLOSE_LINGER_MS         5000
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context
@@ -142,6 +143,22 @@ int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
  * INT32_MAX ms (about 24 days) is refused with TW_EINVAL. Keepalive's idle
  * time and interval are capped at the kernel's 32,767 s each. */
 int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
+/* The close linger: how long a closing comm's bytes may stand still
+ * before the close gives up. A comm closes when the application calls
+ * tw_comm_close, when the peer half-closes while we still owe it bytes,
+ * and when bad input ends a comm that still has replies queued. The
+ * close then writes what is queued, sends our end (FIN; TLS close_notify
+ * then FIN; a WebSocket close frame) and waits for the peer's. As long as
+ * bytes move (we write more, or the peer's TCP acknowledges more) it
+ * waits on: a slow reader gets everything. When nothing has moved for
+ * `ms` milliseconds (checked every quarter of the smaller of `ms` and
+ * 2,000 ms), the close gives up: the connection is reset (SO_LINGER 0),
+ * and the close callback gets TW_ETIMEDOUT with the bytes not delivered
+ * in tw_comm_last_error (see tw_comm_close for what delivered means).
+ * Without it, a peer that stopped reading held a closing comm until the
+ * TCP timeout (tw_context_set_tcp_timeout_ms), or for ever with none.
+ * Default 5,000 ms. Returns 0, or TW_EINVAL (ctx NULL, or ms 0). */
+int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms);
 /* Write-queue high-water mark: tw_comm_write refuses new messages with
  * TW_EAGAIN while this many bytes or more are queued. Default 64 MiB. */
 int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);

@@ -1,0 +1,461 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The close contract, one conformance suite over tcp, tls, ws and wss
+ * (include/taskwire/comm.h, tw_comm_close; docs/design.md, Close):
+ * tw_comm_close delivers everything queued, or ends with an error that
+ * says how many bytes were not delivered, at the latest once bytes stood
+ * still for the close linger (tw_context_set_close_linger_ms). Real
+ * sockets on loopback, TLS with certificates made at start. Every wait
+ * is on a callback, bounded by the harness's hang guard. */
+#include <endian.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <event2/event.h>
+
+#include "tests/tcp_util.h"
+#include "tests/tls_util.h"
+#include "tests/ws_util.h"
+
+#define MiB ((size_t)1 << 20)
+/* What every close test queues: 64 messages of 1 MiB (64 MiB; 16 under
+ * TW_TEST_QUICK=1, for valgrind). */
+static unsigned nmsgs(void)
+{
+	return tu_quick() ? 16 : 64;
+}
+
+static const char *const schemes[] = {"tcp", "tls", "ws", "wss"};
+
+/* A harness for scheme i whose listener's comms do what `opts` says. */
+static void setup(struct tu *h, int i, struct tu_server_opts opts, uint32_t linger_ms)
+{
+	char uri[64];
+	tu_init(h);
+	if (i == 1 || i == 3)
+		tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+	if (linger_ms != 0)
+		ck_assert_int_eq(tw_context_set_close_linger_ms(h->ctx, linger_ms), 0);
+	h->sopts = opts;
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[i]);
+	ck_assert_int_eq(tu_listen(h, uri), 0);
+}
+
+static struct tu_peer *connect_client(struct tu *h)
+{
+	struct tu_peer *cli;
+	int rv = tu_connect(h, h->addr, &cli);
+	ck_assert_msg(rv == 0, "connect %s: %s: %s", h->addr, tw_strerror(rv),
+		      tw_context_last_error(h->ctx));
+	return cli;
+}
+
+/* Queue nmsgs() messages of 1 MiB on cli before the loop runs again. */
+static uint64_t queue_all(struct tu_peer *cli)
+{
+	size_t lens[] = {MiB};
+	for (unsigned k = 0; k < nmsgs(); k++)
+		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, k)), 0);
+	return (uint64_t)nmsgs() * MiB;
+}
+
+/* The slow reader: takes one message, then pauses for `slow_ms` (a rate
+ * of about 1 MiB per slow_ms, far below what loopback moves). Only the
+ * pace depends on the clock; what the test asserts does not. */
+struct slow {
+	struct event *ev;
+	struct tu_peer *p;
+	int ms;
+};
+
+static void slow_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct slow *s = arg;
+	(void)fd;
+	(void)what;
+	if (s->p->comm != NULL && !s->p->closed)
+		tw_comm_resume(s->p->comm);
+}
+
+static void slow_on_recv(struct tu_peer *p, tw_msg *m)
+{
+	struct slow *s = p->user;
+	struct timeval tv = {0, s->ms * 1000};
+	(void)m;
+	tw_comm_pause(p->comm);
+	evtimer_add(s->ev, &tv);
+}
+
+/* 64 MiB queued, then closed at once, to a reader that takes about 1 MiB
+ * per 50 ms: everything arrives (the close waits as long as bytes move),
+ * and the close callback says 0. Before the fix, ws and wss ran it with 0
+ * after 2 s, with a third of the bytes still queued. */
+START_TEST(slow_reader_gets_everything)
+{
+	struct tu h;
+	struct tu_server_opts opts = {0};
+	struct tu_peer *cli, *sp;
+	struct slow s = {NULL, NULL, 50};
+	uint64_t queued;
+	setup(&h, _i, opts, 0);
+	cli = connect_client(&h);
+	sp = tu_server_peer(&h, 0);
+	ck_assert_ptr_nonnull(sp);
+	s.p = sp;
+	s.ev = evtimer_new(h.base, slow_resume, &s);
+	sp->user = &s;
+	sp->on_recv = slow_on_recv;
+	queued = queue_all(cli);
+	tw_comm_close(cli->comm);
+	ck_assert_msg(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS), "close never ended");
+	ck_assert_msg(cli->close_err == 0, "%s: close: %s (%s); reader got %llu of %llu bytes",
+		      schemes[_i], tw_strerror(cli->close_err), cli->last_error,
+		      (unsigned long long)sp->bytes, (unsigned long long)queued);
+	/* The reader goes on until our end. */
+	ck_assert_msg(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS), "reader never saw the end");
+	ck_assert_msg(sp->close_err == 0, "reader: %s (%s)", tw_strerror(sp->close_err),
+		      sp->last_error);
+	ck_assert_uint_eq(sp->bytes, queued);
+	ck_assert_uint_eq(sp->nmsgs, nmsgs());
+	event_free(s.ev);
+	tt_fini(&h);
+}
+END_TEST
+
+/* The bytes-not-delivered count in a close's error text, or -1. */
+static long long undelivered(const char *text)
+{
+	const char *p = strstr(text, " bytes not delivered");
+	while (p != NULL && p > text && p[-1] >= '0' && p[-1] <= '9')
+		p--;
+	return p != NULL && p[0] >= '0' && p[0] <= '9' ? atoll(p) : -1;
+}
+
+/* 64 MiB queued to a reader that never reads: the close ends once bytes
+ * stood still for the linger (300 ms here), with TW_ETIMEDOUT and the
+ * bytes not delivered in the text (at least what the kernels' buffers
+ * could not take). Before the fix, tcp and tls waited for the TCP timeout
+ * (none in tests: for ever), ws and wss ended with 0 after 2 s. */
+START_TEST(stopped_reader_times_out)
+{
+	struct tu h;
+	struct tu_server_opts opts = {0};
+	struct tu_peer *cli, *sp;
+	uint64_t queued;
+	long long lost;
+	opts.no_callbacks = 1; /* accepted, never read */
+	setup(&h, _i, opts, 300);
+	cli = connect_client(&h);
+	sp = tu_server_peer(&h, 0);
+	ck_assert_ptr_nonnull(sp);
+	queued = queue_all(cli);
+	tw_comm_close(cli->comm);
+	ck_assert_msg(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS), "close never ended");
+	ck_assert_msg(cli->close_err == TW_ETIMEDOUT, "%s: close: %s (%s)", schemes[_i],
+		      tw_strerror(cli->close_err), cli->last_error);
+	lost = undelivered(cli->last_error);
+	ck_assert_msg(lost > 0, "no count in \"%s\"", cli->last_error);
+	/* loopback's buffers take a few MiB (far below 32); the queue's
+	 * framing adds little */
+	ck_assert_msg((uint64_t)lost + 32 * MiB > queued && (uint64_t)lost < queued + MiB,
+		      "%lld of %llu bytes not delivered: \"%s\"", lost, (unsigned long long)queued,
+		      cli->last_error);
+	ck_assert_msg(strstr(cli->last_error, "close gave up") != NULL, "%s", cli->last_error);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A short queue to a reader that reads: the close ends with 0 at the
+ * peer's end, well before any linger (the common case stays quick: no
+ * tick is waited for when the peer answers our end). */
+START_TEST(quick_close_delivers)
+{
+	struct tu h;
+	struct tu_server_opts opts = {0};
+	struct tu_peer *cli, *sp;
+	size_t lens[] = {100, 3};
+	opts.keep = 1;
+	opts.free_in_close = 1; /* the reader closes its end at ours */
+	setup(&h, _i, opts, 0);
+	cli = connect_client(&h);
+	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 9)), 0);
+	tw_comm_close(cli->comm);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_msg(cli->close_err == 0, "%s (%s)", tw_strerror(cli->close_err), cli->last_error);
+	sp = tu_server_peer(&h, 0);
+	ck_assert_uint_eq(sp->nmsgs, 1);
+	ck_assert(tu_msg_matches(sp->msgs[0], lens, 2, 9));
+	tt_fini(&h);
+}
+END_TEST
+
+/* Bad input after a served request (the rule: replies already queued go
+ * out before a comm closes for bad input that followed them; the comm
+ * then ends with the input's error). The request is a 5-byte message
+ * that the server echoes; the bad input is a message of zero frames
+ * (stream framing) or a count message of 9 bytes (WebSocket). Same read:
+ * the raw peer sends both in one write, so the echo is queued when the
+ * bad input is read (before the fix, the echo was dropped with the
+ * comm). Separate reads: the server takes the request and holds its
+ * reply (deferred, as a tw_server handler may), the bad input arrives
+ * while it is paused, and the reply is written as reading resumes. */
+static const uint8_t req_payload[5] = {'h', 'e', 'l', 'l', 'o'};
+
+/* Stream framing: a message of one frame of n bytes. */
+static size_t stream_msg(uint8_t *out, const uint8_t *p, size_t n)
+{
+	uint64_t v[3] = {htole64(16 + n), htole64(1), htole64(n)};
+	memcpy(out, v, 24);
+	memcpy(out + 24, p, n);
+	return 24 + n;
+}
+
+static size_t stream_bad(uint8_t *out)
+{
+	uint64_t v[2] = {htole64(8), htole64(0)}; /* N = 0: TW_ENOFRAMES */
+	memcpy(out, v, 16);
+	return 16;
+}
+
+/* WebSocket, masked as a client: the count (N = 1), then the frame. */
+static size_t ws_msg(uint8_t *out, const uint8_t *p, size_t n)
+{
+	uint64_t one = htole64(1);
+	size_t k = wu_frame(out, 1, 2, &one, 8, 1);
+	return k + wu_frame(out + k, 1, 2, p, n, 1);
+}
+
+static size_t ws_bad(uint8_t *out)
+{
+	static const uint8_t nine[9] = {0};
+	return wu_frame(out, 1, 2, nine, 9, 1); /* a count is 8 bytes: close 1002 */
+}
+
+/* Deferred replies: the server peer pauses at each request. */
+static void hold_on_recv(struct tu_peer *p, tw_msg *m)
+{
+	(void)m;
+	tw_comm_pause(p->comm);
+}
+
+struct raw {
+	struct tu *h;
+	int ws;
+	int fd;            /* tcp */
+	struct wu_raw wr;  /* ws */
+	uint8_t in[65536]; /* tcp: what the server sent */
+	size_t nin;
+	int eof;
+};
+
+static int raw_read_eof(void *arg)
+{
+	struct raw *r = arg;
+	ssize_t n;
+	while (r->nin < sizeof(r->in) &&
+	       (n = recv(r->fd, r->in + r->nin, sizeof(r->in) - r->nin, MSG_DONTWAIT)) > 0)
+		r->nin += (size_t)n;
+	r->eof = r->nin == sizeof(r->in) || (n == 0 || (n < 0 && errno == ECONNRESET));
+	return r->eof;
+}
+
+static void raw_open(struct raw *r, struct tu *h)
+{
+	r->h = h;
+	if (r->ws)
+		ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, &r->wr), 101);
+	else
+		r->fd = tu_raw_connect(h->addr);
+}
+
+static void raw_send(struct raw *r, const uint8_t *p, size_t n)
+{
+	if (r->ws)
+		ck_assert_uint_eq(wu_raw_send(&r->wr, p, n), n);
+	else
+		ck_assert_uint_eq(tu_raw_send(r->h, r->fd, p, n), n);
+}
+
+/* Read to the server's EOF; the reply must be there, then (ws) close
+ * 1002. */
+static void raw_check_reply(struct raw *r)
+{
+	if (r->ws) {
+		struct wu_fr f[4];
+		size_t nf;
+		ck_assert(wu_raw_read_eof(&r->wr, TU_WAIT_MS));
+		nf = wu_parse(r->wr.in, r->wr.nin, f, 4, NULL);
+		ck_assert_msg(nf == 3, "%zu frames from the server, not count, reply, close", nf);
+		ck_assert_uint_eq(f[0].len, 8);
+		ck_assert_uint_eq(f[1].len, sizeof(req_payload));
+		ck_assert(memcmp(f[1].payload, req_payload, sizeof(req_payload)) == 0);
+		ck_assert_int_eq(wu_close_code(r->wr.in, r->wr.nin, NULL, 0), 1002);
+		wu_raw_close(&r->wr);
+	} else {
+		uint8_t want[64];
+		size_t n = stream_msg(want, req_payload, sizeof(req_payload));
+		ck_assert(tu_run_until(r->h, raw_read_eof, r, TU_WAIT_MS));
+		ck_assert_msg(r->nin == n, "%zu bytes from the server, not the %zu of the reply",
+			      r->nin, n);
+		ck_assert(memcmp(r->in, want, n) == 0);
+		close(r->fd);
+	}
+}
+
+/* _i: 0 tcp same read, 1 tcp separate reads, 2 ws same read, 3 ws
+ * separate reads. */
+START_TEST(reply_before_bad_input_close)
+{
+	int ws = _i >= 2, same = _i % 2 == 0;
+	struct tu h;
+	struct tu_server_opts opts = {0};
+	struct tu_peer *sp;
+	struct raw *r = calloc(1, sizeof(*r));
+	uint8_t b[256];
+	size_t n;
+	ck_assert_ptr_nonnull(r);
+	r->ws = ws;
+	opts.echo = same;
+	setup(&h, ws ? 2 : 0, opts, 0);
+	raw_open(r, &h);
+	sp = tu_server_peer(&h, 0);
+	ck_assert_ptr_nonnull(sp);
+	n = ws ? ws_msg(b, req_payload, sizeof(req_payload))
+	       : stream_msg(b, req_payload, sizeof(req_payload));
+	if (same) {
+		n += ws ? ws_bad(b + n) : stream_bad(b + n);
+		raw_send(r, b, n);
+	} else {
+		size_t lens[] = {sizeof(req_payload)};
+		tw_msg *reply;
+		sp->on_recv = hold_on_recv;
+		raw_send(r, b, n);
+		ck_assert(tu_wait_count(&h, &sp->nmsgs, 1, TU_WAIT_MS));
+		n = ws ? ws_bad(b) : stream_bad(b);
+		raw_send(r, b, n);
+		/* on loopback, sent bytes are in the server's socket now */
+		ck_assert_int_eq(tw_msg_new(&reply), 0);
+		ck_assert_int_eq(tw_msg_append_copy(reply, req_payload, lens[0]), 0);
+		tw_comm_resume(sp->comm);
+		ck_assert_int_eq(tw_comm_write(sp->comm, reply), 0);
+	}
+	raw_check_reply(r);
+	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
+	ck_assert_msg(sp->close_err == (ws ? TW_EPROTO : TW_ENOFRAMES), "server: %s (%s)",
+		      tw_strerror(sp->close_err), sp->last_error);
+	ck_assert_uint_eq(sp->nmsgs, 1);
+	free(r);
+	tt_fini(&h);
+}
+END_TEST
+
+static int some_sent(void *arg)
+{
+	tw_comm *c = arg;
+	return tw_comm_queued_bytes(c) < 64 * MiB;
+}
+
+/* A ws client in the middle of a 64 MiB frame gets close 1009 from a
+ * server that then stops reading. RFC 6455 section 5.5.1: answer at
+ * once; a close frame can only go out at the end of the fragment being
+ * written, which this peer will never take: the linger (300 ms) bounds
+ * the wait, the comm ends with the peer's reason (TW_ETOOBIG) and the
+ * bytes not delivered. Before the fix it waited for the TCP timeout
+ * (none in tests: for ever). */
+START_TEST(ws_peer_close_mid_fragment)
+{
+	struct tu h;
+	struct wu_fake *f = calloc(1, sizeof(*f));
+	struct tu_peer *cli;
+	tw_comm *c;
+	size_t lens[] = {64 * MiB};
+	static const uint8_t body[] = {0x03, 0xf1, 't', 'o', 'o', ' ', 'b', 'i', 'g'};
+	char why[256];
+	ck_assert_ptr_nonnull(f);
+	f->mode = WU_FAKE_101;
+	f->stall = 1;
+	f->nextra = wu_frame(f->extra, 1, 8, body, sizeof(body), 0);
+	wu_fake_start(f);
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_close_linger_ms(h.ctx, 300), 0);
+	ck_assert_int_eq(tt_connect_bare(&h, h.ctx, f->uri, &c, why, sizeof(why)), 0);
+	/* not reading yet: the frame goes out first, then the close is read */
+	ck_assert_int_eq(tw_comm_write(c, tu_msg_pattern(lens, 1, 1)), 0);
+	ck_assert(tu_run_until(&h, some_sent, c, TU_WAIT_MS));
+	cli = tu_peer_new(&h);
+	ck_assert_int_eq(tu_peer_start(cli, c), 0);
+	ck_assert_msg(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS), "close 1009 never answered");
+	ck_assert_msg(cli->close_err == TW_ETOOBIG, "%s (%s)", tw_strerror(cli->close_err),
+		      cli->last_error);
+	ck_assert_msg(strstr(cli->last_error, "code 1009") != NULL, "%s", cli->last_error);
+	ck_assert_msg(undelivered(cli->last_error) > 0, "%s", cli->last_error);
+	atomic_store(&f->release, 1);
+	wu_fake_join(f);
+	free(f);
+	tu_peer_free(cli);
+	tt_fini(&h);
+}
+END_TEST
+
+/* The same close 1009 to an idle client: the close frame is answered and
+ * TCP closed, at once. */
+START_TEST(ws_peer_close_idle)
+{
+	struct tu h;
+	struct wu_fake *f = calloc(1, sizeof(*f));
+	struct tu_peer *cli;
+	static const uint8_t body[] = {0x03, 0xf1, 't', 'o', 'o', ' ', 'b', 'i', 'g'};
+	struct wu_fr fr[2];
+	ck_assert_ptr_nonnull(f);
+	f->mode = WU_FAKE_101;
+	f->nextra = wu_frame(f->extra, 1, 8, body, sizeof(body), 0);
+	wu_fake_start(f);
+	tu_init(&h);
+	ck_assert_int_eq(tu_connect(&h, f->uri, &cli), 0);
+	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
+	ck_assert_msg(cli->close_err == TW_ETOOBIG, "%s (%s)", tw_strerror(cli->close_err),
+		      cli->last_error);
+	wu_fake_join(f); /* it read to our EOF */
+	ck_assert_uint_eq(wu_parse(f->got, f->ngot, fr, 2, NULL), 1);
+	ck_assert_int_eq(fr[0].op, 8);
+	ck_assert_int_eq(wu_close_code(f->got, f->ngot, NULL, 0), 1009);
+	free(f);
+	tt_fini(&h);
+}
+END_TEST
+
+static TCase *close_tcase(void)
+{
+	TCase *tc = tcase_create("close");
+	tcase_set_timeout(tc, 120);
+	tcase_add_loop_test(tc, slow_reader_gets_everything, 0, 4);
+	tcase_add_loop_test(tc, stopped_reader_times_out, 0, 4);
+	tcase_add_loop_test(tc, quick_close_delivers, 0, 4);
+	tcase_add_loop_test(tc, reply_before_bad_input_close, 0, 4);
+	tcase_add_test(tc, ws_peer_close_mid_fragment);
+	tcase_add_test(tc, ws_peer_close_idle);
+	return tc;
+}
+
+int main(void)
+{
+	Suite *s = suite_create("close");
+	SRunner *sr;
+	int failed;
+	signal(SIGPIPE, SIG_IGN);
+	tt_make_certs();
+	suite_add_tcase(s, close_tcase());
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	tt_remove_certs();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
