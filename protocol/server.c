@@ -134,7 +134,7 @@ static void drop(struct sconn *sc, int err, const char *why)
 {
 	sc->closing = 1; /* messages owed before the end are not served */
 	tw__comm_seterr(sc->comm, "%s", why);
-	tw__comm_end(sc->comm, err);
+	tw__comm_fail(sc->comm, err); /* replies already queued go out first */
 }
 
 static void server_destroy(tw_server *s);

@@ -6,6 +6,7 @@
  * close-stream, pipelined requests, resets mid-reply, cancels from
  * callbacks, big stream batches. */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -1264,6 +1265,42 @@ START_TEST(pool_peer_speaks_first)
 }
 END_TEST
 
+/* ---- 20. a request, then one that is not a map, in one write: the
+ * first is served and its reply reaches the peer before the server drops
+ * the comm (issue 17, finding 2; design.md, Close). Before, the reply was
+ * queued when the second request was read, and dropped with the comm ---- */
+
+START_TEST(reply_before_bad_request_drop)
+{
+	struct rf f;
+	msgpack_sbuffer out;
+	static uint8_t buf[65536];
+	size_t got, pos = 0, msgs = 0;
+	int fd;
+	rf_init(&f);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out, "\x81\xa2op\xa8identity", 13); /* {"op": "identity"} */
+	wire1(&out, "\x07", 1); /* not a map: the server drops the comm */
+	fd = tu_raw_connect(f.s.addr);
+	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
+	got = raw_read(&f.h, fd, buf, sizeof(buf), TU_WAIT_MS); /* to the server's EOF */
+	while (pos + 16 <= got) {
+		uint64_t total;
+		memcpy(&total, buf + pos, 8);
+		pos += 8 + le64toh(total);
+		msgs++;
+	}
+	ck_assert_msg(pos == got && msgs == 2,
+		      "%zu messages (%zu bytes, parsed %zu) from the server, not its handshake and "
+		      "the reply",
+		      msgs, got, pos);
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	rf_fini(&f);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("rpc_bad");
@@ -1293,6 +1330,7 @@ int main(void)
 	tcase_add_test(tc, pool_partial_limit1_timeout);
 	tcase_add_test(tc, pool_partial_default_limit);
 	tcase_add_loop_test(tc, pool_peer_speaks_first, 0, 3);
+	tcase_add_test(tc, reply_before_bad_request_drop);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -329,6 +329,15 @@ void tw__comm_end(tw_comm *c, int err)
 	after_callback(c);
 }
 
+void tw__comm_fail(tw_comm *c, int err)
+{
+	if (c->ended)
+		return;
+	if (c->ops->fail == NULL || c->ops->queued(c) == 0)
+		return tw__comm_end(c, err);
+	c->ops->fail(c, err);
+}
+
 void tw__comm_end_known(tw_comm *c)
 {
 	c->close_owed = 0;

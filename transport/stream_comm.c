@@ -634,6 +634,14 @@ static void s_close(tw_comm *c)
 	begin_close((struct stream *)c, 0);
 }
 
+static void s_fail(tw_comm *c, int err)
+{
+	struct stream *s = (struct stream *)c;
+	if (s->closing)
+		return tw__comm_end(c, err);
+	begin_close(s, err);
+}
+
 static void s_stop(tw_comm *c)
 {
 	struct stream *s = (struct stream *)c;
@@ -679,7 +687,8 @@ static int s_rx_pending(const tw_comm *c)
 }
 
 static const struct tw__comm_ops stream_ops = {
-	s_start, s_write, s_queued, s_close, s_stop, s_destroy, s_set_place, s_pause, s_rx_pending,
+	s_start,   s_write,     s_queued, s_close,      s_stop,
+	s_destroy, s_set_place, s_pause,  s_rx_pending, s_fail,
 };
 
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,

@@ -39,6 +39,7 @@ struct tw__comm_ops {
 	void (*set_place)(tw_comm *c, tw__place_fn fn, void *arg);
 	void (*pause)(tw_comm *c);           /* stop reading until start */
 	int (*rx_pending)(const tw_comm *c); /* bytes of a next message already taken in */
+	void (*fail)(tw_comm *c, int err);   /* bad input: write what is queued, then end */
 };
 
 /* The clock of the minimum receive rate (tw_context_set_min_receive_rate).
@@ -201,6 +202,11 @@ int tw__comm_rx_pending(const tw_comm *c);
  * came and returns 0 then, else !c->ended. */
 void tw__comm_hold(tw_comm *c);
 int tw__comm_release(tw_comm *c);
+/* Bad input ends c with err, but replies already queued go out first
+ * (design.md, Close): with nothing queued it ends at once, else it
+ * closes as tw_comm_close does, reading no more, and ends with err. The
+ * error text should be set first. */
+void tw__comm_fail(tw_comm *c, int err);
 /* End the comm with err: release I/O, run the close callback once. The
  * caller must not touch c afterwards. A comm that was closing and ends
  * with an error gets the bytes it did not deliver added to its text. */

@@ -1135,6 +1135,16 @@ static void w_close(tw_comm *c)
 	event_active(w->wev, EV_WRITE, 0);
 }
 
+/* Bad input above the transport (a request that is not a map): close
+ * 1008, policy violation (RFC 6455 section 7.4.1), after the replies. */
+static void w_fail(tw_comm *c, int err)
+{
+	struct ws *w = (struct ws *)c;
+	if (w->state != WS_OPEN || w->close_sent)
+		return tw__comm_end(c, err);
+	fail_after_replies(w, err, TW__WS_CLOSE_POLICY, "bad request");
+}
+
 static void w_stop(tw_comm *c)
 {
 	struct ws *w = (struct ws *)c;
@@ -1185,7 +1195,8 @@ static int w_rx_pending(const tw_comm *c)
 }
 
 static const struct tw__comm_ops ws_ops = {
-	w_start, w_write, w_queued, w_close, w_stop, w_destroy, w_set_place, w_pause, w_rx_pending,
+	w_start,   w_write,     w_queued, w_close,      w_stop,
+	w_destroy, w_set_place, w_pause,  w_rx_pending, w_fail,
 };
 
 /* The upgrade. */
