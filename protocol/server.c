@@ -315,6 +315,7 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 	}
 	sc->srv = s;
 	sc->comm = comm;
+	comm->served = 1; /* never dispatched by anyone else */
 	sc->next = s->conns.next;
 	sc->prev = &s->conns;
 	s->conns.next->prev = sc;

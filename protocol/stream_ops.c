@@ -92,8 +92,9 @@ int tw_comm_dispatch_stream(tw_comm *comm, const tw_stream_ops *t, tw_comm_ended
 		return TW_EINVAL;
 	if (comm->ended || comm->closing)
 		return TW_ECLOSED;
-	/* raw callbacks (nothing decodes for us), or dispatching already */
-	if (comm->recv_cb != NULL && (cur == NULL || cur == on_decoded))
+	/* raw callbacks (nothing decodes for us), or dispatching already: a
+	 * tw_server's comm (a kept stream) goes to the server's stream ops */
+	if (comm->served || (comm->recv_cb != NULL && (cur == NULL || cur == on_decoded)))
 		return TW_EINVAL;
 	if ((ds = calloc(1, sizeof(*ds))) == NULL)
 		return TW_ENOMEM;

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -726,6 +728,612 @@ START_TEST(batched_payloads_to_python)
 }
 END_TEST
 
+/* ---- attack16: misuse and faults on the issue-16 API ---- */
+struct atk {
+	tw_server *s;
+	tw_stream_ops *ops;
+	tw_comm *comm;
+	tw_request *held; /* a deferred register reply */
+	int dispatch_rv, keep_rv, reply_rv;
+	int ended, ended_err;
+	int free_comm_in_ended;
+	size_t maps, registered;
+	int free_server_at; /* a stream handler frees the server at this map */
+	tw_comm_watch *w_other;
+	int w1_ran, w2_ran;
+};
+
+static void atk_ended(tw_comm *comm, int err, void *arg)
+{
+	struct atk *a = arg;
+	a->ended++;
+	a->ended_err = err;
+	if (a->free_comm_in_ended)
+		tw_comm_free(comm); /* stream.h: "You still own the comm" */
+}
+
+static void atk_map(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct atk *a = arg;
+	(void)comm;
+	(void)d;
+	(void)m;
+	if (++a->maps == (size_t)a->free_server_at) {
+		tw_server_free(a->s);
+		a->s = NULL;
+	}
+}
+
+/* keep_stream, then the kept comm handed to tw_comm_dispatch_stream */
+static void atk_register_dispatch(tw_request *r, void *arg)
+{
+	struct atk *a = arg;
+	a->registered++;
+	ck_assert_int_eq(tw_request_keep_stream(r, &a->comm), 0);
+	a->dispatch_rv = tw_comm_dispatch_stream(a->comm, a->ops, atk_ended, a);
+	a->reply_rv = tw_request_reply(r);
+}
+
+static void atk_register_defer(tw_request *r, void *arg)
+{
+	struct atk *a = arg;
+	a->registered++;
+	a->held = r;
+}
+
+static tw_server *atk_server(struct tu *h, struct atk *a, tw_op_fn reg, char *addr, size_t len)
+{
+	ck_assert_int_eq(tw_server_new(h->ctx, &a->s), 0);
+	ck_assert_int_eq(tw_server_add_op(a->s, "register-worker", reg, a), 0);
+	ck_assert_int_eq(tw_server_add_stream_op(a->s, "hello", atk_map, a), 0);
+	ck_assert_int_eq(tw_server_listen(a->s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(a->s, 0, addr, len), 0);
+	return a->s;
+}
+
+static int atk_raw_register(struct tu *h, const char *addr)
+{
+	tw_builder *b;
+	int fd = tu_raw_connect(addr);
+	ck_assert_int_ge(fd, 0);
+	raw_send_msg(h, fd, handshake_msg(), 0);
+	b = rq_begin("register-worker", 1);
+	rq_bool(b, "reply", 0);
+	raw_send_msg(h, fd, rq_end(b), 0);
+	return fd;
+}
+
+static int atk_registered(void *arg)
+{
+	return ((struct atk *)arg)->registered > 0;
+}
+
+/* A scheduler author hands the kept comm to tw_comm_dispatch_stream and
+ * would free it in `ended`, as stream.h allows for comms one owns. The
+ * server owns it: refused (TW_EINVAL), and its maps keep going to the
+ * server's stream ops. Before, the dispatch was taken, the server never
+ * heard of the end, and tw_server_free read the freed comm (ASan:
+ * heap-use-after-free in tw_comm_free <- conn_free <- server_destroy). */
+static int atk_one_map(void *arg)
+{
+	return ((struct atk *)arg)->maps > 0;
+}
+
+START_TEST(atk_dispatch_kept_comm)
+{
+	struct tu h;
+	struct atk a = {.free_comm_in_ended = 1};
+	char addr[128];
+	int fd;
+	tu_init(&h);
+	ck_assert_int_eq(tw_stream_ops_new(&a.ops), 0);
+	ck_assert_int_eq(tw_stream_ops_add(a.ops, "other", atk_map, &a), 0);
+	atk_server(&h, &a, atk_register_dispatch, addr, sizeof(addr));
+	fd = atk_raw_register(&h, addr);
+	ck_assert(tu_run_until(&h, atk_registered, &a, TU_WAIT_MS));
+	ck_assert_int_eq(a.dispatch_rv, TW_EINVAL);
+	ck_assert_int_eq(a.reply_rv, 0);
+	raw_send_msg(&h, fd, rq_op("hello"), 0); /* the server's stream op */
+	ck_assert(tu_run_until(&h, atk_one_map, &a, TU_WAIT_MS));
+	close(fd);
+	ck_assert_int_eq(tw_comm_watch_end(a.comm, atk_ended, &a, NULL), 0);
+	ck_assert(tu_wait_flag(&h, &a.ended, TU_WAIT_MS));
+	ck_assert_int_eq(a.ended, 1);
+	tw_comm_release(a.comm);
+	tw_server_free(a.s);
+	tw_stream_ops_free(a.ops);
+	tu_fini(&h);
+}
+END_TEST
+
+/* A stream handler frees the server in the middle of an array of maps,
+ * while the scheduler holds the comm with an end watch. */
+static void atk_watch_release(tw_comm *comm, int err, void *arg)
+{
+	struct atk *a = arg;
+	a->ended++;
+	a->ended_err = err;
+	tw_comm_release(comm); /* the hold from keep_stream, inside fn */
+	if (a->w_other != NULL) {
+		tw_comm_unwatch(a->w_other); /* another pending watch, same comm */
+		a->w_other = NULL;
+	}
+}
+
+static void atk_w2(tw_comm *comm, int err, void *arg)
+{
+	(void)comm;
+	(void)err;
+	((struct atk *)arg)->w2_ran++;
+}
+
+static void atk_register_keep(tw_request *r, void *arg)
+{
+	struct atk *a = arg;
+	a->registered++;
+	ck_assert_int_eq(tw_request_keep_stream(r, &a->comm), 0);
+	ck_assert_int_eq(tw_comm_watch_end(a->comm, atk_watch_release, a, NULL), 0);
+	ck_assert_int_eq(tw_comm_watch_end(a->comm, atk_w2, a, &a->w_other), 0);
+	a->reply_rv = tw_request_reply(r);
+}
+
+START_TEST(atk_stream_handler_frees_server)
+{
+	struct tu h;
+	struct atk a = {.free_server_at = 2};
+	char addr[128];
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	int fd;
+	tu_init(&h);
+	atk_server(&h, &a, atk_register_keep, addr, sizeof(addr));
+	fd = atk_raw_register(&h, addr);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_array(&pk, 4);
+	for (int i = 0; i < 4; i++) {
+		msgpack_pack_map(&pk, 1);
+		pack_kv_str(&pk, "op", "hello");
+	}
+	raw_send_msg(&h, fd, rq_raw(sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
+	ck_assert(tu_wait_flag(&h, &a.ended, TU_WAIT_MS));
+	ck_assert_uint_eq(a.maps, 2);
+	ck_assert_int_eq(a.ended_err, TW_ECANCELED);
+	ck_assert_int_eq(a.w2_ran, 0);
+	tu_run_for(&h, 20);
+	ck_assert_int_eq(a.ended, 1);
+	ck_assert_int_eq(a.w2_ran, 0);
+	close(fd);
+	tu_fini(&h);
+}
+END_TEST
+
+/* keep_stream with the reply deferred; the peer resets first. */
+START_TEST(atk_keep_then_reset)
+{
+	struct tu h;
+	struct atk a = {0};
+	struct linger lg = {1, 0};
+	char addr[128];
+	tw_msg *m = rq_op("identity");
+	int fd;
+	tu_init(&h);
+	atk_server(&h, &a, atk_register_defer, addr, sizeof(addr));
+	fd = atk_raw_register(&h, addr);
+	ck_assert(tu_run_until(&h, atk_registered, &a, TU_WAIT_MS));
+	ck_assert_int_eq(tw_request_keep_stream(a.held, &a.comm), 0);
+	ck_assert_int_eq(tw_comm_watch_end(a.comm, atk_ended, &a, NULL), 0);
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
+	tu_run_for(&h, 20); /* paused while the handler has it: no read */
+	msgpack_pack_map(tw_builder_packer(tw_request_reply_builder(a.held)), 0);
+	a.reply_rv = tw_request_reply(a.held);
+	ck_assert(a.reply_rv == 0 || a.reply_rv == TW_ECLOSED);
+	ck_assert(tu_wait_flag(&h, &a.ended, TU_WAIT_MS));
+	ck_assert_int_ne(a.ended_err, 0);
+	ck_assert_int_eq(tw_comm_write(a.comm, m), TW_ECLOSED);
+	tw_msg_free(m);
+	tw_comm_release(a.comm);
+	tw_server_free(a.s);
+	tu_fini(&h);
+}
+END_TEST
+
+/* keep_stream on a request whose comm then gets garbage behind it. */
+START_TEST(atk_keep_after_bad_input)
+{
+	struct tu h;
+	struct atk a = {0};
+	char addr[128];
+	int fd;
+	tu_init(&h);
+	atk_server(&h, &a, atk_register_defer, addr, sizeof(addr));
+	fd = atk_raw_register(&h, addr);
+	raw_send_msg(&h, fd, rq_raw("\xc1", 1), 0); /* never-used msgpack byte */
+	ck_assert(tu_run_until(&h, atk_registered, &a, TU_WAIT_MS));
+	tu_run_for(&h, 50);
+	a.keep_rv = tw_request_keep_stream(a.held, &a.comm);
+	if (a.keep_rv == 0)
+		ck_assert_int_eq(tw_comm_watch_end(a.comm, atk_ended, &a, NULL), 0);
+	msgpack_pack_map(tw_builder_packer(tw_request_reply_builder(a.held)), 0);
+	a.reply_rv = tw_request_reply(a.held);
+	ck_assert(tu_raw_wait_closed(&h, fd, TU_WAIT_MS));
+	if (a.keep_rv == 0) {
+		ck_assert(tu_wait_flag(&h, &a.ended, TU_WAIT_MS));
+		ck_assert_int_eq(a.ended_err, TW_EPROTO);
+		tw_comm_release(a.comm);
+	}
+	close(fd);
+	tw_server_free(a.s);
+	tu_fini(&h);
+}
+END_TEST
+
+/* watch_end on an ended, held comm, then the context freed before the
+ * loop runs again. */
+START_TEST(atk_watch_then_context_free)
+{
+	struct tu h;
+	struct atk a = {0};
+	char addr[128];
+	int fd;
+	tu_init(&h);
+	atk_server(&h, &a, atk_register_keep, addr, sizeof(addr));
+	fd = atk_raw_register(&h, addr);
+	ck_assert(tu_run_until(&h, atk_registered, &a, TU_WAIT_MS));
+	tw_comm_hold(a.comm); /* atk_watch_release drops one */
+	close(fd);
+	ck_assert(tu_wait_flag(&h, &a.ended, TU_WAIT_MS));
+	ck_assert_int_eq(tw_comm_watch_end(a.comm, atk_ended, &a, NULL), 0);
+	ck_assert_int_eq(tw_comm_watch_end(a.comm, atk_ended, &a, NULL), 0);
+	tw_server_free(a.s);
+	tu_fini(&h); /* frees the context: the watches never run */
+	ck_assert_int_eq(a.ended, 1);
+}
+END_TEST
+
+/* Many kept comms, each held with an end watch, all ended at once. */
+struct many {
+	size_t registered, ended, bad;
+	tw_comm *comms[4096];
+};
+
+static void many_ended(tw_comm *comm, int err, void *arg)
+{
+	struct many *m = arg;
+	char a[128];
+	m->bad += err != TW_ECANCELED || tw_comm_peer_address(comm, a, sizeof(a)) != 0;
+	m->ended++;
+	tw_comm_release(comm);
+}
+
+static void many_register(tw_request *r, void *arg)
+{
+	struct many *m = arg;
+	tw_comm *c;
+	ck_assert_int_eq(tw_request_keep_stream(r, &c), 0);
+	ck_assert_int_eq(tw_comm_watch_end(c, many_ended, m, NULL), 0);
+	m->comms[m->registered++] = c;
+	ck_assert_int_eq(tw_request_reply(r), 0);
+}
+
+START_TEST(atk_many_watches)
+{
+	struct tu h;
+	struct many m = {0};
+	size_t n = tu_quick() ? 200 : 2000;
+	char addr[128];
+	tw_server *s;
+	int *fds = calloc(n, sizeof(int));
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &s), 0);
+	ck_assert_int_eq(tw_server_add_op(s, "register-worker", many_register, &m), 0);
+	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(s, 0, addr, sizeof(addr)), 0);
+	for (size_t i = 0; i < n; i++)
+		fds[i] = atk_raw_register(&h, addr);
+	ck_assert(tu_wait_count(&h, &m.registered, n, TU_WAIT_MS));
+	tw_server_free(s);
+	ck_assert(tu_wait_count(&h, &m.ended, n, TU_WAIT_MS));
+	ck_assert_uint_eq(m.bad, 0);
+	for (size_t i = 0; i < n; i++)
+		close(fds[i]);
+	free(fds);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Client side (tw_comm_dispatch_stream) against a raw peer. */
+struct cl {
+	tw_comm *comm;
+	tw_stream_ops *ops;
+	int done, err, dispatch_rv, again_rv, setcb_rv;
+	size_t maps;
+	size_t free_at; /* a handler frees the comm and the table at this map */
+	int free_in_ended;
+	int ended, ended_err;
+};
+
+static void cl_ended(tw_comm *comm, int err, void *arg)
+{
+	struct cl *c = arg;
+	c->ended++;
+	c->ended_err = err;
+	if (c->free_in_ended) {
+		tw_comm_free(comm);
+		tw_stream_ops_free(c->ops);
+		c->ops = NULL;
+		c->comm = NULL;
+	}
+}
+
+static void cl_nop_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail, void *arg)
+{
+	(void)comm;
+	(void)err;
+	(void)detail;
+	(void)arg;
+	tw_decoded_free(d);
+}
+
+static void cl_nop_close(tw_comm *comm, int err, void *arg)
+{
+	(void)comm;
+	(void)err;
+	(void)arg;
+}
+
+static void cl_hello(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
+{
+	struct cl *c = arg;
+	(void)d;
+	(void)m;
+	c->maps++;
+	if (c->maps == 1) {
+		c->again_rv = tw_comm_dispatch_stream(comm, c->ops, cl_ended, c);
+		c->setcb_rv = tw_comm_set_decoded_callbacks(comm, cl_nop_decoded, cl_nop_close, NULL, c);
+	}
+	if (c->maps == c->free_at) {
+		tw_comm_free(comm);
+		tw_stream_ops_free(c->ops);
+		c->ops = NULL;
+		c->comm = NULL;
+	}
+}
+
+static void cl_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
+{
+	struct cl *c = arg;
+	(void)info;
+	if (err == 0)
+		err = c->dispatch_rv = tw_comm_dispatch_stream(comm, c->ops, cl_ended, c);
+	c->err = err;
+	c->done = 1;
+}
+
+static void cl_connected(tw_comm *comm, int err, void *arg)
+{
+	struct cl *c = arg;
+	c->comm = comm;
+	if (err == 0 && (err = tw_comm_handshake(comm, 0, cl_handshake, c)) == 0)
+		return;
+	c->err = err;
+	c->done = 1;
+}
+
+static int raw_listen(char *uri, size_t len)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(fd, 4), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(uri, len, "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+	return fd;
+}
+
+struct acc {
+	int lfd, fd;
+};
+
+static int raw_accepted(void *arg)
+{
+	struct acc *a = arg;
+	if (a->fd < 0)
+		a->fd = accept4(a->lfd, NULL, NULL, 0);
+	return a->fd >= 0;
+}
+
+/* Connect c to a raw peer, handshake both ways; returns the peer's fd. */
+static int cl_start(struct tu *h, struct cl *c)
+{
+	struct acc acc;
+	char uri[64];
+	int lfd = raw_listen(uri, sizeof(uri)), fd;
+	ck_assert_int_eq(tw_stream_ops_new(&c->ops), 0);
+	ck_assert_int_eq(tw_stream_ops_add(c->ops, "hello", cl_hello, c), 0);
+	ck_assert_int_eq(tw_connect(h->ctx, uri, cl_connected, c), 0);
+	acc.lfd = lfd;
+	acc.fd = -1;
+	ck_assert(tu_run_until(h, raw_accepted, &acc, TU_WAIT_MS));
+	fd = acc.fd;
+	close(lfd);
+	raw_send_msg(h, fd, handshake_msg(), 0);
+	ck_assert(tu_wait_flag(h, &c->done, TU_WAIT_MS));
+	ck_assert_int_eq(c->err, 0);
+	return fd;
+}
+
+/* ops: a list of op names, NULL-terminated, one map each, in one array */
+static void raw_send_ops(struct tu *h, int fd, const char *const *ops)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	size_t n = 0;
+	while (ops[n] != NULL)
+		n++;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_array(&pk, n);
+	for (size_t i = 0; i < n; i++) {
+		msgpack_pack_map(&pk, 1);
+		pack_kv_str(&pk, "op", ops[i]);
+	}
+	raw_send_msg(h, fd, rq_raw(sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static int cl_maps(void *arg)
+{
+	return ((struct cl *)arg)->maps >= 2;
+}
+
+/* A stream handler frees its comm and the op table in mid-array; a
+ * handler re-dispatches (refused). */
+START_TEST(atk_client_handler_frees_comm)
+{
+	struct tu h;
+	struct cl c = {.free_at = 2};
+	static const char *const ops[] = {"hello", "hello", "hello", NULL};
+	int fd;
+	tu_init(&h);
+	fd = cl_start(&h, &c);
+	raw_send_ops(&h, fd, ops);
+	ck_assert(tu_run_until(&h, cl_maps, &c, TU_WAIT_MS));
+	ck_assert(tu_raw_wait_closed(&h, fd, TU_WAIT_MS));
+	tu_run_for(&h, 20);
+	ck_assert_uint_eq(c.maps, 2);
+	ck_assert_int_eq(c.again_rv, TW_EINVAL);
+	ck_assert_int_eq(c.setcb_rv, TW_EINVAL);
+	ck_assert_int_eq(c.ended, 0);
+	close(fd);
+	tu_fini(&h);
+}
+END_TEST
+
+/* close-stream in mid-array, then more maps and another message: all
+ * dropped; the end is orderly; ended frees the comm and the table. */
+START_TEST(atk_client_close_stream_then_more)
+{
+	struct tu h;
+	struct cl c = {.free_in_ended = 1};
+	static const char *const ops1[] = {"hello", "close-stream", "hello", NULL};
+	static const char *const ops2[] = {"hello", NULL};
+	int fd;
+	tu_init(&h);
+	fd = cl_start(&h, &c);
+	raw_send_ops(&h, fd, ops1);
+	raw_send_ops(&h, fd, ops2);
+	ck_assert(tu_raw_wait_closed(&h, fd, TU_WAIT_MS));
+	close(fd);
+	ck_assert(tu_wait_flag(&h, &c.ended, TU_WAIT_MS));
+	tu_run_for(&h, 20);
+	ck_assert_uint_eq(c.maps, 1);
+	ck_assert_int_eq(c.ended, 1);
+	ck_assert_int_eq(c.ended_err, 0);
+	ck_assert_ptr_eq(c.comm, NULL);
+	tu_fini(&h);
+}
+END_TEST
+
+/* Two comms' watches: the first to run unwatches the other's, and
+ * releases its own hold; the cancelled one never runs. */
+struct pair {
+	tw_comm *a, *b;
+	tw_comm_watch *wa, *wb;
+	int ran_a, ran_b;
+};
+
+static void pair_fn_a(tw_comm *comm, int err, void *arg)
+{
+	struct pair *p = arg;
+	(void)err;
+	p->ran_a++;
+	if (p->wb != NULL) {
+		tw_comm_unwatch(p->wb);
+		p->wb = NULL;
+		tw_comm_release(p->b);
+	}
+	p->wa = NULL;
+	tw_comm_release(comm);
+}
+
+static void pair_fn_b(tw_comm *comm, int err, void *arg)
+{
+	struct pair *p = arg;
+	(void)err;
+	p->ran_b++;
+	if (p->wa != NULL) {
+		tw_comm_unwatch(p->wa);
+		p->wa = NULL;
+		tw_comm_release(p->a);
+	}
+	p->wb = NULL;
+	tw_comm_release(comm);
+}
+
+static void pair_register(tw_request *r, void *arg)
+{
+	struct pair *p = arg;
+	tw_comm *c;
+	ck_assert_int_eq(tw_request_keep_stream(r, &c), 0);
+	if (p->a == NULL) {
+		p->a = c;
+		ck_assert_int_eq(tw_comm_watch_end(c, pair_fn_a, p, &p->wa), 0);
+	} else {
+		p->b = c;
+		ck_assert_int_eq(tw_comm_watch_end(c, pair_fn_b, p, &p->wb), 0);
+	}
+	ck_assert_int_eq(tw_request_reply(r), 0);
+}
+
+static int pair_one_ran(void *arg)
+{
+	struct pair *p = arg;
+	return p->ran_a + p->ran_b > 0;
+}
+
+static int pair_has_a(void *arg)
+{
+	return ((struct pair *)arg)->a != NULL;
+}
+
+static int pair_both(void *arg)
+{
+	struct pair *p = arg;
+	return p->b != NULL;
+}
+
+START_TEST(atk_unwatch_other_comm)
+{
+	struct tu h;
+	struct pair p = {0};
+	char addr[128];
+	tw_server *s;
+	int fa, fb;
+	tu_init(&h);
+	ck_assert_int_eq(tw_server_new(h.ctx, &s), 0);
+	ck_assert_int_eq(tw_server_add_op(s, "register-worker", pair_register, &p), 0);
+	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_server_address(s, 0, addr, sizeof(addr)), 0);
+	fa = atk_raw_register(&h, addr);
+	ck_assert(tu_run_until(&h, pair_has_a, &p, TU_WAIT_MS));
+	fb = atk_raw_register(&h, addr);
+	ck_assert(tu_run_until(&h, pair_both, &p, TU_WAIT_MS));
+	tw_server_free(s); /* both end at once */
+	ck_assert(tu_run_until(&h, pair_one_ran, &p, TU_WAIT_MS));
+	tu_run_for(&h, 20);
+	ck_assert_int_eq(p.ran_a + p.ran_b, 1);
+	close(fa);
+	close(fb);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("handover");
@@ -745,6 +1353,18 @@ int main(void)
 	tcase_add_test(tc, register_client_keeps_stream);
 	tcase_add_test(tc, worker_side_dispatches_by_op);
 	tcase_add_test(tc, batched_payloads_to_python);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("attack16");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, atk_dispatch_kept_comm);
+	tcase_add_test(tc, atk_stream_handler_frees_server);
+	tcase_add_test(tc, atk_keep_then_reset);
+	tcase_add_test(tc, atk_keep_after_bad_input);
+	tcase_add_test(tc, atk_watch_then_context_free);
+	tcase_add_test(tc, atk_many_watches);
+	tcase_add_test(tc, atk_client_handler_frees_comm);
+	tcase_add_test(tc, atk_client_close_stream_then_more);
+	tcase_add_test(tc, atk_unwatch_other_comm);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -130,6 +130,7 @@ struct tw_comm {
 	int end_known;  /* the end was told to the owner: watches may run */
 	int close_owed; /* the delivery layer runs the owner's close later */
 	int owner_gone; /* tw_comm_free ran */
+	int served;     /* a tw_server's: its callbacks, its reference */
 	struct tw_comm_watch *end_watches, **end_tail;
 	struct event *end_ev; /* runs the end watches, outside any call */
 	/* The context's budgets (core/budget.h): the receive budget's claim

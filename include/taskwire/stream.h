@@ -84,6 +84,9 @@ void tw_stream_ops_free(tw_stream_ops *t);
  * Returns 0, or:
  *   TW_EINVAL   comm, t or ended is NULL, comm has raw callbacks
  *               (tw_comm_set_callbacks), or it dispatches already
+ *               (a tw_server's comm too, e.g. tw_request_keep_stream's:
+ *               its maps go to the server's stream ops, and the server
+ *               owns it)
  *   TW_ECLOSED  comm ended or is closing
  *   TW_ENOMEM   out of memory
  * Source: Dask's Server.handle_stream, which the worker runs on its
