@@ -243,8 +243,16 @@ int tt_refused(struct tu *h, tw_context *ctx, const char *uri, int write, int ms
 		return rv;
 	*stage = 1;
 	if (write) {
+		/* Under TLS 1.3 the server's refusal may already have ended the
+		 * comm (read while the connect finished): then the write is
+		 * refused, and the close error below still says why. */
 		size_t lens[] = {100};
-		ck_assert_int_eq(tw_comm_write(p->comm, tu_msg_pattern(lens, 1, 0)), 0);
+		tw_msg *m = tu_msg_pattern(lens, 1, 0);
+		int wr = tw_comm_write(p->comm, m);
+		if (wr != 0) {
+			ck_assert_int_eq(wr, TW_ECLOSED);
+			tw_msg_free(m);
+		}
 	}
 	tu_wait_flag(h, &p->closed, ms);
 	rv = p->closed ? p->close_err : 0;

@@ -24,9 +24,13 @@ struct event_base;
 typedef struct tw_context tw_context;
 
 /* Defaults of the limits, each changed by a setter below. The frame bound
- * follows the byte limit (TW_MAX_FRAMES_FOR): each frame costs 8 bytes of
- * lengths on the wire, so a message within the limit has no more. */
-#define TW_MAX_FRAMES_FOR(bytes)           ((bytes) / 8)
+ * follows the byte limit (TW_MAX_FRAMES_FOR): a received frame costs about
+ * 32 bytes of bookkeeping (its length and its slice), so frames up to
+ * bytes / 32 keep that within the message limit; a Dask frame averages far
+ * more than 32 bytes on the wire (8 of length, and every out-of-band value
+ * brings a sub-header of about 100), so no real Dask message comes near it
+ * (a gather of 100,000 values is 200,001 frames). */
+#define TW_MAX_FRAMES_FOR(bytes)           ((bytes) / 32)
 #define TW_DEFAULT_MAX_MESSAGE_BYTES       (UINT64_C(4) << 30) /* 4 GiB */
 #define TW_DEFAULT_MAX_FRAMES              TW_MAX_FRAMES_FOR(TW_DEFAULT_MAX_MESSAGE_BYTES)
 #define TW_DEFAULT_CONNECT_TIMEOUT_MS      10000
@@ -101,17 +105,18 @@ int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns);
 /* Largest message accepted, as the 8-byte `total` of the stream prelude
  * (bytes that follow it), checked before allocating. Default 4 GiB.
  * Until tw_context_set_max_frames is called, it also sets the frame
- * bound to bytes / 8 (TW_MAX_FRAMES_FOR). */
+ * bound to bytes / 32 (TW_MAX_FRAMES_FOR). */
 int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
 /* Largest number of frames in one message. Default: the message limit
- * divided by 8 (each frame costs 8 bytes on the wire: 536,870,912 for the
- * default 4 GiB), following tw_context_set_max_message_bytes until this
+ * divided by 32 (134,217,728 for the default 4 GiB), following tw_context_set_max_message_bytes until this
  * is called. Dask bounds frames by nothing but bytes, and real traffic
  * has many: every out-of-band value is its own payload group, so a
  * gather of 100,000 small results is one message of 100,000+ frames
  * (the former default, 65,536, refused it). The receiver's bookkeeping
  * is 8 bytes of lengths plus one 24-byte tw_slice per frame, allocated
- * only once the lengths have arrived. */
+ * only once the lengths have arrived: at bytes / 32 frames it stays within
+ * the message limit (at bytes / 8 a message of empty frames could make 4
+ * times its size of it). */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
 /* Time a tw_connect may take before it fails with TW_ETIMEDOUT: it covers
  * every stage until the comm is usable (resolving, TCP, the TLS handshake,
