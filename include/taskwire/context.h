@@ -108,15 +108,15 @@ int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns);
  * bound to bytes / 32 (TW_MAX_FRAMES_FOR). */
 int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
 /* Largest number of frames in one message. Default: the message limit
- * divided by 32 (134,217,728 for the default 4 GiB), following tw_context_set_max_message_bytes until this
- * is called. Dask bounds frames by nothing but bytes, and real traffic
- * has many: every out-of-band value is its own payload group, so a
- * gather of 100,000 small results is one message of 100,000+ frames
- * (the former default, 65,536, refused it). The receiver's bookkeeping
- * is 8 bytes of lengths plus one 24-byte tw_slice per frame, allocated
- * only once the lengths have arrived: at bytes / 32 frames it stays within
- * the message limit (at bytes / 8 a message of empty frames could make 4
- * times its size of it). */
+ * divided by 32 (134,217,728 for the default 4 GiB), following
+ * tw_context_set_max_message_bytes until this is called. Dask bounds
+ * frames by nothing but bytes, and real traffic has many: every
+ * out-of-band value is its own payload group, so a gather of 100,000
+ * small results is one message of 100,000+ frames (the former default,
+ * 65,536, refused it). The receiver's bookkeeping is 8 bytes of lengths
+ * plus one 24-byte tw_slice per frame, allocated only once the lengths
+ * have arrived: at bytes / 32 frames it stays within the message limit
+ * (at bytes / 8, a message of empty frames could cost 4 times its size). */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
 /* Time a tw_connect may take before it fails with TW_ETIMEDOUT: it covers
  * every stage until the comm is usable (resolving, TCP, the TLS handshake,
