@@ -258,7 +258,7 @@ struct raw {
 static int raw_read_eof(void *arg)
 {
 	struct raw *r = arg;
-	ssize_t n;
+	ssize_t n = 1; /* the queue may be full before any recv */
 	while (r->nin < sizeof(r->in) &&
 	       (n = recv(r->fd, r->in + r->nin, sizeof(r->in) - r->nin, MSG_DONTWAIT)) > 0)
 		r->nin += (size_t)n;
