@@ -1334,6 +1334,41 @@ START_TEST(atk_unwatch_other_comm)
 }
 END_TEST
 
+/* A watch's fn that cancels its own watch: a no-op, not a double free
+ * (attack16: unlinked twice and freed twice under ASan before). */
+struct self_unwatch {
+	tw_comm_watch *w;
+	size_t ran;
+};
+
+static void unwatch_self(tw_comm *c, int err, void *arg)
+{
+	struct self_unwatch *u = arg;
+	(void)c;
+	(void)err;
+	tw_comm_unwatch(u->w);
+	u->ran++;
+}
+
+START_TEST(unwatch_inside_own_callback)
+{
+	struct tu h;
+	struct tu_peer *sp;
+	struct self_unwatch u = {0};
+	int fd;
+	tu_init(&h);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	fd = tu_raw_connect(h.addr);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	ck_assert_int_eq(tw_comm_watch_end(sp->comm, unwatch_self, &u, &u.w), 0);
+	close(fd);
+	ck_assert(tu_wait_count(&h, &u.ran, 1, TU_WAIT_MS));
+	ck_assert_uint_eq(u.ran, 1);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("handover");
@@ -1365,6 +1400,7 @@ int main(void)
 	tcase_add_test(tc, atk_client_handler_frees_comm);
 	tcase_add_test(tc, atk_client_close_stream_then_more);
 	tcase_add_test(tc, atk_unwatch_other_comm);
+	tcase_add_test(tc, unwatch_inside_own_callback);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

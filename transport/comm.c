@@ -385,6 +385,7 @@ static void run_end_watches(evutil_socket_t fd, short what, void *arg)
 	c->refs++;
 	while ((w = c->end_watches) != NULL) {
 		unlink_end_watch(w);
+		w->pprev = NULL; /* running: tw_comm_unwatch(w) in fn does nothing */
 		w->fn(c, c->end_err, w->arg);
 		free(w);
 		drop_ref(c);
@@ -419,7 +420,7 @@ int tw_comm_watch_end(tw_comm *c, tw_comm_ended_fn fn, void *arg, tw_comm_watch 
 void tw_comm_unwatch(tw_comm_watch *w)
 {
 	tw_comm *c;
-	if (w == NULL)
+	if (w == NULL || w->pprev == NULL) /* NULL pprev: its fn is running */
 		return;
 	c = w->comm;
 	unlink_end_watch(w);

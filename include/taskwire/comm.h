@@ -242,7 +242,8 @@ int tw_comm_watch_end(tw_comm *comm, tw_comm_ended_fn fn, void *arg, tw_comm_wat
 
 /* tw_comm_unwatch: cancel a watch whose fn has not started, and drop the
  * reference it held (which may free the comm when its owner already let
- * it go). Accepts NULL. Loop thread. */
+ * it go). Called from inside the watch's own fn it does nothing (the
+ * watch is freed when fn returns). Accepts NULL. Loop thread. */
 void tw_comm_unwatch(tw_comm_watch *w);
 
 /* tw_comm_stats: this comm's message and byte counters into *out (other
