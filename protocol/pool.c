@@ -63,6 +63,7 @@ struct tw_call {
 	void *arg;
 	int waiting;
 	int doomed; /* failing with its address (connect_failed) */
+	int ack_ok; /* TW_CALL_ACK_OK */
 	/* Retries (TW_CALL_IDEMPOTENT): the request kept for the next try,
 	 * the tries made, and the backoff between them. */
 	tw_msg *orig;
@@ -339,12 +340,30 @@ static int is_error_reply(const tw_decoded *reply)
 	return tw_obj_str_eq(tw_map_get(tw_decoded_root(reply), "status"), "uncaught-error");
 }
 
+/* TW_CALL_ACK_OK: "OK" back on the comm after an OK reply, queued before
+ * the comm can carry another call (Dask's get_data_from_worker). */
+static int write_ack(tw_comm *comm, const tw_decoded *reply)
+{
+	tw_builder *b;
+	tw_msg *m;
+	int rv;
+	if (!tw_obj_str_eq(tw_map_get(tw_decoded_root(reply), "status"), "OK"))
+		return 0;
+	if ((rv = tw_builder_new(NULL, &b)) != 0)
+		return rv;
+	if ((rv = tw_pack_str(tw_builder_packer(b), "OK")) == 0)
+		rv = tw_builder_finish(b, &m);
+	tw_builder_free(b);
+	if (rv == 0 && (rv = tw__comm_write_unbudgeted(comm, m)) != 0)
+		tw_msg_free(m);
+	return rv;
+}
+
 static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *detail, void *arg)
 {
 	struct pcomm *pc = arg;
 	tw_call *c = pc->busy;
 	struct dest *d = pc->dest;
-	(void)comm;
 	if (c == NULL) { /* a message nobody asked for */
 		tw_decoded_free(reply);
 		drop_unasked(pc);
@@ -363,6 +382,8 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 	} else if (is_error_reply(reply)) {
 		say_remote(c, reply);
 		err = TW_EREMOTE;
+	} else if (c->ack_ok && write_ack(comm, reply) != 0) {
+		drop_comm(pc); /* the peer would wait for the "OK" forever */
 	}
 	finish(c, err, reply);
 	dispatch(d);
@@ -671,7 +692,7 @@ int tw_pool_call_flags(tw_pool *p, const char *uri, tw_msg *request, uint32_t ti
 	tw_call *c;
 	if (p == NULL || uri == NULL || request == NULL || cb == NULL ||
 	    tw_msg_nframes(request) == 0 || strlen(uri) >= sizeof(d->uri) ||
-	    (flags & ~(unsigned)TW_CALL_IDEMPOTENT) != 0)
+	    (flags & ~(unsigned)(TW_CALL_IDEMPOTENT | TW_CALL_ACK_OK)) != 0)
 		return TW_EINVAL;
 	if (p->closing) /* from a callback that tw_pool_free runs */
 		return TW_ECLOSED;
@@ -689,6 +710,7 @@ int tw_pool_call_flags(tw_pool *p, const char *uri, tw_msg *request, uint32_t ti
 	c->req = request;
 	if (flags & TW_CALL_IDEMPOTENT)
 		c->orig = tw_msg_hold(request);
+	c->ack_ok = (flags & TW_CALL_ACK_OK) != 0;
 	c->cb = cb;
 	c->arg = arg;
 	c->waiting = 1;

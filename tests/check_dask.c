@@ -4,7 +4,8 @@
  *   scheduler*  a taskwire client against `dask scheduler` (its RPC ops);
  *   server*     a taskwire client against tests/interop/dask_server.py, a
  *               distributed.core.Server(deserialize=True) with an op that
- *               raises and one that replies out of band;
+ *               raises, one that replies out of band, and Worker.get_data's
+ *               exchange (a tw_pool with TW_CALL_ACK_OK);
  *   python_client  tests/interop/dask_client.py, a Python
  *               distributed.comm.connect client, against a taskwire
  *               comm-level echo server run by the test.
@@ -676,6 +677,91 @@ START_TEST(python_client_lz4)
 }
 END_TEST
 
+/* tw_pool with TW_CALL_ACK_OK against Worker.get_data's exchange
+ * (dask_server.py get_data): three calls in turn on the pool's one comm.
+ * The "OK" acknowledgement must reach the peer after each OK reply and
+ * never after another reply ("busy"): the peer reads its next message as
+ * the acknowledgement, so without it the next call's request is taken
+ * for it and that call fails (AssertionError, TW_EREMOTE). */
+struct pool_call {
+	int done, err;
+	tw_decoded *reply;
+	char why[256];
+};
+
+static void on_pool_reply(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct pool_call *pc = arg;
+	pc->done = 1;
+	pc->err = err;
+	pc->reply = reply;
+	snprintf(pc->why, sizeof(pc->why), "%s", tw_call_error(call));
+}
+
+static tw_msg *get_data_req(const char *key)
+{
+	tw_builder *b;
+	tw_msg *m;
+	msgpack_packer *pk;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 4);
+	pack_str(pk, "op");
+	pack_str(pk, "get_data");
+	pack_str(pk, "keys");
+	msgpack_pack_array(pk, 1);
+	pack_str(pk, key);
+	pack_str(pk, "who");
+	msgpack_pack_nil(pk);
+	pack_str(pk, "max_connections");
+	msgpack_pack_false(pk);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	return m;
+}
+
+static void pool_get_data(tw_pool *p, const char *key, const char *status)
+{
+	struct pool_call pc = {0};
+	const msgpack_object *root, *data;
+	ck_assert_int_eq(tw_pool_call_flags(p, peer_addr, get_data_req(key), DU_WAIT_MS,
+					    TW_CALL_ACK_OK, on_pool_reply, &pc, NULL),
+			 0);
+	ck_assert_msg(du_wait_flag(&loop, &pc.done, DU_WAIT_MS), "no reply to get_data %s", key);
+	ck_assert_msg(pc.err == 0, "get_data %s: %s: %s", key, tw_strerror(pc.err), pc.why);
+	root = tw_decoded_root(pc.reply);
+	check_str(tw_map_get(root, "status"), status);
+	if (strcmp(status, "OK") == 0) {
+		const uint8_t *b;
+		size_t n;
+		const tw_payload *pl;
+		char want[64];
+		data = tw_map_get(root, "data");
+		ck_assert(data != NULL && data->type == MSGPACK_OBJECT_MAP &&
+			  data->via.map.size == 1);
+		check_str(&data->via.map.ptr[0].key, key);
+		get_bytes(pc.reply, &data->via.map.ptr[0].val, &b, &n, &pl);
+		snprintf(want, sizeof(want), "%s%s", key, key);
+		ck_assert_uint_eq(n, strlen(want));
+		ck_assert(memcmp(b, want, n) == 0);
+	}
+	tw_decoded_free(pc.reply);
+	ck_assert_uint_eq(tw_pool_open_comms(p, peer_addr), 1);
+}
+
+START_TEST(pool_get_data_ack)
+{
+	tw_pool *p;
+	ck_assert_int_eq(tw_pool_new(loop.ctx, &p), 0);
+	ck_assert_int_eq(tw_pool_set_limit(p, 1), 0);
+	pool_get_data(p, "x", "OK");
+	pool_get_data(p, "y-busy", "busy");
+	pool_get_data(p, "z", "OK");
+	pool_get_data(p, "w", "OK");
+	tw_pool_free(p);
+}
+END_TEST
+
 /* Suite. */
 
 static TCase *peer_tcase(const char *name, void (*start)(void))
@@ -716,6 +802,7 @@ static Suite *dask_suite(void)
 	tc = peer_tcase("server", start_server);
 	add_common(tc);
 	tcase_add_loop_test(tc, reply_oob, 0, 4);
+	tcase_add_test(tc, pool_get_data_ack);
 	suite_add_tcase(s, tc);
 	tc = peer_tcase("scheduler_zstd", start_scheduler_zstd);
 	add_codec(tc, 0);

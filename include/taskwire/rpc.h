@@ -79,10 +79,21 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
 
 /* Flags of tw_pool_call_flags. TW_CALL_IDEMPOTENT: the request may be
  * sent again (it reads, or its effect does not add up), so a try that
- * fails for the connection's sake is retried (tw_pool_set_retry). */
+ * fails for the connection's sake is retried (tw_pool_set_retry).
+ * TW_CALL_ACK_OK: when the reply is a map whose "status" is the str
+ * "OK", the pool writes the message "OK" (one frame, the msgpack str) on
+ * the call's comm before the reply callback runs and before the comm
+ * carries another call; other replies get no acknowledgement. A Dask
+ * worker's get_data waits for it before it serves that comm again
+ * (distributed/worker.py Worker.get_data: `response = await comm.read();
+ * assert response == "OK"`; utils_comm.py get_data_from_worker writes
+ * it). If the acknowledgement cannot be queued, the comm is dropped (never
+ * reused) and the call still gets its reply. */
 #define TW_CALL_IDEMPOTENT 1u
+#define TW_CALL_ACK_OK     2u
 
-/* tw_pool_call_flags: tw_pool_call with flags (0 or TW_CALL_IDEMPOTENT).
+/* tw_pool_call_flags: tw_pool_call with flags (0, or TW_CALL_IDEMPOTENT
+ * and TW_CALL_ACK_OK or-ed; see above for each).
  * An idempotent call that fails with TW_ECONNREFUSED, TW_ECLOSED,
  * TW_EIO, TW_ETIMEDOUT, TW_EHANDSHAKE or TW_ETRUNCATED is tried again,
  * up to the pool's retry count, after a backoff of delay_min * 2^i ms
@@ -92,7 +103,11 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
  * TW_ECANCELED, TLS refusals, bad replies, tw_pool_fail_address. The pool
  * keeps a reference to request until cb runs. Dask: retry_operation
  * (distributed/utils_comm.py), which retries OSError the same way.
- * Returns as tw_pool_call, or TW_EINVAL for an unknown flag. */
+ * Loop thread.
+ * Returns 0 (cb will run exactly once), or:
+ *   TW_ENOMEM   out of memory
+ *   TW_EINVAL   as tw_pool_call, or an unknown flag
+ *   TW_ECLOSED  called from a callback that tw_pool_free runs */
 int tw_pool_call_flags(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
 		       unsigned flags, tw_reply_cb cb, void *arg, tw_call **out);
 
