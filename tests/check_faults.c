@@ -75,6 +75,7 @@ struct ff {
 	int t;
 	char via[128]; /* the proxy's URI, with t's scheme */
 	int fds;       /* descriptors open before the proxy started */
+	int pool_fds;  /* of those, the pool's own (its timers' timerfds) */
 	uint64_t blocks;
 };
 
@@ -105,8 +106,10 @@ static void ff_init(struct ff *f, int t, const struct fp_opts *o)
 	far_clocks(f->h.ctx);
 	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[t]);
 	rs_start(&f->s, f->h.ctx, f->h.base, uri);
+	f->pool_fds = tt_fd_count();
 	ck_assert_int_eq(tw_pool_new(f->h.ctx, &f->pool), 0);
 	f->fds = tt_fd_count();
+	f->pool_fds = f->fds - f->pool_fds;
 	f->blocks = stats_now().blocks_live;
 	fp_start(&f->px, f->h.base, f->s.addr, o);
 	fp_uri(&f->px, schemes[t], f->via, sizeof(f->via));
@@ -368,6 +371,31 @@ START_TEST(pool_delay_throttle)
 }
 END_TEST
 
+/* tw_pool_free while a call's comm hangs in its handshake behind a black
+ * hole: the comm is aborted at once (the proxy sees its client go), not
+ * when a handshake clock (FAR_MS) runs out. */
+START_TEST(pool_free_black_hole)
+{
+	struct fp_opts o = {.fault = FP_BLACK_HOLE};
+	struct ff f;
+	struct rc rc;
+	ff_init(&f, _i, &o);
+	rc_start(f.pool, f.via, rq_op("identity"), 0, &rc);
+	while (f.px.accepts == 0)
+		tu_run_for(&f.h, 10);
+	tu_run_for(&f.h, 50); /* into the handshake or upgrade */
+	tw_pool_free(f.pool);
+	f.pool = NULL;
+	f.fds -= f.pool_fds; /* the pool's timers went with it */
+	ck_assert(rc.done);
+	ck_assert_int_eq(rc.err, TW_ECANCELED);
+	ck_assert_msg(run_until_abs(&f.h, fp_idle, &f.px, WAIT_MS),
+		      "%s: tw_pool_free left its comm open in the handshake", schemes[_i]);
+	assert_nothing_left(&f);
+	ff_fini(&f);
+}
+END_TEST
+
 /* Plain comms: an echo listener on transport t, the proxy in front. */
 
 struct pf {
@@ -421,10 +449,43 @@ static void pf_canary(struct pf *f)
 	tu_peer_free(c);
 }
 
+static int connect_ended(void *arg)
+{
+	return *(const int *)arg != 1;
+}
+
 static int peer_closed(void *arg)
 {
 	return ((const struct tu_peer *)arg)->closed;
 }
+
+/* tw_connect to a black hole with a 300 ms connect timeout: tcp is
+ * usable once TCP connects; tls, ws and wss never are, and the connect
+ * timeout ends them (not a handshake or upgrade clock) with
+ * TW_ETIMEDOUT. */
+START_TEST(comm_connect_black_hole)
+{
+	struct fp_opts o = {.fault = FP_BLACK_HOLE};
+	struct pf f;
+	struct tu_peer *c = NULL;
+	int err = 1;
+	pf_init(&f, _i, &o);
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(f.h.ctx, 300), 0);
+	ck_assert_int_eq(tu_connect_async(&f.h, f.via, &c, &err), 0);
+	ck_assert_msg(run_until_abs(&f.h, connect_ended, &err, WAIT_MS),
+		      "%s: the connect outlived its 300 ms timeout", schemes[_i]);
+	if (_i == TCP) {
+		ck_assert_int_eq(err, 0);
+		tu_peer_free(c);
+	} else {
+		ck_assert_msg(err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i], tw_strerror(err),
+			      tw_context_last_error(f.h.ctx));
+	}
+	pf_canary(&f);
+	pf_nothing_left(&f, _i);
+	pf_fini(&f);
+}
+END_TEST
 
 /* A message stops coming a quarter of the way in: the minimum receive
  * rate (1 MiB/s on average after 300 ms, 256 KiB having come; under
@@ -585,6 +646,8 @@ int main(void)
 	suite_add_tcase(s, tc("pool_reset_request", pool_reset_request));
 	suite_add_tcase(s, tc("pool_half_open_reply", pool_half_open_reply));
 	suite_add_tcase(s, tc("pool_delay_throttle", pool_delay_throttle));
+	suite_add_tcase(s, tc("pool_free_black_hole", pool_free_black_hole));
+	suite_add_tcase(s, tc("comm_connect_black_hole", comm_connect_black_hole));
 	suite_add_tcase(s, tc("comm_stall_mid_message", comm_stall_mid_message));
 	suite_add_tcase(s, tc("comm_stall_writer", comm_stall_writer));
 	suite_add_tcase(s, tc("stream_reset", stream_reset));

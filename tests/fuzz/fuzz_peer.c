@@ -129,7 +129,18 @@ int fp_dial(const char *uri)
 	sa.sin_family = AF_INET;
 	sa.sin_port = htons((uint16_t)atoi(port + 1));
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	check(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	/* Each input is a new connection, so a long run leaves thousands of
+	 * ports in TIME_WAIT: with other programs' connections on a shared
+	 * machine, connect may find no free port for a moment (a long run of
+	 * fuzz_stream_dispatch stopped so). Wait for one, as a client
+	 * would; any other failure is the harness's bug. */
+	for (int tries = 0; connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0; tries++) {
+		if ((errno != EADDRNOTAVAIL && errno != EAGAIN && errno != EINTR) || tries == 1000) {
+			fprintf(stderr, "fuzz_peer: connect to %s: %s\n", uri, strerror(errno));
+			abort();
+		}
+		usleep(10000);
+	}
 	return fd;
 }
 
