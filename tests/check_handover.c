@@ -113,6 +113,11 @@ static int got_hello(void *arg)
 	return ((struct keep *)arg)->hellos > 0;
 }
 
+static int ended_twice(void *arg)
+{
+	return ((struct keep *)arg)->ended >= 2;
+}
+
 START_TEST(held_comm_after_peer_killed)
 {
 	struct tu h;
@@ -134,7 +139,9 @@ START_TEST(held_comm_after_peer_killed)
 	ck_assert_int_eq(tw_comm_watch_end(k.comm, on_ended, &k, NULL), 0);
 	k.in_call = 0;
 	ck_assert_int_eq(k.ended, 1);
-	tu_run_for(&h, 20);
+	/* wait on progress: a fixed 20 ms of loop could pass with no loop
+	 * pass at all on a loaded machine under valgrind */
+	ck_assert(tu_run_until(&h, ended_twice, &k, DU_WAIT_MS));
 	ck_assert_int_eq(k.ended, 2);
 	ck_assert_int_eq(k.ran_in_call, 0);
 	use_ended(&k);
