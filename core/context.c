@@ -56,9 +56,17 @@ static void wbudget_due(evutil_socket_t fd, short what, void *arg)
 	tw__wbudget_due(&ctx->wbudget);
 }
 
+static _Thread_local tw_context *current;
+
+tw_context *tw__ctx_current(void)
+{
+	return current;
+}
+
 static void *loop_main(void *arg)
 {
 	tw_context *ctx = arg;
+	current = ctx;
 	event_base_loop(ctx->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	return NULL;
 }
@@ -209,14 +217,22 @@ static void stop_loop(void *arg)
 
 void tw_context_free(tw_context *ctx)
 {
-	if (ctx == NULL)
+	if (ctx == NULL || ctx->main != NULL) /* a loop goes with its main context */
 		return;
+	tw__ctx_free(ctx);
+}
+
+void tw__ctx_free(tw_context *ctx)
+{
 	if (ctx->has_thread) {
 		if (tw_context_call(ctx, stop_loop, ctx) != 0)
 			abort(); /* cannot stop the loop thread safely without memory */
 		pthread_join(ctx->thread, NULL);
 	}
 	kill_all(ctx); /* connects first: they cancel their lookups */
+	/* then the other loops: what the kill posted to them (a listener's
+	 * stand-ins) runs before they stop */
+	tw__loops_free(ctx);
 	if (ctx->dns_release != NULL)
 		ctx->dns_release(ctx->dns);
 	if (ctx->offload_release != NULL)

@@ -88,7 +88,43 @@ struct tw_context {
 	struct tw__budget rbudget;
 	struct tw__wbudget wbudget;
 	struct event *wbudget_ev;
+	/* Loop threads (core/loops.c, tw_context_set_loop_threads): loops[i]
+	 * for i >= 1 is a context of its own with its own loop thread;
+	 * loops[0] is this one. On those, `main` is this context and `index`
+	 * their place; loops and next_loop are the main loop thread's. */
+	tw_context **loops;
+	unsigned nloops; /* 0 or 1: the one loop */
+	unsigned index;
+	tw_context *main;
+	unsigned next_loop;           /* round robin of accepted comms */
+	void *(*tls_hold)(void *tls); /* another reference to tls */
 };
+
+/* What a loop copies from the main context with each comm handed to it
+ * (tw__loop_conf_take on the main loop thread, tw__loop_conf_apply on the
+ * loop's): the limits, and a reference to the TLS configuration. */
+struct tw__loop_conf {
+	struct tw__limits limits;
+	void *tls;
+	void *(*tls_hold)(void *tls);
+	void (*tls_release)(void *tls);
+};
+void tw__loop_conf_take(tw_context *main, struct tw__loop_conf *conf);
+void tw__loop_conf_apply(tw_context *loop, struct tw__loop_conf *conf);
+/* The loop the next accepted comm goes to (round robin); ctx itself when
+ * it has one loop. Main loop thread. */
+tw_context *tw__ctx_next_loop(tw_context *ctx);
+/* Run fn(arg) on loop's thread and wait for it to return (at once when
+ * called on that thread, or when the loop has no thread of its own).
+ * Not on the hot path: teardown. */
+void tw__ctx_run_wait(tw_context *loop, void (*fn)(void *arg), void *arg);
+/* The context whose loop thread this is (a thread the library started),
+ * or NULL. */
+tw_context *tw__ctx_current(void);
+/* Free the loops other than the main one (tw_context_free). */
+void tw__loops_free(tw_context *ctx);
+/* tw_context_free of any context, a loop's too. */
+void tw__ctx_free(tw_context *ctx);
 
 /* Bytes queued for writing on a comm of ctx (tw__wbudget_add), and bytes
  * that left the queues (written or dropped): refused writers are told

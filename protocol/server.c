@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Servers that answer ops (include/taskwire/server.h), after Dask's
  * distributed.core.Server.handle_comm. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 struct sconn {
 	struct sconn *prev, *next;
 	tw_server *srv;
+	struct shard *sh; /* its loop's */
 	tw_comm *comm;
 	tw_request *busy; /* the request being handled */
 	tw_msg *pending;  /* a reply the write queue refused, sent on drain */
@@ -41,15 +43,23 @@ struct tw_request {
 	tw_builder b_mem;
 }; /* in d's memory, op too: freed with d */
 
+/* The server's part on one loop (tw_context_set_loop_threads): only
+ * that loop's thread touches it. */
+struct shard {
+	struct sconn conns; /* list head: served comms, and comms in their handshake */
+	int depth;          /* stream batches being dispatched */
+};
+
 struct tw_server {
 	tw_context *ctx;
 	struct tw__optable ops;
 	tw_stream_ops sops; /* stream ops */
 	tw_listener **ls;
 	size_t nls;
-	struct sconn conns; /* list head: served comms, and comms in their handshake */
-	int depth;          /* stream batches being dispatched */
-	int dying;          /* tw_server_free ran inside one: free when it ends */
+	struct shard *shards; /* one per loop of ctx */
+	unsigned nshards;
+	_Atomic int dying;     /* tw_server_free ran inside a batch of loop 0: free when it ends */
+	struct tw__call later; /* tw_server_free on another loop: done on loop 0 */
 	char id[64];
 };
 
@@ -95,7 +105,13 @@ int tw_server_new(tw_context *ctx, tw_server **out)
 	if ((s = calloc(1, sizeof(*s))) == NULL)
 		return TW_ENOMEM;
 	s->ctx = ctx;
-	s->conns.next = s->conns.prev = &s->conns;
+	s->nshards = tw_context_loop_count(ctx);
+	if ((s->shards = calloc(s->nshards, sizeof(*s->shards))) == NULL) {
+		free(s);
+		return TW_ENOMEM;
+	}
+	for (unsigned i = 0; i < s->nshards; i++)
+		s->shards[i].conns.next = s->shards[i].conns.prev = &s->shards[i].conns;
 	snprintf(s->id, sizeof(s->id), "taskwire-%ld-%p", (long)getpid(), (void *)s);
 	if (tw_server_add_op(s, "identity", op_identity, s) != 0 ||
 	    tw_server_add_op(s, "echo", op_echo, s) != 0) {
@@ -143,7 +159,7 @@ static void server_destroy(tw_server *s);
 static int batch_stop(void *arg)
 {
 	struct sconn *sc = arg;
-	return sc->srv->dying || sc->gone;
+	return atomic_load_explicit(&sc->srv->dying, memory_order_relaxed) || sc->gone;
 }
 
 /* A stream message: a map or an array of maps, no replies (Dask's
@@ -154,8 +170,9 @@ static int batch_stop(void *arg)
 static void stream_message(struct sconn *sc, tw_decoded *d)
 {
 	tw_server *s = sc->srv;
+	struct shard *sh = sc->sh;
 	int rv;
-	s->depth++;
+	sh->depth++;
 	sc->in_batch = 1;
 	rv = tw__stream_dispatch(&s->sops.t, sc->comm, d, batch_stop, sc);
 	sc->in_batch = 0;
@@ -167,7 +184,7 @@ static void stream_message(struct sconn *sc, tw_decoded *d)
 		tw_comm_close(sc->comm);
 	} else if (rv == TW_EPROTO)
 		drop(sc, TW_EPROTO, "stream message is not a map or a list of maps");
-	if (--s->depth == 0 && s->dying)
+	if (--sh->depth == 0 && sh == &s->shards[0] && atomic_load(&s->dying))
 		server_destroy(s);
 }
 
@@ -307,19 +324,23 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	tw_server *s = arg;
-	struct sconn *sc = calloc(1, sizeof(*sc));
+	unsigned loop = tw_context_loop_index(comm->ctx); /* this thread's */
+	struct sconn *sc = loop < s->nshards ? calloc(1, sizeof(*sc)) : NULL;
+	struct shard *sh;
 	(void)l;
 	if (sc == NULL) {
 		tw_comm_free(comm);
 		return;
 	}
+	sh = &s->shards[loop];
 	sc->srv = s;
+	sc->sh = sh;
 	sc->comm = comm;
 	comm->served = 1; /* never dispatched by anyone else */
-	sc->next = s->conns.next;
-	sc->prev = &s->conns;
-	s->conns.next->prev = sc;
-	s->conns.next = sc;
+	sc->next = sh->conns.next;
+	sc->prev = &sh->conns;
+	sh->conns.next->prev = sc;
+	sh->conns.next = sc;
 	if (tw_comm_handshake(comm, 1, on_handshake, sc) != 0)
 		conn_free(sc);
 }
@@ -346,25 +367,53 @@ int tw_server_address(const tw_server *s, size_t i, char *buf, size_t len)
 	return tw_listener_address(s->ls[i], buf, len);
 }
 
+static void server_free_later(void *arg)
+{
+	tw_server_free(arg);
+}
+
 void tw_server_free(tw_server *s)
 {
+	tw_context *self;
 	if (s == NULL)
 		return;
-	if (s->depth > 0) { /* inside a stream batch: when it ends */
-		s->dying = 1;
+	self = tw__ctx_current();
+	if (s->nshards > 1 && self != NULL && self->main == s->ctx) {
+		/* on another loop's thread: loop 0 frees the server, after
+		 * this callback (that loop's part waits its turn there) */
+		s->later.fn = server_free_later;
+		s->later.arg = s;
+		s->later.owned = 0;
+		tw__context_post(s->ctx, &s->later);
+		return;
+	}
+	if (s->shards[0].depth > 0) { /* inside a stream batch: when it ends */
+		atomic_store(&s->dying, 1);
 		return;
 	}
 	server_destroy(s);
 }
 
+/* On the shard's loop: its comms go. */
+static void shard_free(void *arg)
+{
+	struct shard *sh = arg;
+	while (sh->conns.next != &sh->conns)
+		conn_free(sh->conns.next);
+}
+
+/* On loop 0. The listeners go first; each other loop then runs the
+ * accepts already handed to it, then its shard_free (its queue is in
+ * order), while this thread waits. */
 static void server_destroy(tw_server *s)
 {
 	for (size_t i = 0; i < s->nls; i++)
 		tw_listener_free(s->ls[i]);
-	while (s->conns.next != &s->conns)
-		conn_free(s->conns.next);
+	for (unsigned i = s->nshards; i-- > 0;)
+		tw__ctx_run_wait(tw_context_loop(s->ctx, i), shard_free, &s->shards[i]);
 	tw__optable_fini(&s->ops);
 	tw__optable_fini(&s->sops.t);
+	free(s->shards);
 	free(s->ls);
 	free(s);
 }

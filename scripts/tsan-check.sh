@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: BSD-3-Clause
 # ThreadSanitizer run of the suites whose code runs on several threads
-# (the offload pool, contexts with their own loop thread): configure a
+# (the offload pool, contexts with their own loop thread or several of
+# them): configure a
 # separate build with --enable-tsan (in $1, default build-tsan next to
 # build/ or $TW_BUILD_DIR), build the suites, run each without forking and
 # fail on any TSan report. `make check-tsan` in a build runs this. Other
@@ -11,7 +12,7 @@
 set -e
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${TW_BUILD_DIR:-$top/build}-tsan}
-tests=${TW_TSAN_TESTS:-tests/check_offload tests/check_tcp}
+tests=${TW_TSAN_TESTS:-tests/check_offload tests/check_tcp tests/check_loops}
 [ -x "$top/configure" ] || "$top/autogen.sh"
 mkdir -p "$build"
 cd "$build"

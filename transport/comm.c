@@ -820,6 +820,11 @@ static int copy_out(const char *s, char *buf, size_t len)
 	return 0;
 }
 
+tw_context *tw_comm_context(const tw_comm *c)
+{
+	return c != NULL ? c->ctx : NULL;
+}
+
 int tw_comm_peer_address(const tw_comm *c, char *buf, size_t len)
 {
 	return copy_out(c->peer, buf, len);

@@ -404,19 +404,122 @@ int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_f
 
 struct tcp_listener {
 	struct tw_listener base;
-	struct evconnlistener *lev;
+	struct evconnlistener *lev; /* NULL on a stand-in */
 	tw__accept_fd_fn on_fd;
+	/* With loop threads: a stand-in per other loop (stand[i] on loop
+	 * i + 1), which owns the comms and handshakes of the sockets handed
+	 * to that loop, as this listener does on its own. */
+	struct tcp_listener **stand;
+	unsigned nstand;
+	tw_context *loop;     /* a stand-in's loop */
+	struct tw__call gone; /* a stand-in: its free, posted to its loop */
 };
+
+/* An accepted socket on its way to another loop, with what the listener
+ * was (its destroy, callbacks and `then` are set once listening). */
+struct handoff {
+	struct tw__call call; /* first: freed with the record */
+	struct tcp_listener *to;
+	struct tw_listener from;
+	tw__accept_fd_fn on_fd;
+	int fd;
+	struct sockaddr_storage peer;
+	struct tw__loop_conf conf;
+};
+
+/* On the stand-in's loop: it becomes the listener of this socket. */
+static void handoff_run(void *arg)
+{
+	struct handoff *h = arg;
+	struct tcp_listener *to = h->to;
+	tw__loop_conf_apply(to->loop, &h->conf);
+	if (to->base.ctx == NULL) {
+		tw__listener_init(&to->base, to->loop, h->from.destroy, NULL, NULL);
+		memcpy(to->base.address, h->from.address, sizeof(to->base.address));
+	}
+	to->base.accept_cb = h->from.accept_cb;
+	to->base.arg = h->from.arg;
+	to->base.then = h->from.then;
+	to->base.error_cb = h->from.error_cb;
+	to->base.error_arg = h->from.error_arg;
+	to->on_fd = h->on_fd;
+	to->on_fd(&to->base, h->fd, (struct sockaddr *)&h->peer);
+}
+
+static void handoff(struct tcp_listener *l, tw_context *loop, int fd, const struct sockaddr *sa,
+		    int salen)
+{
+	struct handoff *h = calloc(1, sizeof(*h));
+	if (h == NULL) {
+		close(fd);
+		return;
+	}
+	h->to = l->stand[loop->index - 1];
+	h->from = l->base;
+	h->on_fd = l->on_fd;
+	h->fd = fd;
+	if (salen > 0)
+		memcpy(&h->peer, sa,
+		       (size_t)salen < sizeof(h->peer) ? (size_t)salen : sizeof(h->peer));
+	tw__loop_conf_take(l->base.ctx, &h->conf);
+	h->call.fn = handoff_run;
+	h->call.arg = h;
+	h->call.owned = 1;
+	tw__context_post(loop, &h->call);
+}
 
 static void on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 		      int salen, void *arg)
 {
 	struct tcp_listener *l = arg;
+	tw_context *loop = tw__ctx_next_loop(l->base.ctx);
 	(void)lev;
-	(void)salen;
 	tune_socket(fd);
 	set_tcp_timeout(fd, l->base.ctx->limits.tcp_timeout_ms);
-	l->on_fd(&l->base, fd, sa);
+	if (loop != l->base.ctx)
+		handoff(l, loop, fd, sa, salen);
+	else
+		l->on_fd(&l->base, fd, sa);
+}
+
+/* On its loop: a stand-in goes with its listener (the sockets handed
+ * before that got theirs: the queue is in order). */
+static void stand_free(void *arg)
+{
+	struct tcp_listener *s = arg;
+	if (s->base.ctx == NULL) {
+		free(s);
+		return;
+	}
+	tw__ctx_untrack(&s->base.node);
+	s->base.destroy(&s->base);
+}
+
+/* A listener that failed to start: its stand-ins never reached a loop. */
+static void stands_drop(struct tcp_listener *l)
+{
+	for (unsigned i = 0; i < l->nstand; i++)
+		free(l->stand[i]);
+	free(l->stand);
+	free(l);
+}
+
+static int stand_new(struct tcp_listener *l, tw_context *ctx)
+{
+	if (ctx->nloops <= 1)
+		return 0;
+	if ((l->stand = calloc(ctx->nloops - 1, sizeof(*l->stand))) == NULL)
+		return TW_ENOMEM;
+	for (; l->nstand < ctx->nloops - 1; l->nstand++) {
+		struct tcp_listener *s = calloc(1, sizeof(*s));
+		if (s == NULL)
+			return TW_ENOMEM;
+		s->loop = ctx->loops[l->nstand + 1];
+		s->gone.fn = stand_free;
+		s->gone.arg = s;
+		l->stand[l->nstand] = s;
+	}
+	return 0;
 }
 
 static void plain_accept(tw_listener *l, int fd, const struct sockaddr *peer)
@@ -441,7 +544,11 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 static void tcp_listener_destroy(tw_listener *base)
 {
 	struct tcp_listener *l = (struct tcp_listener *)base;
-	evconnlistener_free(l->lev);
+	for (unsigned i = 0; i < l->nstand; i++)
+		tw__context_post(l->stand[i]->loop, &l->stand[i]->gone);
+	free(l->stand);
+	if (l->lev != NULL)
+		evconnlistener_free(l->lev);
 	free(l);
 }
 
@@ -466,6 +573,11 @@ int tw__tcp_listen_with(tw_context *ctx, const struct tw__uri *u, const char *sc
 		return TW_ENOMEM;
 	}
 	l->on_fd = on_fd;
+	if (stand_new(l, ctx) != 0) {
+		evutil_freeaddrinfo(ai);
+		stands_drop(l);
+		return TW_ENOMEM;
+	}
 	l->lev = evconnlistener_new_bind(ctx->base, on_accept, l,
 					 LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
 						 LEV_OPT_CLOSE_ON_EXEC,
@@ -473,7 +585,7 @@ int tw__tcp_listen_with(tw_context *ctx, const struct tw__uri *u, const char *sc
 	err = errno;
 	evutil_freeaddrinfo(ai);
 	if (l->lev == NULL) {
-		free(l);
+		stands_drop(l);
 		return err == EADDRINUSE ? TW_EADDRINUSE : TW_EIO;
 	}
 	evconnlistener_set_error_cb(l->lev, on_accept_error);

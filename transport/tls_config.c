@@ -214,6 +214,11 @@ static void release(void *tls)
 	tw_tls_config_free(tls);
 }
 
+static void *hold(void *tls)
+{
+	return tw_tls_config_hold(tls);
+}
+
 int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg)
 {
 	if (ctx == NULL)
@@ -222,6 +227,7 @@ int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg)
 		ctx->tls_release(ctx->tls);
 	ctx->tls = cfg != NULL ? tw_tls_config_hold(cfg) : NULL;
 	ctx->tls_release = cfg != NULL ? release : NULL;
+	ctx->tls_hold = cfg != NULL ? hold : NULL; /* the loops take theirs (core/loops.c) */
 	return 0;
 }
 

@@ -63,7 +63,12 @@ typedef void (*tw_drain_cb)(tw_comm *comm, void *arg);
  * 1.3 a server refuses a client certificate after the client finished its
  * handshake: the client then learns it from TW_ETLS on its first read. */
 typedef void (*tw_connect_cb)(tw_comm *comm, int err, void *arg);
-/* A listener accepted `comm`, owned by the application from now on. */
+/* A listener accepted `comm`, owned by the application from now on.
+ * With several loop threads (tw_context_set_loop_threads) it runs on the
+ * thread of the loop the comm was handed to (tw_comm_context(comm)), and
+ * `l` is that loop's stand-in for the listener: use it for
+ * tw_listener_address only, and free the listener you got from tw_listen,
+ * on loop 0. */
 typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);
 
 /* tw_listen: listen on `uri` (a numeric host, or a name resolved
@@ -74,6 +79,14 @@ typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);
  * scheme), TW_EADDRINUSE, TW_EIO, TW_ENOMEM. */
 int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *arg,
 	      tw_listener **out);
+/* With several loop threads, a listener accepts on loop 0 and hands each
+ * socket to the next loop in turn (round robin, loop 0 included), where
+ * its comm is made (its TLS handshake or ws upgrade too) and accept_cb
+ * (or the error callback) runs. tw_listener_free stops accepting at once;
+ * sockets already handed to another loop still get their callback there,
+ * before anything that loop runs from a tw_context_call made after the
+ * free: post one to each loop (tw_context_loop) to know that the last
+ * callback has run before freeing what they use. */
 
 /* tw_listener_address: the bound address as a URI, e.g.
  * "tcp://127.0.0.1:40123", written NUL-terminated into buf of `len` bytes.
@@ -255,6 +268,13 @@ void tw_comm_stats_sized(const tw_comm *comm, tw_stats *out, size_t size);
 /* tw_comm_last_error: text of the last error on this comm (OS error, the
  * offending value), "" if none. Valid until the comm is freed. */
 const char *tw_comm_last_error(const tw_comm *comm);
+
+/* tw_comm_context: the context of the loop the comm lives on (with
+ * several loop threads, tw_context_loop of its main context; else the
+ * context it was made on). Make what must run beside the comm (a pool, a
+ * batched sender's comm's timers, tw_context_call) on it. Valid as long as
+ * the comm. Any thread. */
+tw_context *tw_comm_context(const tw_comm *comm);
 
 /* tw_comm_peer_address / tw_comm_local_address: addresses as URIs, written
  * into buf of len bytes. Return 0 or TW_ERANGE. */

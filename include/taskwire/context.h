@@ -6,7 +6,8 @@
  * loop thread of its own. Every comm and listener belongs to the loop
  * thread of its context: call comm and listener functions on that thread
  * (inside a taskwire callback, or through tw_context_call), and every
- * taskwire callback runs on it. */
+ * taskwire callback runs on it. With several loop threads
+ * (tw_context_set_loop_threads) that thread is the comm's own loop's. */
 #ifndef TASKWIRE_CONTEXT_H
 #define TASKWIRE_CONTEXT_H
 
@@ -70,6 +71,44 @@ struct event_base *tw_context_base(tw_context *ctx);
  * the context is freed first, in which case it runs with no loop during
  * tw_context_free) or TW_ENOMEM (fn never runs). */
 int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
+
+/* tw_context_set_loop_threads: run the context on n event loops, each
+ * on its own thread: loop 0 is the context's own (the application's base,
+ * or its loop thread), loops 1..n-1 are threads the context starts now and
+ * joins in tw_context_free. A listener then hands each accepted comm to
+ * the next loop in turn (round robin, loop 0 included); a comm stays on
+ * its loop for its whole life, and all its callbacks (the accept callback
+ * too) run on that loop's thread. Each loop is reached as a context of its
+ * own (tw_context_loop): comms, pools and timers made on it live there,
+ * and tw_context_call on it runs a function on that thread. What each
+ * loop gets from this context: the limits and the TLS configuration (now,
+ * and again with every comm a listener hands it: set them on this
+ * context), an even share of the receive and write budgets (each loop
+ * checks its own share), offload threads / n (at least 1) of its own.
+ * Statistics stay process-wide. n = 1 (the default) changes nothing.
+ * Call once, on loop 0's thread (or before its loop runs), before any
+ * listener, comm or server exists on the context. Returns 0, or:
+ * TW_EINVAL (n is 0 or above 1024, ctx is a loop or already has loops,
+ *   or it has comms or listeners already)
+ * TW_ENOMEM
+ * TW_EIO (a thread or event_base could not be made)
+ * The model is ZeroMQ's I/O threads and Netty's event loop group: one
+ * socket, one thread. */
+int tw_context_set_loop_threads(tw_context *ctx, unsigned n);
+/* tw_context_loop_count: the number of loops (1 unless
+ * tw_context_set_loop_threads set more); on a loop, its main context's.
+ * Any thread, once the loops are set. */
+unsigned tw_context_loop_count(const tw_context *ctx);
+/* tw_context_loop: loop i as a context (0: the main context itself; on a
+ * loop, the main context's loop i), NULL when there is no loop i. The
+ * loop's context is valid until tw_context_free of the main context,
+ * which frees it: never free it yourself (tw_context_free ignores it).
+ * Call its comm, pool and setter functions on its own thread only. Any
+ * thread, once the loops are set. */
+tw_context *tw_context_loop(tw_context *ctx, unsigned i);
+/* tw_context_loop_index: which loop of its main context ctx is (0 for the
+ * main context). Any thread. */
+unsigned tw_context_loop_index(const tw_context *ctx);
 
 /* tw_context_last_error: why the last connect or accepted connection of
  * this context failed before it became a comm (the OS error, a name that

@@ -13,7 +13,20 @@
  * -> {"type": "taskwire", "id": ...}, `echo(data)` -> data, `close` ->
  * "OK" then close; an unknown op replies nil; a message that is not a map,
  * has no str `op`, or cannot be decoded drops the comm. All functions run
- * on the context's loop thread; handlers run there too. */
+ * on the context's loop thread; handlers run there too.
+ *
+ * Several loop threads (tw_context_set_loop_threads, called before
+ * tw_server_new): the server's listeners hand each accepted comm to a
+ * loop in turn, and every handler (op and stream) runs on the thread of
+ * its request's comm (tw_comm_context(tw_request_comm(req)) is that
+ * loop), so handlers of different comms run at the same time: whatever
+ * state they share must be thread-safe (a lock, atomics, or a
+ * tw_context_call to the loop that owns it). A request and its comm are
+ * used on that thread only: reply there (a deferred reply too, e.g. from
+ * a timer or pool made on tw_comm_context of the comm). Add ops and
+ * listen before requests come; tw_server_new, tw_server_listen and
+ * tw_server_free run on loop 0's thread. Handlers must not block waiting
+ * for loop 0 (tw_server_free waits for the other loops). */
 #ifndef TASKWIRE_SERVER_H
 #define TASKWIRE_SERVER_H
 
@@ -56,7 +69,12 @@ int tw_server_address(const tw_server *s, size_t i, char *buf, size_t len);
  * their handshake too. Requests still unanswered stay valid until their
  * handlers reply (the reply is then dropped). May be called from any
  * handler: from a stream handler, the rest of that batch is not
- * dispatched and the server goes when the batch ends. Accepts NULL. */
+ * dispatched and the server goes when the batch ends. With several loop
+ * threads, called on loop 0's thread it frees each loop's comms on that
+ * loop (after the accepts already handed to it) and waits for them; called
+ * from a handler on another loop it is posted to loop 0 and the server
+ * goes from there, soon after (requests keep being served until then).
+ * Accepts NULL. */
 void tw_server_free(tw_server *s);
 
 /* The request: its op, its argument `key` (NULL when absent), the whole
