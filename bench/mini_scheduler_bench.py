@@ -2,6 +2,7 @@
 """tw-mini-scheduler beside `dask scheduler` (issue 16), in one run.
 
     python3 mini_scheduler_bench.py TW_MINI_SCHEDULER [--mib 512] [--keys 100000]
+        [--only dask|tw] [--profile 'CMD {pid} {round}']
 
 For each scheduler in turn: the scheduler, 4 `dask worker` processes
 (1 thread, no nanny, no memory limit) and one distributed.Client over tcp;
@@ -13,6 +14,10 @@ Per round: wall time, the scheduler's CPU seconds (utime + stime from
 /proc), its peak RSS above its idle RSS (VmHWM reset per round through
 /proc/PID/clear_refs), and, for tw-mini-scheduler, the payload bytes it
 copied (tw_stats, printed when it stops: both rounds together).
+--profile runs CMD (split on spaces, {pid} the scheduler's pid, {round}
+0 or 1) around each round of tw-mini-scheduler and stops it with SIGINT
+at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data -p {pid}'
+or 'strace -c -f -o /tmp/s{round}.txt -p {pid}'.
 Timing, not a test: run it niced on a quiet machine.
 """
 import argparse
@@ -65,7 +70,7 @@ def free_port():
     return port
 
 
-def run(kind, tw_binary, mib, nkeys):
+def run(kind, tw_binary, mib, nkeys, profile=None):
     import numpy as np
     from distributed import Client
 
@@ -89,9 +94,13 @@ def run(kind, tw_binary, mib, nkeys):
     each = (mib << 20) // 16
     arrays = [rng.integers(0, 256, size=each, dtype=np.uint8) for _ in range(16)]
     small = list(range(nkeys))
-    for label, data, kw in (("%d MiB, 16 arrays" % mib, arrays, {}),
-                            ("%d keys" % nkeys, small, {"hash": False})):
+    for rnd, (label, data, kw) in enumerate((("%d MiB, 16 arrays" % mib, arrays, {}),
+                                             ("%d keys" % nkeys, small, {"hash": False}))):
         time.sleep(1)  # let the previous round's releases settle
+        prof = None
+        if profile and kind == "tw":
+            prof = subprocess.Popen([a.format(pid=sched.pid, round=rnd) for a in profile.split()])
+            time.sleep(2)  # attached before the round starts
         idle = status_kib(sched.pid, "VmRSS")
         peak_ok = reset_peak(sched.pid)
         cpu0 = cpu_s(sched.pid)
@@ -101,12 +110,16 @@ def run(kind, tw_binary, mib, nkeys):
         wall = time.monotonic() - t0
         cpu = cpu_s(sched.pid) - cpu0
         peak = status_kib(sched.pid, "VmHWM")
+        if prof is not None:
+            prof.send_signal(signal.SIGINT)
+            prof.wait()
         if data is arrays:
             assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays, back))
         else:
             assert back == small
         del futures, back
         rows.append([kind, label, wall, cpu, (peak - idle) / 1024 if peak_ok else None])
+        print("# %s %s: wall %.2f s, CPU %.2f s" % (kind, label, wall, cpu), flush=True)
     client.close()
     copied = ""
     sched.send_signal(signal.SIGTERM)
@@ -114,7 +127,11 @@ def run(kind, tw_binary, mib, nkeys):
         out = sched.stdout.read()
         m = re.search(r"payload bytes copied (\d+)", out)
         copied = m.group(1) if m else "?"
-    sched.wait(timeout=30)
+    try:
+        sched.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # Dask's, on a loaded machine
+        sched.kill()
+        sched.wait()
     for w in workers:
         w.kill()
         w.wait()
@@ -128,8 +145,13 @@ def main():
     ap.add_argument("tw_binary")
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--only", choices=("dask", "tw"))
+    ap.add_argument("--profile")
     a = ap.parse_args()
-    rows = run("dask", a.tw_binary, a.mib, a.keys) + run("tw", a.tw_binary, a.mib, a.keys)
+    rows = []
+    for kind in ("dask", "tw"):
+        if a.only in (None, kind):
+            rows += run(kind, a.tw_binary, a.mib, a.keys, a.profile)
     print("%-6s %-20s %8s %12s %22s %20s" % ("sched", "round", "wall s", "sched CPU s",
                                             "peak RSS > idle MiB", "payload B copied"))
     for kind, label, wall, cpu, peak, copied in rows:
