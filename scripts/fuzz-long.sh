@@ -43,12 +43,12 @@ stream_dispatch:stream_dispatch:16384"
 # the whole report also counts support code the target only passes through).
 focus() {
 	case $1 in
-	stream) echo "transport/frame_rx.c transport/stream_codec.c" ;;
-	decode) echo "protocol/decode.c protocol/compress.c protocol/mpcheck.c protocol/placeholder.c protocol/merge.c" ;;
-	ws_codec) echo "transport/ws_codec.c" ;;
-	ws_upgrade) echo "transport/ws_upgrade.c" ;;
-	handshake) echo "protocol/handshake.c" ;;
-	server | stream_dispatch) echo "protocol/server.c protocol/optable.c protocol/delivery.c" ;;
+	stream) echo "src/transport/frame_rx.c src/transport/stream_codec.c" ;;
+	decode) echo "src/protocol/decode.c src/protocol/compress.c src/protocol/mpcheck.c src/protocol/placeholder.c src/protocol/merge.c" ;;
+	ws_codec) echo "src/transport/ws_codec.c" ;;
+	ws_upgrade) echo "src/transport/ws_upgrade.c" ;;
+	handshake) echo "src/protocol/handshake.c" ;;
+	server | stream_dispatch) echo "src/protocol/server.c src/protocol/optable.c src/protocol/delivery.c" ;;
 	esac
 }
 
