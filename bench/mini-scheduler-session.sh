@@ -6,7 +6,7 @@
 # show" item); every claim of the transcript is asserted, and the exit
 # status is nonzero when one fails (bench/mini_scheduler_session.py).
 #   bench/mini-scheduler-session.sh BUILD_DIR [--transport tcp|tls|ws]...
-#       [--ttl SECONDS (60)] [--mib 512] [--keys 100000] [--guard SECONDS]
+#       [--ttl SECONDS (120)] [--mib 512] [--keys 100000] [--guard SECONDS]
 # TLS certificates are made at run time; everything runs niced in a
 # scratch directory (workers write dask-worker-space there), which is
 # removed at the end, and every process it starts is killed, on failure too.

@@ -327,10 +327,10 @@ def main():
     ap.add_argument("binary")
     ap.add_argument("certs")
     ap.add_argument("--transport", action="append", choices=["tcp", "tls", "ws"])
-    ap.add_argument("--ttl", type=float, default=60.0, help="--worker-ttl (default 60 s)")
+    ap.add_argument("--ttl", type=float, default=120.0, help="--worker-ttl (default 120 s)")
     ap.add_argument("--mib", type=int, default=512, help="MiB in the 16 arrays (default 512)")
     ap.add_argument("--keys", type=int, default=100_000, help="small values (default 100000)")
-    ap.add_argument("--guard", type=int, default=300, help="hang guard per line, s")
+    ap.add_argument("--guard", type=int, default=1200, help="hang guard per line, s (default 1200)")
     ap.add_argument("--logdir", default=".", help="scheduler and worker logs (default .)")
     a = ap.parse_args()
     transports = a.transport or ["tcp", "tls", "ws"]

@@ -325,19 +325,19 @@ def case_many_clients(c):
 
 
 def case_clients_churn(c):
-    """200 client processes' worth of connects: each connects, scatters
-    one value and leaves without close (os._exit). Dask: all removed, no
-    keys left."""
+    """50 clients from 10 processes: each connects, scatters one value,
+    and the process leaves without closing them (os._exit). Dask: all
+    removed, no keys left."""
     client = c.client()
     names = c.names(client)
-    body = ("for i in range(10):\n"
+    body = ("for i in range(5):\n"
             "    cl = Client(%r, timeout=60, **kw)\n"
             "    cl.scatter([i], hash=False)\n"
             "os._exit(0)\n") % c.addr
     ps = [ms.start([PY, "-c", client_script(c, body)], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL) for _ in range(20)]
+                   stderr=subprocess.DEVNULL) for _ in range(10)]
     for p in ps:
-        p.wait(GUARD)
+        p.wait(600)
     wait_until("no keys left on workers",
                lambda: sum(len(c.worker_keys(client, a)) for a in names.values()) == 0, guard=30)
     assert len(client.scheduler_info()["workers"]) == 4
@@ -420,6 +420,31 @@ def case_worker_stopped_mid_gather(c):
     c.workers["w3"].send_signal(signal.SIGCONT)
     client.close()
     return "failed after %.2f s (TTL %g s)" % (took, c.ttl)
+
+
+def case_shared_keys_two_clients(c):
+    """Two clients scatter the same values (hash=True: the same keys); the
+    first closes; the second still gathers them. Dask: a key lives while
+    any client wants it."""
+    a = c.client()
+    b = c.client()
+    fa = a.scatter([101, 102, 103])
+    fb = b.scatter([101, 102, 103])
+    assert [f.key for f in fa] == [f.key for f in fb]
+    a.close()
+    time.sleep(1)  # let the release reach the scheduler and the workers
+    assert b.gather(fb) == [101, 102, 103]
+    b.close()
+
+
+def case_scatter_before_workers(c):
+    """A client scatters right after connecting, before any worker has
+    registered. Dask: Scheduler.scatter waits up to its timeout for a
+    running worker, then scatters."""
+    client = c.client(n=0)
+    futs = client.scatter([1, 2, 3])
+    assert client.gather(futs) == [1, 2, 3]
+    client.close()
 
 
 def case_large_keys_count(c):
