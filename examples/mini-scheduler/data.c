@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Keys and clients: Dask's Scheduler.scatter (scatter_to_workers:
  * update_data on workers, round robin by threads), gather
- * (gather_from_workers: get_data on workers, then "OK"), get_who_has,
- * get_ncores, add_client and the client stream ops. Payloads are never
- * decoded here: tw_builder_pack_object forwards the frames a request or
- * reply brought, by reference. */
+ * (gather_from_workers: get_data on workers; the pool writes the "OK"
+ * after each reply, TW_CALL_ACK_OK), get_who_has, get_ncores, add_client
+ * (the request's comm kept as the client's stream) and the client stream
+ * ops. Payloads are never decoded here: tw_builder_pack_object forwards
+ * the frames a request or reply brought, by reference. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,47 +213,58 @@ void client_remove(struct client *cl)
 	say("remove client %s\n", cl->id);
 	table_filter(&S.keys, client_gone_filter, cl);
 	free_flush("remove-client");
+	if (cl->watch != NULL)
+		tw_comm_unwatch(cl->watch);
 	tw_batched_free(cl->out);
-	cl->stream->client = NULL;
-	conn_release(cl->stream);
+	tw_comm_release(cl->comm);
 	free(cl->id);
 	free(cl);
 }
 
+/* Dask's add_client `finally: remove_client`. */
+static void on_client_end(tw_comm *comm, int err, void *arg)
+{
+	struct client *cl = arg;
+	(void)comm;
+	(void)err;
+	cl->watch = NULL; /* it ran: never unwatch it */
+	client_remove(cl);
+}
+
 /* Dask's add_client: [{"op": "stream-start"}] on the same comm, which
- * stays the client's stream. */
-int op_register_client(struct conn *c, const msgpack_object *req)
+ * then stays the client's stream (handle_stream). */
+void op_register_client(tw_request *r, void *arg)
 {
 	const char *id;
 	size_t n;
 	struct client *cl;
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	if (obj_str(tw_map_get(req, "client"), &id, &n) != 0) {
-		c->no_reply = 0;
-		reply_error(c, "register-client needs client");
-		return 0;
+	tw_comm *comm;
+	msgpack_packer *pk;
+	(void)arg;
+	if (tw_request_keep_stream(r, &comm) != 0) { /* it left */
+		reply_send(r);
+		return;
+	}
+	if (obj_str(tw_request_arg(r, "client"), &id, &n) != 0) {
+		reply_error(r, "register-client needs client");
+		tw_comm_close(comm);
+		tw_comm_release(comm);
+		return;
 	}
 	if ((cl = calloc(1, sizeof(*cl))) == NULL || (cl->id = strndup(id, n)) == NULL ||
-	    tw_batched_new(c->comm, 2, &cl->out) != 0) /* Dask: BatchedSend(interval="2ms") */
+	    tw_batched_new(comm, 2, &cl->out) != 0 || /* Dask: BatchedSend(interval="2ms") */
+	    tw_comm_watch_end(comm, on_client_end, cl, &cl->watch) != 0)
 		abort();
-	cl->stream = c;
-	c->refs++;
-	c->mode = CONN_CLIENT;
-	c->client = cl;
+	cl->comm = comm;
 	cl->next = S.clients;
 	S.clients = cl;
 	say("register client %s\n", cl->id);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 1);
-	tw_pack_str(&pk, "op");
-	tw_pack_str(&pk, "stream-start");
-	stream_send(cl->out, &sb);
-	msgpack_sbuffer_destroy(&sb);
-	/* The client reads exactly [{"op": "stream-start"}] first. */
-	tw_batched_flush(cl->out);
-	return 0;
+	pk = reply_packer(r);
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_map(pk, 1);
+	tw_pack_str(pk, "op");
+	tw_pack_str(pk, "stream-start");
+	reply_send(r);
 }
 
 /* Dask's client_desires_keys, for keys that exist (scattered data); an
@@ -274,9 +286,16 @@ static void want_keys(struct client *cl, const msgpack_object *keys)
 	}
 }
 
-void client_stream_op(struct client *cl, const msgpack_object *msg)
+void client_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg)
 {
 	const msgpack_object *op = tw_map_get(msg, "op");
+	struct client *cl = S.clients;
+	(void)d;
+	(void)arg;
+	while (cl != NULL && cl->comm != comm) /* the comm a client's stream came on */
+		cl = cl->next;
+	if (cl == NULL)
+		return;
 	if (tw_obj_str_eq(op, "client-releases-keys")) {
 		release_keys(cl, tw_map_get(msg, "keys"));
 	} else if (tw_obj_str_eq(op, "report-key")) {
@@ -290,14 +309,14 @@ void client_stream_op(struct client *cl, const msgpack_object *msg)
 	} else if (tw_obj_str_eq(op, "client-desires-keys")) {
 		want_keys(cl, tw_map_get(msg, "keys"));
 	}
-	/* heartbeat-client, close-client: nothing to do (the stream's end
+	/* heartbeat-client, close-client: skipped (the stream's end
 	 * removes the client). */
 }
 
 /* --- scatter --- */
 
 struct scatter_op {
-	struct conn *c;
+	tw_request *r; /* replied when every part is done */
 	int pending;
 	int failed;
 	char why[400];
@@ -313,170 +332,262 @@ struct scatter_part {
 static void scatter_done(struct scatter_op *op)
 {
 	if (op->failed) {
-		reply_error(op->c, op->why);
+		reply_error(op->r, op->why);
 	} else {
-		tw_builder *b = builder_new();
-		msgpack_packer *pk = tw_builder_packer(b);
+		msgpack_packer *pk = reply_packer(op->r);
 		pk->callback(pk->data, op->keys.data, op->keys.size);
-		reply_send(op->c, b);
+		reply_send(op->r);
 	}
-	conn_release(op->c);
 	msgpack_sbuffer_destroy(&op->keys);
 	free(op->client);
 	free(op);
 }
 
-static void on_update_data(int err, const char *why, tw_decoded *reply, void *arg)
+static void scatter_part_done(struct scatter_part *part, int err, const char *why)
 {
-	struct scatter_part *part = arg;
 	struct scatter_op *op = part->op;
-	struct worker *w = worker_find(part->address, strlen(part->address));
-	const msgpack_object *nbytes = reply ? tw_map_get(tw_decoded_root(reply), "nbytes") : NULL;
-	if (err == 0 && (w == NULL || nbytes == NULL || nbytes->type != MSGPACK_OBJECT_MAP)) {
-		err = TW_EPROTO;
-		why = w ? "update_data replied without nbytes" : "the worker was removed";
-	}
 	if (err != 0 && !op->failed) {
 		op->failed = 1;
 		snprintf(op->why, sizeof(op->why), "scatter to %s failed: %s", part->address, why);
 	}
-	if (err == 0) {
-		struct client *cl = NULL;
-		for (cl = S.clients; cl != NULL && strcmp(cl->id, op->client); cl = cl->next)
-			;
-		for (uint32_t i = 0; i < nbytes->via.map.size; i++) {
-			const msgpack_object_kv *kv = &nbytes->via.map.ptr[i];
-			const char *s;
-			size_t n;
-			struct key *k;
-			if (obj_str(&kv->key, &s, &n) != 0)
-				continue;
-			k = key_get_or_add(s, n);
-			push(&k->who, &k->nwho, &k->cwho, w);
-			if (kv->val.type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-				k->nbytes = kv->val.via.u64;
-			if (cl != NULL)
-				push(&k->wants, &k->nwants, &k->cwants, cl);
-		}
-	}
-	tw_decoded_free(reply);
 	free(part->address);
 	free(part);
 	if (--op->pending == 0)
 		scatter_done(op);
 }
 
-static int in_list(const msgpack_object *list, const char *addr)
+/* The worker holds the keys its update_data reply names (nbytes). */
+static void on_update_data(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct scatter_part *part = arg;
+	struct scatter_op *op = part->op;
+	struct worker *w = worker_find(part->address, strlen(part->address));
+	const msgpack_object *nbytes = reply ? tw_map_get(tw_decoded_root(reply), "nbytes") : NULL;
+	struct client *cl = S.clients;
+	const char *why = err ? tw_call_error(call) : NULL;
+	if (err == 0 && (w == NULL || nbytes == NULL || nbytes->type != MSGPACK_OBJECT_MAP)) {
+		err = TW_EPROTO;
+		why = w ? "update_data replied without nbytes" : "the worker was removed";
+	}
+	while (cl != NULL && strcmp(cl->id, op->client) != 0)
+		cl = cl->next;
+	for (uint32_t i = 0; err == 0 && i < nbytes->via.map.size; i++) {
+		const msgpack_object_kv *kv = &nbytes->via.map.ptr[i];
+		const char *s;
+		size_t n;
+		struct key *k;
+		if (obj_str(&kv->key, &s, &n) != 0)
+			continue;
+		k = key_get_or_add(s, n);
+		push(&k->who, &k->nwho, &k->cwho, w);
+		if (kv->val.type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+			k->nbytes = kv->val.via.u64;
+		if (cl != NULL)
+			push(&k->wants, &k->nwants, &k->cwants, cl);
+	}
+	tw_decoded_free(reply);
+	scatter_part_done(part, err, why);
+}
+
+static int in_list(const msgpack_object *list, const struct worker *w)
 {
 	if (list == NULL || list->type != MSGPACK_OBJECT_ARRAY)
 		return 1; /* no restriction */
 	for (uint32_t i = 0; i < list->via.array.size; i++)
-		if (tw_obj_str_eq(&list->via.array.ptr[i], addr))
+		if (worker_is(w, &list->via.array.ptr[i]))
 			return 1;
 	return 0;
 }
 
+/* update_data's request header; the data map of n pairs follows. */
+static tw_builder *update_data_begin(uint32_t n)
+{
+	tw_builder *b = builder_new();
+	msgpack_packer *pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 4);
+	tw_pack_str(pk, "op");
+	tw_pack_str(pk, "update_data");
+	tw_pack_str(pk, "report");
+	msgpack_pack_false(pk);
+	tw_pack_str(pk, "reply");
+	msgpack_pack_true(pk);
+	tw_pack_str(pk, "data");
+	msgpack_pack_map(pk, n);
+	return b;
+}
+
+/* How many workers get each key: 1, or with broadcast (Dask's scatter
+ * then replicate) all of them (true) or n of them. */
+static size_t copies(const msgpack_object *broadcast, size_t nworkers)
+{
+	if (broadcast == NULL)
+		return 1;
+	if (broadcast->type == MSGPACK_OBJECT_BOOLEAN)
+		return broadcast->via.boolean ? nworkers : 1;
+	if (broadcast->type == MSGPACK_OBJECT_POSITIVE_INTEGER && broadcast->via.u64 > 0)
+		return broadcast->via.u64 < nworkers ? (size_t)broadcast->via.u64 : nworkers;
+	return 1;
+}
+
+/* Send the parts: one update_data per worker through the pool. */
+static void scatter_send(struct scatter_op *op, struct worker **wl, tw_builder **builders,
+			 size_t nw)
+{
+	op->pending = 1; /* until every call is out */
+	for (size_t j = 0; j < nw; j++) {
+		struct scatter_part *part;
+		tw_msg *m;
+		int rv;
+		if (builders[j] == NULL)
+			continue;
+		m = builder_done(builders[j]);
+		if ((part = calloc(1, sizeof(*part))) == NULL ||
+		    (part->address = strdup(wl[j]->address)) == NULL)
+			abort();
+		part->op = op;
+		op->pending++;
+		rv = tw_pool_call(S.pool, part->address, m, 0, on_update_data, part, NULL);
+		if (rv != 0) {
+			tw_msg_free(m);
+			scatter_part_done(part, rv, tw_strerror(rv));
+		}
+	}
+	if (--op->pending == 0)
+		scatter_done(op);
+}
+
 /* Dask's scatter_to_workers: keys go round robin over the running
- * workers, each repeated by its threads; one update_data per worker. */
-int op_scatter(struct conn *c, tw_decoded *d, const msgpack_object *req)
+ * workers, each repeated by its threads (with broadcast, to the next
+ * workers too); one update_data per worker, whose values are the
+ * client's payloads, forwarded by reference (tw_builder_pack_object),
+ * never decoded. */
+void op_scatter(tw_request *r, void *arg)
 {
 	static uint64_t round_robin;
-	const msgpack_object *data = tw_map_get(req, "data");
-	const msgpack_object *only = tw_map_get(req, "workers");
-	struct worker **slots = NULL, **used = NULL;
-	size_t nslots = 0, nused = 0;
-	uint32_t *counts = NULL;
-	tw_builder **builders = NULL;
+	const tw_decoded *d = tw_request_decoded(r);
+	const msgpack_object *data = tw_request_arg(r, "data");
+	const msgpack_object *only = tw_request_arg(r, "workers");
+	struct worker **wl, **slots = NULL;
+	size_t nw = 0, nslots = 0, ncopies;
+	uint32_t *counts;
+	tw_builder **builders;
 	struct scatter_op *op;
 	msgpack_packer kp;
 	const char *client = "";
 	size_t clen = 0;
-	if (data == NULL || data->type != MSGPACK_OBJECT_MAP) {
-		reply_error(c, "scatter needs data (a map)");
-		return 0;
+	(void)arg;
+	if (data == NULL || data->type != MSGPACK_OBJECT_MAP || data->via.map.size == 0) {
+		reply_error(r, "scatter needs data (a map, not empty)");
+		return;
 	}
-	for (struct worker *w = S.workers; w != NULL; w = w->next)
-		if (strcmp(w->status, "running") == 0 && in_list(only, w->address))
-			for (int64_t t = 0; t < (w->nthreads > 0 ? w->nthreads : 1); t++) {
-				if ((slots = realloc(slots, (nslots + 1) * sizeof(*slots))) == NULL)
-					abort();
-				slots[nslots++] = w;
-			}
-	if (nslots == 0 || data->via.map.size == 0) {
-		free(slots);
-		reply_error(c, nslots ? "nothing to scatter" : "No valid workers found");
-		return 0;
+	if ((wl = calloc(S.nworkers + 1, sizeof(*wl))) == NULL)
+		abort();
+	for (struct worker *w = S.workers; w != NULL; w = w->next) {
+		if (strcmp(w->status, "running") != 0 || !in_list(only, w))
+			continue;
+		w->tmp = &wl[nw];
+		wl[nw++] = w;
+		for (int64_t t = 0; t < (w->nthreads > 0 ? w->nthreads : 1); t++) {
+			if ((slots = realloc(slots, (nslots + 1) * sizeof(*slots))) == NULL)
+				abort();
+			slots[nslots++] = w;
+		}
 	}
-	if ((used = calloc(S.nworkers, sizeof(*used))) == NULL ||
-	    (counts = calloc(S.nworkers, sizeof(*counts))) == NULL ||
-	    (builders = calloc(S.nworkers, sizeof(*builders))) == NULL ||
+	if (nw == 0) {
+		free(wl);
+		reply_error(r, "No valid workers found");
+		return;
+	}
+	ncopies = copies(tw_request_arg(r, "broadcast"), nw);
+	if ((counts = calloc(nw, sizeof(*counts))) == NULL ||
+	    (builders = calloc(nw, sizeof(*builders))) == NULL ||
 	    (op = calloc(1, sizeof(*op))) == NULL)
 		abort();
-	for (struct worker *w = S.workers; w != NULL; w = w->next)
-		w->tmp = NULL;
-	/* Count per worker (w->tmp: its index in used), then pack. */
-	for (uint32_t i = 0; i < data->via.map.size; i++) {
-		struct worker *w = slots[(round_robin + i) % nslots];
-		if (w->tmp == NULL) {
-			used[nused] = w;
-			w->tmp = &used[nused++];
-		}
-		counts[(struct worker **)w->tmp - used]++;
-	}
-	for (size_t j = 0; j < nused; j++) {
-		msgpack_packer *pk;
-		builders[j] = builder_new();
-		pk = tw_builder_packer(builders[j]);
-		msgpack_pack_map(pk, 4);
-		tw_pack_str(pk, "op");
-		tw_pack_str(pk, "update_data");
-		tw_pack_str(pk, "report");
-		msgpack_pack_false(pk);
-		tw_pack_str(pk, "reply");
-		msgpack_pack_true(pk);
-		tw_pack_str(pk, "data");
-		msgpack_pack_map(pk, counts[j]);
-	}
+		/* Count per worker (index j in wl), then pack: key i goes to worker
+		 * first(i) and the ncopies - 1 after it in wl. */
+#define FIRST(i) ((size_t)((struct worker **)slots[(round_robin + (i)) % nslots]->tmp - wl))
+	for (uint32_t i = 0; i < data->via.map.size; i++)
+		for (size_t c = 0; c < ncopies; c++)
+			counts[(FIRST(i) + c) % nw]++;
+	for (size_t j = 0; j < nw; j++)
+		if (counts[j] > 0)
+			builders[j] = update_data_begin(counts[j]);
 	msgpack_sbuffer_init(&op->keys);
 	msgpack_packer_init(&kp, &op->keys, msgpack_sbuffer_write);
 	msgpack_pack_array(&kp, data->via.map.size);
 	for (uint32_t i = 0; i < data->via.map.size; i++) {
 		const msgpack_object_kv *kv = &data->via.map.ptr[i];
-		struct worker *w = slots[(round_robin + i) % nslots];
-		tw_builder *b = builders[(struct worker **)w->tmp - used];
-		msgpack_pack_object(tw_builder_packer(b), kv->key);
-		if (tw_builder_pack_object(b, d, &kv->val) != 0)
-			abort();
+		for (size_t c = 0; c < ncopies; c++) {
+			tw_builder *b = builders[(FIRST(i) + c) % nw];
+			msgpack_pack_object(tw_builder_packer(b), kv->key);
+			if (tw_builder_pack_object(b, d, &kv->val) != 0)
+				abort();
+		}
 		msgpack_pack_object(&kp, kv->key);
 	}
+#undef FIRST
 	round_robin += data->via.map.size;
-	obj_str(tw_map_get(req, "client"), &client, &clen);
+	for (size_t j = 0; j < nw; j++)
+		wl[j]->tmp = NULL;
+	obj_str(tw_request_arg(r, "client"), &client, &clen);
 	op->client = strndup(client, clen);
-	op->c = c;
-	c->refs++;
-	op->pending = (int)nused;
-	for (size_t j = 0; j < nused; j++) {
-		struct scatter_part *part = calloc(1, sizeof(*part));
-		tw_msg *m;
-		used[j]->tmp = NULL;
-		if (part == NULL || tw_builder_finish(builders[j], &m) != 0 ||
-		    (part->address = strdup(used[j]->address)) == NULL)
-			abort();
-		tw_builder_free(builders[j]);
-		part->op = op;
-		wcall(used[j], m, 0, on_update_data, part);
-	}
+	op->r = r;
+	scatter_send(op, wl, builders, nw);
 	free(slots);
-	free(used);
+	free(wl);
 	free(counts);
 	free(builders);
-	return 1;
+}
+
+/* Dask's Scheduler.update_data: a client scattered to workers itself
+ * (direct=True) and tells where its keys are. Replies nil. */
+void op_update_data(tw_request *r, void *arg)
+{
+	const msgpack_object *who_has = tw_request_arg(r, "who_has");
+	const msgpack_object *nbytes = tw_request_arg(r, "nbytes");
+	const char *s;
+	size_t n;
+	struct client *cl = NULL;
+	(void)arg;
+	if (obj_str(tw_request_arg(r, "client"), &s, &n) == 0)
+		for (cl = S.clients; cl != NULL && (strlen(cl->id) != n || memcmp(cl->id, s, n));
+		     cl = cl->next)
+			;
+	for (uint32_t i = 0;
+	     who_has && who_has->type == MSGPACK_OBJECT_MAP && i < who_has->via.map.size; i++) {
+		const msgpack_object_kv *kv = &who_has->via.map.ptr[i];
+		const msgpack_object *nb = NULL;
+		const char *addr;
+		size_t alen;
+		struct key *k;
+		if (obj_str(&kv->key, &s, &n) != 0 || kv->val.type != MSGPACK_OBJECT_ARRAY)
+			continue;
+		k = key_get_or_add(s, n);
+		for (uint32_t j = 0; j < kv->val.via.array.size; j++) {
+			struct worker *w = NULL;
+			if (obj_str(&kv->val.via.array.ptr[j], &addr, &alen) == 0)
+				w = worker_find(addr, alen);
+			if (w != NULL)
+				push(&k->who, &k->nwho, &k->cwho, w);
+		}
+		/* nbytes lists the keys in who_has's order (both come from
+		 * scatter_to_workers): no search, which would be quadratic */
+		if (nbytes != NULL && nbytes->type == MSGPACK_OBJECT_MAP &&
+		    i < nbytes->via.map.size &&
+		    msgpack_object_equal(nbytes->via.map.ptr[i].key, kv->key))
+			nb = &nbytes->via.map.ptr[i].val;
+		if (nb != NULL && nb->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+			k->nbytes = nb->via.u64;
+		if (cl != NULL)
+			push(&k->wants, &k->nwants, &k->cwants, cl);
+	}
+	reply_send(r);
 }
 
 /* --- gather --- */
 
 struct gather_op {
-	struct conn *c;
+	tw_request *r;
 	int pending;
 	tw_decoded **replies; /* get_data replies whose data goes out */
 	size_t nreplies;
@@ -505,7 +616,7 @@ static void add_missing(struct gather_op *op, const msgpack_object *key, const c
 
 static void gather_done(struct gather_op *op)
 {
-	tw_builder *b = builder_new();
+	tw_builder *b = reply_builder(op->r);
 	msgpack_packer *pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
 	tw_pack_str(pk, "status");
@@ -531,13 +642,12 @@ static void gather_done(struct gather_op *op)
 			}
 		}
 	}
-	/* The finished message holds the payloads; the replies can go. */
-	reply_send(op->c, b);
+	/* The sent message holds the payloads; the replies can go. */
+	reply_send(op->r);
 	for (size_t i = 0; i < op->nreplies; i++)
 		tw_decoded_free(op->replies[i]);
 	free(op->replies);
 	msgpack_sbuffer_destroy(&op->missing);
-	conn_release(op->c);
 	free(op);
 }
 
@@ -553,44 +663,30 @@ static int index_keys(struct table *t, const msgpack_object *map)
 	return 0;
 }
 
-static void on_get_data(int err, const char *why, tw_decoded *reply, void *arg)
+/* Keys the worker did not send are missing (Dask: bad keys). */
+static void part_missing(struct gather_part *part, const msgpack_object *data)
 {
-	struct gather_part *part = arg;
-	struct gather_op *op = part->op;
-	const msgpack_object *root = reply ? tw_decoded_root(reply) : NULL;
-	const msgpack_object *data = tw_map_get(root, "data");
+	struct table sent = {0};
 	msgpack_unpacked keys;
 	size_t off = 0;
-	if (err == 0 && (!tw_obj_str_eq(tw_map_get(root, "status"), "OK") || data == NULL ||
-			 data->type != MSGPACK_OBJECT_MAP)) {
-		err = TW_EPROTO;
-		why = "get_data replied without status OK and data";
+	if (data != NULL && index_keys(&sent, data) != 0)
+		abort();
+	msgpack_unpacked_init(&keys);
+	while (msgpack_unpack_next(&keys, part->keys.data, part->keys.size, &off) ==
+	       MSGPACK_UNPACK_SUCCESS) {
+		const char *s = "";
+		size_t n = 0;
+		obj_str(&keys.data, &s, &n);
+		if (data == NULL || table_get(&sent, s, n) == NULL)
+			add_missing(part->op, &keys.data, part->address);
 	}
-	if (err != 0)
-		say("gather: %s\n", why);
-	/* Keys the worker did not send are missing (Dask: bad keys). */
-	if (err != 0 || data->via.map.size != part->nkeys) {
-		struct table sent = {0};
-		if (err == 0 && index_keys(&sent, data) != 0)
-			abort();
-		msgpack_unpacked_init(&keys);
-		while (msgpack_unpack_next(&keys, part->keys.data, part->keys.size, &off) ==
-		       MSGPACK_UNPACK_SUCCESS) {
-			const char *s = "";
-			size_t n = 0;
-			obj_str(&keys.data, &s, &n);
-			if (err != 0 || table_get(&sent, s, n) == NULL)
-				add_missing(op, &keys.data, part->address);
-		}
-		msgpack_unpacked_destroy(&keys);
-		table_fini(&sent);
-	}
-	if (err == 0) {
-		op->ndata += data->via.map.size;
-		op->replies[op->nreplies++] = reply;
-	} else {
-		tw_decoded_free(reply);
-	}
+	msgpack_unpacked_destroy(&keys);
+	table_fini(&sent);
+}
+
+static void gather_part_done(struct gather_part *part)
+{
+	struct gather_op *op = part->op;
 	msgpack_sbuffer_destroy(&part->keys);
 	free(part->address);
 	free(part);
@@ -598,16 +694,63 @@ static void on_get_data(int err, const char *why, tw_decoded *reply, void *arg)
 		gather_done(op);
 }
 
-/* Dask's gather: get_data from a holder of each key, one call per worker. */
-int op_gather(struct conn *c, const msgpack_object *req)
+/* A get_data reply (the pool wrote "OK" back after it: TW_CALL_ACK_OK). */
+static void on_get_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 {
-	const msgpack_object *keys = tw_map_get(req, "keys");
+	struct gather_part *part = arg;
+	struct gather_op *op = part->op;
+	const msgpack_object *root = reply ? tw_decoded_root(reply) : NULL;
+	const msgpack_object *data = tw_map_get(root, "data");
+	if (err != 0)
+		say("gather: %s\n", tw_call_error(call));
+	else if (!tw_obj_str_eq(tw_map_get(root, "status"), "OK") || data == NULL ||
+		 data->type != MSGPACK_OBJECT_MAP)
+		say("gather: %s: get_data replied without status OK and data\n", part->address);
+	if (err != 0 || data == NULL || data->type != MSGPACK_OBJECT_MAP)
+		data = NULL;
+	if (data == NULL || data->via.map.size != part->nkeys)
+		part_missing(part, data);
+	if (data != NULL) {
+		op->ndata += data->via.map.size;
+		op->replies[op->nreplies++] = reply;
+	} else {
+		tw_decoded_free(reply);
+	}
+	gather_part_done(part);
+}
+
+/* get_data's request for the keys of part (Dask's get_data_from_worker). */
+static tw_msg *get_data_request(const struct gather_part *part)
+{
+	tw_builder *b = builder_new();
+	msgpack_packer *pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 5);
+	tw_pack_str(pk, "op");
+	tw_pack_str(pk, "get_data");
+	tw_pack_str(pk, "keys");
+	msgpack_pack_array(pk, part->nkeys);
+	pk->callback(pk->data, part->keys.data, part->keys.size);
+	tw_pack_str(pk, "who");
+	msgpack_pack_nil(pk);
+	tw_pack_str(pk, "max_connections");
+	msgpack_pack_false(pk);
+	tw_pack_str(pk, "reply");
+	msgpack_pack_true(pk);
+	return builder_done(b);
+}
+
+/* Dask's gather: get_data from a holder of each key, one call per worker,
+ * through the pool, which writes get_data's "OK" acknowledgement. */
+void op_gather(tw_request *r, void *arg)
+{
+	const msgpack_object *keys = tw_request_arg(r, "keys");
 	struct gather_op *op;
 	struct gather_part **parts;
 	size_t nparts = 0;
+	(void)arg;
 	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY) {
-		reply_error(c, "gather needs keys (a list)");
-		return 0;
+		reply_error(r, "gather needs keys (a list)");
+		return;
 	}
 	if ((op = calloc(1, sizeof(*op))) == NULL ||
 	    (parts = calloc(S.nworkers + 1, sizeof(*parts))) == NULL)
@@ -640,44 +783,27 @@ int op_gather(struct conn *c, const msgpack_object *req)
 		msgpack_pack_object(&pk, *ko);
 		part->nkeys++;
 	}
+	for (struct worker *w = S.workers; w != NULL; w = w->next)
+		w->tmp = NULL;
 	if ((op->replies = calloc(nparts + 1, sizeof(*op->replies))) == NULL)
 		abort();
-	op->c = c;
-	c->refs++;
+	op->r = r;
 	op->pending = (int)nparts + 1; /* + 1 until every call is out */
-	for (struct worker *w = S.workers; w != NULL; w = w->next) {
-		struct gather_part *part = w->tmp;
-		tw_builder *b;
-		msgpack_packer *pk;
-		tw_msg *m;
-		if (part == NULL)
-			continue;
-		w->tmp = NULL;
-		b = builder_new();
-		pk = tw_builder_packer(b);
-		msgpack_pack_map(pk, 5);
-		tw_pack_str(pk, "op");
-		tw_pack_str(pk, "get_data");
-		tw_pack_str(pk, "keys");
-		msgpack_pack_array(pk, part->nkeys);
-		pk->callback(pk->data, part->keys.data, part->keys.size);
-		tw_pack_str(pk, "who");
-		msgpack_pack_nil(pk);
-		tw_pack_str(pk, "max_connections");
-		msgpack_pack_false(pk);
-		tw_pack_str(pk, "reply");
-		msgpack_pack_true(pk);
-		if (tw_builder_finish(b, &m) != 0)
-			abort();
-		tw_builder_free(b);
-		wcall(w, m, 1, on_get_data, part);
+	for (size_t i = 0; i < nparts; i++) {
+		tw_msg *m = get_data_request(parts[i]);
+		int rv = tw_pool_call_flags(S.pool, parts[i]->address, m, 0, TW_CALL_ACK_OK,
+					    on_get_data, parts[i], NULL);
+		if (rv != 0) {
+			say("gather: get_data to %s not sent: %s\n", parts[i]->address,
+			    tw_strerror(rv));
+			tw_msg_free(m);
+			part_missing(parts[i], NULL);
+			gather_part_done(parts[i]);
+		}
 	}
 	free(parts);
-	if (--op->pending == 0) { /* no call went out: every key is missing */
+	if (--op->pending == 0) /* every key was missing, or no call went out */
 		gather_done(op);
-		return 0;
-	}
-	return 1;
 }
 
 /* Dask's get_who_has: {key: [addresses]} for the keys asked (all: nil). */
@@ -696,11 +822,11 @@ static int pack_each_key(void *val, void *arg)
 	return 0;
 }
 
-int op_who_has(struct conn *c, const msgpack_object *req)
+void op_who_has(tw_request *r, void *arg)
 {
-	const msgpack_object *keys = tw_map_get(req, "keys");
-	tw_builder *b = builder_new();
-	msgpack_packer *pk = tw_builder_packer(b);
+	const msgpack_object *keys = tw_request_arg(r, "keys");
+	msgpack_packer *pk = reply_packer(r);
+	(void)arg;
 	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY) {
 		msgpack_pack_map(pk, (uint32_t)S.keys.n);
 		table_filter(&S.keys, pack_each_key, pk);
@@ -716,23 +842,22 @@ int op_who_has(struct conn *c, const msgpack_object *req)
 			pack_who(pk, k);
 		}
 	}
-	reply_send(c, b);
-	return 0;
+	reply_send(r);
 }
 
 /* Dask's get_ncores / get_ncores_running: {address: nthreads}. */
-int op_ncores(struct conn *c, const msgpack_object *req, int running_only)
+void op_ncores(tw_request *r, void *arg)
 {
-	const msgpack_object *only = tw_map_get(req, "workers");
-	tw_builder *b = builder_new();
-	msgpack_packer *pk = tw_builder_packer(b);
+	const msgpack_object *only = tw_request_arg(r, "workers");
+	msgpack_packer *pk = reply_packer(r);
+	int running_only = arg != NULL;
 	uint32_t n = 0;
 	for (int pass = 0; pass < 2; pass++) {
 		if (pass == 1)
 			msgpack_pack_map(pk, n);
 		for (struct worker *w = S.workers; w != NULL; w = w->next) {
 			if ((running_only && strcmp(w->status, "running") != 0) ||
-			    !in_list(only, w->address))
+			    !in_list(only, w))
 				continue;
 			if (pass == 0) {
 				n++;
@@ -742,6 +867,5 @@ int op_ncores(struct conn *c, const msgpack_object *req, int running_only)
 			msgpack_pack_int64(pk, w->nthreads);
 		}
 	}
-	reply_send(c, b);
-	return 0;
+	reply_send(r);
 }

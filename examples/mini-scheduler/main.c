@@ -73,6 +73,61 @@ static void usage(FILE *f)
 	fputs(TW_EX_TLS_USAGE, f);
 }
 
+/* The server: Dask's Scheduler handlers and stream handlers that this
+ * scheduler has; other ops reply nil, other stream ops are skipped. */
+static int add_ops(void)
+{
+	static int running_only = 1;
+	static const struct {
+		const char *name;
+		tw_op_fn fn;
+		void *arg;
+	} ops[] = {
+		{"identity", op_identity, NULL},
+		{"register-worker", op_register_worker, NULL},
+		{"heartbeat_worker", op_heartbeat_worker, NULL},
+		{"unregister", op_unregister, NULL},
+		{"register-client", op_register_client, NULL},
+		{"scatter", op_scatter, NULL},
+		{"update_data", op_update_data, NULL},
+		{"gather", op_gather, NULL},
+		{"who_has", op_who_has, NULL},
+		{"ncores", op_ncores, NULL},
+		{"ncores_running", op_ncores, &running_only},
+	};
+	static const struct {
+		const char *name;
+		tw_stream_fn fn;
+	} stream_ops[] = {
+		{"worker-status-change", worker_stream_op}, {"add-keys", worker_stream_op},
+		{"client-releases-keys", client_stream_op}, {"report-key", client_stream_op},
+		{"client-desires-keys", client_stream_op},
+	};
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		if (tw_server_add_op(S.server, ops[i].name, ops[i].fn, ops[i].arg) != 0)
+			return -1;
+	for (size_t i = 0; i < sizeof(stream_ops) / sizeof(stream_ops[0]); i++)
+		if (tw_server_add_stream_op(S.server, stream_ops[i].name, stream_ops[i].fn, NULL) !=
+		    0)
+			return -1;
+	return 0;
+}
+
+/* Stop: comms first (their end watches are canceled by the removals),
+ * then every worker and client, whose pending calls fail (their requests'
+ * replies are dropped), then the pool. */
+static void stop_all(void)
+{
+	tw_server_free(S.server);
+	while (S.workers != NULL)
+		worker_remove(S.workers, TW_ECANCELED, "the scheduler stopped");
+	while (S.clients != NULL)
+		client_remove(S.clients);
+	tw_pool_free(S.pool);
+	tw_context_free(S.ctx);
+	table_fini(&S.keys);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"worker-ttl", required_argument, NULL, 't'},
@@ -82,7 +137,6 @@ int main(int argc, char **argv)
 	struct tw_ex_tls tls = {0};
 	struct timeval tick = {0, 100 * 1000};
 	struct event *ttl, *sigint, *sigterm;
-	tw_listener *l;
 	tw_stats st;
 	uint64_t idle_rss;
 	int o, rv;
@@ -111,23 +165,28 @@ int main(int argc, char **argv)
 	if ((S.base = event_base_new()) == NULL || tw_context_new(S.base, &S.ctx) != 0)
 		return 1;
 	tw_ex_tls_setup(S.ctx, &tls);
-	/* A gather of 100,000 small values is one message of 100,000+
-	 * frames: bound frames by bytes (8 on the wire each), not by the
-	 * 65,536 default, which refuses real Dask traffic. */
-	tw_context_set_max_frames(S.ctx, TW_DEFAULT_MAX_MESSAGE_BYTES / 8);
 	/* A Dask peer writes a ws message frame by frame and may run other
 	 * work between frames: a busy worker (storing 25,000 keys on a loaded
-	 * machine) was seen pausing mid-message for over 10 s, the default
-	 * grace. Keep the drip protection, with Python's pace in mind. */
+	 * machine) was seen pausing mid-message for over 10 s. Keep the drip
+	 * protection, with Python's pace in mind. */
 	tw_context_set_min_receive_rate(S.ctx, TW_DEFAULT_MIN_RECEIVE_RATE, 120000);
+	/* Dask's distributed.comm.timeouts.connect (30 s) bounds a connect
+	 * and its handshake: a worker busy in Python (freeing 25,000 keys on
+	 * a loaded machine) was seen answering a new comm's handshake after
+	 * more than the library's 10 s default. */
+	tw_context_set_connect_timeout_ms(S.ctx, 30000);
+	tw_context_set_handshake_timeout_ms(S.ctx, 30000);
 	/* Replies and forwarded scatters are single large messages. */
 	tw_context_set_write_hwm_bytes(S.ctx, (size_t)16 << 30);
-	if ((rv = tw_listen(S.ctx, argv[optind], conn_accept, NULL, &l)) != 0) {
+	if (tw_server_new(S.ctx, &S.server) != 0 || tw_pool_new(S.ctx, &S.pool) != 0 ||
+	    add_ops() != 0)
+		return 1;
+	if ((rv = tw_server_listen(S.server, argv[optind])) != 0) {
 		fprintf(stderr, "listen on %s: %s: %s\n", argv[optind], tw_strerror(rv),
 			tw_context_last_error(S.ctx));
 		return 1;
 	}
-	tw_listener_address(l, S.address, sizeof(S.address));
+	tw_server_address(S.server, 0, S.address, sizeof(S.address));
 	S.started = now_wall();
 	printf("listening on %s\n", S.address);
 	fflush(stdout);
@@ -146,14 +205,10 @@ int main(int argc, char **argv)
 	       (unsigned long long)st.merges_zero_copy,
 	       (unsigned long long)((tw_ex_peak_rss() - idle_rss) >> 20));
 	fflush(stdout);
-	tw_listener_free(l);
-	conn_abort_all();                         /* workers and clients leave with their streams */
-	event_base_loop(S.base, EVLOOP_NONBLOCK); /* failed calls report */
+	stop_all();
 	event_free(ttl);
 	event_free(sigint);
 	event_free(sigterm);
-	tw_context_free(S.ctx);
-	table_fini(&S.keys);
 	event_base_free(S.base);
 	return 0;
 }

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The worker registry: Dask's Scheduler.add_worker (register-worker: a
- * reply on the same comm, which then stays the worker's stream),
- * heartbeat_worker, remove_worker, and the workers' part of identity
- * (WorkerState.identity). A worker leaves when its stream ends, when it
- * unregisters, or when its heartbeats stop for the worker TTL (Dask's
- * distributed.scheduler.worker-ttl, checked by main.c). */
+ * reply on the same comm, which then stays the worker's stream:
+ * tw_request_keep_stream), heartbeat_worker, remove_worker, and the
+ * workers' part of identity (WorkerState.identity). A worker leaves when
+ * its stream ends (tw_comm_watch_end), when it unregisters, or when its
+ * heartbeats stop for the worker TTL (Dask's
+ * distributed.scheduler.worker-ttl, checked by main.c); its calls then
+ * fail at once (tw_pool_fail_address). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,9 +34,48 @@ struct worker *worker_find(const char *addr, size_t len)
 	return NULL;
 }
 
-static void pack_status_reply(tw_builder *b, int with_plugins)
+/* The packed name of a register-worker request into sb (Dask: the
+ * address when it has no name). */
+static void pack_name(msgpack_sbuffer *sb, const msgpack_object *req)
 {
-	msgpack_packer *pk = tw_builder_packer(b);
+	const msgpack_object *name = tw_map_get(req, "name");
+	msgpack_packer pk;
+	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+	if (name == NULL || name->type == MSGPACK_OBJECT_NIL)
+		name = tw_map_get(req, "address");
+	msgpack_pack_object(&pk, *name);
+}
+
+/* w's packed name: the first pair of its identity fields, after "name". */
+static int name_is(const struct worker *w, const char *packed, size_t len)
+{
+	return w->name_end - 5 == len && memcmp(w->ident.data + 5, packed, len) == 0;
+}
+
+int worker_is(const struct worker *w, const msgpack_object *o)
+{
+	const char *s;
+	size_t n, alen = strlen(w->address);
+	msgpack_sbuffer sb;
+	int named;
+	if (obj_str(o, &s, &n) == 0 &&
+	    ((n == alen && memcmp(s, w->address, n) == 0) ||
+	     (n + 6 == alen && memchr(s, '/', n) == NULL && strncmp(w->address, "tcp://", 6) == 0 &&
+	      memcmp(s, w->address + 6, n) == 0)))
+		return 1;
+	msgpack_sbuffer_init(&sb);
+	{
+		msgpack_packer pk;
+		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+		msgpack_pack_object(&pk, *o);
+	}
+	named = name_is(w, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+	return named;
+}
+
+static void pack_status_reply(msgpack_packer *pk, int with_plugins)
+{
 	msgpack_pack_map(pk, with_plugins ? 4 : 3);
 	tw_pack_str(pk, "status");
 	tw_pack_str(pk, "OK");
@@ -48,10 +89,11 @@ static void pack_status_reply(tw_builder *b, int with_plugins)
 	}
 }
 
-static void reply_register_error(struct conn *c, const char *text)
+/* Dask's add_worker refuses with {"status": "error", ...} on the comm,
+ * then closes it. */
+static void refuse_worker(tw_request *r, tw_comm *comm, const char *text)
 {
-	tw_builder *b = builder_new();
-	msgpack_packer *pk = tw_builder_packer(b);
+	msgpack_packer *pk = reply_packer(r);
 	say("register-worker refused: %s\n", text);
 	msgpack_pack_map(pk, 3);
 	tw_pack_str(pk, "status");
@@ -60,114 +102,194 @@ static void reply_register_error(struct conn *c, const char *text)
 	tw_pack_str(pk, text);
 	tw_pack_str(pk, "time");
 	msgpack_pack_double(pk, now_wall());
-	reply_send(c, b);
+	reply_send(r);
+	tw_comm_close(comm);
+	tw_comm_release(comm);
 }
 
-int op_register_worker(struct conn *c, tw_decoded **dp, const msgpack_object *req)
+/* Dask's handle_worker `finally: remove_worker`: its stream ended. */
+static void on_worker_end(tw_comm *comm, int err, void *arg)
 {
+	struct worker *w = arg;
+	char why[300];
+	w->watch = NULL; /* it ran: never unwatch it */
+	snprintf(why, sizeof(why), "its stream ended: %s%s%s", err ? tw_strerror(err) : "closed",
+		 *tw_comm_last_error(comm) ? ": " : "", tw_comm_last_error(comm));
+	worker_remove(w, TW_ECLOSED, why);
+}
+
+/* The fields of register-worker that identity shows, kept as map pairs
+ * (metadata only: no payload rides in them). */
+static void keep_ident(struct worker *w, const msgpack_object *req)
+{
+	static const char *const keys[] = {"name",         "resources", "local_directory",
+					   "memory_limit", "services",  "nanny"};
+	const msgpack_object *extra = tw_map_get(req, "extra");
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&w->ident);
+	msgpack_sbuffer_init(&w->metrics);
+	msgpack_packer_init(&pk, &w->ident, msgpack_sbuffer_write);
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		const msgpack_object *o = tw_map_get(req, keys[i]);
+		tw_pack_str(&pk, keys[i]);
+		if (i == 0)
+			pack_name(&w->ident, req); /* keys[0]: "name" */
+		else if (o != NULL)
+			msgpack_pack_object(&pk, *o);
+		else
+			msgpack_pack_nil(&pk);
+		if (w->nident++ == 0)
+			w->name_end = w->ident.size;
+	}
+	for (uint32_t i = 0; extra && extra->type == MSGPACK_OBJECT_MAP && i < extra->via.map.size;
+	     i++) {
+		msgpack_pack_object(&pk, extra->via.map.ptr[i].key);
+		msgpack_pack_object(&pk, extra->via.map.ptr[i].val);
+		w->nident++;
+	}
+	if ((extra = tw_map_get(req, "metrics")) != NULL) {
+		msgpack_packer_init(&pk, &w->metrics, msgpack_sbuffer_write);
+		msgpack_pack_object(&pk, *extra);
+	}
+}
+
+/* Dask's add_worker: "name taken, <name>" when a worker has it. */
+static int name_taken(const msgpack_object *req, char *text, size_t len)
+{
+	msgpack_sbuffer sb;
+	const char *s = "?";
+	size_t n = 1;
+	int taken = 0;
+	msgpack_sbuffer_init(&sb);
+	pack_name(&sb, req);
+	for (struct worker *w = S.workers; w != NULL && !taken; w = w->next)
+		taken = name_is(w, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+	if (taken) {
+		obj_str(tw_map_get(req, "name"), &s, &n);
+		snprintf(text, len, "name taken, %.*s", (int)(n > 200 ? 200 : n), s);
+	}
+	return taken;
+}
+
+/* Dask's Scheduler.add_worker: the reply goes on the same comm (although
+ * the request says reply: false), which then stays the worker's stream
+ * (handle_worker). */
+void op_register_worker(tw_request *r, void *arg)
+{
+	const msgpack_object *req = tw_decoded_root(tw_request_decoded(r));
 	const msgpack_object *nthreads = tw_map_get(req, "nthreads");
 	const msgpack_object *nbytes = tw_map_get(req, "nbytes");
 	const char *addr, *status = "running";
 	size_t alen, slen = 7;
 	struct worker *w, **tail;
+	tw_comm *comm;
 	char text[400];
-	/* Dask writes this reply although the request says reply: false. */
-	c->no_reply = 0;
+	(void)arg;
+	if (tw_request_keep_stream(r, &comm) != 0) { /* it left */
+		reply_send(r);
+		return;
+	}
 	if (obj_str(tw_map_get(req, "address"), &addr, &alen) != 0 || alen >= 256 ||
 	    nthreads == NULL || nthreads->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-		reply_register_error(c, "register-worker needs address and nthreads");
-		return 0;
+		refuse_worker(r, comm, "register-worker needs address and nthreads");
+		return;
 	}
 	if (worker_find(addr, alen) != NULL) {
 		snprintf(text, sizeof(text), "Worker already exists %.*s", (int)alen, addr);
-		reply_register_error(c, text);
-		return 0;
+		refuse_worker(r, comm, text);
+		return;
+	}
+	if (name_taken(req, text, sizeof(text))) {
+		refuse_worker(r, comm, text);
+		return;
 	}
 	if (nbytes != NULL && nbytes->type == MSGPACK_OBJECT_MAP && nbytes->via.map.size > 0) {
 		snprintf(text, sizeof(text),
 			 "Worker %.*s connected with %u key(s) in memory! Worker reconnection is "
 			 "not supported.",
 			 (int)alen, addr, nbytes->via.map.size);
-		reply_register_error(c, text);
-		return 0;
+		refuse_worker(r, comm, text);
+		return;
 	}
 	obj_str(tw_map_get(req, "status"), &status, &slen);
 	if ((w = calloc(1, sizeof(*w))) == NULL || (w->address = strndup(addr, alen)) == NULL ||
-	    tw_batched_new(c->comm, 5, &w->out) != 0) { /* Dask: BatchedSend(interval="5ms") */
-		if (w != NULL)
-			free(w->address);
-		free(w);
-		reply_error(c, "out of memory");
-		return 0;
+	    tw_batched_new(comm, 5, &w->out) != 0 || /* Dask: BatchedSend(interval="5ms") */
+	    tw_comm_watch_end(comm, on_worker_end, w, &w->watch) != 0) {
+		fputs("tw-mini-scheduler: out of memory\n", stderr);
+		exit(1);
 	}
+	w->comm = comm;
 	snprintf(w->status, sizeof(w->status), "%.*s", (int)slen, status);
 	w->nthreads = (int64_t)nthreads->via.u64;
 	w->last_seen = now_mono();
-	w->reg = *dp; /* kept for identity: no copy of its fields */
-	*dp = NULL;
-	w->stream = c;
-	c->refs++;
-	c->mode = CONN_WORKER;
-	c->worker = w;
+	keep_ident(w, req);
 	for (tail = &S.workers; *tail != NULL; tail = &(*tail)->next)
 		;
 	*tail = w;
 	S.nworkers++;
 	say("register worker %s (%lld threads, %s)\n", w->address, (long long)w->nthreads,
 	    w->status);
-	{
-		tw_builder *b = builder_new();
-		pack_status_reply(b, 1);
-		reply_send(c, b);
-	}
-	return 0;
+	pack_status_reply(reply_packer(r), 1);
+	reply_send(r);
 }
 
-int op_heartbeat_worker(struct conn *c, tw_decoded **dp, const msgpack_object *req)
+void op_heartbeat_worker(tw_request *r, void *arg)
 {
+	const msgpack_object *metrics = tw_request_arg(r, "metrics");
 	const char *addr;
 	size_t alen;
 	struct worker *w = NULL;
-	tw_builder *b = builder_new();
-	if (obj_str(tw_map_get(req, "address"), &addr, &alen) == 0)
+	msgpack_packer *pk = reply_packer(r);
+	(void)arg;
+	if (obj_str(tw_request_arg(r, "address"), &addr, &alen) == 0)
 		w = worker_find(addr, alen);
 	if (w == NULL) {
 		/* The worker then shuts down, as with Dask. */
-		msgpack_packer *pk = tw_builder_packer(b);
 		msgpack_pack_map(pk, 1);
 		tw_pack_str(pk, "status");
 		tw_pack_str(pk, "missing");
 	} else {
 		w->last_seen = now_mono();
-		tw_decoded_free(w->beat);
-		w->beat = *dp; /* its metrics, for identity */
-		*dp = NULL;
-		pack_status_reply(b, 0);
+		if (metrics != NULL) { /* for identity */
+			msgpack_packer mp;
+			w->metrics.size = 0;
+			msgpack_packer_init(&mp, &w->metrics, msgpack_sbuffer_write);
+			msgpack_pack_object(&mp, *metrics);
+		}
+		pack_status_reply(pk, 0);
 	}
-	reply_send(c, b);
-	return 0;
+	reply_send(r);
 }
 
-int op_unregister(struct conn *c, const msgpack_object *req)
+void op_unregister(tw_request *r, void *arg)
 {
 	const char *addr;
 	size_t alen;
 	struct worker *w = NULL;
-	tw_builder *b = builder_new();
-	if (obj_str(tw_map_get(req, "address"), &addr, &alen) == 0)
+	(void)arg;
+	if (obj_str(tw_request_arg(r, "address"), &addr, &alen) == 0)
 		w = worker_find(addr, alen);
 	if (w != NULL)
-		worker_remove(w, "it unregistered");
-	tw_pack_str(tw_builder_packer(b), "OK");
-	reply_send(c, b);
-	return 0;
+		worker_remove(w, TW_ECLOSED, "it unregistered");
+	tw_pack_str(reply_packer(r), "OK");
+	reply_send(r);
 }
 
-void worker_stream_op(struct worker *w, const msgpack_object *msg)
+/* Dask's handle_worker stream handlers this scheduler needs; keep-alive,
+ * log-event and the task ops are skipped (no handler). */
+void worker_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg)
 {
 	const msgpack_object *op = tw_map_get(msg, "op");
+	struct worker *w = S.workers;
 	const char *s;
 	size_t n;
+	(void)d;
+	(void)arg;
+	while (w != NULL && w->comm != comm) /* the comm a worker's stream came on */
+		w = w->next;
+	if (w == NULL)
+		return;
 	if (tw_obj_str_eq(op, "worker-status-change")) {
 		if (obj_str(tw_map_get(msg, "status"), &s, &n) == 0)
 			snprintf(w->status, sizeof(w->status), "%.*s", (int)n, s);
@@ -178,13 +300,13 @@ void worker_stream_op(struct worker *w, const msgpack_object *msg)
 				if (obj_str(&keys->via.array.ptr[i], &s, &n) == 0)
 					keys_add_holder(s, n, w, 0);
 	}
-	/* keep-alive, log-event and the task ops: nothing to do here. */
 }
 
-void worker_remove(struct worker *w, const char *why)
+/* Unlinked first, so nothing that runs from here (failed calls' callbacks
+ * inside tw_pool_fail_address) finds it. */
+void worker_remove(struct worker *w, int err, const char *why)
 {
 	struct worker **p = &S.workers;
-	struct conn *c = w->stream;
 	char text[512];
 	while (*p != w)
 		p = &(*p)->next;
@@ -192,17 +314,15 @@ void worker_remove(struct worker *w, const char *why)
 	S.nworkers--;
 	snprintf(text, sizeof(text), "worker %s was removed: %s", w->address, why);
 	say("%s\n", text);
-	wcall_fail_all(w, text);
+	tw_pool_fail_address(S.pool, w->address, err, text);
 	keys_worker_gone(w);
+	if (w->watch != NULL)
+		tw_comm_unwatch(w->watch);
 	tw_batched_free(w->out);
-	if (c != NULL) {
-		c->worker = NULL;
-		if (c->comm != NULL)
-			tw_comm_abort(c->comm);
-		conn_release(c);
-	}
-	tw_decoded_free(w->reg);
-	tw_decoded_free(w->beat);
+	tw_comm_abort(w->comm); /* a no-op once it ended */
+	tw_comm_release(w->comm);
+	msgpack_sbuffer_destroy(&w->ident);
+	msgpack_sbuffer_destroy(&w->metrics);
 	free(w->address);
 	free(w);
 }
@@ -217,25 +337,14 @@ void workers_check_ttl(void)
 		if (now - w->last_seen > S.worker_ttl) {
 			snprintf(why, sizeof(why), "no heartbeat for %.1f s (worker TTL %g s)",
 				 now - w->last_seen, S.worker_ttl);
-			worker_remove(w, why);
+			worker_remove(w, TW_ETIMEDOUT, why);
 		}
 	}
 }
 
-/* A value of the worker's register (or heartbeat) message, or nil. */
-static void pack_field(tw_builder *b, const tw_decoded *d, const char *key)
-{
-	const msgpack_object *o = d ? tw_map_get(tw_decoded_root(d), key) : NULL;
-	if (o == NULL || tw_builder_pack_object(b, d, o) != 0)
-		msgpack_pack_nil(tw_builder_packer(b));
-}
-
 /* Dask's WorkerState.identity(). */
-static void pack_worker_identity(tw_builder *b, const struct worker *w)
+static void pack_worker_identity(msgpack_packer *pk, const struct worker *w)
 {
-	msgpack_packer *pk = tw_builder_packer(b);
-	const msgpack_object *extra = tw_map_get(tw_decoded_root(w->reg), "extra");
-	uint32_t nextra = extra && extra->type == MSGPACK_OBJECT_MAP ? extra->via.map.size : 0;
 	const char *host = strstr(w->address, "://");
 	const char *end;
 	host = host ? host + 3 : w->address;
@@ -243,47 +352,34 @@ static void pack_worker_identity(tw_builder *b, const struct worker *w)
 		end = host + strlen(host);
 	if (*host == '[' && end > host + 1 && end[-1] == ']') /* [::1]:port */
 		host++, end--;
-	msgpack_pack_map(pk, 13 + nextra);
+	msgpack_pack_map(pk, 7 + w->nident);
 	tw_pack_str(pk, "type");
 	tw_pack_str(pk, "Worker");
 	tw_pack_str(pk, "id");
-	pack_field(b, w->reg, "name");
+	/* the name's value: the first pair kept, after its key "name" */
+	pk->callback(pk->data, w->ident.data + 5, w->name_end - 5);
 	tw_pack_str(pk, "host");
-	msgpack_pack_str(pk, (size_t)(end - host));
-	msgpack_pack_str_body(pk, host, (size_t)(end - host));
-	tw_pack_str(pk, "resources");
-	pack_field(b, w->reg, "resources");
-	tw_pack_str(pk, "local_directory");
-	pack_field(b, w->reg, "local_directory");
-	tw_pack_str(pk, "name");
-	pack_field(b, w->reg, "name");
+	pack_strn(pk, host, (size_t)(end - host));
 	tw_pack_str(pk, "nthreads");
 	msgpack_pack_int64(pk, w->nthreads);
-	tw_pack_str(pk, "memory_limit");
-	pack_field(b, w->reg, "memory_limit");
 	tw_pack_str(pk, "last_seen");
 	msgpack_pack_double(pk, now_wall() - (now_mono() - w->last_seen));
-	tw_pack_str(pk, "services");
-	pack_field(b, w->reg, "services");
 	tw_pack_str(pk, "metrics");
-	pack_field(b, w->beat ? w->beat : w->reg, "metrics");
+	if (w->metrics.size > 0)
+		pk->callback(pk->data, w->metrics.data, w->metrics.size);
+	else
+		msgpack_pack_nil(pk);
 	tw_pack_str(pk, "status");
 	tw_pack_str(pk, w->status);
-	tw_pack_str(pk, "nanny");
-	pack_field(b, w->reg, "nanny");
-	for (uint32_t i = 0; i < nextra; i++) {
-		msgpack_pack_object(pk, extra->via.map.ptr[i].key);
-		if (tw_builder_pack_object(b, w->reg, &extra->via.map.ptr[i].val) != 0)
-			msgpack_pack_nil(pk);
-	}
+	pk->callback(pk->data, w->ident.data, w->ident.size);
 }
 
 /* Dask's Scheduler.identity(): what client.scheduler_info() shows. */
-int op_identity(struct conn *c)
+void op_identity(tw_request *r, void *arg)
 {
-	tw_builder *b = builder_new();
-	msgpack_packer *pk = tw_builder_packer(b);
+	msgpack_packer *pk = reply_packer(r);
 	char id[64];
+	(void)arg;
 	snprintf(id, sizeof(id), "tw-mini-scheduler-%ld", (long)getpid());
 	msgpack_pack_map(pk, 6);
 	tw_pack_str(pk, "type");
@@ -300,8 +396,7 @@ int op_identity(struct conn *c)
 	msgpack_pack_map(pk, (uint32_t)S.nworkers);
 	for (struct worker *w = S.workers; w != NULL; w = w->next) {
 		tw_pack_str(pk, w->address);
-		pack_worker_identity(b, w);
+		pack_worker_identity(pk, w);
 	}
-	reply_send(c, b);
-	return 0;
+	reply_send(r);
 }

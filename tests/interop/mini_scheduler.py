@@ -7,13 +7,14 @@ Starts tw-mini-scheduler, 4 `dask worker` processes and a distributed.Client,
 and asserts: scheduler_info lists the 4 workers; scatter + gather of numpy
 arrays come back byte-identical; who_has and ncores; 100,000 small keys;
 a SIGKILLed worker leaves and a gather of its keys fails (CancelledError)
-instead of hanging; a SIGSTOPped worker is removed at the worker TTL, and
+instead of hanging; scatter with broadcast=True and with direct=True; a
+SIGSTOPped worker is removed at the worker TTL, and
 a gather of its keys started while it is stopped fails then.
 
-The SIGSTOP case runs on a second scheduler with a short TTL (2 s) and 2
-workers of its own, started alongside the first: a worker busy storing
-25,000 keys sends no heartbeat for seconds, so the first scheduler keeps
-Dask's long default TTL. Waits are on progress (poll until...), each with a generous hang guard; the
+The SIGSTOP case runs on a second scheduler with a short TTL (5 s) and 2
+workers of its own, started after the first cluster's rounds: a worker busy
+storing 25,000 keys (or starved of CPU by them) sends no heartbeat for
+seconds, so the first scheduler keeps Dask's long default TTL. Waits are on progress (poll until...), each with a generous hang guard; the
 times it measures are printed, not asserted. Every process it starts is
 killed on the way out, on failure too.
 """
@@ -29,7 +30,7 @@ PY = "/usr/bin/python3"
 # status must be 0 after SIGTERM.
 NKEYS = int(os.environ.get("TW_MINI_KEYS", "100000"))
 WRAP = os.environ.get("TW_MINI_WRAP", "").split()
-TTL = 2.0  # --worker-ttl of the SIGSTOP cluster
+TTL = 5.0  # --worker-ttl of the SIGSTOP cluster
 GUARD = 60.0  # hang guard for any one wait
 
 procs = []
@@ -125,7 +126,6 @@ def main():
     certs = sys.argv[3] if len(sys.argv) > 3 else None
     addr, workers, security = start_cluster(binary, transport, certs, 300,
                                             ["w0", "w1", "w2", "w3"])
-    addr2, workers2, _ = start_cluster(binary, transport, certs, TTL, ["s0", "s1"])
 
     import numpy as np
     from distributed import Client
@@ -190,9 +190,33 @@ def main():
 
     client.close()
 
-    # 5. SIGSTOP: removed at the TTL; a gather waiting on it fails then
+    # 5. SIGSTOP: removed at the TTL; a gather waiting on it fails then.
+    # Its cluster starts now, when the first is idle: with a short TTL, a
+    # worker starved of CPU by the 100,000-key round (load 50 on 2 CPUs)
+    # missed its heartbeats for 2 s and was removed before the test began.
+    addr2, workers2, _ = start_cluster(binary, transport, certs, TTL, ["s0", "s1"])
     client = Client(addr2, security=security, timeout=GUARD)
     by_name = running_workers(client, 2)
+    # broadcast: every worker holds every key (Dask: scatter, then replicate)
+    b = client.scatter([b"x" * 100, b"y" * 100], broadcast=True, hash=False)
+    who = client.who_has(b)
+    assert all(sorted(v) == sorted(by_name.values()) for v in who.values()), who
+    assert client.gather(b) == [b"x" * 100, b"y" * 100]
+    # direct: the client calls update_data on workers itself, then tells the
+    # scheduler (its update_data op); the scheduler gathers them all the same
+    d = client.scatter(list(range(10)), direct=True, hash=False)
+    who = client.who_has(d)
+    assert all(len(v) == 1 for v in who.values()) and len(who) == 10, who
+    assert client.gather(d, direct=False) == list(range(10))
+    # workers= by name, and (tcp) by host:port without the scheme, as Dask's
+    # coerce_address reads them
+    n = client.scatter([b"named"], workers=["s1"], hash=False)
+    assert list(client.who_has(n).values()) == [(by_name["s1"],)], client.who_has(n)
+    if transport == "tcp":
+        h = client.scatter([b"hostport"], workers=[by_name["s1"][6:]], hash=False)
+        assert list(client.who_has(h).values()) == [(by_name["s1"],)], client.who_has(h)
+    del b, d, n
+    print("broadcast, direct, by name and by host:port scatter: ok", flush=True)
     futures = client.scatter(arrays[:4])
     who = client.who_has(futures)
     victim = by_name["s0"]

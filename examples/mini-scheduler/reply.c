@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Small helpers for the ops: replies to requests (tw_server's deferred
+ * or immediate reply), requests to workers, stream messages. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "examples/mini-scheduler/sched.h"
+
+static void out_of_memory(void)
+{
+	fputs("tw-mini-scheduler: out of memory\n", stderr);
+	exit(1);
+}
+
+tw_builder *reply_builder(tw_request *r)
+{
+	tw_builder *b = tw_request_reply_builder(r);
+	if (b == NULL)
+		out_of_memory();
+	return b;
+}
+
+msgpack_packer *reply_packer(tw_request *r)
+{
+	return tw_builder_packer(reply_builder(r));
+}
+
+void reply_send(tw_request *r)
+{
+	int rv = tw_request_reply(r);
+	if (rv != 0 && rv != TW_ECLOSED) /* ECLOSED: the requester left */
+		say("reply not sent: %s\n", tw_strerror(rv));
+}
+
+void reply_error(tw_request *r, const char *text)
+{
+	int rv = tw_request_reply_error(r, text, "");
+	if (rv != 0 && rv != TW_ECLOSED)
+		say("error reply not sent: %s\n", tw_strerror(rv));
+}
+
+tw_builder *builder_new(void)
+{
+	tw_builder *b;
+	if (tw_builder_new(NULL, &b) != 0)
+		out_of_memory();
+	return b;
+}
+
+tw_msg *builder_done(tw_builder *b)
+{
+	tw_msg *m;
+	if (tw_builder_finish(b, &m) != 0)
+		out_of_memory();
+	tw_builder_free(b);
+	return m;
+}
+
+void stream_send(tw_batched *out, const msgpack_sbuffer *sb)
+{
+	int rv = tw_batched_send(out, sb->data, sb->size);
+	/* TW_EAGAIN: one map is always taken, and the scheduler sends few. */
+	if (rv != 0 && rv != TW_ECLOSED)
+		say("stream message not sent: %s\n", tw_strerror(rv));
+}
+
+int obj_str(const msgpack_object *o, const char **s, size_t *n)
+{
+	if (o == NULL)
+		return -1;
+	if (o->type == MSGPACK_OBJECT_STR) {
+		*s = o->via.str.ptr;
+		*n = o->via.str.size;
+		return 0;
+	}
+	if (o->type == MSGPACK_OBJECT_BIN) {
+		*s = o->via.bin.ptr;
+		*n = o->via.bin.size;
+		return 0;
+	}
+	return -1;
+}
+
+void pack_strn(msgpack_packer *pk, const char *s, size_t n)
+{
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
