@@ -184,8 +184,10 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	struct item *it;
 	uint64_t threshold = comm->ctx->offload_threshold;
 	uint64_t cost = tw__decode_cost(msg, threshold);
-	if (q->head == NULL && can_deliver(q) && cost < threshold)
-		return deliver_now(q, msg);
+	if (q->head == NULL && can_deliver(q) && cost < threshold) {
+		deliver_now(q, msg);
+		return;
+	}
 	if ((it = calloc(1, sizeof(*it))) == NULL) {
 		tw__comm_seterr(comm, "out of memory queueing a message");
 		tw__comm_end(comm, TW_ENOMEM);

@@ -160,8 +160,10 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 		rv = write_info(comm);
 	if (rv == 0 && (place = calloc(1, sizeof(*place))) == NULL)
 		rv = TW_ENOMEM;
-	if (rv != 0)
-		return finish(comm, h, rv, NULL, NULL);
+	if (rv != 0) {
+		finish(comm, h, rv, NULL, NULL);
+		return;
+	}
 	comm->compression = info.compression;
 	finish(comm, h, 0, &info, place);
 }

@@ -248,19 +248,25 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw_decoded_free(d);
 		return;
 	}
-	if (err != 0)
-		return drop(sc, err, detail);
-	if (sc->stream)
-		return stream_message(sc, d);
+	if (err != 0) {
+		drop(sc, err, detail);
+		return;
+	}
+	if (sc->stream) {
+		stream_message(sc, d);
+		return;
+	}
 	op = tw_map_get(tw_decoded_root(d), "op");
 	if (tw_decoded_root(d)->type != MSGPACK_OBJECT_MAP || op == NULL ||
 	    op->type != MSGPACK_OBJECT_STR) {
 		tw_decoded_free(d);
-		return drop(sc, TW_EPROTO, "request is not a map with a str `op`");
+		drop(sc, TW_EPROTO, "request is not a map with a str `op`");
+		return;
 	}
 	if ((rv = make_request(sc, d, op, &r)) != 0) {
 		tw_decoded_free(d);
-		return drop(sc, rv, "out of memory");
+		drop(sc, rv, "out of memory");
+		return;
 	}
 	/* compared as msgpack strs: "close\0x" is not "close" */
 	if (tw_obj_str_eq(op, "connection_stream")) {

@@ -333,8 +333,10 @@ void tw__comm_fail(tw_comm *c, int err)
 {
 	if (c->ended)
 		return;
-	if (c->ops->fail == NULL || c->ops->queued(c) == 0)
-		return tw__comm_end(c, err);
+	if (c->ops->fail == NULL || c->ops->queued(c) == 0) {
+		tw__comm_end(c, err);
+		return;
+	}
 	c->ops->fail(c, err);
 }
 
@@ -473,8 +475,10 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (c->ended || c->deadline_ms == 0)
 		return;
-	if (now < due) /* a message came meanwhile: sleep for the rest */
-		return arm_deadline(c, due - now);
+	if (now < due) { /* a message came meanwhile: sleep for the rest */
+		arm_deadline(c, due - now);
+		return;
+	}
 	tw__comm_seterr(c, "no message from %s within %u ms (the receive deadline)",
 			c->peer[0] != '\0' ? c->peer : "the peer", (unsigned)c->deadline_ms);
 	tw__comm_end(c, TW_ETIMEDOUT);

@@ -336,8 +336,10 @@ static void protocol_error(struct stream *s, int err)
 	/* Replies to the requests served before the bad input go out
 	 * first: the comm then closes as tw_comm_close does, reading no
 	 * more, and ends with err (design.md, Close). */
-	if (s->qn > 0)
-		return begin_close(s, err);
+	if (s->qn > 0) {
+		begin_close(s, err);
+		return;
+	}
 	tw__comm_end(&s->base, err);
 }
 
@@ -358,7 +360,8 @@ static void drain_input(struct stream *s)
 		/* reset with bytes of ours still on the way: they are lost */
 		int err = tw__io_err(errno);
 		tw__comm_seterr(&s->base, "read failed while closing: %s", io_error(s));
-		return tw__comm_end(&s->base, err);
+		tw__comm_end(&s->base, err);
+		return;
 	}
 	s->peer_eof = 1;
 	event_del(s->rev);
@@ -474,8 +477,10 @@ static void read_input(struct stream *s)
 			rv = tw__rx_replay(&s->rx);
 		} else {
 			int k = tw__rx_want(&s->rx, iov, IOV_BATCH);
-			if (k < 0)
-				return protocol_error(s, k);
+			if (k < 0) {
+				protocol_error(s, k);
+				return;
+			}
 			if ((k = within_budget(s, iov, k)) == 0)
 				return;
 			for (int i = 0; i < k; i++)
@@ -483,17 +488,23 @@ static void read_input(struct stream *s)
 			n = s->io->readv(s->io_arg, s->fd, iov, k);
 			if (n < 0 && errno == EINTR)
 				continue;
-			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-				return ran_dry(s);
-			if (n <= 0)
-				return read_ended(s, n);
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+				ran_dry(s);
+				return;
+			}
+			if (n <= 0) {
+				read_ended(s, n);
+				return;
+			}
 			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
 			budget = (size_t)n < budget ? budget - (size_t)n : 0;
 			s->rx_got += (uint64_t)n;
 			rv = tw__rx_advance(&s->rx, (size_t)n);
 		}
-		if (rv < 0)
-			return protocol_error(s, rv);
+		if (rv < 0) {
+			protocol_error(s, rv);
+			return;
+		}
 		if (rv == 1) {
 			tw_msg *m = tw__rx_take(&s->rx);
 			int alive;
@@ -508,13 +519,17 @@ static void read_input(struct stream *s)
 				return;
 		}
 		/* A head read along with the last message may already be bad. */
-		if ((rv = tw__rx_check_head(&s->rx)) < 0)
-			return protocol_error(s, rv);
+		if ((rv = tw__rx_check_head(&s->rx)) < 0) {
+			protocol_error(s, rv);
+			return;
+		}
 		/* A short read drained the socket: wait for epoll rather than
 		 * spend a read on EAGAIN (unless TLS holds decrypted bytes, or
 		 * messages were read ahead). */
-		if ((size_t)n < asked && !tw__rx_pending(&s->rx) && !io_more(s))
-			return ran_dry(s);
+		if ((size_t)n < asked && !tw__rx_pending(&s->rx) && !io_more(s)) {
+			ran_dry(s);
+			return;
+		}
 	}
 	read_again(s);
 }
@@ -544,8 +559,10 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 static void linger_check(struct stream *s, int peer_done)
 {
 	int r = tw__linger_due(&s->base, s->queued_bytes, s->closing == 2, peer_done);
-	if (r > 0)
-		return tw__comm_end(&s->base, s->fail_err);
+	if (r > 0) {
+		tw__comm_end(&s->base, s->fail_err);
+		return;
+	}
 	if (r < 0) {
 		tw__abort_fd(s->fd);
 		tw__comm_end(&s->base, s->fail_err != 0 ? s->fail_err : TW_ETIMEDOUT);
@@ -573,8 +590,10 @@ static void send_end(struct stream *s)
 	s->io->shutdown(s->io_arg, s->fd);
 	s->closing = 2;
 	s->base.linger.fin = 1;
-	if (s->peer_eof)
-		return try_finish(s);
+	if (s->peer_eof) {
+		try_finish(s);
+		return;
+	}
 	event_add(s->rev, NULL);
 }
 
@@ -637,8 +656,10 @@ static void s_close(tw_comm *c)
 static void s_fail(tw_comm *c, int err)
 {
 	struct stream *s = (struct stream *)c;
-	if (s->closing)
-		return tw__comm_end(c, err);
+	if (s->closing) {
+		tw__comm_end(c, err);
+		return;
+	}
 	begin_close(s, err);
 }
 

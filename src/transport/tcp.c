@@ -135,7 +135,7 @@ struct connect_req {
 	int orphan;                            /* freed: waits for its lookup's report */
 	struct evutil_addrinfo *ai, *next;     /* the addresses; the next to try */
 	tw__upgrade_fn upgrade;
-	void *up_arg;
+	tw__then_fn then; /* for upgrade: the layer above TLS (wss), or NULL */
 	tw_connect_cb cb;
 	void *arg;
 	struct tw__uri uri;
@@ -216,7 +216,7 @@ static void finish_connect(struct connect_req *r, int err)
 	if (err == 0) {
 		/* connected: not earlier, where it would also cut SYN retries */
 		set_tcp_timeout(r->fd, r->ctx->limits.tcp_timeout_ms);
-		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->up_arg, r->deadline_ms);
+		r->upgrade(r->ctx, r->fd, &r->uri, r->cb, r->arg, r->then, r->deadline_ms);
 		r->fd = -1;
 	} else {
 		say_failed(r, err);
@@ -247,7 +247,8 @@ static void try_next(struct connect_req *r)
 		if ((r->ev = event_new(r->ctx->base, r->fd, EV_WRITE, on_writable, r)) == NULL ||
 		    event_add(r->ev, NULL) != 0) {
 			end_attempt(r);
-			return finish_connect(r, TW_ENOMEM);
+			finish_connect(r, TW_ENOMEM);
+			return;
 		}
 		return;
 	}
@@ -261,8 +262,10 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	socklen_t sl = sizeof(soerr);
 	(void)fd;
 	(void)what;
-	if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
-		return finish_connect(r, 0);
+	if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) {
+		finish_connect(r, 0);
+		return;
+	}
 	attempt_failed(r, soerr != 0 ? soerr : errno);
 	end_attempt(r);
 	r->next = r->next->ai_next;
@@ -274,8 +277,10 @@ static void on_step(evutil_socket_t fd, short what, void *arg)
 	struct connect_req *r = arg;
 	(void)fd;
 	(void)what;
-	if (r->ai == NULL)
-		return finish_connect(r, r->err); /* the name did not resolve */
+	if (r->ai == NULL) {
+		finish_connect(r, r->err); /* the name did not resolve */
+		return;
+	}
 	try_next(r);
 }
 
@@ -341,11 +346,11 @@ static int start_resolve(struct connect_req *r)
 }
 
 static void plain_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			  void *arg, void *up_arg, uint64_t deadline_ms)
+			  void *arg, tw__then_fn then, uint64_t deadline_ms)
 {
 	tw_comm *c = NULL;
 	int err = tw__stream_new(ctx, fd, "tcp", &tw__tcp_io, NULL, &c);
-	(void)up_arg;
+	(void)then;
 	(void)deadline_ms;
 	if (err != 0) {
 		tw__ctx_seterr(ctx, "connect to %s:%u: %s", u->host, (unsigned)u->port,
@@ -361,7 +366,7 @@ static int tcp_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 }
 
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
-			 void *up_arg, tw_connect_cb cb, void *arg)
+			 tw__then_fn then, tw_connect_cb cb, void *arg)
 {
 	struct connect_req *r = calloc(1, sizeof(*r));
 	struct timeval tv;
@@ -371,7 +376,7 @@ int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_f
 	r->ctx = ctx;
 	r->fd = -1;
 	r->upgrade = upgrade;
-	r->up_arg = up_arg;
+	r->then = then;
 	r->cb = cb;
 	r->arg = arg;
 	r->uri = *u;

@@ -341,11 +341,14 @@ static void hs_step(evutil_socket_t fd, short what, void *arg)
 			 (unsigned)(h->by_connect ? h->ctx->limits.connect_timeout_ms
 						  : h->timeout_ms),
 			 h->by_connect ? "connect timeout" : "TLS handshake timeout");
-		return hs_report(h, TW_ETIMEDOUT, why);
+		hs_report(h, TW_ETIMEDOUT, why);
+		return;
 	}
 	io_begin();
-	if ((r = SSL_do_handshake(h->ssl)) == 1)
-		return hs_done(h);
+	if ((r = SSL_do_handshake(h->ssl)) == 1) {
+		hs_done(h);
+		return;
+	}
 	e = SSL_get_error(h->ssl, r);
 	if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
 		event_del(h->ev);
@@ -423,7 +426,7 @@ static const tw_tls_config *current_config(tw_context *ctx, int server)
 }
 
 static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			void *arg, void *then, uint64_t deadline_ms)
+			void *arg, tw__then_fn then, uint64_t deadline_ms)
 {
 	const tw_tls_config *cfg = current_config(ctx, 0);
 	struct handshake *h;
@@ -437,7 +440,7 @@ static void tls_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_con
 	}
 	h->cb = cb;
 	h->arg = arg;
-	h->then = (tw__then_fn)then;
+	h->then = then;
 	h->uri = *u;
 	SSL_set_connect_state(h->ssl);
 	set_peer_name(h->ssl, cfg, u->host);
@@ -489,7 +492,7 @@ int tw__tls_connect_then(tw_context *ctx, const struct tw__uri *u, tw__then_fn t
 {
 	if (ctx->tls == NULL)
 		return no_config(ctx, u);
-	return tw__tcp_connect_with(ctx, u, tls_upgrade, (void *)then, cb, arg);
+	return tw__tcp_connect_with(ctx, u, tls_upgrade, then, cb, arg);
 }
 
 /* A freed listener must not be reached by the handshakes it started:

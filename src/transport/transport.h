@@ -330,9 +330,11 @@ void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_liste
  * directly); `host` is the URI's host, for TLS names. The connect timeout
  * covers every stage until the comm is usable: `deadline_ms` (tw__mono_ms)
  * is when it runs out, and the TLS handshake and ws upgrade end there if
- * their own clocks would end later (then: 0 on the accepting side). */
+ * their own clocks would end later (then: 0 on the accepting side).
+ * `then` goes to `upgrade` as it is: the step after TLS for wss, NULL
+ * otherwise (a function pointer, since ISO C converts none to void *). */
 typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			       void *arg, void *up_arg, uint64_t deadline_ms);
+			       void *arg, tw__then_fn then, uint64_t deadline_ms);
 /* The milliseconds left until deadline_ms (0 if past), capped at own_ms;
  * *by_connect set when the connect's deadline is the sooner bound. */
 uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect);
@@ -342,7 +344,7 @@ uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect);
  * (its callback has run). Loop thread. */
 void tw__connect_cancel(tw_context *ctx, void *arg);
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
-			 void *up_arg, tw_connect_cb cb, void *arg);
+			 tw__then_fn then, tw_connect_cb cb, void *arg);
 /* TLS underneath ws: after the TLS handshake, `then` continues on the TLS
  * io (the connect or accept is reported by it, not by tls.c). */
 int tw__tls_connect_then(tw_context *ctx, const struct tw__uri *u, tw__then_fn then,

@@ -374,8 +374,10 @@ static void write_failed(struct ws *w)
 	}
 	/* The peer closed first: its close code, not the failed write (or
 	 * the echo of its close), says why the comm ended (section 7.1.5). */
-	if (w->close_rcvd)
-		return end_after_close(w);
+	if (w->close_rcvd) {
+		end_after_close(w);
+		return;
+	}
 	tw__comm_end(&w->base, w->write_err);
 }
 
@@ -403,14 +405,20 @@ static void flush(struct ws *w)
 		ssize_t n;
 		if (w->ctrl_len > 0 && at_boundary(w)) {
 			int r = write_ctrl(w);
-			if (r < 0)
-				return write_failed(w);
+			if (r < 0) {
+				write_failed(w);
+				return;
+			}
 			if (r > 0)
 				goto wait;
-			if (w->close_sent && w->close_rcvd)
-				return end_after_close(w);
-			if (w->failing && w->close_sent && w->ctrl_len == 0)
-				return fail_sent(w);
+			if (w->close_sent && w->close_rcvd) {
+				end_after_close(w);
+				return;
+			}
+			if (w->failing && w->close_sent && w->ctrl_len == 0) {
+				fail_sent(w);
+				return;
+			}
 			continue;
 		}
 		if (w->qn == 0)
@@ -423,8 +431,10 @@ static void flush(struct ws *w)
 		w->data_owed = write_held(w);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			goto wait;
-		if (n < 0)
-			return write_failed(w);
+		if (n < 0) {
+			write_failed(w);
+			return;
+		}
 		if (w->client)
 			w->scratch_sent += (size_t)n;
 		consume(w, (uint64_t)n);
@@ -461,8 +471,10 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	struct ws *w = arg;
 	(void)fd;
 	(void)what;
-	if (w->state == WS_UPGRADE)
-		return upgrade_write(w);
+	if (w->state == WS_UPGRADE) {
+		upgrade_write(w);
+		return;
+	}
 	flush(w);
 }
 
@@ -597,8 +609,10 @@ static void fail_after_replies(struct ws *w, int err, unsigned code, const char 
 static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
 {
 	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
-	if (w->qn > 0 && w->state == WS_OPEN && !w->close_sent)
-		return fail_after_replies(w, err, code, why);
+	if (w->qn > 0 && w->state == WS_OPEN && !w->close_sent) {
+		fail_after_replies(w, err, code, why);
+		return;
+	}
 	send_close_now(w, code, why);
 	tw__comm_end(&w->base, err);
 }
@@ -839,15 +853,20 @@ static uint8_t *payload_dst(struct ws *w)
 static void peer_gone(struct ws *w, ssize_t n)
 {
 	int err = tw__io_err(errno);
-	if (w->close_rcvd || w->state == WS_CLOSING)
-		return end_after_close(w);
-	if (w->write_err != 0) /* read_rest: write_failed said why */
-		return tw__comm_end(&w->base, w->write_err);
+	if (w->close_rcvd || w->state == WS_CLOSING) {
+		end_after_close(w);
+		return;
+	}
+	if (w->write_err != 0) { /* read_rest: write_failed said why */
+		tw__comm_end(&w->base, w->write_err);
+		return;
+	}
 	if (n == 0 && w->msg == NULL && w->count_have == 0) {
 		tw__comm_seterr(
 			&w->base,
 			"peer closed the connection between messages, without a close frame");
-		return tw__comm_end(&w->base, 0);
+		tw__comm_end(&w->base, 0);
+		return;
 	}
 	if (n == 0) {
 		/* what arrived: frames complete, and the bytes of the one in
@@ -860,7 +879,8 @@ static void peer_gone(struct ws *w, ssize_t n)
 				(unsigned long long)got,
 				w->msg != NULL ? tw_msg_nframes(w->msg) : 0,
 				(unsigned long long)w->nframes);
-		return tw__comm_end(&w->base, TW_ETRUNCATED);
+		tw__comm_end(&w->base, TW_ETRUNCATED);
+		return;
 	}
 	tw__comm_seterr(&w->base, "read failed: %s", io_error(w));
 	tw__comm_end(&w->base, err);
@@ -986,8 +1006,10 @@ static void linger_check(struct ws *w)
 {
 	int r = tw__linger_due(&w->base, w->queued_bytes, w->close_sent && w->ctrl_len == 0,
 			       w->close_rcvd || w->failing);
-	if (r > 0)
-		return end_after_close(w);
+	if (r > 0) {
+		end_after_close(w);
+		return;
+	}
 	if (r < 0) {
 		tw__abort_fd(w->fd);
 		w->state = WS_DONE;
@@ -1029,8 +1051,10 @@ static void read_failing(struct ws *w)
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return;
 	event_del(w->rev);
-	if (n < 0 && (w->queued_bytes > 0 || tw__unacked_bytes(w->fd, w->base.linger.fin) > 0))
-		return tw__comm_end(&w->base, w->err_after_close);
+	if (n < 0 && (w->queued_bytes > 0 || tw__unacked_bytes(w->fd, w->base.linger.fin) > 0)) {
+		tw__comm_end(&w->base, w->err_after_close);
+		return;
+	}
 	if (w->close_sent && w->ctrl_len == 0)
 		linger_check(w);
 }
@@ -1063,14 +1087,17 @@ static void read_closing(struct ws *w)
 			event_del(w->rev);
 			return;
 		} else {
-			return end_after_close(w);
+			end_after_close(w);
+			return;
 		}
-		if (rv == 1 && ev.type == TW__WS_EV_CLOSE)
-			return got_close(w, &ev);
+		if (rv == 1 && ev.type == TW__WS_EV_CLOSE) {
+			got_close(w, &ev);
+			return;
+		}
 		if (rv < 0) {
 			w->close_rcvd = 1;
 			if (w->ctrl_len == 0)
-				return end_after_close(w);
+				end_after_close(w);
 			return;
 		}
 		if ((budget -= budget < (size_t)n ? budget : (size_t)n) == 0)
@@ -1087,12 +1114,18 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	struct ws *w = arg;
 	(void)fd;
 	(void)what;
-	if (w->state == WS_UPGRADE)
-		return upgrade_read(w);
-	if (w->failing)
-		return read_failing(w);
-	if (w->state == WS_CLOSING)
-		return read_closing(w);
+	if (w->state == WS_UPGRADE) {
+		upgrade_read(w);
+		return;
+	}
+	if (w->failing) {
+		read_failing(w);
+		return;
+	}
+	if (w->state == WS_CLOSING) {
+		read_closing(w);
+		return;
+	}
 	if (!w->reading) {
 		event_del(w->rev);
 		return;
@@ -1140,8 +1173,10 @@ static void w_close(tw_comm *c)
 static void w_fail(tw_comm *c, int err)
 {
 	struct ws *w = (struct ws *)c;
-	if (w->state != WS_OPEN || w->close_sent)
-		return tw__comm_end(c, err);
+	if (w->state != WS_OPEN || w->close_sent) {
+		tw__comm_end(c, err);
+		return;
+	}
 	fail_after_replies(w, err, TW__WS_CLOSE_POLICY, "bad request");
 }
 
@@ -1251,13 +1286,17 @@ static void upgrade_write(struct ws *w)
 			event_add(w->wev, NULL); /* rare: a 300-byte write on a fresh socket */
 			return;
 		}
-		if (n < 0)
-			return upgrade_failed(w, TW_EIO, io_error(w));
+		if (n < 0) {
+			upgrade_failed(w, TW_EIO, io_error(w));
+			return;
+		}
 		w->hs_sent += (size_t)n;
 	}
 	event_del(w->wev);
-	if (w->refuse)
-		return upgrade_failed(w, TW_EPROTO, tw__ws_req_error(&w->req));
+	if (w->refuse) {
+		upgrade_failed(w, TW_EPROTO, tw__ws_req_error(&w->req));
+		return;
+	}
 	if (!w->client)
 		upgrade_done(w);
 }
@@ -1406,9 +1445,10 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	w->base.node.connect_arg = arg; /* tw__connect_cancel finds it */
 	if ((rv = tw__ws_client_init(&w->hs, 0, 0)) != 0 ||
 	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, sizeof(w->hs_out))) <
-		    0)
-		return upgrade_failed(w, rv != 0 ? rv : TW_EADDR,
-				      "cannot build the upgrade request");
+		    0) {
+		upgrade_failed(w, rv != 0 ? rv : TW_EADDR, "cannot build the upgrade request");
+		return;
+	}
 	w->hs_len = (size_t)len;
 	event_add(w->rev, NULL);
 	upgrade_write(w);
@@ -1435,9 +1475,9 @@ static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 }
 
 static void plain_client(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,
-			 void *arg, void *up_arg, uint64_t deadline_ms)
+			 void *arg, tw__then_fn then, uint64_t deadline_ms)
 {
-	(void)up_arg;
+	(void)then;
 	client_then(ctx, fd, &tw__tcp_io, NULL, u, cb, arg, NULL, deadline_ms, NULL);
 }
 
