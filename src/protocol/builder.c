@@ -13,6 +13,7 @@
 #include "core/stats.h"
 #include "protocol/builder.h"
 #include "protocol/compress.h"
+#include "protocol/decode.h"
 
 /* pickle.dumps(bytes, protocol=5): how Python names the `bytes` type in
  * "type-serialized" (DESIGN.md, Messages). */
@@ -184,12 +185,8 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 
 static int skip_key(const msgpack_object *k)
 {
-	static const char *const keys[] = {"num-sub-frames", "compression", "split-num-sub-frames",
-					   "split-offsets"};
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-		if (tw_obj_str_eq(k, keys[i]))
-			return 1;
-	return 0;
+	return TW__STR_IS(k, "num-sub-frames") || TW__STR_IS(k, "compression") ||
+	       TW__STR_IS(k, "split-num-sub-frames") || TW__STR_IS(k, "split-offsets");
 }
 
 /* Frame i of a re-packed group, compressed when the builder says so;

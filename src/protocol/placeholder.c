@@ -4,11 +4,11 @@
 
 #include <taskwire/error.h>
 
+#include "protocol/decode.h"
 #include "protocol/placeholder.h"
 
 int tw__walk_placeholders(const msgpack_object *o, tw__holder_fn fn, void *arg, const char **why)
 {
-	static const char *const keys[] = {"__Serialized__", "__Pickled__"};
 	int rv;
 	if (o->type == MSGPACK_OBJECT_ARRAY) {
 		for (uint32_t i = 0; i < o->via.array.size; i++)
@@ -23,9 +23,10 @@ int tw__walk_placeholders(const msgpack_object *o, tw__holder_fn fn, void *arg, 
 	const msgpack_object *vals[2] = {NULL, NULL};
 	for (uint32_t i = 0; i < o->via.map.size; i++) {
 		const msgpack_object *k = &o->via.map.ptr[i].key;
-		for (int kind = 0; kind < 2; kind++)
-			if (tw_obj_str_eq(k, keys[kind]))
-				vals[kind] = &o->via.map.ptr[i].val;
+		if (TW__STR_IS(k, "__Serialized__"))
+			vals[0] = &o->via.map.ptr[i].val;
+		else if (TW__STR_IS(k, "__Pickled__"))
+			vals[1] = &o->via.map.ptr[i].val;
 	}
 	for (int kind = 0; kind < 2; kind++) {
 		const msgpack_object *v = vals[kind];
