@@ -198,7 +198,7 @@ static int run_client(const char *uri, int ncomms, double seconds, int depth, lo
 	size_t hello_len = wire(hello, HELLO, sizeof(HELLO));
 	int ep = epoll_create1(EPOLL_CLOEXEC), ready = 0;
 	long long counted = 0;
-	double t0 = 0, t1 = 0, s0 = 0, c0 = 0, warm, end;
+	double t0 = 0, t1 = 0, s0 = 0, c0 = 0, warm, end, giveup;
 	int measuring = 0;
 	if (conns == NULL || burst == NULL || ep < 0 || parse_uri(uri, &sa) != 0) {
 		fprintf(stderr, "loops-bench: bad URI or no memory\n");
@@ -218,6 +218,7 @@ static int run_client(const char *uri, int ncomms, double seconds, int depth, lo
 	}
 	warm = now() + 1e9; /* set once every comm is up */
 	end = warm;
+	giveup = now() + 60; /* every handshake by then */
 	for (;;) {
 		int n = epoll_wait(ep, evs, 256, 1000);
 		double t;
@@ -256,6 +257,11 @@ static int run_client(const char *uri, int ncomms, double seconds, int depth, lo
 				send_all(c->fd, burst, (size_t)again * req_len);
 		}
 		t = now();
+		if (ready < ncomms && t >= giveup) {
+			fprintf(stderr, "loops-bench: %d of %d comms did their handshake\n", ready,
+				ncomms);
+			return 1;
+		}
 		if (!measuring && t >= warm) {
 			measuring = 1;
 			t0 = t;

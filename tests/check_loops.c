@@ -137,6 +137,7 @@ START_TEST(loop_threads_rules)
 {
 	tw_context *ctx, *one;
 	tw_listener *l;
+	tw_server *srv;
 	ck_assert_int_eq(tw_context_new(NULL, &ctx), 0);
 	ck_assert_uint_eq(tw_context_loop_count(ctx), 1);
 	ck_assert_ptr_eq(tw_context_loop(ctx, 0), ctx);
@@ -164,6 +165,13 @@ START_TEST(loop_threads_rules)
 	ck_assert_int_eq(tw_context_new(NULL, &one), 0);
 	ck_assert_int_eq(tw_listen(one, "tcp://127.0.0.1:0", accept_free, NULL, &l), 0);
 	ck_assert_int_eq(tw_context_set_loop_threads(one, 2), TW_EINVAL);
+	tw_context_free(one);
+	/* a server made before the loops has no place for their comms */
+	ck_assert_int_eq(tw_context_new(NULL, &one), 0);
+	ck_assert_int_eq(tw_server_new(one, &srv), 0);
+	ck_assert_int_eq(tw_context_set_loop_threads(one, 2), 0);
+	ck_assert_int_eq(tw_server_listen(srv, "tcp://127.0.0.1:0"), TW_EINVAL);
+	tw_server_free(srv);
 	tw_context_free(one);
 }
 END_TEST

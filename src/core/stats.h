@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Internal counters. Every field is an atomic because the loop thread,
  * offload workers and application threads (dropping block references)
- * update them concurrently; relaxed order is enough for counters. */
+ * update a comm's concurrently, and tw_stats_global reads every
+ * thread's; relaxed order is enough for counters. */
 #ifndef TW_CORE_STATS_H
 #define TW_CORE_STATS_H
 
@@ -19,7 +20,17 @@ struct tw__stats {
 	_Atomic uint64_t write_bytes_gathered;
 };
 
-extern struct tw__stats tw__global_stats;
+/* The process-wide counters are one shard per thread (core/stats.c),
+ * summed by tw_stats_global: tw__global_stats is this thread's shard, so
+ * loops on several cores never add to the same cache line. */
+extern _Thread_local struct tw__stats *tw__stats_mine __attribute__((tls_model("initial-exec")));
+struct tw__stats *tw__stats_first(void);
+static inline struct tw__stats *tw__stats_shard(void)
+{
+	struct tw__stats *s = tw__stats_mine;
+	return s != NULL ? s : tw__stats_first();
+}
+#define tw__global_stats (*tw__stats_shard())
 
 #define TW__ADD(st, field, n) atomic_fetch_add_explicit(&(st)->field, (n), memory_order_relaxed)
 #define TW__SUB(st, field, n) atomic_fetch_sub_explicit(&(st)->field, (n), memory_order_relaxed)

@@ -355,8 +355,8 @@ int tw_server_listen(tw_server *s, const char *uri)
 {
 	tw_listener **ls, *l;
 	int rv;
-	if (s == NULL)
-		return TW_EINVAL;
+	if (s == NULL || tw_context_loop_count(s->ctx) != s->nshards)
+		return TW_EINVAL; /* loops set after tw_server_new: no shard for them */
 	if ((ls = realloc(s->ls, (s->nls + 1) * sizeof(*ls))) == NULL)
 		return TW_ENOMEM;
 	s->ls = ls;
@@ -415,8 +415,11 @@ static void server_destroy(tw_server *s)
 {
 	for (size_t i = 0; i < s->nls; i++)
 		tw_listener_free(s->ls[i]);
-	for (unsigned i = s->nshards; i-- > 0;)
-		tw__ctx_run_wait(tw_context_loop(s->ctx, i), shard_free, &s->shards[i]);
+	if (s->nshards == 1) /* one loop: this thread's, as before loops */
+		shard_free(&s->shards[0]);
+	else
+		for (unsigned i = s->nshards; i-- > 0;)
+			tw__ctx_run_wait(tw_context_loop(s->ctx, i), shard_free, &s->shards[i]);
 	tw__optable_fini(&s->ops);
 	tw__optable_fini(&s->sops.t);
 	free(s->shards);
