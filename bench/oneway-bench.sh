@@ -10,7 +10,9 @@
 # shared machine hits them all; the table gives each peer's median round
 # and its ratio to ZeroMQ's median in the same run. NNG sends a twentieth
 # of COUNT (it is about 100 times slower). --hwm sets the taskwire sender's
-# write high-water mark (default the library's, 64 MiB).
+# write high-water mark (default the library's, 64 MiB). Last, tw-fill: how
+# many messages of each size the mark lets a peer that does not read hold,
+# and what they cost in RSS.
 set -euo pipefail
 build=${1:?build dir}
 shift
@@ -62,3 +64,6 @@ for tag in pinned unpinned; do
 		done
 	done
 done
+echo
+echo "== what a queued message costs: taskwire queues messages to a peer that does not read until the write high-water mark (${hwm:-64 MiB}) refuses one"
+for s in $sizes; do "$ow" tw-fill "$s" 2 $hwm; done

@@ -16,6 +16,10 @@
  *   nng         NNG push0/pull0
  *   tcp         raw blocking sockets, 8-byte length then the bytes: one
  *               write per message, two reads (length, then body)
+ *   tw-fill     no stream: the sender queues messages of SIZE bytes until
+ *               the high-water mark refuses one, to a peer that does not
+ *               read, and prints how many it took and how its RSS grew
+ *               (what a queued message costs; COUNT is not used)
  * HWM: the taskwire sender's write high-water mark in bytes (default: the
  * library's, 64 MiB).
  *
@@ -100,7 +104,7 @@ struct tw_side {
 	tw_comm *comm;
 	tw_batched *batched;
 	struct event *more, *quit;
-	int batched_mode;
+	int batched_mode, fill_mode;
 	long sent;
 	char *data;
 	size_t packed_len;
@@ -150,8 +154,12 @@ static void tw_closed(tw_comm *comm, int err, void *arg)
 static void tw_recv_hs(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
 {
 	(void)info;
-	if (err != 0 || tw_comm_set_callbacks(comm, tw_recv, tw_closed, NULL, arg) != 0)
+	if (((struct tw_side *)arg)->fill_mode)
+		return; /* never read: the sender's queue fills (and it may go first) */
+	if (err != 0)
 		die("receiver handshake");
+	if (tw_comm_set_callbacks(comm, tw_recv, tw_closed, NULL, arg) != 0)
+		die("receiver callbacks");
 }
 
 static void tw_accepted(tw_listener *l, tw_comm *comm, void *arg)
@@ -252,10 +260,38 @@ static char *packed_map(size_t *len)
 	return sb.data;
 }
 
+/* Queue messages until the mark refuses one, without running the loop
+ * (nothing is written meanwhile); say what that cost. */
+static void tw_fill(struct tw_side *t)
+{
+	uint64_t rss0 = tw_ex_rss(), rss1;
+	long n = 0;
+	for (;;) {
+		tw_msg *m;
+		if (tw_msg_new(&m) != 0 || tw_msg_append_copy(m, t->data, size) != 0)
+			die("message");
+		if (tw_comm_write(t->comm, m) != 0) {
+			tw_msg_free(m);
+			break;
+		}
+		n++;
+	}
+	rss1 = tw_ex_rss();
+	printf("tw-fill %zu B: %ld messages queued at a %llu-byte mark, %llu bytes of them; RSS "
+	       "grew %.1f MB, %.0f B per message\n",
+	       size, n, (unsigned long long)(hwm ? hwm : 64 << 20),
+	       (unsigned long long)tw_comm_queued_bytes(t->comm), (double)(rss1 - rss0) / 1e6,
+	       (double)(rss1 - rss0) / (double)n);
+	fflush(stdout);
+	_exit(0);
+}
+
 static void tw_send_hs(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
 {
 	struct tw_side *t = arg;
 	(void)info;
+	if (t->fill_mode && err == 0)
+		tw_fill(t);
 	if (err != 0 || tw_comm_set_callbacks(comm, tw_ignore, tw_send_closed,
 					      t->batched_mode ? NULL : tw_drained, t) != 0)
 		die("sender handshake");
@@ -284,11 +320,12 @@ static void tw_quit(evutil_socket_t fd, short what, void *arg)
 	event_base_loopbreak(((struct tw_side *)arg)->base);
 }
 
-static void tw_sender(const char *addr, int batched_mode, int done_fd)
+static void tw_sender(const char *addr, int batched_mode, int fill_mode, int done_fd)
 {
 	struct tw_side t;
 	memset(&t, 0, sizeof(t));
 	t.batched_mode = batched_mode;
+	t.fill_mode = fill_mode;
 	t.base = event_base_new();
 	t.data = batched_mode ? packed_map(&t.packed_len) : payload();
 	if (t.base == NULL || tw_context_new(t.base, &t.ctx) != 0)
@@ -305,13 +342,14 @@ static void tw_sender(const char *addr, int batched_mode, int done_fd)
 	_exit(0);
 }
 
-static void tw_receiver(int batched_mode, int addr_fd)
+static void tw_receiver(int batched_mode, int fill_fd, int addr_fd)
 {
 	struct tw_side t;
 	tw_listener *l;
 	char addr[128];
 	memset(&t, 0, sizeof(t));
 	t.batched_mode = batched_mode;
+	t.fill_mode = fill_fd >= 0;
 	t.base = event_base_new();
 	if (t.base == NULL || tw_context_new(t.base, &t.ctx) != 0 ||
 	    tw_listen(t.ctx, "tcp://127.0.0.1:0", tw_accepted, &t, &l) != 0 ||
@@ -319,8 +357,12 @@ static void tw_receiver(int batched_mode, int addr_fd)
 		die("listen");
 	if (write(addr_fd, addr, strlen(addr) + 1) < 0)
 		die("pipe");
+	if (t.fill_mode) { /* until the sender exits (its end of the pipe closes) */
+		t.quit = event_new(t.base, fill_fd, EV_READ, tw_quit, &t);
+		event_add(t.quit, NULL);
+	}
 	event_base_dispatch(t.base);
-	if (got < count)
+	if (!t.fill_mode && got < count)
 		die("receive");
 }
 
@@ -464,19 +506,21 @@ static void tcp_sender(const char *port, int done_fd)
 
 int main(int argc, char **argv)
 {
-	int addr_pipe[2], done_pipe[2], status;
+	int addr_pipe[2], done_pipe[2], exit_pipe[2], status;
 	const char *peer;
 	struct rusage ru;
 	pid_t pid;
 	if (argc < 4 || argc > 5) {
-		fprintf(stderr, "usage: oneway tw-raw|tw-batched|zmq|nng|tcp SIZE COUNT [HWM]\n");
+		fprintf(stderr,
+			"usage: oneway tw-raw|tw-batched|tw-fill|zmq|nng|tcp SIZE COUNT [HWM]\n");
 		return 2;
 	}
 	peer = argv[1];
 	size = (size_t)tw_ex_parse_size(argv[2]);
 	count = atol(argv[3]);
 	hwm = argc == 5 ? tw_ex_parse_size(argv[4]) : 0;
-	if (size == 0 || count < 2 || pipe(addr_pipe) != 0 || pipe(done_pipe) != 0)
+	if (size == 0 || count < 2 || pipe(addr_pipe) != 0 || pipe(done_pipe) != 0 ||
+	    pipe(exit_pipe) != 0)
 		die("arguments");
 	if ((pid = fork()) < 0)
 		die("fork");
@@ -484,11 +528,13 @@ int main(int argc, char **argv)
 		char addr[128];
 		ssize_t n;
 		close(done_pipe[1]);
+		close(exit_pipe[0]);
 		if ((n = read(addr_pipe[0], addr, sizeof(addr) - 1)) <= 0)
 			_exit(1);
 		addr[n] = '\0';
 		if (strncmp(peer, "tw-", 3) == 0)
-			tw_sender(addr, strcmp(peer, "tw-batched") == 0, done_pipe[0]);
+			tw_sender(addr, strcmp(peer, "tw-batched") == 0,
+				  strcmp(peer, "tw-fill") == 0, done_pipe[0]);
 		else if (strcmp(peer, "zmq") == 0)
 			zmq_sender(addr, done_pipe[0]);
 		else if (strcmp(peer, "nng") == 0)
@@ -498,8 +544,16 @@ int main(int argc, char **argv)
 		_exit(1);
 	}
 	close(done_pipe[0]);
+	close(exit_pipe[1]);
+	if (strcmp(peer, "tw-fill") == 0) {
+		tw_receiver(0, exit_pipe[0], addr_pipe[1]);
+		return waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+				       WEXITSTATUS(status) == 0
+			       ? 0
+			       : 1;
+	}
 	if (strcmp(peer, "tw-raw") == 0 || strcmp(peer, "tw-batched") == 0)
-		tw_receiver(strcmp(peer, "tw-batched") == 0, addr_pipe[1]);
+		tw_receiver(strcmp(peer, "tw-batched") == 0, -1, addr_pipe[1]);
 	else if (strcmp(peer, "zmq") == 0)
 		zmq_receiver(addr_pipe[1]);
 	else if (strcmp(peer, "nng") == 0)

@@ -9,6 +9,7 @@
 #include <check.h>
 #include <event2/event.h>
 
+#include "core/msg.h"
 #include "core/reclaim.h"
 #include "tests/check_tcp.h"
 #include "tests/readahead_util.h"
@@ -120,7 +121,8 @@ static tw_msg *write_until_refused(struct tu_peer *cli, tw_msg *next, size_t *se
 		next = NULL;
 	}
 	ck_assert_int_eq(rv, TW_EAGAIN);
-	ck_assert_uint_ge(tw_comm_queued_bytes(cli->comm), HWM);
+	/* the mark counts each message's bookkeeping too (under 512 bytes) */
+	ck_assert_uint_ge(tw_comm_queued_bytes(cli->comm) + (HWM / MSG_BYTES + 1) * 512, HWM);
 	ck_assert_uint_le(tw_comm_queued_bytes(cli->comm), HWM + MSG_BYTES + 24);
 	return next;
 }
@@ -166,6 +168,43 @@ START_TEST(backpressure)
 	for (size_t i = 0; i < sent; i++)
 		ck_assert_msg(tu_msg_matches(srv->msgs[i], &len, 1, (unsigned)i), "message %zu", i);
 	ck_assert_int_eq(cli->closed + srv->closed, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+/* The write high-water mark counts what a queued message costs beyond
+ * its bytes: a 100-byte frame is 124 bytes on the wire, but its queue
+ * entry (104 bytes on 64-bit), message object and block header
+ * (tw__msg_footprint) take about 330 more; counting bytes alone let a
+ * 64 MiB mark hold 177 MB of 100-byte messages (issue 20). Writes are
+ * queued without a flush until the loop runs, so the count is exact. */
+START_TEST(hwm_counts_bookkeeping)
+{
+	const size_t mark = 64 * KiB, len = 100, entry = 104;
+	struct tu h;
+	struct tu_peer *cli;
+	size_t accepted = 0, per = 0;
+	tw_msg *m;
+	int rv;
+	ck_assert_uint_eq(sizeof(void *), 8); /* the entry size above */
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(h.ctx, mark), 0);
+	h.sopts.no_callbacks = 1;
+	h.sopts.echo = 0;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	for (;;) {
+		m = tu_msg_pattern(&len, 1, (unsigned)accepted);
+		per = 24 + len + entry + tw__msg_footprint(m);
+		if ((rv = tw_comm_write(cli->comm, m)) != 0)
+			break;
+		accepted++;
+	}
+	ck_assert_int_eq(rv, TW_EAGAIN);
+	tw_msg_free(m);
+	ck_assert_uint_eq(per, 124 + 104 + 136 + 16 + 80);
+	ck_assert_uint_eq(accepted, (mark + per - 1) / per); /* 143; bytes alone: 529 */
+	ck_assert_uint_eq(tw_comm_queued_bytes(cli->comm), accepted * 124);
 	tu_fini(&h);
 }
 END_TEST
@@ -568,6 +607,7 @@ TCase *tcp_flow_tcase(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, retention);
 	tcase_add_test(tc, backpressure);
+	tcase_add_test(tc, hwm_counts_bookkeeping);
 	tcase_add_test(tc, peer_stops_reading_times_out);
 	tcase_add_test(tc, own_loop_thread);
 	tcase_add_test(tc, context_free_with_open_comms);

@@ -362,6 +362,11 @@ uint8_t *tw_block_data(const tw_block *b)
 	return b->data;
 }
 
+size_t tw__block_overhead(void)
+{
+	return HDR_BYTES + 16; /* 16: malloc's chunk header and rounding */
+}
+
 int tw__block_sole(const tw_block *b)
 {
 	/* acquire: the other holders' reads of the bytes come before our

@@ -56,6 +56,10 @@ void tw__block_trim(tw_block *b, size_t size);
  * seeing them change. */
 int tw__block_sole(const tw_block *b);
 
+/* tw__block_overhead: bytes a block costs beyond its data (its header and
+ * the allocator's), for counting what queued messages hold. */
+size_t tw__block_overhead(void);
+
 /* Release every cached mapping (context teardown, tests). */
 void tw__block_cache_drain(void);
 

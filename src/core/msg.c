@@ -6,6 +6,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/block.h"
 #include "core/msg.h"
 #include "core/stats.h"
 
@@ -146,6 +147,14 @@ void tw__msg_truncate(tw_msg *m, size_t n)
 		m->bytes -= f->len;
 		tw_block_free(f->block);
 	}
+}
+
+size_t tw__msg_footprint(const tw_msg *m)
+{
+	size_t bytes = sizeof(*m) + 16; /* 16: malloc's chunk header */
+	if (m->frames != m->inline_frames)
+		bytes += m->cap * sizeof(*m->frames) + 16;
+	return bytes + m->n * tw__block_overhead();
 }
 
 const tw_slice *tw__msg_frames(const tw_msg *m)

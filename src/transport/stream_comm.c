@@ -42,6 +42,7 @@ struct wq_entry {
 	uint8_t *prelude; /* NULL: in prelude_inline (entries move as the ring grows) */
 	size_t prelude_len;
 	uint64_t wire_len;
+	size_t cost; /* bookkeeping beyond wire_len: the entry, prelude and message */
 	uint8_t prelude_inline[PRELUDE_INLINE];
 };
 
@@ -60,6 +61,10 @@ struct stream {
 	struct wq_entry *q; /* ring of qcap entries */
 	size_t qhead, qn, qcap;
 	uint64_t queued_bytes, head_sent;
+	/* What the queued messages cost beyond their bytes (queue entries,
+	 * message objects, block headers): the write high-water mark counts
+	 * it, as 100-byte messages cost about three times their bytes. */
+	uint64_t queued_cost;
 	/* Where the head entry's unsent bytes start: part head_part (0: the
 	 * prelude, j: frame j-1) at head_off. A cursor, so a message of many
 	 * frames is walked once in all, not from its start at every write. */
@@ -100,6 +105,7 @@ static void release_queue(struct stream *s)
 	s->qn = 0;
 	tw__comm_wq_sub(&s->base, s->queued_bytes);
 	s->queued_bytes = 0;
+	s->queued_cost = 0;
 	s->head_sent = 0;
 	s->head_part = 0;
 	s->head_off = 0;
@@ -166,6 +172,7 @@ static void consume(struct stream *s, uint64_t n)
 	while (s->qn > 0 && n >= s->q[s->qhead].wire_len) {
 		struct wq_entry *e = &s->q[s->qhead];
 		n -= e->wire_len;
+		s->queued_cost -= e->cost;
 		tw_msg_free(e->msg);
 		free(e->prelude);
 		s->qhead = (s->qhead + 1) % s->qcap;
@@ -236,7 +243,7 @@ static int s_write(tw_comm *c, tw_msg *m)
 	size_t nf = tw_msg_nframes(m);
 	if (s->closing)
 		return TW_ECLOSED;
-	if (s->queued_bytes >= c->limits.write_hwm_bytes)
+	if (s->queued_bytes + s->queued_cost >= c->limits.write_hwm_bytes)
 		return TW_EAGAIN;
 	if (s->qn == s->qcap && grow_queue(s) != 0)
 		return TW_ENOMEM;
@@ -248,6 +255,8 @@ static int s_write(tw_comm *c, tw_msg *m)
 	tw__stream_encode_prelude(tw__msg_frames(m), nf, prelude_of(e));
 	e->msg = m;
 	e->wire_len = e->prelude_len + tw_msg_bytes(m);
+	e->cost = sizeof(*e) + (e->prelude != NULL ? e->prelude_len : 0) + tw__msg_footprint(m);
+	s->queued_cost += e->cost;
 	s->qn++;
 	s->queued_bytes += e->wire_len;
 	tw__comm_wq_add(c, e->wire_len);
