@@ -752,6 +752,7 @@ START_TEST(gulp_stream_random)
 	}
 	tw__rx_init(&rx, &l);
 	rx.gulp_max = 4096;
+	rx.gulp_pipe_max = _i % 4 >= 2 ? 16384 : 0; /* a pipelined stream's growth too */
 	got = recv_gulping(&rx, buf, len, _i % 2 ? &seed : NULL, m, 24, &reads);
 	ck_assert_uint_eq(got, 24);
 	for (size_t i = 0; i < 24; i++) {
@@ -761,7 +762,7 @@ START_TEST(gulp_stream_random)
 	}
 	ck_assert(tw__rx_idle(&rx));
 	ck_assert_uint_le(stats_now().payload_bytes_copied - before.payload_bytes_copied,
-			  24 * 4096);
+			  24 * (rx.gulp_pipe_max ? rx.gulp_pipe_max : 4096));
 	tw__rx_fini(&rx);
 	free(buf);
 }
@@ -800,6 +801,94 @@ static void gulp_warm_up(struct tw__rx *rx, size_t frame_len)
 	ck_assert_uint_eq(rx->gulp_size, (8 + frame_len + 63) / 64 * 64);
 	wire_free(&w);
 }
+
+/* A pipelined stream (issue 20): reads that fill the read-ahead double
+ * it up to gulp_pipe_max, so N messages of 100 B take about N / 130
+ * reads once grown; every message is a slice of a read-ahead block, and
+ * what is copied is at most the part of one message per read (moved to
+ * the next block's start). With each message freed as it comes (a
+ * one-way stream), the block comes back and is read into again: a
+ * pipelined stream's blocks are all of the largest size, so one serves
+ * every read. Both ways, a 300 KiB
+ * frame after the stream gets its own block, with at most gulp_pipe_max
+ * bytes of it copied. */
+START_TEST(gulp_pipelined)
+{
+	enum { N = 2000 };
+	size_t lens[] = {100}, big[] = {10, 300 * KIB}, reads = 0, got = 0, off = 0, k = 0;
+	int free_each = _i;
+	struct tw__limits l = limits(TW_DEFAULT_SMALL_FRAME_BYTES);
+	static tw_msg *m[N + 1];
+	struct wire w, b;
+	uint8_t *buf;
+	struct tw__rx rx;
+	tw_stats before, mid;
+	wire_make(&w, lens, 1);
+	wire_make(&b, big, 2);
+	buf = malloc(N * w.len + b.len);
+	for (size_t i = 0; i < N; i++) {
+		memcpy(buf + i * w.len, w.bytes, w.len);
+		buf[i * w.len + 24] = (uint8_t)i; /* each message's first byte: its number */
+	}
+	memcpy(buf + N * w.len, b.bytes, b.len);
+	tw__rx_init(&rx, &l);
+	rx.gulp_max = 4096;
+	rx.gulp_pipe_max = 16384;
+	gulp_warm_up(&rx, 100);
+	before = stats_now();
+	while (got < N) { /* as recv_gulping, but freeing each message at once when free_each */
+		size_t used;
+		int rv;
+		if (tw__rx_pending(&rx)) {
+			rv = tw__rx_replay(&rx);
+		} else {
+			rv = gulp_read(&rx, buf + off, N * w.len - off, &used);
+			off += used;
+			reads++;
+		}
+		ck_assert_int_ge(rv, 0);
+		if (rv == 1) {
+			tw_msg *t = tw__rx_take(&rx);
+			const tw_slice *f = tw_msg_frame(t, 0);
+			ck_assert_uint_eq(tw_msg_nframes(t), 1);
+			ck_assert_uint_eq(f->len, 100);
+			ck_assert_uint_eq(tw_slice_data(f)[0], (uint8_t)got);
+			ck_assert_uint_ge(tw_block_size(f->block), 16 + 128);
+			ck_assert_int_eq(tw__rx_check_head(&rx), 0);
+			if (free_each)
+				tw_msg_free(t);
+			else
+				m[k++] = t;
+			got++;
+		}
+	}
+	ck_assert_uint_eq(off, N * w.len);
+	mid = stats_now();
+	/* 144, 320, 640, ... 10240 bytes, then 16 KiB reads: 248,000 bytes */
+	ck_assert_uint_le(reads, 8 + N * w.len / 16000);
+	ck_assert_uint_le(mid.payload_bytes_copied - before.payload_bytes_copied, reads * w.len);
+	if (free_each) /* one 16 KiB block (the first read went into the warm-up's
+			* block), read into again and again */
+		ck_assert_uint_eq(mid.blocks_allocated - before.blocks_allocated, 1);
+	else
+		ck_assert_uint_le(mid.blocks_allocated - before.blocks_allocated, reads);
+	/* the large message after it: own block, bounded copy */
+	ck_assert_uint_eq(recv_gulping(&rx, b.bytes, b.len, NULL, &m[k], 1, &reads), 1);
+	check_msg(m[k], &b);
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m[k], 1)->block), 300 * KIB);
+	ck_assert_uint_eq(tw_msg_frame(m[k], 1)->offset, 0);
+	ck_assert_uint_le(stats_now().payload_bytes_copied - mid.payload_bytes_copied, 16384);
+	k++;
+	ck_assert(tw__rx_idle(&rx));
+	tw__rx_fini(&rx);
+	for (size_t i = 0; i < k; i++)
+		tw_msg_free(m[i]);
+	ck_assert_uint_le(stats_now().blocks_live, before.blocks_live);
+	free(buf);
+	wire_free(&w);
+	wire_free(&b);
+}
+END_TEST
 
 /* Messages sliced from the read-ahead block outlive the receiver and one
  * another (ASan and valgrind watch the block): after 100-byte messages
@@ -1114,6 +1203,7 @@ static Suite *rx_suite(void)
 	tcase_add_test(stream, gulp_block_reused_when_free);
 	tcase_add_test(stream, gulp_mispredict_large);
 	tcase_add_loop_test(stream, gulp_stream_random, 0, 40);
+	tcase_add_loop_test(stream, gulp_pipelined, 0, 2);
 	tcase_add_test(stream, gulp_slices_outlive_rx);
 	tcase_add_test(stream, gulp_fini_with_carry);
 	tcase_add_test(stream, gulp_bad_head_in_carry);

@@ -31,7 +31,7 @@ static void reset(struct tw__rx *rx)
 	rx->msg = NULL;
 	rx->phase = RX_HEAD;
 	rx->have = rx->cur = rx->cur_have = rx->slab_off = 0;
-	rx->body_off = rx->body_len = 0;
+	rx->body_off = rx->body_len = rx->body_room = 0;
 }
 
 void tw__rx_fini(struct tw__rx *rx)
@@ -41,7 +41,7 @@ void tw__rx_fini(struct tw__rx *rx)
 	tw_block_free(rx->gulp);
 	tw_block_free(rx->carry);
 	rx->gulp = rx->carry = NULL;
-	rx->carry_len = 0;
+	rx->carry_len = rx->gulp_prefix = 0;
 }
 
 void tw__rx_set_place(struct tw__rx *rx, tw__place_fn fn, void *arg)
@@ -251,24 +251,68 @@ static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 /* At a message's start, after a run of small messages and with nothing
  * read ahead: offer one block for the head and the rest of the message
  * (one buffer: tcp reads it with recv, not readv). */
-static int offer_gulp(struct tw__rx *rx, struct iovec *iov)
+static size_t gulp_block_size(const struct tw__rx *rx)
 {
 	size_t size = sizeof(rx->head) + rx->gulp_size;
+	return rx->gulp_pipe > size ? rx->gulp_pipe : size;
+}
+
+/* The size of read-ahead blocks: a pipelined stream's are all of the
+ * largest size, so one comes back for every read whatever its length
+ * (reads vary; a block of each length was a 16 KiB malloc per read). */
+static size_t gulp_alloc_size(const struct tw__rx *rx)
+{
+	return rx->gulp_pipe > 0 ? rx->gulp_pipe_max : gulp_block_size(rx);
+}
+
+static size_t min_size(size_t a, size_t b)
+{
+	return a < b ? a : b;
+}
+
+static int offer_gulp(struct tw__rx *rx, struct iovec *iov)
+{
+	size_t size = gulp_alloc_size(rx);
 	rx->gulping = 0;
-	if (rx->have != 0 || rx->gulp_size == 0 || rx->carry_len != 0)
+	if (rx->have != rx->gulp_prefix || rx->gulp_size == 0 || rx->carry_len != 0)
 		return 0;
 	/* The last read-ahead block comes back once the messages made of it
-	 * are freed (a request answered, a reply taken): reuse it then. */
-	if (rx->gulp != NULL && (tw_block_size(rx->gulp) != size || !tw__block_sole(rx->gulp))) {
+	 * are freed (a request answered, a reply taken): reuse it then. A
+	 * block that starts with a split head (gulp_prefix) is read on. */
+	if (rx->gulp != NULL && rx->gulp_prefix == 0 &&
+	    (tw_block_size(rx->gulp) != size || !tw__block_sole(rx->gulp))) {
 		tw_block_free(rx->gulp);
 		rx->gulp = NULL;
 	}
 	if (rx->gulp == NULL && tw_block_new(size, &rx->gulp) != 0)
 		return 0; /* read the head alone */
-	iov->iov_base = tw_block_data(rx->gulp);
-	iov->iov_len = size;
+	iov->iov_base = tw_block_data(rx->gulp) + rx->gulp_prefix;
+	iov->iov_len = min_size(tw_block_size(rx->gulp), gulp_block_size(rx)) - rx->gulp_prefix;
+	rx->offered = iov->iov_len;
 	rx->gulping = 1;
 	return 1;
+}
+
+/* A small body's block. In a run of small messages over a comm that
+ * reads pipelined streams, the read takes what follows too (frame_rx.h):
+ * the block has room for it (the read-ahead block when it came back). */
+static int new_body(struct tw__rx *rx, int max)
+{
+	/* no larger than the largest read-ahead block, so a frame pins no
+	 * more than one (a pipelined stream's are all of one size) */
+	size_t cap = rx->gulp_pipe > 0 ? rx->gulp_pipe_max : sizeof(rx->head) + rx->gulp_max;
+	size_t room = 0, size;
+	if (max > 1 && rx->gulp_pipe_max > 0 && rx->gulp_size > 0 && cap >= rx->body_len + 64)
+		room = min_size(gulp_block_size(rx), cap - rx->body_len);
+	size = room > 0 && rx->gulp_pipe > 0 ? cap : rx->body_len + room;
+	rx->body_room = room;
+	if (room > 0 && rx->gulp != NULL && rx->gulp_prefix == 0 && tw__block_sole(rx->gulp) &&
+	    tw_block_size(rx->gulp) >= size) {
+		rx->body = rx->gulp;
+		rx->gulp = NULL;
+		return 0;
+	}
+	return tw_block_new(size, &rx->body);
 }
 
 int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
@@ -286,12 +330,17 @@ int tw__rx_want(struct tw__rx *rx, struct iovec *iov, int max)
 		iov[0].iov_len = 16 - rx->have;
 		return 1;
 	case RX_SMALL:
-		if (rx->body == NULL && tw_block_new(rx->body_len, &rx->body) != 0)
+		if (rx->body == NULL && new_body(rx, max) != 0)
 			return fail(rx, TW_ENOMEM);
 		iov[0].iov_base = tw_block_data(rx->body) + rx->body_off + rx->have;
 		iov[0].iov_len = rx->body_len - rx->have;
 		if (max < 2)
 			return 1;
+		if (rx->body_room > 0) { /* a pipelined stream: read on in the block */
+			iov[0].iov_len += rx->body_room;
+			rx->offered = iov[0].iov_len;
+			return 1;
+		}
 		iov[1].iov_base = rx->next + rx->next_have;
 		iov[1].iov_len = sizeof(rx->next) - rx->next_have;
 		return 2;
@@ -326,10 +375,29 @@ static int advance_frames(struct tw__rx *rx, size_t n)
 /* n bytes landed in the read-ahead block: the head is copied out, and
  * the bytes past it are the carry, consumed before anything else is
  * read. */
+/* A pipelined stream's next read-ahead: twice what a read that filled
+ * its room got, or what a read that came back short got (rounded up to
+ * 64 bytes); no more than one message's read-ahead ends the stream. */
+static void learn(struct tw__rx *rx, size_t filled, int full)
+{
+	size_t want = full ? 2 * filled : filled;
+	if (rx->gulp_pipe_max == 0)
+		return;
+	want = (want + 63) & ~(size_t)63;
+	if (want <= sizeof(rx->head) + rx->gulp_size)
+		rx->gulp_pipe = 0;
+	else
+		rx->gulp_pipe = want < rx->gulp_pipe_max ? want : rx->gulp_pipe_max;
+}
+
 static int took_gulp(struct tw__rx *rx, size_t n)
 {
-	size_t h = n < sizeof(rx->head) ? n : sizeof(rx->head);
+	size_t h;
 	int rv;
+	learn(rx, n + rx->gulp_prefix, n == rx->offered);
+	n += rx->gulp_prefix;
+	rx->gulp_prefix = 0;
+	h = n < sizeof(rx->head) ? n : sizeof(rx->head);
 	memcpy(rx->head, tw_block_data(rx->gulp), h);
 	rx->have = h;
 	if (n > h) {
@@ -355,7 +423,15 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 		return tw__rx_check_head(rx);
 	case RX_SMALL: {
 		size_t left = rx->body_len - rx->have;
-		if (n > left) { /* the rest is the next message's head */
+		if (rx->body_room > 0) {
+			learn(rx, n, n == rx->offered);
+			if (n > left) { /* read ahead into the body's block */
+				rx->carry = tw_block_hold(rx->body);
+				rx->carry_off = rx->body_off + rx->body_len;
+				rx->carry_len = n - left;
+				n = left;
+			}
+		} else if (n > left) { /* the rest is the next message's head */
 			rx->next_have += n - left;
 			n = left;
 		}
@@ -384,6 +460,8 @@ static void predict(struct tw__rx *rx)
 		rx->small_run = 0;
 	len = (len + 63) & ~(size_t)63;
 	rx->gulp_size = rx->small_run >= 2 ? (len < rx->gulp_max ? len : rx->gulp_max) : 0;
+	if (rx->gulp_size == 0)
+		rx->gulp_pipe = 0; /* a large message ends the stream's run */
 }
 
 tw_msg *tw__rx_take(struct tw__rx *rx)
@@ -437,10 +515,10 @@ static void use_carry(struct tw__rx *rx, size_t n)
 {
 	rx->carry_off += n;
 	if ((rx->carry_len -= n) == 0) {
-		if (rx->gulp == NULL)
-			rx->gulp = rx->carry; /* kept for offer_gulp to reuse */
-		else
-			tw_block_free(rx->carry);
+		/* kept for offer_gulp to reuse: the newest block, which the
+		 * messages just made of it give back first */
+		tw_block_free(rx->gulp);
+		rx->gulp = rx->carry;
 		rx->carry = NULL;
 	}
 }
@@ -459,6 +537,63 @@ static size_t copy_carry(struct tw__rx *rx, const struct iovec *iov, int k)
 	return moved;
 }
 
+/* The carry's bytes (a split head or small body at the end of a read)
+ * moved to the start of a block of `size` bytes: the carry's own when
+ * nothing else holds it, else a new one. NULL when out of memory. */
+static tw_block *stash(struct tw__rx *rx, size_t size)
+{
+	tw_block *b = rx->carry;
+	if (tw__block_sole(b) && tw_block_size(b) >= size) {
+		memmove(tw_block_data(b), tw_block_data(b) + rx->carry_off, rx->carry_len);
+	} else if (tw_block_new(size, &b) == 0) {
+		memcpy(tw_block_data(b), tw_block_data(rx->carry) + rx->carry_off, rx->carry_len);
+		tw_block_free(rx->carry);
+	} else {
+		return NULL;
+	}
+	rx->carry = NULL;
+	rx->carry_off = rx->carry_len = 0;
+	return b;
+}
+
+/* A pipelined stream's read ended inside a message: a split head goes to
+ * the start of the next read-ahead block, a split small body to the start
+ * of a block with room for the messages after it (frame_rx.h). Returns 1
+ * when the carry was moved so (read on), 0 to copy it out as usual, or
+ * the sticky error of a bad total. */
+static int stash_split(struct tw__rx *rx)
+{
+	size_t size = gulp_alloc_size(rx), len = rx->carry_len;
+	tw_block *b;
+	if (rx->gulp_pipe == 0)
+		return 0;
+	if (rx->phase == RX_HEAD && rx->have == 0 && len < sizeof(rx->head) && rx->gulp_size > 0) {
+		if ((b = stash(rx, size)) == NULL)
+			return 0;
+		tw_block_free(rx->gulp);
+		rx->gulp = b;
+		rx->gulp_prefix = len;
+		/* mirrored in head, so an oversized total is refused now
+		 * (BH-04), not when the rest of the head comes */
+		memcpy(rx->head, tw_block_data(b), len);
+		rx->have = len;
+		return tw__rx_check_head(rx) < 0 ? rx->err : 1;
+	}
+	if (rx->phase == RX_SMALL && rx->body == NULL && len < rx->body_len &&
+	    rx->body_len + 64 <= size) {
+		if ((b = stash(rx, size)) == NULL)
+			return 0;
+		rx->body = b;
+		rx->body_off = 0;
+		rx->have = len;
+		rx->body_room = min_size(tw_block_size(b) - rx->body_len, gulp_block_size(rx));
+		rx->copied += len;
+		TW__ADD(&tw__global_stats, payload_bytes_copied, len);
+		return 1;
+	}
+	return 0;
+}
+
 int tw__rx_replay(struct tw__rx *rx)
 {
 	int rv = rx->phase == RX_DONE ? 1 : rx->phase == RX_ERROR ? rx->err : 0;
@@ -466,6 +601,8 @@ int tw__rx_replay(struct tw__rx *rx)
 		struct iovec iov[16];
 		size_t moved;
 		int k;
+		if ((rv = stash_split(rx)) != 0)
+			return rv < 0 ? rv : 0;
 		if (rx->phase == RX_SMALL && rx->body == NULL && rx->carry_len >= rx->body_len) {
 			/* Wholly read ahead: its frames are slices of the carry. */
 			rx->body = tw_block_hold(rx->carry);

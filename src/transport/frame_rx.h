@@ -25,7 +25,22 @@
  * are the carry: a small message wholly inside it becomes slices of it (no
  * copy); anything else, a misprediction, is copied out of it into its
  * usual place, and counted in payload_bytes_copied (at most gulp_max
- * bytes per message). Off unless gulp_max is set. */
+ * bytes per message). Off unless gulp_max is set.
+ *
+ * Pipelined streams (gulp_pipe_max set): a read that fills its read-ahead
+ * says more is waiting, so the next read-ahead block is twice as large, up
+ * to gulp_pipe_max; a short read sizes the next one to what it got. One
+ * read then brings many messages, each sliced from the block (no copy, no
+ * block allocated per message; a pipelined stream's blocks are all
+ * gulp_pipe_max bytes, so one that came back serves any read). While a
+ * run of small messages lasts, a small body read on its own takes what
+ * follows into its block's room too. A message cut at the block's end moves to
+ * the start of the next read-ahead block (the same block when every
+ * message sliced from it was freed): a split head is read on from there,
+ * a split small body too, the read taking the messages after it along; the
+ * bytes moved are counted in payload_bytes_copied (one small message per
+ * block at most). A large message is read as before, into its own blocks:
+ * only what the read-ahead took of it is copied (at most gulp_pipe_max). */
 #ifndef TW_TRANSPORT_FRAME_RX_H
 #define TW_TRANSPORT_FRAME_RX_H
 
@@ -71,10 +86,16 @@ struct tw__rx {
 	int gulping;        /* the last want offered it */
 	tw_block *carry;    /* bytes read ahead, not yet consumed */
 	size_t carry_off, carry_len;
-	tw_msg *msg;     /* frames placed so far */
-	size_t cur;      /* frame being filled */
-	size_t cur_have; /* its bytes received */
-	tw_block *slab;  /* default home of small frames */
+	/* Pipelined streams (reads that fill the read-ahead): */
+	size_t gulp_pipe_max; /* largest read-ahead then; 0: never more than gulp_max */
+	size_t gulp_pipe;     /* block size the last reads ask for (0: none) */
+	size_t gulp_prefix;   /* bytes of gulp's start read already (a split head) */
+	size_t body_room;     /* RX_SMALL: body block bytes past the body, for read-ahead */
+	size_t offered;       /* bytes the last read-ahead offered */
+	tw_msg *msg;          /* frames placed so far */
+	size_t cur;           /* frame being filled */
+	size_t cur_have;      /* its bytes received */
+	tw_block *slab;       /* default home of small frames */
 	size_t slab_off;
 	uint64_t copied; /* bytes tw__rx_feed copied */
 };

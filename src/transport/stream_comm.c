@@ -33,6 +33,10 @@
  * read per small message instead of two; a misprediction copies at most
  * this much. */
 #define GULP_MAX 4096
+/* ... and of a pipelined stream (reads that fill the read-ahead): about
+ * 160 messages of 100 B a read, as ZeroMQ's 8 KiB reads take 80. A large
+ * message right after such a stream has at most this much copied. */
+#define GULP_PIPE_MAX 16384
 /* Preludes of up to 6 frames live in the queue entry: no allocation for
  * the messages of small RPCs. */
 #define PRELUDE_INLINE 64
@@ -751,6 +755,7 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 	s->base.rx_claim.granted = rx_granted;
 	tw__rx_init(&s->rx, &s->base.limits);
 	s->rx.gulp_max = GULP_MAX;
+	s->rx.gulp_pipe_max = GULP_PIPE_MAX;
 	tw__comm_set_addresses(&s->base, fd, scheme);
 	*out = &s->base;
 	return 0;

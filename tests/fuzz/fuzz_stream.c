@@ -31,7 +31,11 @@
  *      input (from the start): a read-ahead block holds the start of a
  *      large message more often than not;
  *   G  A's placement, the whole stream written at once, reads take all
- *      that fits (a head read along with each small body).
+ *      that fits (a head read along with each small body);
+ *   H, I  D and G with a pipelined stream's read-ahead on too
+ *      (gulp_pipe_max 16 KiB: reads that fill it double it, a message cut
+ *      at a block's end moves to the next block's start); their frames
+ *      may pin a 16 KiB block, and what they copy is bounded by it.
  * D, E and G must equal A exactly (same messages byte for byte, same
  * count, same first error code, same idle state at the end, the same
  * frames in blocks of exactly their size: read-ahead never changes where
@@ -86,6 +90,9 @@ static void fnv(uint64_t *h, const void *p, size_t n)
 
 /* Take, check and free the completed message. Read-ahead receivers may
  * hold bytes of the next message (carry, or a head read along). */
+/* The largest block a small message's frame may pin (run_gulp sets it). */
+static size_t pin_max = 16 + GULP_MAX;
+
 static void take_any(struct tw__rx *rx, struct outcome *o, int expect_idle)
 {
 	tw_msg *m = tw__rx_take(rx);
@@ -116,8 +123,8 @@ static void take_any(struct tw__rx *rx, struct outcome *o, int expect_idle)
 			fnv(&o->place, &own, 1);
 			/* a frame never pins a block much larger than its
 			 * message: at most the read-ahead block (head and
-			 * GULP_MAX), or a slab */
-			if (f->block != NULL && tw_block_size(f->block) > 16 + GULP_MAX)
+			 * GULP_MAX, or a pipelined stream's), or a slab */
+			if (f->block != NULL && tw_block_size(f->block) > pin_max)
 				check(tw_block_size(f->block) <= tw_msg_bytes(m) + 8 * (n + 1));
 		}
 	}
@@ -278,8 +285,9 @@ static uint64_t live_blocks(void)
  * of at most 64 iovecs; take each message, then check a head read along
  * with it. */
 static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_frame_bytes,
-			       tw__place_fn place, struct reads *r)
+			       tw__place_fn place, struct reads *r, size_t pipe)
 {
+	size_t bound = pipe > 0 ? pipe : GULP_MAX;
 	struct tw__limits l = {0};
 	struct outcome o = {0, FNV_OFFSET, 0, 0, FNV_OFFSET};
 	struct tw__rx rx;
@@ -293,10 +301,14 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 	tw__rx_init(&rx, &l);
 	tw__rx_set_place(&rx, place, NULL);
 	rx.gulp_max = GULP_MAX;
+	rx.gulp_pipe_max = pipe;
+	pin_max = 16 + bound;
 	while (rv == 0 && (off < size || tw__rx_pending(&rx))) {
 		if (tw__rx_pending(&rx)) {
-			/* a carry is only ever made by a read that offered read-ahead */
-			check(carried > 0 && rx.carry != NULL && rx.carry_len <= GULP_MAX);
+			/* a carry is only ever made by a read that offered
+			 * read-ahead (a small body's room, too, when pipelined) */
+			check((pipe > 0 || carried > 0) && rx.carry != NULL &&
+			      rx.carry_len <= bound);
 			rv = tw__rx_replay(&rx);
 		} else {
 			size_t room = 0, n, moved = 0, head_room;
@@ -313,9 +325,9 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 			/* read-ahead: one block, the 16-byte head then the rest */
 			if (rx.gulping)
 				check(k == 1 && rx.gulp != NULL && iov[0].iov_len > 16 &&
-				      iov[0].iov_len <= 16 + GULP_MAX &&
-				      iov[0].iov_base == tw_block_data(rx.gulp));
-			head_room = rx.gulping ? 16 : iov[0].iov_len;
+				      iov[0].iov_len <= 16 + bound &&
+				      iov[0].iov_base == tw_block_data(rx.gulp) + rx.gulp_prefix);
+			head_room = rx.gulping ? 16 - rx.gulp_prefix : iov[0].iov_len;
 			peer_writes(r, data, size, off);
 			n = read_cap(r, room < r->written - off ? room : r->written - off);
 			check(n >= 1);
@@ -332,14 +344,15 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 		if (rv == 1) {
 			take_any(&rx, &o, 0);
 			/* a misprediction copies at most the read-ahead size */
-			check(rx.copied - copied_at <= GULP_MAX);
+			check(rx.copied - copied_at <= bound);
 			copied_at = rx.copied;
 			rv = tw__rx_check_head(&rx);
 		}
 		check(rv <= 0);
 	}
-	/* what was copied came out of the carry */
-	check(rx.copied <= carried);
+	/* what was copied came out of the carry (a pipelined stream's carry
+	 * comes from small bodies' room too, not counted here) */
+	check(pipe > 0 || rx.copied <= carried);
 	o.err = rv;
 	if (rv < 0) {
 		/* sticky: every entry point gives the same code, nothing is
@@ -355,6 +368,7 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 	}
 	o.idle = tw__rx_idle(&rx);
 	tw__rx_fini(&rx);
+	pin_max = 16 + GULP_MAX;
 	check(live_blocks() == live0);
 	return o;
 }
@@ -374,13 +388,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t live0 = live_blocks();
 	struct reads rd = {data, size, 0, 1, 1, 1, 0}, re = {data, size, 0, -1, 0, 0, 0};
 	struct reads rf = {data, size, 0, 2, 1, 0, 0}, rg = {data, size, 0, 0, 0, 0, 0};
+	struct reads rh = {data, size, 0, 1, 1, 1, 0}, ri = {data, size, 0, 0, 0, 0, 0};
 	struct outcome a = run(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, 0, NULL);
 	struct outcome b = run(data, size, 16, step, NULL);
 	struct outcome c = run(data, size, 16, 97, group);
-	struct outcome d = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rd);
-	struct outcome e = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &re);
-	struct outcome f = run_gulp(data, size, 16, group, &rf);
-	struct outcome g = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rg);
+	struct outcome d = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rd, 0);
+	struct outcome e = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &re, 0);
+	struct outcome f = run_gulp(data, size, 16, group, &rf, 0);
+	struct outcome g = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rg, 0);
+	struct outcome h = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rh, 16384);
+	struct outcome i = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &ri, 16384);
 	check(a.msgs == b.msgs && b.msgs == c.msgs);
 	check(a.hash == b.hash && b.hash == c.hash);
 	check(b.err == c.err);
@@ -389,6 +406,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check_same(&a, &e);
 	check_same(&c, &f);
 	check_same(&a, &g);
+	check_same(&a, &h);
+	check_same(&a, &i);
 	check(live_blocks() == live0);
 	return 0;
 }
