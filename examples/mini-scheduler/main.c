@@ -181,6 +181,11 @@ int main(int argc, char **argv)
 	if (tw_server_new(S.ctx, &S.server) != 0 || tw_pool_new(S.ctx, &S.pool) != 0 ||
 	    add_ops() != 0)
 		return 1;
+	/* Dask's ConnectionPool closes no idle comm for its age: a worker
+	 * busy for a minute (freeing 25,000 keys on a loaded machine) then
+	 * gets the next call on its old comm instead of a new comm's
+	 * handshake, which it may not answer within the connect timeout. */
+	tw_pool_set_idle(S.pool, TW_DEFAULT_POOL_MAX_IDLE, 3600 * 1000);
 	if ((rv = tw_server_listen(S.server, argv[optind])) != 0) {
 		fprintf(stderr, "listen on %s: %s: %s\n", argv[optind], tw_strerror(rv),
 			tw_context_last_error(S.ctx));
