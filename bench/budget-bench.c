@@ -21,7 +21,9 @@
  * trips (p50/p99/max per phase), and the server's loop runs a 1 ms timer
  * (--cache sets the server's large-block cache, tw_block_cache_set_limit;
  * default the library's 256 MiB, which counts in its RSS)
- * whose longest gap is the longest stall of its loop. The server's peak
+ * whose longest gap is the longest stall of its loop (wall clock, and the
+ * loop thread's CPU time between two ticks: on a loaded machine the wall
+ * gap counts preemption, the CPU gap only the loop's own work). The server's peak
  * RSS (VmHWM) is read after phase 1. Prints one line per phase.
  * Built with -DBUDGET_BENCH_NO_BUDGETS it runs against a library that has
  * no budgets (the numbers before issue 17). */
@@ -34,6 +36,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -49,8 +52,17 @@ struct srv {
 	tw_context *ctx;
 	struct event *tick, *ctl;
 	double last, max_gap;
+	double last_cpu, max_cpu; /* the loop thread's CPU time between ticks */
 	int ctl_fd;
 };
+
+/* The calling thread's CPU time, in seconds. */
+static double thread_cpu(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 struct conn {
 	tw_comm *comm;
@@ -61,12 +73,15 @@ struct conn {
 static void srv_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct srv *s = arg;
-	double now = tw_ex_now();
+	double now = tw_ex_now(), cpu = thread_cpu();
 	(void)fd;
 	(void)what;
 	if (s->last > 0 && now - s->last > s->max_gap)
 		s->max_gap = now - s->last;
+	if (s->last > 0 && cpu - s->last_cpu > s->max_cpu)
+		s->max_cpu = cpu - s->last_cpu;
 	s->last = now;
+	s->last_cpu = cpu;
 }
 
 static void flush_pending(struct conn *c)
@@ -150,7 +165,7 @@ static void bomb_accept(tw_listener *l, tw_comm *comm, void *arg)
 	tw_comm_set_decoded_callbacks(comm, bomb_decoded, bomb_close, NULL, NULL);
 }
 
-/* Control: 'r' resets the longest gap, 'q' answers "HWM GAP_MS". */
+/* Control: 'r' resets the longest gap, 'q' answers "HWM GAP_MS CPU_MS". */
 static void srv_ctl(evutil_socket_t fd, short what, void *arg)
 {
 	struct srv *s = arg;
@@ -161,12 +176,12 @@ static void srv_ctl(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	if (c == 'r') {
-		s->max_gap = 0;
+		s->max_gap = s->max_cpu = 0;
 		s->last = 0;
 		return;
 	}
-	snprintf(out, sizeof(out), "%llu %.3f\n", (unsigned long long)tw_ex_peak_rss(),
-		 s->max_gap * 1e3);
+	snprintf(out, sizeof(out), "%llu %.3f %.3f\n", (unsigned long long)tw_ex_peak_rss(),
+		 s->max_gap * 1e3, s->max_cpu * 1e3);
 	if (write(fd, out, strlen(out)) < 0)
 		event_base_loopbreak(s->base);
 }
@@ -418,6 +433,12 @@ static void bomb_connected(tw_comm *comm, int err, void *arg)
 	b->comm = comm;
 }
 
+/* The server's peak RSS, its loop's longest gap between two 1 ms ticks
+ * (wall clock: preemption on a loaded machine counts), and the most CPU
+ * time its loop thread spent between two ticks (the work one pass did,
+ * which is what the library controls): stored in gap[0] and gap[1], ms. */
+static double stall_cpu_ms;
+
 static void query(int ctl, uint64_t *hwm, double *gap)
 {
 	char buf[128];
@@ -426,7 +447,7 @@ static void query(int ctl, uint64_t *hwm, double *gap)
 	if (write(ctl, "q", 1) != 1 || (n = read(ctl, buf, sizeof(buf) - 1)) <= 0)
 		exit(1);
 	buf[n] = 0;
-	sscanf(buf, "%llu %lf", &h, gap);
+	sscanf(buf, "%llu %lf %lf", &h, gap, &stall_cpu_ms);
 	*hwm = h;
 }
 
@@ -522,11 +543,11 @@ int main(int argc, char **argv)
 		canary_line(&k, 0, k.n, line, sizeof(line));
 		printf("load: %zu peers x %llu MiB echoed (%zu bad) in %.2f s | server VmHWM %llu "
 		       "MiB "
-		       "(budget + %.1f%%) | server loop longest gap %.1f ms | %s\n",
+		       "(budget + %.1f%%) | server loop longest gap %.1f ms (%.1f ms CPU) | %s\n",
 		       peers, (unsigned long long)(size >> 20), l.bad, tw_ex_now() - t0,
 		       (unsigned long long)(hwm >> 20),
 		       budget ? 100.0 * ((double)hwm - (double)budget) / (double)budget : 0.0, gap,
-		       line);
+		       stall_cpu_ms, line);
 		fflush(stdout);
 	}
 	munmap((void *)l.data, size);
@@ -546,8 +567,8 @@ int main(int argc, char **argv)
 		query(ctl[0], &hwm, &gap);
 		canary_line(&k, from, k.n, line, sizeof(line));
 		printf("free: one %llu MiB message echoed (%zu bad) | server loop longest gap %.1f "
-		       "ms | %s\n",
-		       (unsigned long long)(big[i] >> 20), l.bad, gap, line);
+		       "ms (%.1f ms CPU) | %s\n",
+		       (unsigned long long)(big[i] >> 20), l.bad, gap, stall_cpu_ms, line);
 		fflush(stdout);
 		munmap((void *)l.data, big[i]);
 	}
@@ -566,9 +587,9 @@ int main(int argc, char **argv)
 		query(ctl[0], &hwm, &gap);
 		canary_line(&k, from, k.n, line, sizeof(line));
 		printf("bombs: %zu x %llu bytes inflating to %llu MiB, decoded and freed | server "
-		       "loop longest gap %.1f ms | %s\n",
+		       "loop longest gap %.1f ms (%.1f ms CPU) | %s\n",
 		       bombs_n, (unsigned long long)tw_msg_bytes(b.m),
-		       (unsigned long long)(bomb_size >> 20), gap, line);
+		       (unsigned long long)(bomb_size >> 20), gap, stall_cpu_ms, line);
 		tw_comm_free(b.comm);
 		tw_msg_free(b.m);
 	}

@@ -343,10 +343,13 @@ static void on_granted(struct tw__claim *c)
 	granted[c->want == 0 ? 0 : 1]++; /* want is cleared before it runs */
 }
 
-/* The receive budget's rules (core/budget.h): first come, first served;
- * alone, any size goes; the oldest holder passes when the budget is
- * full, and only then; the
- * write queues count with the reservations, except for the lone one. */
+/* The receive budget's rules (core/budget.h): alone, any size goes, and
+ * only one at a time past the limit; waiters go on smallest first (the
+ * largest stays paused), until the oldest has been passed over
+ * TW__BUDGET_MAX_SKIPS times; a holder asking again passes a full budget
+ * only as the oldest holder; the write queues count with the
+ * reservations, and while they may drain nobody passes the limit until
+ * tw__budget_pass. */
 START_TEST(budget_rules)
 {
 	struct tw__budget b;
@@ -356,46 +359,100 @@ START_TEST(budget_rules)
 	memset(granted, 0, sizeof(granted));
 	for (int i = 0; i < 4; i++)
 		c[i].granted = on_granted;
+	tw__reclaim_wait(); /* bytes the reclaimer holds count */
 	tw__budget_init(&b, 100);
 	b.also = &queued;
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 300), 0); /* alone: past the limit */
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 10), TW_EAGAIN);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 10), TW_EAGAIN);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 10), TW_EAGAIN); /* keeps its place */
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 50), 0);         /* oldest, budget full */
-	ck_assert_uint_eq(b.used, 350);
-	tw__budget_release(&b, &c[0]);
-	ck_assert_int_eq(granted[0], 2); /* both fit now, in order */
-	ck_assert_uint_eq(b.used, 20);
-	ck_assert_uint_eq(c[1].held + c[2].held, 20);
-	/* a waiter ahead is not passed by one that would fit, nor by a
-	 * holder, even the oldest, while there is room */
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], 90), TW_EAGAIN);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 1), TW_EAGAIN);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 5), TW_EAGAIN);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 5), TW_EAGAIN);
-	ck_assert_uint_eq(b.used, 20);
-	/* the budget is full: the oldest holder passes */
-	tw__budget_set_limit(&b, 20);
-	ck_assert_uint_eq(c[1].held, 15);
-	tw__budget_set_limit(&b, 100);
-	ck_assert_uint_eq(b.used, 25);
-	tw__budget_release(&b, &c[1]); /* c[3] fits; then c[2], now oldest, passes */
-	ck_assert_uint_eq(c[3].held, 90);
-	ck_assert_uint_eq(c[2].held, 15);
-	ck_assert_uint_eq(c[0].held, 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 300, 300), 0); /* alone: past the limit */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 80, 80), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 10, 10), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], 30, 30), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 80, 80), TW_EAGAIN); /* keeps its place */
+	ck_assert_uint_eq(b.used, 300);
+	tw__budget_release(&b, &c[0]); /* the smallest first; the largest waits */
+	ck_assert_int_eq(granted[0], 2);
+	ck_assert_uint_eq(c[2].held, 10);
+	ck_assert_uint_eq(c[3].held, 30);
+	ck_assert_uint_eq(c[1].held, 0);
+	ck_assert_uint_eq(c[1].skips, 2);
+	/* c[2] comes back with small messages and passes c[1] each time ... */
+	while (c[1].skips < TW__BUDGET_MAX_SKIPS) {
+		tw__budget_release(&b, &c[2]);
+		ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 10, 10), 0);
+	}
+	/* ... until c[1] was passed over enough: then nobody passes it */
 	tw__budget_release(&b, &c[2]);
-	ck_assert_uint_eq(b.used, 91); /* c[3] then c[0] */
-	tw__budget_release(&b, &c[3]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 10, 10), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 1, 1), TW_EAGAIN);
+	tw__budget_release(&b, &c[3]); /* alone: c[1], then what fits */
+	ck_assert_uint_eq(c[1].held, 80);
+	ck_assert_uint_eq(c[0].held, 1);
+	ck_assert_uint_eq(c[2].held, 10);
+	ck_assert_uint_eq(b.used, 91);
+	/* a holder asks again: past a full budget only the oldest goes */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 50, 50), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 50, 50), 0);
+	ck_assert_uint_eq(b.used, 141);
+	tw__budget_release(&b, &c[1]); /* c[2]'s 50 fit now */
+	ck_assert_uint_eq(c[2].held, 60);
+	tw__budget_release(&b, &c[2]);
 	tw__budget_release(&b, &c[0]);
-	/* bytes queued for writing count, except for a lone message */
+	ck_assert_uint_eq(b.used, 0);
+	/* bytes queued for writing count: while they may still drain, even
+	 * a lone message waits for them, until the owner's pass (no bytes
+	 * came back for a while); the passer goes on, the others wait */
 	queued = 95;
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10), 0);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 1), TW_EAGAIN);
-	tw__budget_release(&b, &c[0]); /* nothing reserved: granted, whatever is queued */
-	ck_assert_uint_eq(c[1].held, 1);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10, 10), TW_EAGAIN);
+	tw__budget_pass(&b);
+	ck_assert_uint_eq(c[0].held, 10);
+	ck_assert_ptr_eq(b.passer, &c[0]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 10, 10), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10, 10), 0); /* the passer, to its end */
+	tw__budget_release(&b, &c[0]);
+	ck_assert_ptr_null(b.passer);
+	ck_assert_uint_eq(c[1].held, 0); /* the pass was used: c[1] waits for the queue */
+	queued = 90;
+	tw__budget_admit(&b);
+	ck_assert_uint_eq(c[1].held, 10);
 	tw__budget_release(&b, &c[1]);
 	ck_assert_uint_eq(b.used, 0);
+	ck_assert_int_eq(b.tight, 0);
+}
+END_TEST
+
+/* The block cache counts in the receive budget: a reservation that fits
+ * only without the cache's pages trims the cache and is granted; while a
+ * comm waits, released large blocks are not cached. */
+START_TEST(budget_counts_block_cache)
+{
+	struct tw__budget b;
+	struct tw__claim c[2];
+	size_t mib = (size_t)1 << 20;
+	tw_block *blk, *blk2;
+	memset(c, 0, sizeof(c));
+	c[0].granted = c[1].granted = on_granted;
+	tw_block_cache_set_limit((size_t)256 << 20); /* also waits for the reclaimer */
+	ck_assert_int_eq(tw_block_new(2 * mib, &blk), 0);
+	ck_assert_int_eq(tw_block_new(2 * mib, &blk2), 0);
+	tw_block_free(blk);
+	tw_block_free(blk2);
+	ck_assert_uint_eq(tw__block_cache_bytes(), 4 * mib);
+	tw__budget_init(&b, 6 * mib);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 3 * mib, 3 * mib), 0);
+	ck_assert_uint_eq(tw__block_cache_bytes(), 2 * mib); /* the oldest mapping went */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 4 * mib), TW_EAGAIN);
+	ck_assert_int_eq(b.tight, 1);
+	ck_assert_int_eq(tw_block_new(mib, &blk), 0);
+	tw_block_free(blk); /* a comm waits: not cached */
+	ck_assert_uint_eq(tw__block_cache_bytes(), 2 * mib);
+	tw__budget_release(&b, &c[0]); /* c[1] goes on */
+	ck_assert_uint_eq(c[1].held, 4 * mib);
+	ck_assert_uint_eq(tw__block_cache_bytes(), 2 * mib);
+	ck_assert_int_eq(b.tight, 0);
+	tw__budget_release(&b, &c[1]);
+	ck_assert_int_eq(tw_block_new(mib, &blk), 0);
+	tw_block_free(blk); /* nobody waits: cached again */
+	ck_assert_uint_eq(tw__block_cache_bytes(), 3 * mib);
+	tw_block_cache_set_limit((size_t)256 << 20);
 }
 END_TEST
 
@@ -691,6 +748,7 @@ static Suite *buf_suite(void)
 	tcase_add_test(msgs, stats_sized);
 	tcase_add_test(blocks, block_free_unmaps_off_thread);
 	tcase_add_test(blocks, budget_rules);
+	tcase_add_test(blocks, budget_counts_block_cache);
 	suite_add_tcase(s, blocks);
 	suite_add_tcase(s, msgs);
 	return s;

@@ -135,6 +135,73 @@ START_TEST(receive_budget_pauses_and_resumes)
 }
 END_TEST
 
+/* Past the budget the largest message waits longest: A's 3 MiB message
+ * holds the 4 MiB budget; B (3 MiB) and then C (2 MiB) wait with their
+ * heads read. Once A completes, C goes on first although B stopped first,
+ * and B still waits (3 + 2 MiB do not fit) until C is done. In arrival
+ * order (the rule before) B went first and C waited. */
+START_TEST(receive_budget_largest_waits)
+{
+	struct tu h;
+	struct tu_peer *sa, *sb, *sc;
+	size_t big = 3 * MiB, mid = 2 * MiB, wa, wb, wc;
+	uint8_t *ma = wire_msg(big, 1, &wa), *mb = wire_msg(big, 2, &wb);
+	uint8_t *mc = wire_msg(mid, 3, &wc);
+	int fa, fb, fc;
+	struct at_least head;
+	tu_init(&h);
+	h.sopts.echo = 0;
+	h.sopts.keep = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_ge(fa = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sa = tu_server_peer(&h, 0));
+	ck_assert_int_ge(fb = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sb = tu_server_peer(&h, 1));
+	ck_assert_int_ge(fc = tu_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(sc = tu_server_peer(&h, 2));
+
+	ck_assert_uint_eq(tu_raw_send(&h, fa, ma, wa / 2), wa / 2);
+	head = (struct at_least){sa, wa / 2};
+	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	ck_assert_uint_eq(tu_raw_send(&h, fb, mb, 64 * KiB), 64 * KiB);
+	head = (struct at_least){sb, 16};
+	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	ck_assert_uint_eq(tu_raw_send(&h, fc, mc, 64 * KiB), 64 * KiB);
+	head = (struct at_least){sc, 16};
+	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	ck_assert_uint_eq(received(sb), 16);
+	ck_assert_uint_eq(received(sc), 16);
+
+	/* A completes: C, the smaller, goes on (it reads what its peer sent);
+	 * B waits */
+	ck_assert_uint_eq(tu_raw_send(&h, fa, ma + wa / 2, wa - wa / 2), wa - wa / 2);
+	ck_assert(tu_wait_count(&h, &sa->nmsgs, 1, TU_WAIT_MS));
+	head = (struct at_least){sc, 64 * KiB};
+	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	ck_assert_uint_eq(received(sb), 16);
+	ck_assert_uint_eq(budget_used(&h), wc - 16);
+
+	/* C completes and gives its bytes back: B goes on */
+	ck_assert_uint_eq(tu_raw_send(&h, fc, mc + 64 * KiB, wc - 64 * KiB), wc - 64 * KiB);
+	ck_assert(tu_wait_count(&h, &sc->nmsgs, 1, TU_WAIT_MS));
+	ck_assert_uint_eq(tu_raw_send(&h, fb, mb + 64 * KiB, wb - 64 * KiB), wb - 64 * KiB);
+	ck_assert(tu_wait_count(&h, &sb->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(tu_msg_matches(sa->msgs[0], &big, 1, 1));
+	ck_assert(tu_msg_matches(sb->msgs[0], &big, 1, 2));
+	ck_assert(tu_msg_matches(sc->msgs[0], &mid, 1, 3));
+	ck_assert_uint_eq(budget_used(&h), 0);
+	ck_assert_int_eq(sa->closed + sb->closed + sc->closed, 0);
+	close(fa);
+	close(fb);
+	close(fc);
+	tu_fini(&h);
+	free(ma);
+	free(mb);
+	free(mc);
+}
+END_TEST
+
 /* Eight peers send 3 MiB messages at once through a 4 MiB budget: comms
  * pause and resume in turn, the bytes reserved never pass the budget (one
  * message at a time here), and every message arrives intact. */
@@ -265,6 +332,7 @@ TCase *tcp_budget_tcase(void)
 	TCase *tc = tcase_create("budget");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, receive_budget_pauses_and_resumes);
+	tcase_add_test(tc, receive_budget_largest_waits);
 	tcase_add_test(tc, receive_budget_crowd);
 	tcase_add_test(tc, write_budget_refuses_then_drains);
 	tcase_add_test(tc, budget_setters);

@@ -222,19 +222,25 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * every comm of the context. Loop thread.
  *
  * Receive budget: bytes of messages being received, counted together
- * with the bytes queued for writing (so a server whose echoes or forwards
- * back up takes in less). A message larger than the small-frame size
+ * with the messages queued for writing, each whole until it is written
+ * (so a server whose echoes or forwards back up takes in less), and with
+ * the process's cache of large blocks (tw_block_cache_set_limit), which
+ * is trimmed to make room and takes in nothing while a comm waits. A
+ * message larger than the small-frame size
  * (tw_context_set_small_frame_bytes) reserves its bytes as they arrive,
  * 4 MiB ahead of them (memory follows the bytes: a peer that declares
  * 1 GiB and sends 10 bytes holds 4 MiB of the budget, not 1 GiB), and
  * gives them back once it is complete and delivered (or its comm ends).
- * A comm whose next bytes do not fit stops reading
- * (nothing is dropped; its peer is held back by TCP) until reservations
- * given back make room; waiting comms go on in the order they stopped,
- * so a large message is never passed over for ever by smaller ones.
- * Nothing deadlocks: when nothing is reserved, one message goes on
- * whatever is queued for writing, and when the budget is full, the
- * oldest message in progress goes on past it and finishes, so
+ * A comm whose next bytes do not fit stops reading (nothing is dropped;
+ * its peer is held back by TCP) until reservations given back make room;
+ * then the waiting comm whose message has the fewest bytes still to come
+ * goes on first (the largest messages pause first and longest), but one
+ * passed over 8 times is passed no more, so a large message is not held
+ * back for ever by smaller ones. Nothing deadlocks: one message at a
+ * time goes on past the budget, to its end (the next waiter when nothing
+ * is reserved, the oldest message in progress when the budget is full),
+ * at once when nothing is being written, else after 100 ms in which no
+ * bytes came back (the peers of our writes may wait for our reads), so
  * every message within the message limit is received (what Dask sends is
  * never refused, only queued). A paused comm's peer keeps its bytes: a
  * pause longer than the peer's TCP timeout (30 s in Dask and here) ends

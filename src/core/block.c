@@ -99,11 +99,14 @@ static void evict_oldest(void)
 	memmove(&cache.slot[0], &cache.slot[1], cache.n * sizeof(cache.slot[0]));
 }
 
+/* Receive budgets with comms waiting (tw__block_cache_bypass). */
+static atomic_int bypass;
+
 /* Keep a released mapping for reuse, evicting the oldest past the limit. */
 static void cache_put(void *p, size_t len)
 {
 	pthread_mutex_lock(&cache.lock);
-	if (len <= cache.limit) {
+	if (len <= cache.limit && atomic_load_explicit(&bypass, memory_order_relaxed) == 0) {
 		while (cache.n > 0 && (cache.bytes + len > cache.limit || cache.n == CACHE_SLOTS))
 			evict_oldest();
 		cache.slot[cache.n].p = p;
@@ -126,6 +129,28 @@ void tw__block_cache_drain(void)
 	cache.bytes = 0;
 	pthread_mutex_unlock(&cache.lock);
 	tw__reclaim_wait(); /* callers count on the memory being back */
+}
+
+size_t tw__block_cache_bytes(void)
+{
+	size_t n;
+	pthread_mutex_lock(&cache.lock);
+	n = cache.bytes;
+	pthread_mutex_unlock(&cache.lock);
+	return n;
+}
+
+void tw__block_cache_trim(size_t keep)
+{
+	pthread_mutex_lock(&cache.lock);
+	while (cache.n > 0 && cache.bytes > keep)
+		evict_oldest();
+	pthread_mutex_unlock(&cache.lock);
+}
+
+void tw__block_cache_bypass(int on)
+{
+	atomic_fetch_add_explicit(&bypass, on ? 1 : -1, memory_order_relaxed);
 }
 
 void tw_block_cache_set_limit(size_t bytes)

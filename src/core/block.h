@@ -62,5 +62,13 @@ size_t tw__block_overhead(void);
 
 /* Release every cached mapping (context teardown, tests). */
 void tw__block_cache_drain(void);
+/* The bytes the cache of large blocks holds now; trim it to at most
+ * `keep` bytes (oldest first). Any thread. The receive budgets count the
+ * cache with their reservations and trim it to make room. */
+size_t tw__block_cache_bytes(void);
+void tw__block_cache_trim(size_t keep);
+/* on 1: one more budget is tight, and while any is, released blocks are
+ * not cached (they go back to the system); on 0: one less. */
+void tw__block_cache_bypass(int on);
 
 #endif

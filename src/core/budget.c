@@ -4,7 +4,9 @@
 
 #include <taskwire/error.h>
 
+#include "core/block.h"
 #include "core/budget.h"
+#include "core/reclaim.h"
 
 static void list_init(struct tw__claim *head)
 {
@@ -36,6 +38,7 @@ static void enqueue(struct tw__claim *head, struct tw__claim *c)
 
 static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
 {
+	b->progress++;
 	if (c->held == 0) { /* a new holder: the youngest */
 		c->hnext = &b->hold;
 		c->hprev = b->hold.hprev;
@@ -46,42 +49,150 @@ static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
 	b->used += bytes;
 }
 
+/* The process's cache of large blocks counts too: its pages are memory
+ * as much as a message's. It gives way to a comm: trimmed (its pages go
+ * back to the system) so that reserved + queued + cached + bytes stay
+ * within the limit, as far as it can. */
+static void make_room(const struct tw__budget *b, uint64_t need)
+{
+	if (need + tw__block_cache_bytes() > b->limit)
+		tw__block_cache_trim(need < b->limit ? (size_t)(b->limit - need) : 0);
+}
+
+/* Reserved, queued for writing (`also`), still being unmapped by the
+ * reclaimer (freed messages' pages, resident until it gets to them), and
+ * `bytes` more. */
+static uint64_t need_for(const struct tw__budget *b, uint64_t bytes)
+{
+	uint64_t need = b->used + (b->also != NULL ? *b->also : 0) + tw__reclaim_pending() + bytes;
+	return need < bytes ? UINT64_MAX : need;
+}
+
+/* Whether bytes more fit with what is reserved, queued for writing and
+ * being unmapped; the cache is trimmed to make room. */
 static int fits(const struct tw__budget *b, uint64_t bytes)
 {
-	uint64_t also = b->also != NULL ? *b->also : 0;
-	return b->used == 0 || b->used + also + bytes <= b->limit;
+	uint64_t need = need_for(b, bytes);
+	if (need > b->limit)
+		return 0;
+	make_room(b, need);
+	return 1;
 }
 
-/* The budget is full and nobody can go on: the oldest message in
- * progress goes on, past the limit and past the waiters, finishes, and
- * gives back what it holds. The bytes queued for writing count as full
- * too: their peers may be waiting for our reads before they read what we
- * wrote (a taskwire peer with a budget of its own, or one that writes
- * before it reads). With room, the oldest waits its turn like any other,
- * so the freed bytes go round the waiters. */
+/* Whether bytes will come back without anyone passing the budget:
+ * messages being written, pages the reclaimer has still to unmap. */
+static int drains(const struct tw__budget *b)
+{
+	return (b->also != NULL && *b->also > 0) || tw__reclaim_pending() > 0;
+}
+
+/* So that nothing deadlocks, one message at a time goes on past the
+ * limit (the passer), as far as it needs: a message larger than the
+ * budget has no other way in, and the messages being written may wait
+ * for our reads (a peer with a budget of its own, or one that writes
+ * before it reads). It may start when nothing can come back by itself,
+ * or once the owner says no bytes came back for a while
+ * (tw__budget_pass): while writes drain, waiters wait for them, and the
+ * budget holds. Alone (nothing reserved), the next waiter is the passer;
+ * with the budget full of messages in progress, the oldest of them. */
+static int may_start_pass(const struct tw__budget *b)
+{
+	return b->passer == NULL && (!drains(b) || b->may_pass);
+}
+
+static int alone(const struct tw__budget *b)
+{
+	return b->used == 0 && may_start_pass(b);
+}
+
 static int must_pass(const struct tw__budget *b, const struct tw__claim *c, uint64_t bytes)
 {
-	return c->held > 0 && b->hold.hnext == c && !fits(b, bytes);
+	return c->held > 0 && !fits(b, bytes) &&
+	       (c == b->passer || (b->hold.hnext == c && may_start_pass(b)));
 }
 
-static void admit_one(struct tw__budget *b, struct tw__claim *c)
+static void set_passer(struct tw__budget *b, struct tw__claim *c)
 {
+	b->passer = c;
+	b->may_pass = 0;
+}
+
+/* The waiter to go on next: the one with the fewest bytes of its message
+ * still to come (comms with the largest messages are paused first, and
+ * stay paused longest: a message done gives its bytes back, and the
+ * nearest to done gives them back soonest), the oldest among equals; but once the oldest
+ * waiter has been passed over TW__BUDGET_MAX_SKIPS times, nobody passes
+ * it any more, so a large message is not kept waiting for ever by a
+ * stream of smaller ones. */
+static struct tw__claim *next_waiter(struct tw__budget *b)
+{
+	struct tw__claim *best = b->wait.next;
+	if (best == &b->wait)
+		return NULL;
+	if (best->skips >= TW__BUDGET_MAX_SKIPS)
+		return best;
+	for (struct tw__claim *c = best->next; c != &b->wait; c = c->next)
+		if (c->rest < best->rest)
+			best = c;
+	return best;
+}
+
+/* Grant c what it waits for; the waiters older than c were passed over.
+ * c->granted runs unless c is `self` (the claim reserving right now). */
+static void admit_one(struct tw__budget *b, struct tw__claim *c, struct tw__claim *self)
+{
+	for (struct tw__claim *o = b->wait.next; o != c; o = o->next)
+		o->skips++;
 	unwait(c);
 	grant(b, c, c->want);
 	c->want = 0;
-	c->granted(c);
+	c->skips = 0;
+	if (c != self)
+		c->granted(c);
 }
 
-/* Grant waiters in order while the first of them fits; and the oldest
- * holder, wherever it waits, when it must pass. */
+/* While comms wait, the block cache takes in no more (freed large blocks
+ * go back to the system): what it would keep is memory the budget does
+ * not see come back. */
+static void set_tight(struct tw__budget *b)
+{
+	int tight = b->wait.next != &b->wait;
+	if (tight != b->tight)
+		tw__block_cache_bypass(tight);
+	b->tight = tight;
+}
+
+static void admit(struct tw__budget *b, struct tw__claim *self)
+{
+	struct tw__claim *c, *old;
+	while ((c = next_waiter(b)) != NULL) {
+		if (!fits(b, c->want)) {
+			if (!alone(b))
+				break;
+			set_passer(b, c);
+		}
+		make_room(b, need_for(b, c->want));
+		admit_one(b, c, self);
+	}
+	old = b->hold.hnext;
+	if (old != &b->hold && waiting(old) && must_pass(b, old, old->want)) {
+		set_passer(b, old);
+		admit_one(b, old, self);
+	}
+	set_tight(b);
+	/* Comms wait and nobody passes: the owner watches for bytes coming
+	 * back, and calls tw__budget_pass when none do. */
+	if (b->tight && b->passer == NULL && b->stuck != NULL)
+		b->stuck(b);
+	/* The reclaimer gives bytes back without telling anyone: look again
+	 * shortly while it has some and comms wait for room. */
+	if (b->tight && b->later != NULL && tw__reclaim_pending() > 0)
+		b->later(b);
+}
+
 void tw__budget_admit(struct tw__budget *b)
 {
-	struct tw__claim *old;
-	while (b->wait.next != &b->wait && fits(b, b->wait.next->want))
-		admit_one(b, b->wait.next);
-	old = b->hold.hnext;
-	if (old != &b->hold && waiting(old) && must_pass(b, old, old->want))
-		admit_one(b, old);
+	admit(b, NULL);
 }
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit)
@@ -89,42 +200,60 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->limit = limit;
 	b->used = 0;
 	b->also = NULL;
+	b->later = NULL;
+	b->stuck = NULL;
+	b->passer = NULL;
+	b->may_pass = 0;
+	b->progress = 0;
+	b->tight = 0;
 	list_init(&b->wait);
 	list_init(&b->hold);
 }
 
-int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
+int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes, uint64_t rest)
 {
 	if (waiting(c))
 		return TW_EAGAIN;
-	/* Nobody passes a waiter, except the oldest holder when it must. */
-	if ((fits(b, bytes) && b->wait.next == &b->wait) || must_pass(b, c, bytes)) {
+	if (must_pass(b, c, bytes)) {
+		set_passer(b, c);
 		grant(b, c, bytes);
 		return 0;
 	}
 	c->want = bytes;
+	c->rest = rest;
+	c->skips = 0;
 	enqueue(&b->wait, c);
-	return TW_EAGAIN;
+	admit(b, c);
+	return waiting(c) ? TW_EAGAIN : 0;
 }
 
 void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 {
 	unwait(c);
 	c->want = 0;
+	if (b->passer == c)
+		b->passer = NULL;
+	b->progress++;
 	if (c->held > 0) {
 		b->used -= c->held;
 		c->held = 0;
 		c->hprev->hnext = c->hnext;
 		c->hnext->hprev = c->hprev;
 		c->hnext = c->hprev = NULL;
-		tw__budget_admit(b);
 	}
+	admit(b, NULL);
+}
+
+void tw__budget_pass(struct tw__budget *b)
+{
+	b->may_pass = 1;
+	admit(b, NULL);
 }
 
 void tw__budget_set_limit(struct tw__budget *b, uint64_t limit)
 {
 	b->limit = limit;
-	tw__budget_admit(b);
+	admit(b, NULL);
 }
 
 void tw__wbudget_init(struct tw__wbudget *b, uint64_t limit)

@@ -15,6 +15,8 @@ struct tw__claim {
 	struct tw__claim *hprev, *hnext; /* in the holders, oldest first, while held > 0 */
 	uint64_t held;                   /* bytes reserved */
 	uint64_t want;                   /* bytes asked for while waiting */
+	uint64_t rest;                   /* bytes of its message still to come, then */
+	unsigned skips;                  /* younger waiters granted first, while waiting */
 	/* Waiting ended (the bytes asked for are reserved now, or, for the
 	 * write budget, the budget has room again). Runs inside
 	 * tw__budget_release or the setter: it must only schedule work (an
@@ -23,31 +25,60 @@ struct tw__claim {
 };
 
 /* The receive budget. Messages reserve their bytes as they arrive, a
- * step ahead; a reservation is granted while the bytes reserved (and
- * `also`) stay within `limit`, with nobody waiting ahead (first come,
- * first served, so a large message is never passed over forever by
- * smaller ones). So that nothing deadlocks, one is granted whatever its
- * size when nothing is reserved, and when the budget is full the oldest
- * holder reserves more, past the limit: it finishes, and gives back what
- * it holds. */
+ * step ahead (so memory follows the bytes, and every message in progress
+ * keeps moving: a comm that stops reading for longer than its peer's TCP
+ * timeout is cut by the peer). A reservation is granted while what is
+ * reserved, `also`, the bytes the reclaimer has still to unmap and the
+ * block cache (trimmed to make room) stay within `limit`. Waiters go on
+ * fewest bytes still to come first: past the budget, the comms with the
+ * largest messages pause first (issue 17), as the message nearest to
+ * done gives its bytes back soonest; a waiter passed over
+ * TW__BUDGET_MAX_SKIPS times is passed no more. So that nothing
+ * deadlocks, one message at a time (the passer) goes on past the limit,
+ * whatever its size, to its end: the next waiter when nothing is
+ * reserved, or the oldest holder when the budget is full; it starts at
+ * once when no bytes can come back by themselves (nothing being written,
+ * nothing with the reclaimer), else only after tw__budget_pass (no bytes
+ * came back for a while: the writes' peers may be waiting for our
+ * reads). While anyone waits, the block cache takes in nothing
+ * (tw__block_cache_bypass). */
+#define TW__BUDGET_MAX_SKIPS 8
 struct tw__budget {
 	uint64_t limit, used;
 	/* Bytes counted with `used` when a reservation is checked, but never
 	 * against the one that goes on when nothing is reserved: the write
-	 * queues, whose draining never waits for what we receive. */
+	 * queues, whose peers may wait for our reads. */
 	const uint64_t *also;
-	struct tw__claim wait, hold; /* list heads */
+	struct tw__claim wait,
+		hold; /* list heads: waiting in arrival order, holders oldest first */
+	int tight;    /* comms wait: this budget keeps the block cache bypassed */
+	/* Called when comms wait while the reclaimer still holds bytes,
+	 * which it gives back without a word: the owner calls
+	 * tw__budget_admit again soon (a timer). NULL: nobody does. */
+	void (*later)(struct tw__budget *b);
+	/* Called when comms wait and nobody passes the limit: the owner
+	 * calls tw__budget_pass if `progress` (grants, releases, and what
+	 * the owner adds: bytes written) and the reclaimer's bytes stay
+	 * put for a while. NULL: nobody does. */
+	void (*stuck)(struct tw__budget *b);
+	struct tw__claim *passer; /* the one message past the limit, or NULL */
+	int may_pass;             /* tw__budget_pass said so, and nobody has passed since */
+	uint64_t progress;
 };
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);
-/* Reserve `bytes` more for c: 0 when granted; TW_EAGAIN when c must wait
+/* Reserve `bytes` more for c, whose message has `rest` bytes still to
+ * come (the order among waiters): 0 when granted; TW_EAGAIN when c must wait
  * (c->granted runs once the bytes are reserved for it). A claim already
- * waiting gets TW_EAGAIN again and keeps its place. */
-int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes);
+ * waiting gets TW_EAGAIN again and keeps its place. Other waiters are
+ * granted only by release, admit and set_limit. */
+int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes, uint64_t rest);
 /* Give back all c holds and stop waiting; waiters that now fit are granted. */
 void tw__budget_release(struct tw__budget *b, struct tw__claim *c);
 /* Grant the waiters that fit now (`also` went down). */
 void tw__budget_admit(struct tw__budget *b);
+/* No bytes came back for a while: one message may pass the limit. */
+void tw__budget_pass(struct tw__budget *b);
 /* A new limit; waiters that now fit are granted. */
 void tw__budget_set_limit(struct tw__budget *b, uint64_t limit);
 

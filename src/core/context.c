@@ -2,6 +2,7 @@
 /* Contexts: limits, the event loop, cross-thread calls
  * (include/taskwire/context.h). */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -14,6 +15,7 @@
 
 #include "core/block.h"
 #include "core/context.h"
+#include "core/reclaim.h"
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int threads_rv;
@@ -45,6 +47,61 @@ static void run_calls(evutil_socket_t fd, short what, void *arg)
 			free(c);
 		c = next;
 	}
+}
+
+/* Comms wait for the receive budget while the reclaimer still holds
+ * bytes it counts: look again in a millisecond (rbudget.later). */
+static void rbudget_due(evutil_socket_t fd, short what, void *arg)
+{
+	tw_context *ctx = arg;
+	(void)fd;
+	(void)what;
+	tw__budget_admit(&ctx->rbudget);
+}
+
+static void rbudget_later(struct tw__budget *b)
+{
+	tw_context *ctx = (tw_context *)(void *)((char *)b - offsetof(tw_context, rbudget));
+	struct timeval ms = {0, 1000};
+	if (!event_pending(ctx->rbudget_ev, EV_TIMEOUT, NULL))
+		event_add(ctx->rbudget_ev, &ms);
+}
+
+/* Comms wait for the receive budget and nobody passes it: if no bytes
+ * came back (none written, none unmapped, no grant or release) for
+ * PASS_MS, the writes' peers may be waiting for our reads, so one
+ * message may pass (tw__budget_pass); else look again. Not sooner:
+ * while bytes come back, waiting for them keeps the budget. */
+#define PASS_MS 100
+
+static void pass_arm(tw_context *ctx)
+{
+	struct timeval tv = {0, PASS_MS * 1000};
+	ctx->pass_progress = ctx->rbudget.progress;
+	ctx->pass_pending = tw__reclaim_pending();
+	event_add(ctx->pass_ev, &tv);
+}
+
+static void pass_due(evutil_socket_t fd, short what, void *arg)
+{
+	tw_context *ctx = arg;
+	struct tw__budget *b = &ctx->rbudget;
+	(void)fd;
+	(void)what;
+	if (!b->tight || b->passer != NULL)
+		return;
+	if (b->progress != ctx->pass_progress || tw__reclaim_pending() < ctx->pass_pending) {
+		pass_arm(ctx);
+		return;
+	}
+	tw__budget_pass(b);
+}
+
+static void rbudget_stuck(struct tw__budget *b)
+{
+	tw_context *ctx = (tw_context *)(void *)((char *)b - offsetof(tw_context, rbudget));
+	if (!event_pending(ctx->pass_ev, EV_TIMEOUT, NULL))
+		pass_arm(ctx);
 }
 
 /* The write budget has room again: tell the writers it refused. */
@@ -116,7 +173,9 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->offload_threshold = (uint64_t)10 << 20; /* TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES */
 	tw__budget_init(&ctx->rbudget, tw__budget_default_bytes());
 	tw__wbudget_init(&ctx->wbudget, tw__budget_default_bytes());
-	ctx->rbudget.also = &ctx->wbudget.used;
+	ctx->rbudget.also = &ctx->wq_held;
+	ctx->rbudget.later = rbudget_later;
+	ctx->rbudget.stuck = rbudget_stuck;
 	ctx->own_base = base == NULL;
 	ctx->base = base != NULL ? base : event_base_new();
 	if (ctx->base == NULL)
@@ -131,7 +190,9 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->call_ev = event_new(ctx->base, ctx->wake_fd, EV_READ | EV_PERSIST, run_calls, ctx);
 	if (ctx->call_ev == NULL || event_add(ctx->call_ev, NULL) != 0)
 		goto fail;
-	if ((ctx->wbudget_ev = event_new(ctx->base, -1, 0, wbudget_due, ctx)) == NULL)
+	if ((ctx->wbudget_ev = event_new(ctx->base, -1, 0, wbudget_due, ctx)) == NULL ||
+	    (ctx->rbudget_ev = event_new(ctx->base, -1, 0, rbudget_due, ctx)) == NULL ||
+	    (ctx->pass_ev = event_new(ctx->base, -1, 0, pass_due, ctx)) == NULL)
 		goto fail;
 	if (ctx->own_base) {
 		if (pthread_create(&ctx->thread, NULL, loop_main, ctx) != 0)
@@ -141,6 +202,10 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	*out = ctx;
 	return 0;
 fail:
+	if (ctx->pass_ev != NULL)
+		event_free(ctx->pass_ev);
+	if (ctx->rbudget_ev != NULL)
+		event_free(ctx->rbudget_ev);
 	if (ctx->wbudget_ev != NULL)
 		event_free(ctx->wbudget_ev);
 	if (ctx->call_ev != NULL)
@@ -238,6 +303,8 @@ void tw__ctx_free(tw_context *ctx)
 	if (ctx->offload_release != NULL)
 		ctx->offload_release(ctx->offload);
 	run_calls(-1, 0, ctx);
+	event_free(ctx->pass_ev);
+	event_free(ctx->rbudget_ev);
 	event_free(ctx->wbudget_ev);
 	event_free(ctx->call_ev);
 	close(ctx->wake_fd);
@@ -345,10 +412,21 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes)
 
 void tw__ctx_write_gone(tw_context *ctx, uint64_t n)
 {
+	ctx->rbudget.progress += n; /* bytes going out: their memory comes back */
 	if (tw__wbudget_sub(&ctx->wbudget, n)) {
 		ctx->wbudget.posted = 1;
 		event_active(ctx->wbudget_ev, EV_TIMEOUT, 0);
 	}
+}
+
+void tw__ctx_write_held(tw_context *ctx, uint64_t n)
+{
+	ctx->wq_held += n;
+}
+
+void tw__ctx_write_unheld(tw_context *ctx, uint64_t n)
+{
+	ctx->wq_held -= n;
 	if (ctx->rbudget.wait.next != &ctx->rbudget.wait)
 		tw__budget_admit(&ctx->rbudget); /* the write queues count there too */
 }

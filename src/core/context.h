@@ -88,6 +88,14 @@ struct tw_context {
 	struct tw__budget rbudget;
 	struct tw__wbudget wbudget;
 	struct event *wbudget_ev;
+	struct event *rbudget_ev; /* a 1 ms look again while the reclaimer holds bytes */
+	struct event *pass_ev;    /* rbudget.stuck: 100 ms with no bytes back, then a pass */
+	uint64_t pass_progress, pass_pending;
+	/* Bytes of the messages in all write queues, each counted until it
+	 * is written whole and freed (wbudget.used falls as bytes go out,
+	 * while the message's memory stays until its last byte): what the
+	 * receive budget counts with its reservations (rbudget.also). */
+	uint64_t wq_held;
 	/* Loop threads (core/loops.c, tw_context_set_loop_threads): loops[i]
 	 * for i >= 1 is a context of its own with its own loop thread;
 	 * loops[0] is this one. On those, `main` is this context and `index`
@@ -99,6 +107,12 @@ struct tw_context {
 	unsigned next_loop;           /* round robin of accepted comms */
 	void *(*tls_hold)(void *tls); /* another reference to tls */
 };
+
+/* A message of n bytes entered a write queue (held), or left it written
+ * or dropped and freed (unheld: waiters of the receive budget may fit
+ * now). Loop thread. */
+void tw__ctx_write_held(tw_context *ctx, uint64_t n);
+void tw__ctx_write_unheld(tw_context *ctx, uint64_t n);
 
 /* What a loop copies from the main context with each comm handed to it
  * (tw__loop_conf_take on the main loop thread, tw__loop_conf_apply on the

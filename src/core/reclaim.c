@@ -6,6 +6,7 @@
  * message the same way. The thread starts with the first large unmap and
  * lives as long as the process, as glibc's own helper threads do. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,10 +42,22 @@ static struct {
  * of 16 MiB (about 2 ms each) the loop gets the lock in between. */
 #define STEP_BYTES ((size_t)16 << 20)
 
+/* Bytes handed to the reclaimer and not unmapped yet: still resident,
+ * so the receive budgets count them (tw__reclaim_pending). */
+static _Atomic uint64_t pending;
+
 static void unmap_in_steps(uint8_t *p, size_t len)
 {
-	for (size_t off = 0; off < len; off += STEP_BYTES)
-		munmap(p + off, len - off < STEP_BYTES ? len - off : STEP_BYTES);
+	for (size_t off = 0; off < len; off += STEP_BYTES) {
+		size_t n = len - off < STEP_BYTES ? len - off : STEP_BYTES;
+		munmap(p + off, n);
+		atomic_fetch_sub_explicit(&pending, n, memory_order_relaxed);
+	}
+}
+
+uint64_t tw__reclaim_pending(void)
+{
+	return atomic_load_explicit(&pending, memory_order_relaxed);
 }
 
 static void *reclaimer(void *arg)
@@ -90,6 +103,7 @@ static void after_fork_child(void)
 	while (j != NULL) {
 		struct job *next = j->next;
 		munmap(j->p, j->len);
+		atomic_fetch_sub_explicit(&pending, j->len, memory_order_relaxed);
 		free(j);
 		j = next;
 	}
@@ -136,6 +150,7 @@ void tw__unmap(void *p, size_t len, size_t used)
 		munmap(p, len);
 		return;
 	}
+	atomic_fetch_add_explicit(&pending, len, memory_order_relaxed);
 	*r.tail = j;
 	r.tail = &j->next;
 	pthread_cond_signal(&r.work);

@@ -4,6 +4,7 @@
 #define TW_CORE_RECLAIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Mappings with at least this many bytes in use go to the reclaimer:
  * munmap frees every resident page before it returns (about 0.12 ms per
@@ -19,5 +20,8 @@ void tw__unmap(void *p, size_t len, size_t used);
 /* Wait until every mapping handed to the reclaimer so far is unmapped
  * (tests, tw_block_cache_set_limit). Any thread but the reclaimer's. */
 void tw__reclaim_wait(void);
+/* Bytes handed to the reclaimer and not unmapped yet (they are still
+ * resident). Any thread. */
+uint64_t tw__reclaim_pending(void);
 
 #endif

@@ -159,7 +159,7 @@ int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, size_t *len)
 		uint64_t step = left < TW__RX_STEP_BYTES ? left : TW__RX_STEP_BYTES;
 		if (step == 0)
 			return 0;
-		if (tw__budget_reserve(&c->ctx->rbudget, &c->rx_claim, step) != 0)
+		if (tw__budget_reserve(&c->ctx->rbudget, &c->rx_claim, step, left) != 0)
 			return TW_EAGAIN;
 		held += step;
 	}
@@ -181,6 +181,16 @@ void tw__comm_wq_add(tw_comm *c, uint64_t n)
 void tw__comm_wq_sub(tw_comm *c, uint64_t n)
 {
 	tw__ctx_write_gone(c->ctx, n);
+}
+
+void tw__comm_wq_hold(tw_comm *c, uint64_t n)
+{
+	tw__ctx_write_held(c->ctx, n);
+}
+
+void tw__comm_wq_unhold(tw_comm *c, uint64_t n)
+{
+	tw__ctx_write_unheld(c->ctx, n);
 }
 
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)

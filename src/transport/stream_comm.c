@@ -103,8 +103,10 @@ static void release_queue(struct stream *s)
 {
 	for (size_t i = 0; i < s->qn; i++) {
 		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
+		uint64_t mb = tw_msg_bytes(e->msg);
 		tw_msg_free(e->msg);
 		free(e->prelude);
+		tw__comm_wq_unhold(&s->base, mb);
 	}
 	s->qn = 0;
 	tw__comm_wq_sub(&s->base, s->queued_bytes);
@@ -175,10 +177,12 @@ static void consume(struct stream *s, uint64_t n)
 	n += s->head_sent;
 	while (s->qn > 0 && n >= s->q[s->qhead].wire_len) {
 		struct wq_entry *e = &s->q[s->qhead];
+		uint64_t mb = tw_msg_bytes(e->msg);
 		n -= e->wire_len;
 		s->queued_cost -= e->cost;
 		tw_msg_free(e->msg);
 		free(e->prelude);
+		tw__comm_wq_unhold(&s->base, mb);
 		s->qhead = (s->qhead + 1) % s->qcap;
 		s->qn--;
 		TW__COUNT(&s->base.stats, msgs_sent, 1);
@@ -264,6 +268,7 @@ static int s_write(tw_comm *c, tw_msg *m)
 	s->qn++;
 	s->queued_bytes += e->wire_len;
 	tw__comm_wq_add(c, e->wire_len);
+	tw__comm_wq_hold(c, tw_msg_bytes(m));
 	/* Write from the loop, not from inside this call: the caller never
 	 * sees a callback (drain, close) run within tw_comm_write, and the
 	 * writes of one loop turn go out in one writev. A reply written by a
@@ -521,11 +526,17 @@ static void read_input(struct stream *s)
 		if (rv == 1) {
 			tw_msg *m = tw__rx_take(&s->rx);
 			int alive;
-			if (s->rx_large)
-				unreserve(s);
 			TW__COUNT(&s->base.stats, msgs_received, 1);
 			alive = tw__comm_deliver(&s->base, m);
 			tw_msg_free(m);
+			/* Its bytes go back to the budget once the message is
+			 * where it stays counted (a write queue, the reclaimer)
+			 * or the application's: given back before delivery,
+			 * they went to waiters while an echo of them queued,
+			 * twice the message in memory (budget-bench: VmHWM
+			 * 1367 MiB for a 1 GiB budget). */
+			if (alive && s->rx_large)
+				unreserve(s);
 			/* tw_comm_close in the callback stops reading: the
 			 * next wakeup drains input instead of delivering. */
 			if (!alive || s->closing || !s->reading)

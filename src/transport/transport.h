@@ -171,6 +171,11 @@ struct tw_listener {
 #define TW__RX_STEP_BYTES ((uint64_t)4 << 20)
 int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, size_t *len);
 void tw__comm_rx_release(tw_comm *c);
+/* The memory of c's write queue, for the receive budget: a message of
+ * n bytes (tw_msg_bytes) entered it (hold), or left it written or
+ * dropped, after it was freed (unhold). */
+void tw__comm_wq_hold(tw_comm *c, uint64_t n);
+void tw__comm_wq_unhold(tw_comm *c, uint64_t n);
 /* The write budget (tw_context_set_write_budget_bytes): bytes entering
  * c's write queue, and leaving it (written, or dropped). */
 void tw__comm_wq_add(tw_comm *c, uint64_t n);

@@ -216,10 +216,12 @@ static uint64_t msg_wire(const struct out_msg *m)
 	return n;
 }
 
-static void out_free(struct out_msg *m)
+static void out_free(struct ws *w, struct out_msg *m)
 {
+	uint64_t mb = tw_msg_bytes(m->msg);
 	tw_msg_free(m->msg);
 	free(m->segs);
+	tw__comm_wq_unhold(&w->base, mb);
 }
 
 /* n bytes of segments went out: move the cursor, retire messages. */
@@ -239,7 +241,7 @@ static void consume(struct ws *w, uint64_t n)
 		w->seg_off = 0;
 		if (++w->seg < m->nsegs)
 			continue;
-		out_free(m);
+		out_free(w, m);
 		w->seg = 0;
 		w->qhead = (w->qhead + 1) % w->qcap;
 		w->qn--;
@@ -512,6 +514,7 @@ static int w_write(tw_comm *c, tw_msg *msg)
 	w->qn++;
 	w->queued_bytes += msg_wire(&m);
 	tw__comm_wq_add(c, msg_wire(&m));
+	tw__comm_wq_hold(c, tw_msg_bytes(m.msg));
 	if (!event_pending(w->wev, EV_WRITE, NULL))
 		event_active(w->wev, EV_WRITE, 0);
 	return 0;
@@ -552,7 +555,9 @@ static void queue_ctrl(struct ws *w, int len)
 
 /* Receiving. */
 
-static void reset_rx(struct ws *w)
+/* reset_rx, but the message's bytes stay reserved (deliver gives them
+ * back once the message is delivered). */
+static void reset_rx_held(struct ws *w)
 {
 	tw_msg_free(w->msg);
 	tw_block_free(w->blk);
@@ -564,6 +569,11 @@ static void reset_rx(struct ws *w)
 	w->span_left = 0;
 	w->reserved = 0;
 	w->rx_got = 0;
+}
+
+static void reset_rx(struct ws *w)
+{
+	reset_rx_held(w);
 	tw__comm_rx_release(&w->base);
 }
 
@@ -723,11 +733,13 @@ static int deliver(struct ws *w)
 	tw_msg *m = w->msg;
 	int alive;
 	w->msg = NULL;
-	reset_rx(w);
+	reset_rx_held(w);
 	tw__ws_dec_set_max_message_bytes(&w->dec, w->base.limits.max_message_bytes);
 	TW__COUNT(&w->base.stats, msgs_received, 1);
 	alive = tw__comm_deliver(&w->base, m);
 	tw_msg_free(m);
+	if (alive) /* after delivery, as stream_comm.c does (why there) */
+		tw__comm_rx_release(&w->base);
 	return alive;
 }
 
@@ -1190,7 +1202,7 @@ static void w_stop(tw_comm *c)
 	event_del(w->timer);
 	tw__comm_rate_stop(c);
 	for (size_t i = 0; i < w->qn; i++)
-		out_free(&w->q[(w->qhead + i) % w->qcap]);
+		out_free(w, &w->q[(w->qhead + i) % w->qcap]);
 	w->qn = 0;
 	tw__comm_wq_sub(c, w->queued_bytes);
 	w->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
