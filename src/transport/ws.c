@@ -73,12 +73,12 @@ struct ws {
 	/* upgrade */
 	struct tw__ws_req req;
 	struct tw__ws_client hs;
-	char hs_out[TW__WS_REQUEST_MAX];
+	char *hs_out; /* TW__WS_REQUEST_MAX bytes during the upgrade, then NULL */
 	size_t hs_len, hs_sent;
 	int refuse;          /* server: a non-101 verdict is being written */
 	uint32_t upgrade_ms; /* the upgrade's bound */
 	int by_connect;      /* client: that bound is the connect timeout's */
-	uint8_t pre[1024];   /* bytes read with the upgrade that belong to frames */
+	uint8_t *pre;        /* bytes read with the upgrade that belong to frames */
 	size_t pre_len, pre_off;
 	tw_connect_cb cb;
 	void *cb_arg;
@@ -113,7 +113,9 @@ struct ws {
 	 * (a pong written there went out as the held bytes of a data frame,
 	 * corrupting the stream). */
 	int data_owed, ctrl_owed;
-	uint8_t *scratch; /* client: masked bytes being written */
+	/* Client: masked bytes being written (SCRATCH_BYTES, allocated for a
+	 * write and freed when the queue is empty: an idle comm holds none). */
+	uint8_t *scratch;
 	size_t scratch_len, scratch_sent;
 	int close_sent, close_rcvd, err_after_close;
 	/* Failing for bad input with replies queued: they go out, then the
@@ -132,6 +134,11 @@ static ssize_t io_read(struct ws *w, void *p, size_t n)
 		size_t k = w->pre_len - w->pre_off < n ? w->pre_len - w->pre_off : n;
 		memcpy(p, w->pre + w->pre_off, k);
 		w->pre_off += k;
+		if (w->pre_off == w->pre_len) {
+			free(w->pre);
+			w->pre = NULL;
+			w->pre_len = w->pre_off = 0;
+		}
 		return (ssize_t)k;
 	}
 	return w->io->readv(w->io_arg, w->fd, &iov, 1);
@@ -393,6 +400,10 @@ static ssize_t write_some(struct ws *w)
 		k = tw__gather_small(iov, gather(w, iov, IOV_BATCH), buf);
 		return w->io->writev(w->io_arg, w->fd, iov, k);
 	}
+	if (w->scratch == NULL && (w->scratch = malloc(SCRATCH_BYTES)) == NULL) {
+		errno = ENOMEM;
+		return -1;
+	}
 	if (w->scratch_sent == w->scratch_len)
 		fill_scratch(w);
 	iov[0].iov_base = w->scratch + w->scratch_sent;
@@ -443,6 +454,9 @@ static void flush(struct ws *w)
 		budget = (size_t)n < budget ? budget - (size_t)n : 0;
 	}
 	event_del(w->wev);
+	free(w->scratch); /* all sent: nothing in it is owed to TLS */
+	w->scratch = NULL;
+	w->scratch_len = w->scratch_sent = 0;
 	if (w->state == WS_CLOSING && !w->close_sent) {
 		uint8_t key[4];
 		int len;
@@ -1226,6 +1240,8 @@ static void w_destroy(tw_comm *c)
 	tw__ws_client_fini(&w->hs);
 	free(w->q);
 	free(w->scratch);
+	free(w->pre);
+	free(w->hs_out);
 	free(w);
 }
 
@@ -1281,6 +1297,11 @@ static void upgrade_done(struct ws *w)
 	event_del(w->timer);
 	w->base.node.connect_arg = NULL; /* handed out: no longer a connect */
 	w->state = WS_OPEN;
+	/* What only the upgrade needed goes: an idle comm keeps its state. */
+	tw__ws_req_fini(&w->req);
+	tw__ws_client_fini(&w->hs);
+	free(w->hs_out);
+	w->hs_out = NULL;
 	event_del(w->rev);
 	event_del(w->wev);
 	if (cb != NULL)
@@ -1313,14 +1334,20 @@ static void upgrade_write(struct ws *w)
 		upgrade_done(w);
 }
 
-/* Bytes read past the header block belong to the frame decoder. */
-static void keep_rest(struct ws *w, const uint8_t *p, size_t n)
+/* Bytes read past the header block belong to the frame decoder: kept
+ * until it takes them. 0, or -1 when the upgrade failed (w is gone). */
+static int keep_rest(struct ws *w, const uint8_t *p, size_t n)
 {
-	if (n > sizeof(w->pre))
-		n = sizeof(w->pre);
+	if (n == 0)
+		return 0;
+	if ((w->pre = malloc(n)) == NULL) {
+		upgrade_failed(w, TW_ENOMEM, "out of memory");
+		return -1;
+	}
 	memcpy(w->pre, p, n);
 	w->pre_len = n;
 	w->pre_off = 0;
+	return 0;
 }
 
 /* One read of the upgrade: 1 to read again, 0 when done (or waiting). */
@@ -1344,8 +1371,8 @@ static int upgrade_read_once(struct ws *w)
 			upgrade_failed(w, TW_EPROTO, tw__ws_client_error(&w->hs));
 		if (rv != 1)
 			return rv == 0;
-		keep_rest(w, buf + used, (size_t)n - used);
-		upgrade_done(w);
+		if (keep_rest(w, buf + used, (size_t)n - used) == 0)
+			upgrade_done(w);
 		return 0;
 	}
 	rv = tw__ws_req_feed(&w->req, buf, (size_t)n, &used);
@@ -1354,9 +1381,10 @@ static int upgrade_read_once(struct ws *w)
 	if (rv != 1)
 		return rv == 0;
 	event_del(w->rev);
-	keep_rest(w, buf + used, (size_t)n - used);
+	if (keep_rest(w, buf + used, (size_t)n - used) != 0)
+		return 0;
 	w->refuse = tw__ws_req_status(&w->req) != 101;
-	rv = tw__ws_req_response(&w->req, w->hs_out, sizeof(w->hs_out));
+	rv = tw__ws_req_response(&w->req, w->hs_out, TW__WS_REQUEST_MAX);
 	w->hs_len = rv > 0 ? (size_t)rv : 0;
 	upgrade_write(w);
 	return 0;
@@ -1405,7 +1433,7 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	w->timer = evtimer_new(ctx->base, on_upgrade_timeout, w);
 	w->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, w);
 	if (w->rev == NULL || w->wev == NULL || w->timer == NULL || w->base.rate.ev == NULL ||
-	    (client && (w->scratch = malloc(SCRATCH_BYTES)) == NULL)) {
+	    (w->hs_out = malloc(TW__WS_REQUEST_MAX)) == NULL) {
 		if (w->rev)
 			event_free(w->rev);
 		if (w->wev)
@@ -1414,7 +1442,7 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 			event_free(w->timer);
 		if (w->base.rate.ev)
 			event_free(w->base.rate.ev);
-		free(w->scratch);
+		free(w->hs_out);
 		free(w);
 		return TW_ENOMEM;
 	}
@@ -1456,7 +1484,7 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	w->cb_arg = arg;
 	w->base.node.connect_arg = arg; /* tw__connect_cancel finds it */
 	if ((rv = tw__ws_client_init(&w->hs, 0, 0)) != 0 ||
-	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, sizeof(w->hs_out))) <
+	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, TW__WS_REQUEST_MAX)) <
 		    0) {
 		upgrade_failed(w, rv != 0 ? rv : TW_EADDR, "cannot build the upgrade request");
 		return;
