@@ -28,7 +28,7 @@
  * TW_TEST_QUICK=1, for valgrind). */
 static unsigned nmsgs(void)
 {
-	return tu_quick() ? 16 : 64;
+	return ts_quick() ? 16 : 64;
 }
 
 static const char *const schemes[] = {"tcp", "tls", "ws", "wss"};
@@ -61,7 +61,7 @@ static uint64_t queue_all(struct tu_peer *cli)
 {
 	size_t lens[] = {MiB};
 	for (unsigned k = 0; k < nmsgs(); k++)
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, k)), 0);
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, k)), 0);
 	return (uint64_t)nmsgs() * MiB;
 }
 
@@ -185,13 +185,13 @@ START_TEST(quick_close_delivers)
 	opts.free_in_close = 1; /* the reader closes its end at ours */
 	setup(&h, _i, opts, 0);
 	cli = connect_client(&h);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 9)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 9)), 0);
 	tw_comm_close(cli->comm);
 	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 	ck_assert_msg(cli->close_err == 0, "%s (%s)", tw_strerror(cli->close_err), cli->last_error);
 	sp = tu_server_peer(&h, 0);
 	ck_assert_uint_eq(sp->nmsgs, 1);
-	ck_assert(tu_msg_matches(sp->msgs[0], lens, 2, 9));
+	ck_assert(ts_msg_matches(sp->msgs[0], lens, 2, 9));
 	tt_fini(&h);
 }
 END_TEST
@@ -272,7 +272,7 @@ static void raw_open(struct raw *r, struct tu *h)
 	if (r->ws)
 		ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, &r->wr), 101);
 	else
-		r->fd = tu_raw_connect(h->addr);
+		r->fd = ts_raw_connect(h->addr);
 }
 
 static void raw_send(struct raw *r, const uint8_t *p, size_t n)
@@ -387,7 +387,7 @@ START_TEST(ws_peer_close_mid_fragment)
 	ck_assert_int_eq(tw_context_set_close_linger_ms(h.ctx, 300), 0);
 	ck_assert_int_eq(tt_connect_bare(&h, h.ctx, f->uri, &c, why, sizeof(why)), 0);
 	/* not reading yet: the frame goes out first, then the close is read */
-	ck_assert_int_eq(tw_comm_write(c, tu_msg_pattern(lens, 1, 1)), 0);
+	ck_assert_int_eq(tw_comm_write(c, ts_msg_pattern(lens, 1, 1)), 0);
 	ck_assert(tu_run_until(&h, some_sent, c, TU_WAIT_MS));
 	cli = tu_peer_new(&h);
 	ck_assert_int_eq(tu_peer_start(cli, c), 0);
@@ -450,12 +450,12 @@ int main(void)
 	SRunner *sr;
 	int failed;
 	signal(SIGPIPE, SIG_IGN);
-	tt_make_certs();
+	ts_certs_make();
 	suite_add_tcase(s, close_tcase());
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
-	tt_remove_certs();
+	ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

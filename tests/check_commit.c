@@ -162,7 +162,7 @@ static void preludes_only(size_t n, size_t flen, size_t npeers, uint64_t bound)
 	tu_run_for(&h, 50);
 	d0 = status_bytes("VmData");
 	for (size_t i = 0; i < npeers; i++) {
-		fds[i] = tu_raw_connect(h.addr);
+		fds[i] = ts_raw_connect(h.addr);
 		ck_assert_int_ge(fds[i], 0);
 		ck_assert_uint_eq(tu_raw_send(&h, fds[i], pre, plen), plen);
 	}
@@ -296,7 +296,7 @@ START_TEST(shapes)
 			shapes_case(mix, sizeof(mix) / sizeof(mix[0]), 256 * KIB, NULL, pieces[p],
 				    g);
 		}
-		for (int it = 0; it < (tu_quick() ? 3 : 20); it++) {
+		for (int it = 0; it < (ts_quick() ? 3 : 20); it++) {
 			shapes_case(a, sizeof(a) / sizeof(a[0]), 64 * KIB, &seed, 70000, g);
 			shapes_case(slab, 64, 64 * KIB, &seed, 9000, g);
 			shapes_case(mix, sizeof(mix) / sizeof(mix[0]), 256 * KIB, &seed, 300000, g);

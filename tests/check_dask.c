@@ -30,7 +30,7 @@
 #define SHARD ((size_t)64 << 20)
 
 /* The Python peer of the running TCase. */
-static struct du_proc peer;
+static struct ts_proc peer;
 static char peer_addr[128];
 static char peer_error[1024];
 static const char *peer_codec; /* pinned in Python, offered by taskwire */
@@ -45,7 +45,7 @@ static struct du_client *cli;
 static void start_peer(int scheduler, const char *codec)
 {
 	char script[4096], env_codec[64];
-	char *sched_argv[] = {DU_PYTHON,
+	char *sched_argv[] = {TS_PYTHON,
 			      "-m",
 			      "distributed.cli.dask_scheduler",
 			      "--host",
@@ -56,25 +56,25 @@ static void start_peer(int scheduler, const char *codec)
 			      "127.0.0.1:0",
 			      "--no-show",
 			      NULL};
-	char *server_argv[] = {DU_PYTHON, script, NULL};
+	char *server_argv[] = {TS_PYTHON, script, NULL};
 	char *env[] = {"PYTHONNOUSERSITE=1", codec != NULL ? env_codec : NULL, NULL};
 	char tail[512];
-	du_script("dask_server.py", script, sizeof(script));
+	ts_script("dask_server.py", script, sizeof(script));
 	snprintf(env_codec, sizeof(env_codec), "DASK_DISTRIBUTED__COMM__COMPRESSION=%s",
 		 codec != NULL ? codec : "");
 	peer_addr[0] = '\0';
 	peer_error[0] = '\0';
 	peer_codec = codec;
 	peer_is_scheduler = scheduler;
-	if (du_spawn(&peer, scheduler ? sched_argv : server_argv, env) != 0) {
-		snprintf(peer_error, sizeof(peer_error), "cannot start %s", DU_PYTHON);
+	if (ts_spawn(&peer, scheduler ? sched_argv : server_argv, env) != 0) {
+		snprintf(peer_error, sizeof(peer_error), "cannot start %s", TS_PYTHON);
 		return;
 	}
-	if (!du_wait_log(&peer, scheduler ? "Scheduler at:" : "listening on", peer_addr,
-			 sizeof(peer_addr), DU_START_MS)) {
+	if (!ts_proc_wait_log(&peer, NULL, scheduler ? "Scheduler at:" : "listening on", peer_addr,
+			 sizeof(peer_addr), TS_START_MS)) {
 		peer_addr[0] = '\0';
 		snprintf(peer_error, sizeof(peer_error), "no address in %s: %s", peer.log,
-			 du_log_tail(&peer, tail, sizeof(tail)));
+			 ts_proc_log_tail(&peer, tail, sizeof(tail)));
 	}
 }
 
@@ -105,7 +105,7 @@ static void start_server_lz4(void)
 
 static void stop_peer(void)
 {
-	du_stop(&peer);
+	ts_proc_stop(&peer);
 }
 
 /* Per test: a loop and a comm to the peer, after the handshake. */
@@ -229,7 +229,7 @@ static void check_pattern(const uint8_t *p, size_t n, size_t want, unsigned seed
 {
 	long long at;
 	ck_assert_uint_eq(n, want);
-	at = n > 0 ? du_check(p, n, seed) : -1;
+	at = n > 0 ? ts_check(p, n, seed) : -1;
 	ck_assert_msg(at == -1, "byte %lld of %zu differs", at, n);
 }
 
@@ -244,7 +244,7 @@ static tw_block *pattern_block(size_t n)
 {
 	tw_block *b;
 	ck_assert_int_eq(tw_block_new(n + 251, &b), 0);
-	du_fill(tw_block_data(b), n + 251, 0);
+	ts_fill(tw_block_data(b), n + 251, 0);
 	return b;
 }
 
@@ -536,7 +536,7 @@ static void srv_check_big(struct echo_srv *s, const tw_payload *pl)
 	s->big_subs = (size_t)sub_frames(pl);
 	sub_codec(pl, 0, s->big_codec, sizeof(s->big_codec));
 	s->big_len = pl->frames[0].len;
-	s->big_diff = du_check(tw_slice_data(&pl->frames[0]), pl->frames[0].len, 0);
+	s->big_diff = ts_check(tw_slice_data(&pl->frames[0]), pl->frames[0].len, 0);
 }
 
 /* Decode every message, with the stats deltas of each decode. */
@@ -613,18 +613,18 @@ static void srv_fini(struct echo_srv *s)
 
 static int proc_exited(void *arg)
 {
-	return du_wait_exit(arg, 0);
+	return ts_proc_wait_exit(arg, NULL, 0);
 }
 
 static void run_python_client(const char *codec)
 {
 	struct echo_srv s = {.loop = &loop, .big_diff = -2};
-	struct du_proc py;
+	struct ts_proc py;
 	char script[4096], env_codec[64], tail[1024];
-	char *argv[] = {DU_PYTHON, script, s.addr, NULL};
+	char *argv[] = {TS_PYTHON, script, s.addr, NULL};
 	char *env[] = {"PYTHONNOUSERSITE=1", codec != NULL ? env_codec : NULL, NULL};
 	int ok;
-	du_script("dask_client.py", script, sizeof(script));
+	ts_script("dask_client.py", script, sizeof(script));
 	snprintf(env_codec, sizeof(env_codec), "DASK_DISTRIBUTED__COMM__COMPRESSION=%s",
 		 codec != NULL ? codec : "");
 	du_loop_init(&loop);
@@ -632,10 +632,10 @@ static void run_python_client(const char *codec)
 		ck_assert_int_eq(tw_context_set_compression(loop.ctx, codec), 0);
 	ck_assert_int_eq(tw_listen(loop.ctx, "tcp://127.0.0.1:0", srv_accept, &s, &s.lis), 0);
 	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
-	ck_assert_int_eq(du_spawn(&py, argv, env), 0);
+	ck_assert_int_eq(ts_spawn(&py, argv, env), 0);
 	ok = du_run_until(&loop, proc_exited, &py, 2 * DU_WAIT_MS);
-	du_log_tail(&py, tail, sizeof(tail));
-	du_stop(&py);
+	ts_proc_log_tail(&py, tail, sizeof(tail));
+	ts_proc_stop(&py);
 	ck_assert_msg(ok, "the Python client did not finish: %s", tail);
 	ck_assert_msg(WIFEXITED(py.status) && WEXITSTATUS(py.status) == 0,
 		      "the Python client failed (status %d): %s", py.status, tail);

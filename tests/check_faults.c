@@ -31,7 +31,7 @@
 #define FAR_MS 600000
 /* How long a deadline of a few hundred ms may take, on a loaded machine,
  * before the test says it did not hold (valgrind, TW_TEST_QUICK=1: 120 s). */
-#define WAIT_MS (tu_quick() ? 120000 : 20000)
+#define WAIT_MS (ts_quick() ? 120000 : 20000)
 /* The proxy lets this much through before its fault: past any handshake
  * (tls certificates, the ws upgrade), inside a 1 MiB message. */
 #define AFTER (256 * KiB)
@@ -164,7 +164,7 @@ static void ff_fini(struct ff *f)
 /* echo(data=<n pattern bytes, out of band>): the reply is the bytes. */
 static tw_msg *echo_bytes(size_t n, unsigned seed)
 {
-	tw_slice s = ru_pattern(n, seed);
+	tw_slice s = ts_pattern_slice(n, seed);
 	tw_builder *b = rq_begin("echo", 1);
 	tw_msg *m;
 	rq_bytes(b, "data", &s);
@@ -180,14 +180,14 @@ static void assert_echo(const struct rc *rc, size_t n, unsigned seed)
 	ck_assert_msg(rc->done && rc->err == 0, "call: %s: %s", tw_strerror(rc->err), rc->why);
 	ck_assert_int_eq(ru_bytes(rc->reply, tw_decoded_root(rc->reply), &p, &len), 0);
 	ck_assert_uint_eq(len, n);
-	ck_assert_int_eq(tu_check(p, n, seed), -1);
+	ck_assert_int_eq(ts_check(p, n, seed), -1);
 }
 
 /* A deadline of ms, twenty times longer under valgrind (TW_TEST_QUICK=1),
  * where moving a 1 MiB request through the server takes seconds. */
 static uint32_t dl(uint32_t ms)
 {
-	return tu_quick() ? 20 * ms : ms;
+	return ts_quick() ? 20 * ms : ms;
 }
 
 /* The stall came before the deadline. Under valgrind on a loaded machine,
@@ -196,7 +196,7 @@ static uint32_t dl(uint32_t ms)
  * ASan run of make check keeps the exact count). */
 static void assert_stalled(const struct ff *f)
 {
-	if (tu_quick())
+	if (ts_quick())
 		ck_assert_uint_le(f->px.faults, 1);
 	else
 		ck_assert_uint_eq(f->px.faults, 1);
@@ -506,10 +506,10 @@ START_TEST(comm_stall_mid_message)
 	if (_i == TLS || _i == WSS)
 		tt_use_tls(cc, "ca.pem", "cert.pem", "key.pem");
 	far_clocks(cc);
-	ck_assert_int_eq(tw_context_set_min_receive_rate(cc, tu_quick() ? MiB / 10 : MiB, 300), 0);
+	ck_assert_int_eq(tw_context_set_min_receive_rate(cc, ts_quick() ? MiB / 10 : MiB, 300), 0);
 	ck_assert_msg(tt_connect(&f.h, cc, f.via, &c, why, sizeof(why)) == 0, "%s", why);
 	c->keep = 1;
-	ck_assert_int_eq(tw_comm_write(c->comm, tu_msg_pattern(&len, 1, 12)), 0);
+	ck_assert_int_eq(tw_comm_write(c->comm, ts_msg_pattern(&len, 1, 12)), 0);
 	ck_assert_msg(run_until_abs(&f.h, peer_closed, c, WAIT_MS),
 		      "%s: a stalled message outlived the minimum receive rate", schemes[_i]);
 	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i],
@@ -536,7 +536,7 @@ START_TEST(comm_stall_writer)
 	pf_init(&f, _i, &o);
 	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(f.h.ctx, 1000), 0);
 	ck_assert_int_eq(tu_connect(&f.h, f.via, &c), 0);
-	ck_assert_int_eq(tw_comm_write(c->comm, tu_msg_pattern(&len, 1, 13)), 0);
+	ck_assert_int_eq(tw_comm_write(c->comm, ts_msg_pattern(&len, 1, 13)), 0);
 	ck_assert_msg(run_until_abs(&f.h, peer_closed, c, WAIT_MS),
 		      "%s: a write to a stalled peer outlived the TCP timeout", schemes[_i]);
 	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i],
@@ -620,7 +620,7 @@ static TCase *tc(const char *name, const TTest *t)
 {
 	TCase *c = tcase_create(name);
 	tcase_set_timeout(c, 300);
-	if (tu_quick()) { /* valgrind: tcp and wss cover the code of all four */
+	if (ts_quick()) { /* valgrind: tcp and wss cover the code of all four */
 		tcase_add_loop_test(c, t, TCP, TCP + 1);
 		tcase_add_loop_test(c, t, WSS, WSS + 1);
 	} else {
@@ -638,7 +638,7 @@ int main(void)
 	 * library itself never raises SIGPIPE (tests/check_tcp.c keeps the
 	 * default action to show it). */
 	signal(SIGPIPE, SIG_IGN);
-	tt_make_certs();
+	ts_certs_make();
 	suite_add_tcase(s, tc("pool_black_hole", pool_black_hole));
 	suite_add_tcase(s, tc("pool_stall_reply", pool_stall_reply));
 	suite_add_tcase(s, tc("pool_stall_request", pool_stall_request));
@@ -655,6 +655,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
-	tt_remove_certs();
+	ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

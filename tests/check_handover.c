@@ -22,11 +22,11 @@
 #include "tests/rpc_util.h"
 #include "tests/tcp_util.h"
 
-static struct du_proc peer;
+static struct ts_proc peer;
 
 static void stop_procs(void)
 {
-	du_stop(&peer);
+	ts_proc_stop(&peer);
 }
 
 /* What the "hello" stream handler and the end watch saw. */
@@ -81,9 +81,9 @@ static void start_peer(const char *mode, const char *addr)
 {
 	char script[512];
 	char *env[] = {"PYTHONNOUSERSITE=1", "DASK_DISTRIBUTED__COMM__COMPRESSION=False", NULL};
-	char *argv[] = {DU_PYTHON, script, (char *)mode, (char *)addr, NULL};
-	du_script("handover_peer.py", script, sizeof(script));
-	ck_assert_int_eq(du_spawn(&peer, argv, env), 0);
+	char *argv[] = {TS_PYTHON, script, (char *)mode, (char *)addr, NULL};
+	ts_script("handover_peer.py", script, sizeof(script));
+	ck_assert_int_eq(ts_spawn(&peer, argv, env), 0);
 }
 
 /* Everything a held, ended comm must still answer. */
@@ -147,7 +147,7 @@ START_TEST(held_comm_after_peer_killed)
 	use_ended(&k);
 	tw_comm_release(k.comm);
 	tw_server_free(s);
-	du_stop(&peer);
+	ts_proc_stop(&peer);
 	tu_fini(&h);
 }
 END_TEST
@@ -205,7 +205,7 @@ START_TEST(held_comm_end_reason_truncated)
 	int fd;
 	tu_init(&h);
 	s = start_server(&h, &k, addr, sizeof(addr));
-	fd = tu_raw_connect(addr);
+	fd = ts_raw_connect(addr);
 	ck_assert_int_ge(fd, 0);
 	raw_send_msg(&h, fd, handshake_msg(), 0);
 	b = rq_begin("connection_stream", 1);
@@ -403,7 +403,7 @@ static void sop_heartbeat_client(tw_comm *comm, const tw_decoded *d, const msgpa
 
 static int proc_exited(void *arg)
 {
-	struct du_proc *p = arg;
+	struct ts_proc *p = arg;
 	if (!p->exited && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
 		p->exited = 1;
 	return p->exited;
@@ -413,10 +413,10 @@ static void expect_ok(struct tu *h, const char *ok)
 {
 	char tail[2048];
 	ck_assert_msg(tu_run_until(h, proc_exited, &peer, DU_WAIT_MS), "peer did not finish: %s",
-		      du_log_tail(&peer, tail, sizeof(tail)));
+		      ts_proc_log_tail(&peer, tail, sizeof(tail)));
 	ck_assert_msg(WIFEXITED(peer.status) && WEXITSTATUS(peer.status) == 0,
-		      "status %d: %s", peer.status, du_log_tail(&peer, tail, sizeof(tail)));
-	ck_assert_msg(strstr(du_log_tail(&peer, tail, sizeof(tail)), ok) != NULL, "log: %s", tail);
+		      "status %d: %s", peer.status, ts_proc_log_tail(&peer, tail, sizeof(tail)));
+	ck_assert_msg(strstr(ts_proc_log_tail(&peer, tail, sizeof(tail)), ok) != NULL, "log: %s", tail);
 }
 
 static tw_server *start_sched(struct tu *h, struct sched *sc, char *addr, size_t len)
@@ -461,7 +461,7 @@ START_TEST(register_worker_keeps_stream)
 	tw_batched_free(sc.to_worker);
 	tw_comm_release(sc.worker);
 	tw_server_free(s);
-	du_stop(&peer);
+	ts_proc_stop(&peer);
 	tu_fini(&h);
 }
 END_TEST
@@ -483,7 +483,7 @@ START_TEST(register_client_keeps_stream)
 	ck_assert_int_eq(sc.client_err, 0);
 	tw_comm_release(sc.client);
 	tw_server_free(s);
-	du_stop(&peer);
+	ts_proc_stop(&peer);
 	tu_fini(&h);
 }
 END_TEST
@@ -655,8 +655,7 @@ static void pack_data(tw_batched *b, int64_t i, size_t size)
 	ck_assert_ptr_null(tw_batched_begin(b)); /* one at a time */
 	ck_assert_int_eq(tw_block_new(size, &blk), 0);
 	p = tw_block_data(blk);
-	for (size_t j = 0; j < size; j++)
-		p[j] = (uint8_t)((j + (size_t)i) % 251);
+	ts_fill(p, size, (unsigned)i);
 	msgpack_pack_map(tw_builder_packer(bld), 3);
 	pack_kv_str(tw_builder_packer(bld), "op", "data");
 	tw_pack_str(tw_builder_packer(bld), "i");
@@ -730,7 +729,7 @@ START_TEST(batched_payloads_to_python)
 	tw_batched_free(bs.b);
 	tw_comm_release(bs.comm);
 	tw_server_free(s);
-	du_stop(&peer);
+	ts_proc_stop(&peer);
 	tu_fini(&h);
 }
 END_TEST
@@ -801,7 +800,7 @@ static tw_server *atk_server(struct tu *h, struct atk *a, tw_op_fn reg, char *ad
 static int atk_raw_register(struct tu *h, const char *addr)
 {
 	tw_builder *b;
-	int fd = tu_raw_connect(addr);
+	int fd = ts_raw_connect(addr);
 	ck_assert_int_ge(fd, 0);
 	raw_send_msg(h, fd, handshake_msg(), 0);
 	b = rq_begin("register-worker", 1);
@@ -1029,7 +1028,7 @@ START_TEST(atk_many_watches)
 {
 	struct tu h;
 	struct many m = {0};
-	size_t n = tu_quick() ? 200 : 2000;
+	size_t n = ts_quick() ? 200 : 2000;
 	char addr[128];
 	tw_server *s;
 	int *fds = calloc(n, sizeof(int));
@@ -1365,7 +1364,7 @@ START_TEST(unwatch_inside_own_callback)
 	int fd;
 	tu_init(&h);
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	fd = tu_raw_connect(h.addr);
+	fd = ts_raw_connect(h.addr);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
 	ck_assert_int_eq(tw_comm_watch_end(sp->comm, unwatch_self, &u, &u.w), 0);

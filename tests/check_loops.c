@@ -476,7 +476,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 	tcase_set_timeout(tc, 120);
-	tcase_add_unchecked_fixture(tc, tt_make_certs, tt_remove_certs);
+	tcase_add_unchecked_fixture(tc, ts_certs_make, ts_certs_remove);
 	tcase_add_test(tc, loop_threads_rules);
 	tcase_add_test(tc, server_across_loops);
 	tcase_add_loop_test(tc, free_with_comms_on_every_loop, 0, 4);

@@ -392,7 +392,7 @@ static void op_nbytes(tw_request *r, void *arg)
 	if (p != NULL && p->nframes == 1 && p->frames[0].len == ox_large_bytes())
 		v = (int64_t)ox_large_bytes(); /* content checked by the order suite */
 	else if (p != NULL && p->nframes == 1)
-		v = tu_check(tw_slice_data(&p->frames[0]), p->frames[0].len, 1) == -1
+		v = ts_check(tw_slice_data(&p->frames[0]), p->frames[0].len, 1) == -1
 			    ? (int64_t)p->frames[0].len
 			    : -1;
 	msgpack_pack_int64(tw_builder_packer(b), v);

@@ -151,7 +151,7 @@ static uint8_t *msg_wire(int t, size_t len, unsigned seed, size_t *n)
 	size_t h;
 	ck_assert_ptr_nonnull(b);
 	h = msg_head(t, len, b);
-	tu_fill(b + h, len, seed);
+	ts_fill(b + h, len, seed);
 	for (size_t i = 0; is_ws(t) && i < len; i++)
 		b[h + i] ^= KEY[i % 4];
 	*n = h + len;
@@ -295,13 +295,13 @@ START_TEST(steady_peers_not_cut)
 	free(b);
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, WAIT_MS), "closed %d: %s", sp->closed,
 		      sp->last_error);
-	ck_assert(tu_msg_matches(sp->msgs[0], big, 1, 3));
+	ck_assert(ts_msg_matches(sp->msgs[0], big, 1, 3));
 	b = msg_wire(_i, slow[0], 4, &n);
 	send_paced(&h, &r, b, n, 400, 100);
 	free(b);
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 2, WAIT_MS), "closed %d: %s", sp->closed,
 		      sp->last_error);
-	ck_assert(tu_msg_matches(sp->msgs[1], slow, 1, 4));
+	ck_assert(ts_msg_matches(sp->msgs[1], slow, 1, 4));
 	ck_assert_int_eq(sp->closed, 0);
 	tt_canary(cli, 5);
 	wu_raw_close(&r);
@@ -333,7 +333,7 @@ START_TEST(paused_not_cut)
 	wu_raw_send(&r, b + half, n - half);
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, WAIT_MS), "closed %d: %s", sp->closed,
 		      sp->last_error);
-	ck_assert(tu_msg_matches(sp->msgs[0], lens, 1, 6));
+	ck_assert(ts_msg_matches(sp->msgs[0], lens, 1, 6));
 	wu_raw_send(&r, b, half);
 	wait_read(&h, sp->comm, n + half);
 	tw_comm_pause(sp->comm);
@@ -372,7 +372,7 @@ START_TEST(idle_not_cut)
 	ck_assert_int_eq(h.srv[0]->closed, 0);
 	wu_raw_send(&r, b, n);
 	ck_assert(tu_wait_count(&h, &sp->nmsgs, 2, WAIT_MS));
-	ck_assert(tu_msg_matches(sp->msgs[1], lens, 1, 8));
+	ck_assert(ts_msg_matches(sp->msgs[1], lens, 1, 8));
 	tt_canary(cli, 10);
 	free(b);
 	wu_raw_close(&r);
@@ -437,14 +437,14 @@ END_TEST
 START_TEST(many_drippers)
 {
 	int t = _i ? WS : TCP, fds;
-	size_t nconn = tu_quick() ? 20 : 200, open = nconn;
+	size_t nconn = ts_quick() ? 20 : 200, open = nconn;
 	struct tu h;
 	struct tu_peer *cli = setup(&h, t, 1000), **sp = calloc(nconn, sizeof(*sp));
 	struct wu_raw *r = calloc(nconn, sizeof(*r));
 	uint64_t rss0, rss_max, data0, data_max, live0;
 	tw_stats st;
 	uint8_t head[64];
-	size_t n = msg_head(t, tu_quick() ? 64 * MiB : GiB, head);
+	size_t n = msg_head(t, ts_quick() ? 64 * MiB : GiB, head);
 	long long t0;
 	ck_assert(sp != NULL && r != NULL);
 	tt_canary(cli, 11);
@@ -604,7 +604,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 	signal(SIGPIPE, SIG_IGN); /* raw TLS peers write to closed sockets */
-	tt_make_certs();
+	ts_certs_make();
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, setter);
 	tcase_add_loop_test(tc, dripping_peer_cut, 0, 4);
@@ -621,6 +621,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
-	tt_remove_certs();
+	ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -21,7 +21,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 	signal(SIGPIPE, SIG_IGN);
-	tt_make_certs();
+	ts_certs_make();
 	suite_add_tcase(s, rpc_server_tcase());
 	suite_add_tcase(s, rpc_timeout_tcase());
 	suite_add_tcase(s, rpc_pool_tcase());
@@ -32,6 +32,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
-	tt_remove_certs();
+	ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -127,7 +127,7 @@ START_TEST(server_free_mid_handshake)
 	ck_assert_int_eq(tw_server_new(h.ctx, &s), 0);
 	ck_assert_int_eq(tw_server_listen(s, "tcp://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tw_server_address(s, 0, addr, sizeof(addr)), 0);
-	fd = tu_raw_connect(addr);
+	fd = ts_raw_connect(addr);
 	ck_assert_int_ge(fd, 0);
 	/* the server accepts and writes its handshake; we have not answered */
 	raw_read(&h, fd, buf, sizeof(buf), 200);
@@ -199,7 +199,7 @@ START_TEST(handshake_zstd_bomb)
 		wire_n(&wire, fr, n, 3);
 	}
 	ck_assert_uint_le(wire.size, 65536); /* within the handshake's wire bound */
-	fd = tu_raw_connect(f.s.addr);
+	fd = ts_raw_connect(f.s.addr);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_uint_gt(raw_read(&f.h, fd, buf, sizeof(buf), 200), 0); /* its handshake */
 	tw_stats_global(&before);
@@ -272,7 +272,7 @@ START_TEST(handshake_twice)
 	struct tu h;
 	struct rs s;
 	struct twice t = {0};
-	tw_slice big = ru_pattern(1 << 20, 3);
+	tw_slice big = ts_pattern_slice(1 << 20, 3);
 	tw_builder *b;
 	tu_init(&h);
 	rs_start(&s, h.ctx, h.base, uris[_i]);
@@ -705,7 +705,7 @@ START_TEST(pipelined_handshake_big_request)
 	msgpack_pack_bin(&pk, 1 << 20);
 	msgpack_pack_bin_body(&pk, data, 1 << 20);
 	wire1(&out, fr.data, fr.size);
-	fd = tu_raw_connect(f.s.addr);
+	fd = ts_raw_connect(f.s.addr);
 	ck_assert_int_ge(fd, 0);
 	tu_raw_send(&f.h, fd, out.data, out.size);
 	got = raw_read(&f.h, fd, buf, sizeof(buf), 2000);
@@ -744,14 +744,14 @@ START_TEST(pipelined_no_read)
 	rf_init(&f);
 	msgpack_sbuffer_init(&out);
 	handshake_bytes(&out);
-	for (int i = 0, n = tu_quick() ? 20000 : 200000; i < n; i++) { /* quick: valgrind */
+	for (int i = 0, n = ts_quick() ? 20000 : 200000; i < n; i++) { /* quick: valgrind */
 		static const uint8_t req[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e',  'c',  'h', 'o',
 					      0xa4, 'd',  'a', 't', 'a',  0xc5, 0x04, 0x00};
 		static uint8_t fr[sizeof(req) + 1024];
 		memcpy(fr, req, sizeof(req));
 		wire1(&out, fr, sizeof(fr));
 	}
-	fd = tu_raw_connect(f.s.addr);
+	fd = ts_raw_connect(f.s.addr);
 	rss0 = tu_rss_bytes();
 	/* send with a nonblocking loop, but never read */
 	{
@@ -817,7 +817,7 @@ START_TEST(stream_data_after_close_stream)
 	item_map(&out, "close-stream", 99);
 	item_map(&out, "item", 1);
 	item_map(&out, "item", 2);
-	fd = tu_raw_connect(f.s.addr);
+	fd = ts_raw_connect(f.s.addr);
 	tu_raw_send(&f.h, fd, out.data, out.size);
 	tu_raw_wait_closed(&f.h, fd, TU_WAIT_MS); /* the maps before it are handled by then */
 	tu_run_for(&f.h, 200);
@@ -994,7 +994,7 @@ START_TEST(stream_big_batch)
 	struct rf f;
 	msgpack_sbuffer out, sb;
 	msgpack_packer pk;
-	int64_t nmaps = tu_quick() ? 10000 : 100000; /* quick: valgrind */
+	int64_t nmaps = ts_quick() ? 10000 : 100000; /* quick: valgrind */
 	int fd;
 	rf_init(&f);
 	msgpack_sbuffer_init(&out);
@@ -1024,7 +1024,7 @@ START_TEST(stream_big_batch)
 	}
 	wire1(&out, sb.data, sb.size);
 	wire1(&out, "\x90", 1); /* an empty batch */
-	fd = tu_raw_connect(f.s.addr);
+	fd = ts_raw_connect(f.s.addr);
 	tu_raw_send(&f.h, fd, out.data, out.size);
 	ck_assert(tu_wait_count(&f.h, &f.s.items, (size_t)nmaps, 20000));
 	tu_run_for(&f.h, 100);
@@ -1282,7 +1282,7 @@ START_TEST(reply_before_bad_request_drop)
 	handshake_bytes(&out);
 	wire1(&out, "\x81\xa2op\xa8identity", 13); /* {"op": "identity"} */
 	wire1(&out, "\x07", 1); /* not a map: the server drops the comm */
-	fd = tu_raw_connect(f.s.addr);
+	fd = ts_raw_connect(f.s.addr);
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
 	got = raw_read(&f.h, fd, buf, sizeof(buf), TU_WAIT_MS); /* to the server's EOF */
 	while (pos + 16 <= got) {

@@ -22,13 +22,13 @@
 
 #define EXIT_MS 120000
 
-static struct du_proc server, client, sched;
+static struct ts_proc server, client, sched;
 
 static void stop_procs(void)
 {
-	du_stop(&client);
-	du_stop(&server);
-	du_stop(&sched);
+	ts_proc_stop(&client);
+	ts_proc_stop(&server);
+	ts_proc_stop(&sched);
 }
 
 static void program(const char *name, char *buf, size_t len)
@@ -38,7 +38,7 @@ static void program(const char *name, char *buf, size_t len)
 }
 
 /* The whole log holds `needle`. */
-static int log_has(const struct du_proc *p, const char *needle)
+static int log_has(const struct ts_proc *p, const char *needle)
 {
 	static char buf[1 << 16];
 	FILE *f = fopen(p->log, "r");
@@ -53,7 +53,7 @@ static int log_has(const struct du_proc *p, const char *needle)
 
 static int proc_exited(void *arg)
 {
-	struct du_proc *p = arg;
+	struct ts_proc *p = arg;
 	if (!p->exited && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
 		p->exited = 1;
 	return p->exited;
@@ -61,13 +61,13 @@ static int proc_exited(void *arg)
 
 /* Wait for p to exit (driving h's loop when h is given) and check it
  * exited with 0 and printed `ok`. */
-static void expect_success(struct tu *h, struct du_proc *p, const char *ok)
+static void expect_success(struct tu *h, struct ts_proc *p, const char *ok)
 {
 	char tail[2048];
-	int done = h != NULL ? tu_run_until(h, proc_exited, p, EXIT_MS) : du_wait_exit(p, EXIT_MS);
-	ck_assert_msg(done, "%s did not finish: %s", p->log, du_log_tail(p, tail, sizeof(tail)));
+	int done = h != NULL ? tu_run_until(h, proc_exited, p, EXIT_MS) : ts_proc_wait_exit(p, NULL, EXIT_MS);
+	ck_assert_msg(done, "%s did not finish: %s", p->log, ts_proc_log_tail(p, tail, sizeof(tail)));
 	ck_assert_msg(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0 && log_has(p, ok),
-		      "status %d: %s", p->status, du_log_tail(p, tail, sizeof(tail)));
+		      "status %d: %s", p->status, ts_proc_log_tail(p, tail, sizeof(tail)));
 }
 
 /* rpc_client.py against addr; tls: with the test certificates; many: its
@@ -76,22 +76,22 @@ static void start_python(const char *addr, int tls, const char *codec, const cha
 {
 	char script[512], big[32], ca[320], cert[320], key[320], env_codec[64];
 	char *env[] = {"PYTHONNOUSERSITE=1", env_codec, NULL};
-	char *argv[] = {DU_PYTHON, script, (char *)addr, "--big", big, "--many",
+	char *argv[] = {TS_PYTHON, script, (char *)addr, "--big", big, "--many",
 			(char *)(many != NULL ? many : "0"), NULL, NULL, NULL, NULL, NULL};
-	du_script("rpc_client.py", script, sizeof(script));
-	snprintf(big, sizeof(big), "%d", tu_quick() ? 2000000 : 20000000);
+	ts_script("rpc_client.py", script, sizeof(script));
+	snprintf(big, sizeof(big), "%d", ts_quick() ? 2000000 : 20000000);
 	snprintf(env_codec, sizeof(env_codec), "DASK_DISTRIBUTED__COMM__COMPRESSION=%s",
 		 codec != NULL ? codec : "False");
 	if (tls) {
-		snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
-		snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
-		snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+		snprintf(ca, sizeof(ca), "%s", ts_cert("ca.pem"));
+		snprintf(cert, sizeof(cert), "%s", ts_cert("cert.pem"));
+		snprintf(key, sizeof(key), "%s", ts_cert("key.pem"));
 		argv[7] = "--tls";
 		argv[8] = ca;
 		argv[9] = cert;
 		argv[10] = key;
 	}
-	ck_assert_int_eq(du_spawn(&client, argv, env), 0);
+	ck_assert_int_eq(ts_spawn(&client, argv, env), 0);
 }
 
 START_TEST(python_rpc_to_example_tcp)
@@ -99,9 +99,9 @@ START_TEST(python_rpc_to_example_tcp)
 	char prog[512], addr[128], tail[1024];
 	char *argv[] = {prog, "tcp://127.0.0.1:0", NULL};
 	program("tw-rpc-server", prog, sizeof(prog));
-	ck_assert_int_eq(du_spawn(&server, argv, NULL), 0);
-	ck_assert_msg(du_wait_log(&server, "listening on", addr, sizeof(addr), DU_START_MS),
-		      "tw-rpc-server: %s", du_log_tail(&server, tail, sizeof(tail)));
+	ck_assert_int_eq(ts_spawn(&server, argv, NULL), 0);
+	ck_assert_msg(ts_proc_wait_log(&server, NULL, "listening on", addr, sizeof(addr), TS_START_MS),
+		      "tw-rpc-server: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	/* tw-rpc-server keeps every default: a gather-sized message of
 	 * 100,000 out-of-band values (200,001 frames) passes (issue 16) */
 	start_python(addr, 0, NULL, "100000");
@@ -149,7 +149,7 @@ END_TEST
 static void probe(char *const extra[], size_t nextra)
 {
 	char prog[512], addr[128], tail[2048];
-	char *argv[16] = {DU_PYTHON, "-m",        "distributed.cli.dask_scheduler",
+	char *argv[16] = {TS_PYTHON, "-m",        "distributed.cli.dask_scheduler",
 			  "--host",  "127.0.0.1", "--no-show"};
 	char *pargv[] = {prog, addr, "--seconds", "1", NULL};
 	char *env[] = {"PYTHONNOUSERSITE=1", NULL};
@@ -162,15 +162,15 @@ static void probe(char *const extra[], size_t nextra)
 					    "\nprobe ok\n"};
 	for (size_t i = 0; i < nextra; i++)
 		argv[6 + i] = extra[i];
-	ck_assert_int_eq(du_spawn(&sched, argv, env), 0);
-	ck_assert_msg(du_wait_log(&sched, "Scheduler at:", addr, sizeof(addr), DU_START_MS),
-		      "scheduler: %s", du_log_tail(&sched, tail, sizeof(tail)));
+	ck_assert_int_eq(ts_spawn(&sched, argv, env), 0);
+	ck_assert_msg(ts_proc_wait_log(&sched, NULL, "Scheduler at:", addr, sizeof(addr), TS_START_MS),
+		      "scheduler: %s", ts_proc_log_tail(&sched, tail, sizeof(tail)));
 	program("tw-scheduler-probe", prog, sizeof(prog));
-	ck_assert_int_eq(du_spawn(&client, pargv, NULL), 0);
+	ck_assert_int_eq(ts_spawn(&client, pargv, NULL), 0);
 	expect_success(NULL, &client, "\nprobe ok\n");
 	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
 		ck_assert_msg(log_has(&client, lines[i]), "no \"%s\" in: %s", lines[i],
-			      du_log_tail(&client, tail, sizeof(tail)));
+			      ts_proc_log_tail(&client, tail, sizeof(tail)));
 }
 
 START_TEST(probe_scheduler_tcp)
@@ -184,7 +184,7 @@ START_TEST(probe_scheduler_ws)
 {
 	char port[16], dash[32];
 	char *extra[] = {"--protocol", "ws", "--port", port, "--dashboard-address", dash};
-	unsigned p = ru_free_port();
+	unsigned p = ts_free_port();
 	snprintf(port, sizeof(port), "%u", p);
 	snprintf(dash, sizeof(dash), "127.0.0.1:%u", p);
 	probe(extra, 6);
@@ -204,21 +204,21 @@ START_TEST(echo_server_logs_refused_tls_client)
 	int stage;
 	program("tw-echo-server", prog, sizeof(prog));
 	tu_init(&h);
-	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
-	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
-	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
-	ck_assert_int_eq(du_spawn(&server, argv, NULL), 0);
-	ck_assert_msg(du_wait_log(&server, "listening on", addr, sizeof(addr), DU_START_MS),
-		      "tw-echo-server: %s", du_log_tail(&server, tail, sizeof(tail)));
+	snprintf(ca, sizeof(ca), "%s", ts_cert("ca.pem"));
+	snprintf(cert, sizeof(cert), "%s", ts_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", ts_cert("key.pem"));
+	ck_assert_int_eq(ts_spawn(&server, argv, NULL), 0);
+	ck_assert_msg(ts_proc_wait_log(&server, NULL, "listening on", addr, sizeof(addr), TS_START_MS),
+		      "tw-echo-server: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	bad = tt_context(&h, "ca.pem", NULL, NULL); /* no client certificate */
 	ck_assert_int_eq(tt_refused(&h, bad, addr, 1, DU_WAIT_MS, &stage, why, sizeof(why)),
 			 TW_ETLS);
-	ck_assert_msg(du_wait_log(&server, "refused before the handshake", tail, sizeof(tail),
+	ck_assert_msg(ts_proc_wait_log(&server, NULL, "refused before the handshake", tail, sizeof(tail),
 				  DU_WAIT_MS),
-		      "no line: %s", du_log_tail(&server, tail, sizeof(tail)));
+		      "no line: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	ck_assert_msg(log_has(&server, "peer did not return a certificate") &&
 			      log_has(&server, "tls://127.0.0.1:"),
-		      "%s", du_log_tail(&server, tail, sizeof(tail)));
+		      "%s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	tt_fini(&h);
 }
 END_TEST

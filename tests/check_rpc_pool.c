@@ -1060,7 +1060,7 @@ START_TEST(pool_forgets_addresses)
 	static struct rc rc[NADDR];
 	static char uri[NADDR][64];
 	char addr[128];
-	unsigned port = ru_free_port();
+	unsigned port = ts_free_port();
 	struct rf f;
 	rf_init(&f);
 	memset(rc, 0, sizeof(rc));

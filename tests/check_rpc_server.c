@@ -93,7 +93,7 @@ START_TEST(server_echo_inline_large)
 		tw_builder *b;
 		const msgpack_object *o;
 		ck_assert_ptr_nonnull(data);
-		tu_fill(data, sizes[i], (unsigned)i + 5);
+		ts_fill(data, sizes[i], (unsigned)i + 5);
 		b = rq_begin("echo", 1);
 		rq_bin(b, "data", data, sizes[i]);
 		ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_end(b), 0, &rc), 0);
@@ -112,7 +112,7 @@ END_TEST
 /* Echo n out-of-band bytes (pattern, seed) and check what comes back. */
 static void echo_oob_at(struct rf *f, const char *addr, size_t n, unsigned seed)
 {
-	tw_slice data = ru_pattern(n, seed);
+	tw_slice data = ts_pattern_slice(n, seed);
 	tw_builder *b = rq_begin("echo", 1);
 	const tw_payload *pl;
 	struct rc rc;
@@ -124,7 +124,7 @@ static void echo_oob_at(struct rf *f, const char *addr, size_t n, unsigned seed)
 	ck_assert_str_eq(pl->serializer, "dask");
 	ck_assert_uint_eq(pl->nframes, 1);
 	ck_assert_uint_eq(pl->frames[0].len, n);
-	ck_assert_int_eq(tu_check(tw_slice_data(&pl->frames[0]), n, seed), -1);
+	ck_assert_int_eq(ts_check(tw_slice_data(&pl->frames[0]), n, seed), -1);
 	rc_clear(&rc);
 }
 
@@ -136,7 +136,7 @@ static void echo_oob(struct rf *f, size_t n, unsigned seed)
 START_TEST(server_echo_oob)
 {
 	struct rf f;
-	size_t big = tu_quick() ? 3 * MiB : 20 * MiB;
+	size_t big = ts_quick() ? 3 * MiB : 20 * MiB;
 	rf_init(&f);
 	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 2 * MiB), 0);
 	echo_oob(&f, 0, 1);
@@ -250,7 +250,7 @@ END_TEST
 /* Replies with `n` payloads: 2 frames each, plus the header. */
 static void op_payloads(tw_request *r, void *arg)
 {
-	tw_slice one = ru_pattern(16, 7);
+	tw_slice one = ts_pattern_slice(16, 7);
 	tw_builder *b = tw_request_reply_builder(r);
 	int n = *(const int *)arg;
 	msgpack_pack_array(tw_builder_packer(b), (size_t)n);
@@ -546,7 +546,7 @@ START_TEST(server_reply_backpressure)
 	struct rf f;
 	struct rw w;
 	tw_context *sctx;
-	size_t n = tu_quick() ? 2 * MiB : 8 * MiB;
+	size_t n = ts_quick() ? 2 * MiB : 8 * MiB;
 	tu_init(&f.h);
 	ck_assert_int_eq(tw_context_new(f.h.base, &sctx), 0);
 	ck_assert_int_eq(tw_context_set_write_hwm_bytes(sctx, 1), 0);
@@ -554,7 +554,7 @@ START_TEST(server_reply_backpressure)
 	ck_assert_int_eq(tw_pool_new(f.h.ctx, &f.pool), 0);
 	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
 	for (unsigned i = 0; i < 3; i++) {
-		tw_slice data = ru_pattern(n, i);
+		tw_slice data = ts_pattern_slice(n, i);
 		tw_builder *b = rq_begin("echo", 1);
 		rq_bytes(b, "data", &data);
 		tw_block_free(data.block);
@@ -567,7 +567,7 @@ START_TEST(server_reply_backpressure)
 		ck_assert_msg(d != NULL, "reply %u missing", i);
 		pl = tw_decoded_payload(d, tw_decoded_root(d));
 		ck_assert(pl != NULL && pl->nframes == 1 && pl->frames[0].len == n);
-		ck_assert_int_eq(tu_check(tw_slice_data(&pl->frames[0]), n, i), -1);
+		ck_assert_int_eq(ts_check(tw_slice_data(&pl->frames[0]), n, i), -1);
 	}
 	ck_assert_msg(rw_msg(&w, 3) != NULL, "the reply to close:true was lost");
 	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 3)), "closing"));

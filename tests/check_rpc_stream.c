@@ -189,7 +189,7 @@ START_TEST(stream_peer_half_closes)
 	ck_assert_int_eq(tu_connect(&h, uri, &cli), 0);
 	ck_assert_int_ge(fd = accept(lfd, NULL, NULL), 0);
 	/* more than the sockets hold: the write queue stays non-empty */
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(&big, 1, 3)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(&big, 1, 3)), 0);
 	ck_assert_int_eq(tw_batched_new(cli->comm, 60000, &b), 0);
 	ck_assert_int_eq(tw_batched_send(b, marked, sizeof(marked)), 0);
 	tu_run_for(&h, 50);

@@ -126,7 +126,7 @@ static tw_block *pattern_block(size_t n, unsigned seed)
 {
 	tw_block *b;
 	ck_assert_int_eq(tw_block_new(n, &b), 0);
-	du_fill(tw_block_data(b), n, seed);
+	ts_fill(tw_block_data(b), n, seed);
 	return b;
 }
 
@@ -134,7 +134,7 @@ static void check_pattern(const tw_slice *s, size_t n, unsigned seed)
 {
 	long long at;
 	ck_assert_uint_eq(s->len, n);
-	at = n > 0 ? du_check(tw_slice_data(s), n, seed) : -1;
+	at = n > 0 ? ts_check(tw_slice_data(s), n, seed) : -1;
 	ck_assert_msg(at == -1, "byte %lld of %zu differs", at, n);
 }
 
@@ -831,7 +831,7 @@ static void lz4_case(tw_msg *m, uint32_t prefix)
 	uint8_t plain[1000];
 	size_t len;
 	uint8_t *z;
-	du_fill(plain, sizeof(plain), 0);
+	ts_fill(plain, sizeof(plain), 0);
 	z = lz4_of(plain, sizeof(plain), prefix, &len);
 	take_frames(m, msg_with("lz4", z, len));
 	free(z);
@@ -863,7 +863,7 @@ static void zstd_raw_case(tw_msg *m, size_t n, uint64_t declared)
 	uint8_t plain[1000];
 	size_t len;
 	uint8_t *z;
-	du_fill(plain, sizeof(plain), 0);
+	ts_fill(plain, sizeof(plain), 0);
 	z = zstd_raw(plain, n, declared, &len);
 	take_frames(m, msg_with("zstd", z, len));
 	free(z);
@@ -894,7 +894,7 @@ static void bad_zstd_truncated(tw_msg *m)
 	uint8_t plain[20000];
 	size_t len;
 	uint8_t *z;
-	du_fill(plain, sizeof(plain), 0);
+	ts_fill(plain, sizeof(plain), 0);
 	z = zstd_of(plain, sizeof(plain), &len);
 	take_frames(m, msg_with("zstd", z, len - 5));
 	free(z);
@@ -905,7 +905,7 @@ static void bad_zstd_limit(tw_msg *m)
 	uint8_t plain[100000];
 	size_t len;
 	uint8_t *z;
-	du_fill(plain, sizeof(plain), 0);
+	ts_fill(plain, sizeof(plain), 0);
 	z = zstd_of(plain, sizeof(plain), &len);
 	take_frames(m, msg_with("zstd", z, len));
 	free(z);
@@ -1307,7 +1307,7 @@ static int raw_send_bad(struct du_loop *l, const char *addr, const tw_msg *bad)
 	msgpack_packer *pk = mp_start(&hs);
 	uint8_t *wire;
 	size_t len;
-	int fd = du_raw_connect(addr), eof;
+	int fd = ts_raw_connect(addr), eof;
 	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(du_raw_recv_msg(l, fd, &theirs, DU_WAIT_MS), 0);
 	tw_msg_free(theirs);

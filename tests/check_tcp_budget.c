@@ -27,7 +27,7 @@ static uint8_t *wire_msg(size_t len, unsigned seed, size_t *wlen)
 	uint8_t *w = malloc(plen + len);
 	ck_assert_ptr_nonnull(w);
 	tw__stream_encode_prelude(&f, 1, w);
-	tu_fill(w + plen, len, seed);
+	ts_fill(w + plen, len, seed);
 	*wlen = plen + len;
 	return w;
 }
@@ -77,11 +77,11 @@ START_TEST(receive_budget_pauses_and_resumes)
 	h.sopts.keep = 1;
 	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_ge(fa = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fa = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sa = tu_server_peer(&h, 0));
-	ck_assert_int_ge(fb = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fb = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sb = tu_server_peer(&h, 1));
-	ck_assert_int_ge(fd = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fd = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sd = tu_server_peer(&h, 2));
 
 	/* A: head and half of its frame; it holds its whole message's bytes */
@@ -109,18 +109,18 @@ START_TEST(receive_budget_pauses_and_resumes)
 	ck_assert_uint_eq(tu_raw_send(&h, fb, mb + 64 * KiB, wb - 64 * KiB), wb - 64 * KiB);
 	ck_assert(tu_wait_count(&h, &sa->nmsgs, 1, TU_WAIT_MS));
 	ck_assert(tu_wait_count(&h, &sb->nmsgs, 1, TU_WAIT_MS));
-	ck_assert(tu_msg_matches(sa->msgs[0], &big, 1, 1));
-	ck_assert(tu_msg_matches(sb->msgs[0], &big, 1, 2));
+	ck_assert(ts_msg_matches(sa->msgs[0], &big, 1, 1));
+	ck_assert(ts_msg_matches(sb->msgs[0], &big, 1, 2));
 	ck_assert_uint_eq(budget_used(&h), 0);
 
 	/* C: alone, larger than the budget, within the message limit */
-	ck_assert_int_ge(fc = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fc = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sc = tu_server_peer(&h, 3));
 	ck_assert_uint_eq(tu_raw_send(&h, fc, mc, wc), wc);
 	ck_assert(tu_wait_count(&h, &sc->nmsgs, 1, TU_WAIT_MS));
-	ck_assert(tu_msg_matches(sc->msgs[0], &lone, 1, 3));
+	ck_assert(ts_msg_matches(sc->msgs[0], &lone, 1, 3));
 	for (size_t i = 0; i < 3; i++)
-		ck_assert(tu_msg_matches(sd->msgs[i], &small, 1, 4));
+		ck_assert(ts_msg_matches(sd->msgs[i], &small, 1, 4));
 	ck_assert_uint_eq(budget_used(&h), 0);
 	ck_assert_int_eq(sa->closed + sb->closed + sc->closed + sd->closed, 0);
 	close(fa);
@@ -154,11 +154,11 @@ START_TEST(receive_budget_largest_waits)
 	h.sopts.keep = 1;
 	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_ge(fa = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fa = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sa = tu_server_peer(&h, 0));
-	ck_assert_int_ge(fb = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fb = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sb = tu_server_peer(&h, 1));
-	ck_assert_int_ge(fc = tu_raw_connect(h.addr), 0);
+	ck_assert_int_ge(fc = ts_raw_connect(h.addr), 0);
 	ck_assert_ptr_nonnull(sc = tu_server_peer(&h, 2));
 
 	ck_assert_uint_eq(tu_raw_send(&h, fa, ma, wa / 2), wa / 2);
@@ -187,9 +187,9 @@ START_TEST(receive_budget_largest_waits)
 	ck_assert(tu_wait_count(&h, &sc->nmsgs, 1, TU_WAIT_MS));
 	ck_assert_uint_eq(tu_raw_send(&h, fb, mb + 64 * KiB, wb - 64 * KiB), wb - 64 * KiB);
 	ck_assert(tu_wait_count(&h, &sb->nmsgs, 1, TU_WAIT_MS));
-	ck_assert(tu_msg_matches(sa->msgs[0], &big, 1, 1));
-	ck_assert(tu_msg_matches(sb->msgs[0], &big, 1, 2));
-	ck_assert(tu_msg_matches(sc->msgs[0], &mid, 1, 3));
+	ck_assert(ts_msg_matches(sa->msgs[0], &big, 1, 1));
+	ck_assert(ts_msg_matches(sb->msgs[0], &big, 1, 2));
+	ck_assert(ts_msg_matches(sc->msgs[0], &mid, 1, 3));
 	ck_assert_uint_eq(budget_used(&h), 0);
 	ck_assert_int_eq(sa->closed + sb->closed + sc->closed, 0);
 	close(fa);
@@ -242,11 +242,11 @@ START_TEST(receive_budget_crowd)
 	}
 	/* the clients share the context: their own receive waits its turn too */
 	for (int i = 0; i < N; i++)
-		ck_assert_int_eq(tw_comm_write(cli[i]->comm, tu_msg_pattern(&len, 1, (unsigned)i)),
+		ck_assert_int_eq(tw_comm_write(cli[i]->comm, ts_msg_pattern(&len, 1, (unsigned)i)),
 				 0);
 	for (int i = 0; i < N; i++) {
 		ck_assert(tu_wait_count(&h, &cli[i]->nmsgs, 1, TU_WAIT_MS));
-		ck_assert(tu_msg_matches(cli[i]->msgs[0], &len, 1, (unsigned)i));
+		ck_assert(ts_msg_matches(cli[i]->msgs[0], &len, 1, (unsigned)i));
 		ck_assert_uint_eq(srv[i]->nmsgs, 1);
 		ck_assert_int_eq(cli[i]->closed + srv[i]->closed, 0);
 	}
@@ -276,7 +276,7 @@ START_TEST(write_budget_refuses_then_drains)
 	struct tu h;
 	struct tu_peer *c1, *c2, *s1, *s2;
 	size_t big = 32 * MiB, small = 100;
-	tw_msg *m1 = tu_msg_pattern(&big, 1, 1), *m2 = tu_msg_pattern(&small, 1, 2);
+	tw_msg *m1 = ts_msg_pattern(&big, 1, 1), *m2 = ts_msg_pattern(&small, 1, 2);
 	uint64_t limit, used;
 	struct drained d;
 	tu_init(&h);
@@ -302,8 +302,8 @@ START_TEST(write_budget_refuses_then_drains)
 	ck_assert_int_eq(tw_comm_write(c2->comm, m2), 0);
 	ck_assert(tu_wait_count(&h, &s1->nmsgs, 1, TU_WAIT_MS));
 	ck_assert(tu_wait_count(&h, &s2->nmsgs, 1, TU_WAIT_MS));
-	ck_assert(tu_msg_matches(s1->msgs[0], &big, 1, 1));
-	ck_assert(tu_msg_matches(s2->msgs[0], &small, 1, 2));
+	ck_assert(ts_msg_matches(s1->msgs[0], &big, 1, 1));
+	ck_assert(ts_msg_matches(s2->msgs[0], &small, 1, 2));
 	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, NULL, &used), 0);
 	ck_assert_uint_eq(used, 0);
 	ck_assert_int_eq(c1->closed + c2->closed + s1->closed + s2->closed, 0);

@@ -70,7 +70,7 @@ START_TEST(echo_1gib_frame)
 {
 	struct tu h;
 	struct tu_peer *cli = tu_setup_echo(&h);
-	size_t lens[] = {tu_quick() ? 64 * MiB : GiB};
+	size_t lens[] = {ts_quick() ? 64 * MiB : GiB};
 	tu_echo_check(cli, lens, 1, 0, 60000);
 	tu_fini(&h);
 }
@@ -96,13 +96,13 @@ START_TEST(many_clients)
 		tw_msg *m;
 		lens[i][0] = (size_t)i * 37 % 5000 + 1;
 		lens[i][1] = (size_t)i * 1000;
-		m = tu_msg_pattern(lens[i], 2, (unsigned)i);
+		m = ts_msg_pattern(lens[i], 2, (unsigned)i);
 		cli[i]->keep = 1;
 		ck_assert_int_eq(tw_comm_write(cli[i]->comm, m), 0);
 	}
 	for (int i = 0; i < NCLIENTS; i++) {
 		ck_assert_msg(tu_wait_count(&h, &cli[i]->nmsgs, 1, TU_WAIT_MS), "client %d", i);
-		ck_assert_msg(tu_msg_matches(cli[i]->msgs[0], lens[i], 2, (unsigned)i), "client %d",
+		ck_assert_msg(ts_msg_matches(cli[i]->msgs[0], lens[i], 2, (unsigned)i), "client %d",
 			      i);
 	}
 	ck_assert_uint_eq(h.nsrv, NCLIENTS);
@@ -154,9 +154,9 @@ START_TEST(stats_each_way)
 	uint8_t *big = malloc(big_len), *large = malloc(large_len);
 	uint64_t wire = 8 * (2 + 2) + sizeof(small_buf) + big_len;
 	tw_stats g0, g1;
-	tu_fill(small_buf, sizeof(small_buf), 1);
-	tu_fill(big, big_len, 2);
-	tu_fill(large, large_len, 2);
+	ts_fill(small_buf, sizeof(small_buf), 1);
+	ts_fill(big, big_len, 2);
+	ts_fill(large, large_len, 2);
 	tw_stats_global(&g0);
 	for (int i = 0; i < NSTAT; i++)
 		ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(big, big_len)), 0);
@@ -177,7 +177,7 @@ START_TEST(stats_each_way)
 	ck_assert_int_eq(released, 2 * (NSTAT + 1));
 	for (int i = 0; i <= NSTAT; i++) {
 		size_t lens[] = {sizeof(small_buf), i < NSTAT ? big_len : large_len};
-		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens, 2, 1), "message %d", i);
+		ck_assert_msg(ts_msg_matches(cli->msgs[i], lens, 2, 1), "message %d", i);
 	}
 	tu_fini(&h);
 	free(big);
@@ -198,8 +198,8 @@ START_TEST(gather_small_pieces)
 	uint8_t *big = malloc(big_len);
 	uint64_t want = 0;
 	tw_stats g0, g1;
-	tu_fill(small_buf, sizeof(small_buf), 1);
-	tu_fill(big, big_len, 2);
+	ts_fill(small_buf, sizeof(small_buf), 1);
+	ts_fill(big, big_len, 2);
 	tw_stats_global(&g0);
 	for (size_t i = 0; i <= 10; i++) {
 		size_t lens[] = {sizeof(small_buf) - i, big_len};
@@ -211,7 +211,7 @@ START_TEST(gather_small_pieces)
 			ck_assert_int_eq(tw_msg_append_ref(m, big, big_len, NULL, NULL), 0);
 		ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
 		ck_assert(tu_wait_count(&h, &cli->nmsgs, i + 1, TU_WAIT_MS));
-		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens, nf, 1), "message %zu", i);
+		ck_assert_msg(ts_msg_matches(cli->msgs[i], lens, nf, 1), "message %zu", i);
 		want += 2 * (8 * (nf + 2) + lens[0]); /* sent by the client, then by the echo */
 	}
 	tw_stats_global(&g1);

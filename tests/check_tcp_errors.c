@@ -43,7 +43,7 @@ static void check_good(struct tu_peer *good, unsigned seed)
 static void truncated_case(struct tu *h, struct tu_peer *good, const uint8_t *p, size_t n)
 {
 	size_t idx = h->nsrv;
-	int fd = tu_raw_connect(h->addr);
+	int fd = ts_raw_connect(h->addr);
 	struct tu_peer *sp = tu_server_peer(h, idx);
 	char want[96];
 	ck_assert_ptr_nonnull(sp);
@@ -128,7 +128,7 @@ START_TEST(default_frames_follow_bytes)
 		put_u64(buf, &n, 1);
 	memset(buf + n, 'x', nf);
 	n += nf;
-	fd = tu_raw_connect(h.addr);
+	fd = ts_raw_connect(h.addr);
 	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
 	ck_assert_uint_eq(tu_raw_send(&h, fd, buf, n), n);
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, TU_WAIT_MS), "not received: %s",
@@ -156,7 +156,7 @@ static unsigned reset_client(const char *addr)
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 	struct linger lg = {1, 0};
-	int fd = tu_raw_connect(addr);
+	int fd = ts_raw_connect(addr);
 	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&ss, &sl), 0);
 	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
 	close(fd);
@@ -275,7 +275,7 @@ static void bad_case_run(struct tu *h, struct tu_peer *good, const struct bad_ca
 	int fd;
 	struct tu_peer *sp;
 	tw_stats_global(&g0);
-	fd = tu_raw_connect(h->addr);
+	fd = ts_raw_connect(h->addr);
 	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
 	tu_raw_send(h, fd, c->bytes, c->len);
 	if (extra_len > 0)
@@ -723,18 +723,18 @@ START_TEST(close_after_write)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
-	m = tu_msg_pattern(lens, 3, 40);
+	m = ts_msg_pattern(lens, 3, 40);
 	ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
 	tw_comm_close(cli->comm);
 	tw_comm_close(cli->comm); /* idempotent */
-	late = tu_msg_pattern(lens, 1, 0);
+	late = ts_msg_pattern(lens, 1, 0);
 	ck_assert_int_eq(tw_comm_write(cli->comm, late), TW_ECLOSED);
 	tw_msg_free(late); /* refused: still ours */
 	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
 	ck_assert_msg(srv->close_err == 0, "%s: %s", tw_strerror(srv->close_err), srv->last_error);
 	ck_assert_uint_eq(srv->nmsgs_at_close, 1);
 	ck_assert_uint_eq(srv->nmsgs, 1);
-	ck_assert(tu_msg_matches(srv->msgs[0], lens, 3, 40));
+	ck_assert(ts_msg_matches(srv->msgs[0], lens, 3, 40));
 	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 	ck_assert_int_eq(cli->close_err, 0);
 	ck_assert_uint_eq(cli->nmsgs, 0);
@@ -755,7 +755,7 @@ START_TEST(free_in_recv)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	/* the server frees in its recv callback: the client sees an orderly end */
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 1)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 1)), 0);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
 	ck_assert(tu_wait_count(&h, &srv->nmsgs, 1, TU_WAIT_MS));
 	ck_assert_ptr_null(srv->comm);
@@ -764,8 +764,8 @@ START_TEST(free_in_recv)
 	ck_assert_int_eq(srv->closed, 0);
 	/* ... with a second message behind the first one */
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 1)), 0);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 2)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 1)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 2)), 0);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 1));
 	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 	ck_assert_uint_eq(srv->nmsgs, 1);
@@ -776,7 +776,7 @@ START_TEST(free_in_recv)
 	h.sopts.free_in_recv = 0;
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
 	cli->free_in_recv = 1;
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 3)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 3)), 0);
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1, TU_WAIT_MS));
 	ck_assert_ptr_null(cli->comm);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 2));
@@ -845,11 +845,11 @@ START_TEST(close_in_recv)
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
 	srv->on_recv = close_after_echo;
 	for (unsigned i = 0; i < 3; i++)
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, i)), 0);
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, i)), 0);
 	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 	ck_assert_msg(cli->close_err == 0, "%s: %s", tw_strerror(cli->close_err), cli->last_error);
 	ck_assert_uint_eq(cli->nmsgs, 1);
-	ck_assert(tu_msg_matches(cli->msgs[0], lens, 2, 0));
+	ck_assert(ts_msg_matches(cli->msgs[0], lens, 2, 0));
 	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
 	ck_assert_int_eq(srv->close_err, 0);
 	ck_assert_uint_eq(srv->nmsgs, 1);
@@ -870,7 +870,7 @@ START_TEST(write_to_reset_peer)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, 0)), 0);
 	tu_run_for(&h, 50); /* the kernel buffers fill; the rest stays queued */
 	ck_assert_uint_gt(tw_comm_queued_bytes(cli->comm), 0);
 	tw_comm_free(srv->comm); /* unread bytes: the kernel sends a reset */

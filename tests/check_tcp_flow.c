@@ -33,7 +33,7 @@ static void keep_small(struct tu_peer *p, tw_msg *m)
 	tw_block_hold(kept.block);
 	tw_stats_global(&in_cb);
 	rss_in_cb = tu_rss_bytes();
-	big_ok = big != NULL && tu_check(tw_slice_data(big), big->len, 2) == -1;
+	big_ok = big != NULL && ts_check(tw_slice_data(big), big->len, 2) == -1;
 }
 
 static void unmap_release(void *data, void *arg)
@@ -51,7 +51,7 @@ START_TEST(retention)
 	tw_msg *m;
 	tw_stats g0, g1;
 	uint64_t rss_after;
-	big_len = tu_quick() ? 64 * MiB : GiB;
+	big_len = ts_quick() ? 64 * MiB : GiB;
 	tw_block_cache_set_limit(0); /* released blocks go back to the OS at once */
 	tu_init(&h);
 	h.sopts.echo = 0;
@@ -62,8 +62,8 @@ START_TEST(retention)
 	/* the sender's memory is the application's own (not a taskwire block) */
 	big = mmap(NULL, big_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	ck_assert(big != MAP_FAILED);
-	tu_fill(small, sizeof(small), 1);
-	tu_fill(big, big_len, 2);
+	ts_fill(small, sizeof(small), 1);
+	ts_fill(big, big_len, 2);
 	ck_assert_int_eq(tw_msg_new(&m), 0);
 	ck_assert_int_eq(tw_msg_append_ref(m, small, sizeof(small), NULL, NULL), 0);
 	ck_assert_int_eq(tw_msg_append_ref(m, big, big_len, unmap_release, &big_len), 0);
@@ -81,7 +81,7 @@ START_TEST(retention)
 	ck_assert_uint_lt(g1.block_bytes_live - g0.block_bytes_live, 64 * KiB);
 	ck_assert_uint_lt(tw_block_size(kept.block), 64 * KiB);
 	ck_assert_uint_eq(kept.len, sizeof(small));
-	ck_assert_int_eq(tu_check(tw_slice_data(&kept), kept.len, 1), -1);
+	ck_assert_int_eq(ts_check(tw_slice_data(&kept), kept.len, 1), -1);
 	ck_assert_msg(rss_in_cb - rss_after >= big_len - big_len / 8, "RSS dropped by %llu only",
 		      (unsigned long long)(rss_in_cb - rss_after));
 	tw_block_free(kept.block);
@@ -99,7 +99,7 @@ END_TEST
 static tw_msg *seq_msg(size_t i)
 {
 	size_t len = MSG_BYTES;
-	return tu_msg_pattern(&len, 1, (unsigned)i);
+	return ts_msg_pattern(&len, 1, (unsigned)i);
 }
 
 static int drains_above(void *arg)
@@ -166,7 +166,7 @@ START_TEST(backpressure)
 	tu_run_for(&h, 50);
 	ck_assert_uint_eq(srv->nmsgs, sent);
 	for (size_t i = 0; i < sent; i++)
-		ck_assert_msg(tu_msg_matches(srv->msgs[i], &len, 1, (unsigned)i), "message %zu", i);
+		ck_assert_msg(ts_msg_matches(srv->msgs[i], &len, 1, (unsigned)i), "message %zu", i);
 	ck_assert_int_eq(cli->closed + srv->closed, 0);
 	tu_fini(&h);
 }
@@ -194,7 +194,7 @@ START_TEST(hwm_counts_bookkeeping)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
 	for (;;) {
-		m = tu_msg_pattern(&len, 1, (unsigned)accepted);
+		m = ts_msg_pattern(&len, 1, (unsigned)accepted);
 		per = 24 + len + entry + tw__msg_footprint(m);
 		if ((rv = tw_comm_write(cli->comm, m)) != 0)
 			break;
@@ -281,7 +281,7 @@ static void thr_cli_recv(tw_comm *c, tw_msg *m, void *arg)
 	struct thr *t = arg;
 	(void)c;
 	on_loop(t);
-	t->reply_ok = tu_msg_matches(m, thr_lens, 2, 4);
+	t->reply_ok = ts_msg_matches(m, thr_lens, 2, 4);
 	signal_done(t, 1);
 }
 
@@ -307,7 +307,7 @@ static void thr_accept(tw_listener *l, tw_comm *c, void *arg)
 static void thr_connected(tw_comm *c, int err, void *arg)
 {
 	struct thr *t = arg;
-	tw_msg *m = tu_msg_pattern(thr_lens, 2, 4);
+	tw_msg *m = ts_msg_pattern(thr_lens, 2, 4);
 	on_loop(t);
 	t->cli = c;
 	if (err == 0)
@@ -407,8 +407,8 @@ START_TEST(context_free_with_open_comms)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 0)), 0);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 1)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 0)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 1)), 0);
 	tu_run_for(&h, 20);
 	ck_assert_int_eq(tw_connect(h.ctx, h.addr, stray_connect, NULL), 0);
 	/* the context owns the teardown now */
@@ -505,7 +505,7 @@ START_TEST(readahead_drip)
 	ck_assert_uint_eq(sp->nmsgs, seed);
 	for (unsigned i = 0; i < seed; i++) {
 		int is_big = i >= 3 && (i - 3) % 4 == 2;
-		ck_assert_msg(tu_msg_matches(sp->msgs[i], is_big ? big : small, is_big ? 4 : 2, i),
+		ck_assert_msg(ts_msg_matches(sp->msgs[i], is_big ? big : small, is_big ? 4 : 2, i),
 			      "message %u", i);
 	}
 	ra_buf_free(&b);
@@ -561,7 +561,7 @@ START_TEST(writes_inside_read)
 		cli->keep = 1;
 		ck_assert_ptr_nonnull(sp = tu_server_peer(&h, idx));
 		sp->on_recv = write_then;
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 50 + wr_mode)),
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 50 + wr_mode)),
 				 0);
 		ck_assert(tu_wait_count(&h, &sp->nmsgs, 1, TU_WAIT_MS));
 		switch (wr_mode) {
@@ -577,7 +577,7 @@ START_TEST(writes_inside_read)
 		case WR_PAUSE:
 		case WR_CLOSE:
 			ck_assert(tu_wait_count(&h, &cli->nmsgs, 1, TU_WAIT_MS));
-			ck_assert(tu_msg_matches(cli->msgs[0], lens, 2, 50 + wr_mode));
+			ck_assert(ts_msg_matches(cli->msgs[0], lens, 2, 50 + wr_mode));
 			if (wr_mode == WR_CLOSE) {
 				ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 				ck_assert_int_eq(cli->close_err, 0);
@@ -591,7 +591,7 @@ START_TEST(writes_inside_read)
 			break;
 		case WR_OTHER:
 			ck_assert(tu_wait_count(&h, &other->nmsgs, 1, TU_WAIT_MS));
-			ck_assert(tu_msg_matches(other->msgs[0], lens, 2, 50 + wr_mode));
+			ck_assert(ts_msg_matches(other->msgs[0], lens, 2, 50 + wr_mode));
 			ck_assert_uint_eq(cli->nmsgs, 0);
 			break;
 		}

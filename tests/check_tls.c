@@ -16,9 +16,9 @@ int main(void)
 	Suite *s = suite_create("tls");
 	SRunner *sr;
 	int failed;
-	tt_make_certs();
+	ts_certs_make();
 	suite_add_tcase(s, tls_echo_tcase());
-	if (!tu_quick())
+	if (!ts_quick())
 		suite_add_tcase(s, tls_big_tcase());
 	suite_add_tcase(s, tls_reject_tcase());
 	suite_add_tcase(s, tls_config_tcase());
@@ -28,6 +28,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
-	tt_remove_certs();
+	ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

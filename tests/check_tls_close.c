@@ -44,20 +44,20 @@ static void check_received(struct tu *h, size_t idx, const size_t *lens, size_t 
 	ck_assert_msg(sp->close_err == 0, "server: %s (%s)", tw_strerror(sp->close_err),
 		      sp->last_error);
 	ck_assert_uint_eq(sp->nmsgs, 1);
-	ck_assert_msg(tu_msg_matches(sp->msgs[0], lens, nf, seed), "message differs");
+	ck_assert_msg(ts_msg_matches(sp->msgs[0], lens, nf, seed), "message differs");
 }
 
 /* Write the last message and close at once: the close flushes it. */
 START_TEST(close_right_after_write)
 {
-	size_t sizes[] = {1, MiB, tu_quick() ? 8 * MiB : 64 * MiB};
+	size_t sizes[] = {1, MiB, ts_quick() ? 8 * MiB : 64 * MiB};
 	struct tu h;
 	keep_listener(&h);
 	for (size_t i = 0; i < 3; i++) {
 		struct tu_peer *cli;
 		size_t lens[] = {sizes[i], 3};
 		ck_assert_int_eq(tt_connect(&h, h.ctx, h.addr, &cli, NULL, 0), 0);
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, (unsigned)i)), 0);
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, (unsigned)i)), 0);
 		tw_comm_close(cli->comm);
 		ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 		ck_assert_msg(cli->close_err == 0, "client: %s (%s)", tw_strerror(cli->close_err),
@@ -97,7 +97,7 @@ static void free_on_drain(tw_comm *c, void *arg)
 
 START_TEST(free_right_after_drain)
 {
-	size_t sizes[] = {1, MiB, tu_quick() ? 8 * MiB : 64 * MiB};
+	size_t sizes[] = {1, MiB, ts_quick() ? 8 * MiB : 64 * MiB};
 	struct tu h;
 	keep_listener(&h);
 	for (size_t i = 0; i < 3; i++) {
@@ -107,7 +107,7 @@ START_TEST(free_right_after_drain)
 		ck_assert_int_eq(tw_comm_set_callbacks(f.comm, ignore_recv, on_freer_close,
 						       free_on_drain, &f),
 				 0);
-		ck_assert_int_eq(tw_comm_write(f.comm, tu_msg_pattern(lens, 1, 40 + (unsigned)i)),
+		ck_assert_int_eq(tw_comm_write(f.comm, ts_msg_pattern(lens, 1, 40 + (unsigned)i)),
 				 0);
 		ck_assert(tu_wait_flag(&h, &f.drained, TU_WAIT_MS));
 		ck_assert_int_eq(f.closed, 0); /* freed: no close callback */
@@ -130,7 +130,7 @@ START_TEST(write_to_closed_peer)
 	ck_assert_int_eq(tt_connect_bare(&h, h.ctx, h.addr, &f.comm, NULL, 0), 0);
 	ck_assert_int_eq(
 		tw_comm_set_callbacks(f.comm, ignore_recv, on_freer_close, free_on_drain, &f), 0);
-	ck_assert_int_eq(tw_comm_write(f.comm, tu_msg_pattern(lens, 1, 3)), 0);
+	ck_assert_int_eq(tw_comm_write(f.comm, ts_msg_pattern(lens, 1, 3)), 0);
 	ck_assert(tu_wait_flag(&h, &f.drained, TU_WAIT_MS));
 	sp = tu_server_peer(&h, 1);
 	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
@@ -152,9 +152,9 @@ START_TEST(close_with_full_queue)
 	keep_listener(&h);
 	ck_assert_int_eq(tt_connect(&h, h.ctx, h.addr, &cli, NULL, 0), 0);
 	for (unsigned i = 0; i < 40; i++)
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, i)), 0);
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, i)), 0);
 	tw_comm_close(cli->comm);
-	late = tu_msg_pattern(lens, 1, 0);
+	late = ts_msg_pattern(lens, 1, 0);
 	ck_assert_int_eq(tw_comm_write(cli->comm, late), TW_ECLOSED);
 	tw_msg_free(late); /* refused: still the caller's */
 	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
@@ -164,7 +164,7 @@ START_TEST(close_with_full_queue)
 	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
 	ck_assert_uint_eq(sp->nmsgs, 40);
 	for (unsigned i = 0; i < 40; i++)
-		ck_assert_msg(tu_msg_matches(sp->msgs[i], lens, 1, i), "message %u", i);
+		ck_assert_msg(ts_msg_matches(sp->msgs[i], lens, 1, i), "message %u", i);
 	tt_fini(&h);
 }
 END_TEST
@@ -206,9 +206,9 @@ START_TEST(partial_writes_of_references)
 {
 	struct tu h;
 	struct tu_peer *cli = tt_setup_echo(&h);
-	size_t n = tu_quick() ? 200 : NREF;
+	size_t n = ts_quick() ? 200 : NREF;
 	ref_buf = malloc(251 + 70000);
-	tu_fill(ref_buf, 251 + 70000, 0);
+	ts_fill(ref_buf, 251 + 70000, 0);
 	ref_comm = cli->comm;
 	ref_wire = 8 * 5 + 17 + 70000 + 1;
 	for (size_t i = 0; i < n; i++) {
@@ -220,7 +220,7 @@ START_TEST(partial_writes_of_references)
 	}
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, n, TU_WAIT_MS));
 	for (size_t i = 0; i < n; i++) {
-		ck_assert_msg(tu_msg_matches(cli->msgs[i], ref_lens, 3, (unsigned)(i % 251)),
+		ck_assert_msg(ts_msg_matches(cli->msgs[i], ref_lens, 3, (unsigned)(i % 251)),
 			      "message %zu", i);
 		/* one release per frame */
 		ck_assert_msg(ref_released[i] == 3, "message %zu: %d releases", i, ref_released[i]);
@@ -237,7 +237,7 @@ END_TEST
 START_TEST(many_sequential_connections)
 {
 	struct tu h;
-	int n = tu_quick() ? 50 : 500, nbad = tu_quick() ? 10 : 100, fd0, stage;
+	int n = ts_quick() ? 50 : 500, nbad = ts_quick() ? 10 : 100, fd0, stage;
 	tw_context *bad;
 	char why[512];
 	tt_init(&h);
@@ -285,11 +285,11 @@ static void raw_tls_start(struct raw_tls *r, const char *uri)
 {
 	r->ctx = SSL_CTX_new(TLS_client_method());
 	ck_assert_ptr_nonnull(r->ctx);
-	ck_assert_int_eq(SSL_CTX_load_verify_locations(r->ctx, tt_cert("ca.pem"), NULL), 1);
-	ck_assert_int_eq(SSL_CTX_use_certificate_chain_file(r->ctx, tt_cert("cert.pem")), 1);
-	ck_assert_int_eq(SSL_CTX_use_PrivateKey_file(r->ctx, tt_cert("key.pem"), SSL_FILETYPE_PEM),
+	ck_assert_int_eq(SSL_CTX_load_verify_locations(r->ctx, ts_cert("ca.pem"), NULL), 1);
+	ck_assert_int_eq(SSL_CTX_use_certificate_chain_file(r->ctx, ts_cert("cert.pem")), 1);
+	ck_assert_int_eq(SSL_CTX_use_PrivateKey_file(r->ctx, ts_cert("key.pem"), SSL_FILETYPE_PEM),
 			 1);
-	r->fd = tu_raw_connect(uri);
+	r->fd = ts_raw_connect(uri);
 	ck_assert_int_eq(fcntl(r->fd, F_SETFL, O_NONBLOCK), 0);
 	r->ssl = SSL_new(r->ctx);
 	SSL_set_fd(r->ssl, r->fd);
@@ -731,7 +731,7 @@ static void ku_finish(struct tu *h, struct ra_peer *p, struct tu_peer *sp, size_
 	ra_put_msg(&b, lens, 2, 88);
 	ra_send(p, b.p, b.len);
 	ck_assert(tu_wait_count(h, &sp->nmsgs, nmsgs + 1, TU_WAIT_MS));
-	ck_assert(tu_msg_matches(sp->msgs[nmsgs], lens, 2, 88));
+	ck_assert(ts_msg_matches(sp->msgs[nmsgs], lens, 2, 88));
 	ra_close(p);
 	ck_assert(tu_wait_flag(h, &sp->closed, TU_WAIT_MS));
 	ck_assert_msg(sp->close_err == 0, "server: %s (%s)", tw_strerror(sp->close_err),
@@ -762,7 +762,7 @@ START_TEST(key_update_while_our_send_is_full)
 	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
 	keep_listener(&h);
 	ku_open(&h, &p, &k, &sp);
-	noise_msg_init(&ours, (tu_quick() ? 16 : 48) * MiB, 1);
+	noise_msg_init(&ours, (ts_quick() ? 16 : 48) * MiB, 1);
 	ck_assert_int_eq(tw_comm_write(sp->comm, noise_msg_new(&ours)), 0);
 	ck_assert_uint_gt(wait_write_blocked(&h, sp->comm), 0);
 
@@ -773,7 +773,7 @@ START_TEST(key_update_while_our_send_is_full)
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, TU_WAIT_MS),
 		      "message after the KeyUpdate not delivered (closed %d: %s)", sp->closed,
 		      sp->last_error);
-	ck_assert(tu_msg_matches(sp->msgs[0], lens, 2, 9));
+	ck_assert(ts_msg_matches(sp->msgs[0], lens, 2, 9));
 	ck_assert_uint_gt(tw_comm_queued_bytes(sp->comm), 0); /* still waiting */
 	ck_assert_int_eq(sp->closed, 0);
 
@@ -818,8 +818,8 @@ START_TEST(key_update_while_peer_send_is_full)
 	sigaction(SIGPIPE, &ign, &old);
 	keep_listener(&h);
 	ku_open(&h, &p, &k, &sp);
-	noise_msg_init(&ours, (tu_quick() ? 16 : 48) * MiB, 2);
-	noise_msg_init(&theirs, (tu_quick() ? 16 : 48) * MiB, 3);
+	noise_msg_init(&ours, (ts_quick() ? 16 : 48) * MiB, 2);
+	noise_msg_init(&theirs, (ts_quick() ? 16 : 48) * MiB, 3);
 	tw_comm_pause(sp->comm);
 	ck_assert_int_eq(tw_comm_write(sp->comm, noise_msg_new(&ours)), 0);
 	ck_assert_uint_gt(wait_write_blocked(&h, sp->comm), 0);
@@ -869,7 +869,7 @@ START_TEST(key_update_while_peer_send_is_full)
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 2, TU_WAIT_MS), "received %zu of 2 (%s)",
 		      sp->nmsgs, sp->last_error);
 	noise_msg_check(&theirs, sp->msgs[0]);
-	ck_assert(tu_msg_matches(sp->msgs[1], lens, 2, 21));
+	ck_assert(ts_msg_matches(sp->msgs[1], lens, 2, 21));
 	ku_finish(&h, &p, sp, 2);
 	ck_assert_int_eq(k.received, 1); /* our answer */
 
@@ -931,7 +931,7 @@ static void gs_write(tw_comm *c, size_t s, size_t *n)
 {
 	gs_lens[7][0] = 1 + *n % 3000;
 	gs_shape_of[*n] = (unsigned char)s;
-	ck_assert_int_eq(tw_comm_write(c, tu_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)*n)), 0);
+	ck_assert_int_eq(tw_comm_write(c, ts_msg_pattern(gs_lens[s], gs_nf[s], (unsigned)*n)), 0);
 	(*n)++;
 }
 
@@ -1014,7 +1014,7 @@ START_TEST(gathered_writes_while_peer_full)
 	for (size_t i = 0; i < n; i++) {
 		size_t s = gs_shape_of[i];
 		gs_lens[7][0] = 1 + i % 3000;
-		ck_assert_msg(tu_msg_matches(sp->msgs[i], gs_lens[s], gs_nf[s], (unsigned)i),
+		ck_assert_msg(ts_msg_matches(sp->msgs[i], gs_lens[s], gs_nf[s], (unsigned)i),
 			      "message %zu (shape %zu)", i, s);
 	}
 	tw_stats_global(&g1);

@@ -27,20 +27,20 @@ static void dask_mode(tw_context *ctx)
 	tw_tls_config_free(cfg);
 }
 
-static void start_scheduler(struct tu *h, struct tt_proc *sched, char *addr, size_t len)
+static void start_scheduler(struct tu *h, struct ts_proc *sched, char *addr, size_t len)
 {
 	char ca[320], cert[320], key[320], tail[2048];
-	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
-	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
-	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
+	snprintf(ca, sizeof(ca), "%s", ts_cert("ca.pem"));
+	snprintf(cert, sizeof(cert), "%s", ts_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", ts_cert("key.pem"));
 	/* clang-format off */
-	char *argv[] = {TT_PYTHON, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls",
+	char *argv[] = {TS_PYTHON, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls",
 			"--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0",
 			"--no-show", "--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key, NULL};
 	/* clang-format on */
-	ck_assert_int_eq(tt_spawn(sched, argv), 0);
-	ck_assert_msg(tt_wait_log(h, sched, "Scheduler at:", addr, len, START_MS),
-		      "scheduler did not start: %s", tt_log_tail(sched, tail, sizeof(tail)));
+	ck_assert_int_eq(ts_spawn(sched, argv, NULL), 0);
+	ck_assert_msg(ts_proc_wait_log(sched, h->base, "Scheduler at:", addr, len, START_MS),
+		      "scheduler did not start: %s", ts_proc_log_tail(sched, tail, sizeof(tail)));
 	ck_assert_msg(strncmp(addr, "tls://127.0.0.1:", 16) == 0, "address %s", addr);
 }
 
@@ -48,9 +48,9 @@ static void start_scheduler(struct tu *h, struct tt_proc *sched, char *addr, siz
 START_TEST(taskwire_client_to_dask_scheduler)
 {
 	struct tu h;
-	static struct tt_proc sched;
+	static struct ts_proc sched;
 	struct tu_peer *p;
-	size_t size = tu_quick() ? 8 * MiB : 100 * MiB;
+	size_t size = ts_quick() ? 8 * MiB : 100 * MiB;
 	char addr[128], why[512];
 	const msgpack_object *root;
 	const uint8_t *got;
@@ -75,7 +75,7 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	ck_assert_msg(tw_obj_str_eq(tw_map_get(root, "type"), "Scheduler"), "no type Scheduler");
 	tw_decoded_free(d);
 	ck_assert_int_eq(tw_block_new(size, &data), 0);
-	tu_fill(tw_block_data(data), size, 77);
+	ts_fill(tw_block_data(data), size, 77);
 	d = tu_call(&h, p, tu_request("echo", &(tw_slice){data, 0, size}), ECHO_MS);
 	ck_assert_msg(tw_decoded_bytes(d, tw_decoded_root(d), &got, &n) == 0, "reply is not bytes");
 	ck_assert_uint_eq(n, size);
@@ -83,7 +83,7 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	tw_decoded_free(d);
 	tw_block_free(data);
 	ck_assert_int_eq(p->closed, 0);
-	tt_stop(&sched);
+	ts_proc_stop(&sched);
 	tt_fini(&h);
 }
 END_TEST
@@ -93,7 +93,7 @@ END_TEST
 START_TEST(dask_client_to_taskwire_server)
 {
 	struct tu h;
-	static struct tt_proc py;
+	static struct ts_proc py;
 	const char *top = getenv("TW_TOP_SRCDIR");
 	char addr[128], script[512], ca[320], cert[320], key[320], tail[2048];
 	struct tu_peer *sp;
@@ -102,30 +102,30 @@ START_TEST(dask_client_to_taskwire_server)
 	dask_mode(h.ctx);
 	tt_listen(&h, h.ctx, "tls://127.0.0.1:0", 1, &failed, addr, sizeof(addr));
 	snprintf(script, sizeof(script), "%s/tests/tls_dask_peer.py", top ? top : ".");
-	snprintf(ca, sizeof(ca), "%s", tt_cert("ca.pem"));
-	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
-	snprintf(key, sizeof(key), "%s", tt_cert("key.pem"));
-	char *argv[] = {TT_PYTHON, script, addr, ca, cert, key, NULL};
-	ck_assert_int_eq(tt_spawn(&py, argv), 0);
-	ck_assert_msg(tt_wait_exit(&h, &py, ECHO_MS), "client still running: %s",
-		      tt_log_tail(&py, tail, sizeof(tail)));
+	snprintf(ca, sizeof(ca), "%s", ts_cert("ca.pem"));
+	snprintf(cert, sizeof(cert), "%s", ts_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", ts_cert("key.pem"));
+	char *argv[] = {TS_PYTHON, script, addr, ca, cert, key, NULL};
+	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
+	ck_assert_msg(ts_proc_wait_exit(&py, h.base, ECHO_MS), "client still running: %s",
+		      ts_proc_log_tail(&py, tail, sizeof(tail)));
 	ck_assert_msg(WIFEXITED(py.status) && WEXITSTATUS(py.status) == 0, "client failed: %s",
-		      tt_log_tail(&py, tail, sizeof(tail)));
-	ck_assert_msg(strstr(tt_log_tail(&py, tail, sizeof(tail)), "OK 5") != NULL, "%s", tail);
+		      ts_proc_log_tail(&py, tail, sizeof(tail)));
+	ck_assert_msg(strstr(ts_proc_log_tail(&py, tail, sizeof(tail)), "OK 5") != NULL, "%s", tail);
 	ck_assert_int_eq(failed, 0);
 	ck_assert_uint_eq(h.nsrv, 1);
 	sp = h.srv[0];
 	ck_assert_uint_eq(sp->nmsgs, 5);
 	ck_assert(tu_wait_flag(&h, &sp->closed, ECHO_MS));
 	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
-	tt_stop(&py);
+	ts_proc_stop(&py);
 	tt_fini(&h);
 }
 END_TEST
 
 static void stop_children(void)
 {
-	tt_stop_all();
+	ts_proc_stop_all();
 }
 
 TCase *tls_dask_tcase(void)

@@ -55,7 +55,7 @@ END_TEST
 START_TEST(echo_64mib_frame)
 {
 	struct tu h;
-	es_one_frame(tt_setup_echo(&h), tu_quick() ? 8 * MiB : 64 * MiB, 60000);
+	es_one_frame(tt_setup_echo(&h), ts_quick() ? 8 * MiB : 64 * MiB, 60000);
 	tt_fini(&h);
 }
 END_TEST
@@ -82,13 +82,13 @@ START_TEST(no_copy_on_receive)
 {
 	struct tu h;
 	struct tu_peer *cli = tt_setup_echo(&h), *srv;
-	size_t big_len = tu_quick() ? 8 * MiB : 64 * MiB, lens[] = {100, big_len};
+	size_t big_len = ts_quick() ? 8 * MiB : 64 * MiB, lens[] = {100, big_len};
 	uint8_t *head = malloc(100), *big = malloc(big_len);
 	uint64_t wire = 8 * 4 + 100 + big_len;
 	tw_stats g0, g1, cs;
 	tw_msg *m;
-	tu_fill(head, 100, 7);
-	tu_fill(big, big_len, 8);
+	ts_fill(head, 100, 7);
+	ts_fill(big, big_len, 8);
 	tu_echo_check(cli, lens, 2, 7, TU_WAIT_MS); /* warm up: blocks cached, comm up */
 	srv = tu_server_peer(&h, 0);
 	tw_stats_global(&g0);
@@ -98,7 +98,7 @@ START_TEST(no_copy_on_receive)
 	ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, 2, 60000));
 	tw_stats_global(&g1);
-	ck_assert_msg(tu_msg_matches(cli->msgs[1], lens, 2, 7), "echo differs");
+	ck_assert_msg(ts_msg_matches(cli->msgs[1], lens, 2, 7), "echo differs");
 	ck_assert_uint_eq(g1.payload_bytes_copied - g0.payload_bytes_copied, 0);
 	ck_assert_uint_eq(g1.msgs_received - g0.msgs_received, 2);
 	ck_assert_uint_eq(g1.bytes_received - g0.bytes_received, 2 * wire);
@@ -253,7 +253,7 @@ static void big_echo(size_t nf, size_t len)
 	for (size_t i = 0; i < nf; i++) {
 		uint8_t *buf = malloc(len);
 		ck_assert_ptr_nonnull(buf);
-		tu_fill(buf, len, 9 + (unsigned)i);
+		ts_fill(buf, len, 9 + (unsigned)i);
 		tt_sha256(buf, len, run.want[i]);
 		ck_assert_int_eq(tw_msg_append_ref(m, buf, len, free_sent, NULL), 0);
 	}

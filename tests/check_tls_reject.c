@@ -122,7 +122,7 @@ END_TEST
 static void junk_case(struct tu *h, struct tu_peer *good, const void *p, size_t n, int fin,
 		      unsigned seed)
 {
-	int fd = tu_raw_connect(h->addr);
+	int fd = ts_raw_connect(h->addr);
 	tu_raw_send(h, fd, p, n);
 	if (fin)
 		shutdown(fd, SHUT_WR);
@@ -228,7 +228,7 @@ START_TEST(silent_peer_dropped)
 	int fd0 = tt_fd_count(), fds[20];
 	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(h.ctx, 300), 0);
 	for (int i = 0; i < 20; i++)
-		fds[i] = tu_raw_connect(h.addr);
+		fds[i] = ts_raw_connect(h.addr);
 	for (int i = 0; i < 20; i++) {
 		ck_assert_msg(tu_raw_wait_closed(&h, fds[i], BAD_WAIT_MS), "silent peer %d kept",
 			      i);
@@ -237,14 +237,14 @@ START_TEST(silent_peer_dropped)
 	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "timed out") != NULL, "%s",
 		      tw_context_last_error(h.ctx));
 	/* one that starts a record (a 512-byte handshake) and stalls */
-	fds[0] = tu_raw_connect(h.addr);
+	fds[0] = ts_raw_connect(h.addr);
 	tu_raw_send(&h, fds[0], "\x16\x03\x01\x02\x00\x01", 6);
 	ck_assert_msg(tu_raw_wait_closed(&h, fds[0], BAD_WAIT_MS), "stalled peer kept");
 	close(fds[0]);
 	ck_assert_int_eq(tt_fd_count(), fd0);
 	tt_canary(good, 0);
 	/* one more, still in its handshake when the context is freed */
-	fds[0] = tu_raw_connect(h.addr);
+	fds[0] = ts_raw_connect(h.addr);
 	tu_run_for(&h, 50);
 	tt_fini(&h);
 	close(fds[0]);
@@ -373,8 +373,8 @@ START_TEST(cert_errors)
 {
 	tw_tls_config *cfg;
 	char cert[320], key[320];
-	snprintf(cert, sizeof(cert), "%s", tt_cert("cert.pem"));
-	snprintf(key, sizeof(key), "%s", tt_cert("other-key.pem"));
+	snprintf(cert, sizeof(cert), "%s", ts_cert("cert.pem"));
+	snprintf(key, sizeof(key), "%s", ts_cert("other-key.pem"));
 	ck_assert_int_eq(tw_tls_config_new(&cfg), 0);
 	/* a key that does not match the certificate */
 	ck_assert_int_eq(tw_tls_config_set_cert_files(cfg, cert, key), TW_EINVAL);
@@ -390,7 +390,7 @@ START_TEST(cert_errors)
 	ck_assert_int_eq(tw_tls_config_set_ciphers(cfg, "NO-SUCH-CIPHER"), TW_EINVAL);
 	ck_assert_uint_gt(strlen(tw_tls_config_last_error(cfg)), 0);
 	/* the right pair still loads afterwards */
-	ck_assert_int_eq(tw_tls_config_set_cert_files(cfg, cert, tt_cert("key.pem")), 0);
+	ck_assert_int_eq(tw_tls_config_set_cert_files(cfg, cert, ts_cert("key.pem")), 0);
 	tw_tls_config_free(cfg);
 }
 END_TEST
@@ -475,7 +475,7 @@ START_TEST(config_replaced_while_running)
 	ck_assert_msg(err == TW_EINVAL, "got %s", tw_strerror(err));
 	ck_assert_msg(strstr(tw_context_last_error(h.ctx), "no TLS configuration") != NULL, "%s",
 		      tw_context_last_error(h.ctx));
-	fd = tu_raw_connect(h.addr);
+	fd = ts_raw_connect(h.addr);
 	ck_assert(tu_raw_wait_closed(&h, fd, TU_WAIT_MS));
 	close(fd);
 	tt_canary(good, 3);

@@ -21,11 +21,11 @@ int main(void)
 	SRunner *sr;
 	int failed;
 	signal(SIGPIPE, SIG_IGN); /* raw TLS clients write to closed sockets */
-	tt_make_certs();
+	ts_certs_make();
 	suite_add_tcase(s, ws_echo_tcase());
 	suite_add_tcase(s, ws_wire_tcase());
 	suite_add_tcase(s, ws_upgrade_tcase());
-	if (!tu_quick()) {
+	if (!ts_quick()) {
 		suite_add_tcase(s, ws_peers_tcase());
 		suite_add_tcase(s, ws_dask_tcase());
 	}
@@ -33,6 +33,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
-	tt_remove_certs();
+	ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -276,7 +276,7 @@ START_TEST(too_many_fragments)
 	ck_assert_int_eq(tu_listen(&h, _i ? "wss://127.0.0.1:0" : "ws://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
 	sp = tu_server_peer(&h, 0);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, 0)), 0);
 	ck_assert(tu_wait_flag(&h, &sp->closed, WU_WAIT_MS));
 	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
 	ck_assert_int_eq(sp->close_err, TW_ETOOMANY);
@@ -501,7 +501,7 @@ static void raw_echo(struct wu_raw *r, unsigned seed)
 {
 	uint8_t data[1000], b[1100], want[1100];
 	size_t n = count_frame(b, 1, 1), k = count_frame(want, 1, 0);
-	tu_fill(data, sizeof(data), seed);
+	ts_fill(data, sizeof(data), seed);
 	n += wu_frame(b + n, 1, 2, data, sizeof(data), 1);
 	k += wu_frame(want + k, 1, 2, data, sizeof(data), 0);
 	ck_assert_uint_eq(wu_raw_send(r, b, n), n);
@@ -603,7 +603,7 @@ START_TEST(pings_spaced_answered)
 	uint8_t p[125];
 	static const size_t lens[] = {0, 1, 5, 64, 124, 125};
 	for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
-		tu_fill(p, lens[i], (unsigned)i);
+		ts_fill(p, lens[i], (unsigned)i);
 		ping_pong(&r, p, lens[i]);
 		tu_run_for(&h, 120);
 		ck_assert_int_eq(sp->closed, 0);
@@ -637,7 +637,7 @@ START_TEST(ping_flood_policy_off)
 	long last = -1;
 	ck_assert(b != NULL && f != NULL);
 	for (uint32_t i = 0; i < 10000; i++) {
-		tu_fill(payload, sizeof(payload), i);
+		ts_fill(payload, sizeof(payload), i);
 		memcpy(payload, &i, 4);
 		n += wu_frame(b + n, 1, 9, payload, sizeof(payload), 1);
 	}
@@ -651,7 +651,7 @@ START_TEST(ping_flood_policy_off)
 		ck_assert(f[j].op == 0xa && f[j].len == 125);
 		memcpy(&i, f[j].payload, 4);
 		ck_assert(i < 10000 && (long)i > last);
-		tu_fill(payload, sizeof(payload), i);
+		ts_fill(payload, sizeof(payload), i);
 		ck_assert(memcmp(f[j].payload + 4, payload + 4, 121) == 0);
 		last = i;
 	}
@@ -1102,7 +1102,7 @@ START_TEST(close_then_reset_while_writing)
 	ck_assert(tu_wait_connected(&h, &err, WU_WAIT_MS));
 	ck_assert_int_eq(err, 0);
 	close_and_reset(&s, 1009);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 1, 0)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, 0)), 0);
 	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
 	ck_assert_msg(cli->close_err == TW_ETOOBIG, "err %s (%s)", tw_strerror(cli->close_err),
 		      cli->last_error);
@@ -1130,7 +1130,7 @@ START_TEST(client_masks_every_frame)
 	tu_init(&h);
 	ck_assert_int_eq(connect_to_fake(&h, &f, &cli), 0);
 	for (unsigned i = 0; i < 100; i++)
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 3, i)), 0);
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 3, i)), 0);
 	ck_assert(tu_run_until(&h, drained, cli->comm, WU_WAIT_MS));
 	tu_peer_free(cli);
 	wu_fake_join(&f);
@@ -1145,7 +1145,7 @@ START_TEST(client_masks_every_frame)
 			ck_assert_uint_eq(fr[i].len, lens[i % 4 - 1]);
 		if (i % 4 != 0 && fr[i].len > 0)
 			ck_assert_int_eq(
-				tu_check(fr[i].payload, fr[i].len, (unsigned)(i / 4 + i % 4 - 1)),
+				ts_check(fr[i].payload, fr[i].len, (unsigned)(i / 4 + i % 4 - 1)),
 				-1);
 	}
 	tt_fini(&h);

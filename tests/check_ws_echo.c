@@ -72,7 +72,7 @@ START_TEST(echo_empty_and_one_byte)
 	ck_assert_uint_eq(tw_msg_nframes(cli->msgs[0]), 1);
 	ck_assert_uint_eq(tw_msg_frame(cli->msgs[0], 0)->len, 0);
 	echo_wire(cli, srv, one, 1, 5, TW_DEFAULT_WS_SHARD_BYTES);
-	ck_assert_uint_eq(tw_slice_data(tw_msg_frame(cli->msgs[1], 0))[0], (5 * 131 + 7) % 251);
+	ck_assert_uint_eq(tw_slice_data(tw_msg_frame(cli->msgs[1], 0))[0], ts_pattern_byte(0, 5));
 	echo_wire(cli, srv, empties, 3, 9, TW_DEFAULT_WS_SHARD_BYTES);
 	ck_assert_uint_eq(tw_msg_nframes(cli->msgs[2]), 3);
 	ck_assert_uint_eq(srv->nmsgs, 3);
@@ -111,14 +111,14 @@ START_TEST(echo_1000_messages_pipelined)
 	for (size_t i = 0; i < 1000; i++) {
 		lens[i][0] = varied(i);
 		lens[i][1] = i % 3;
-		ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens[i], 2, (unsigned)i)),
+		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens[i], 2, (unsigned)i)),
 				 0);
 	}
 	ck_assert_msg(tu_wait_count(&h, &cli->nmsgs, 1000, WU_WAIT_MS),
 		      "%zu echoes; server got %zu messages, closed %d: %s", cli->nmsgs, srv->nmsgs,
 		      srv->closed, srv->last_error);
 	for (size_t i = 0; i < 1000; i++)
-		ck_assert_msg(tu_msg_matches(cli->msgs[i], lens[i], 2, (unsigned)i), "message %zu",
+		ck_assert_msg(ts_msg_matches(cli->msgs[i], lens[i], 2, (unsigned)i), "message %zu",
 			      i);
 	ck_assert_uint_eq(srv->nmsgs, 1000);
 	ck_assert_int_eq(cli->closed + srv->closed, 0);
@@ -132,7 +132,7 @@ START_TEST(echo_64mib)
 {
 	struct tu h;
 	struct tu_peer *cli = wu_setup_echo(&h, wu_scheme(_i)), *srv = tu_server_peer(&h, 0);
-	size_t lens[] = {tu_quick() ? 8 * MiB + 1 : 64 * MiB};
+	size_t lens[] = {ts_quick() ? 8 * MiB + 1 : 64 * MiB};
 	const tw_slice *f;
 	echo_wire(cli, srv, lens, 1, 3, TW_DEFAULT_WS_SHARD_BYTES);
 	f = tw_msg_frame(cli->msgs[0], 0);
@@ -166,11 +166,11 @@ START_TEST(echo_through_receive_budget)
 		cli[i]->keep = 1;
 	}
 	for (int i = 0; i < N; i++)
-		ck_assert_int_eq(tw_comm_write(cli[i]->comm, tu_msg_pattern(lens, 2, (unsigned)i)),
+		ck_assert_int_eq(tw_comm_write(cli[i]->comm, ts_msg_pattern(lens, 2, (unsigned)i)),
 				 0);
 	for (int i = 0; i < N; i++) {
 		ck_assert(tu_wait_count(&h, &cli[i]->nmsgs, 1, WU_WAIT_MS));
-		ck_assert(tu_msg_matches(cli[i]->msgs[0], lens, 2, (unsigned)i));
+		ck_assert(ts_msg_matches(cli[i]->msgs[0], lens, 2, (unsigned)i));
 		ck_assert_int_eq(cli[i]->closed, 0);
 	}
 	ck_assert_int_eq(tw_context_receive_budget_bytes(h.ctx, NULL, &used), 0);
@@ -188,7 +188,7 @@ START_TEST(echo_mixed_sizes)
 	size_t lens[] = {0,     1,           125,          126,    127,         32767,
 			 32768, 65535,       65536,        65537,  8 * MiB - 1, 8 * MiB,
 			 3,     8 * MiB + 1, 16 * MiB + 5, 2 * MiB};
-	size_t n = tu_quick() ? 13 : sizeof(lens) / sizeof(lens[0]);
+	size_t n = ts_quick() ? 13 : sizeof(lens) / sizeof(lens[0]);
 	echo_wire(cli, srv, lens, n, 21, TW_DEFAULT_WS_SHARD_BYTES);
 	tt_fini(&h);
 }
@@ -230,12 +230,12 @@ START_TEST(server_send_is_zero_copy)
 {
 	struct tu h;
 	struct tu_peer *cli = wu_setup_echo(&h, wu_scheme(_i)), *srv = tu_server_peer(&h, 0);
-	size_t size = tu_quick() ? 8 * MiB + 3 : 64 * MiB + 3, lens[] = {size};
+	size_t size = ts_quick() ? 8 * MiB + 3 : 64 * MiB + 3, lens[] = {size};
 	uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	tw_stats before, after;
 	tw_msg *m;
 	ck_assert(p != MAP_FAILED);
-	tu_fill(p, size, 4);
+	ts_fill(p, size, 4);
 	srv->echo = 0;
 	released = 0;
 	ck_assert_int_eq(tw_msg_new(&m), 0);
@@ -246,7 +246,7 @@ START_TEST(server_send_is_zero_copy)
 	after = wu_stats();
 	ck_assert_uint_eq(after.payload_bytes_copied - before.payload_bytes_copied, 0);
 	ck_assert_uint_eq(after.merges_copied - before.merges_copied, 0);
-	ck_assert(tu_msg_matches(cli->msgs[0], lens, 1, 4));
+	ck_assert(ts_msg_matches(cli->msgs[0], lens, 1, 4));
 	ck_assert(tu_wait_flag(&h, &released, WU_WAIT_MS));
 	ck_assert_int_eq(released, 1);
 	tt_fini(&h);
@@ -266,7 +266,7 @@ START_TEST(orderly_close)
 	struct tu_peer *cli = wu_setup_echo(&h, wu_scheme(_i)), *srv = tu_server_peer(&h, 0);
 	size_t lens[] = {100, 70000};
 	tu_echo_check(cli, lens, 2, 1, WU_WAIT_MS);
-	ck_assert_int_eq(tw_comm_write(cli->comm, tu_msg_pattern(lens, 2, 2)), 0);
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 2)), 0);
 	tw_comm_close(cli->comm);
 	ck_assert(tu_wait_flag(&h, &cli->closed, WU_WAIT_MS));
 	ck_assert(tu_wait_flag(&h, &srv->closed, WU_WAIT_MS));
@@ -304,7 +304,7 @@ START_TEST(server_small_writes_gathered)
 	struct tu h;
 	struct tu_peer *cli = wu_setup_echo(&h, wu_scheme(_i)), *srv = tu_server_peer(&h, 0);
 	tw_stats before, after, s0, s1;
-	tu_fill(small, sizeof(small), 5);
+	ts_fill(small, sizeof(small), 5);
 	srv->echo = 0;
 	before = wu_stats();
 	tw_comm_stats(srv->comm, &s0);
@@ -315,7 +315,7 @@ START_TEST(server_small_writes_gathered)
 		ck_assert_int_eq(tw_msg_append_ref(m, small, lens[0], NULL, NULL), 0);
 		ck_assert_int_eq(tw_comm_write(srv->comm, m), 0);
 		ck_assert(tu_wait_count(&h, &cli->nmsgs, i + 1, WU_WAIT_MS));
-		ck_assert(tu_msg_matches(cli->msgs[i], lens, 1, 5));
+		ck_assert(ts_msg_matches(cli->msgs[i], lens, 1, 5));
 	}
 	after = wu_stats();
 	tw_comm_stats(srv->comm, &s1);

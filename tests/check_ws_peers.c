@@ -35,34 +35,25 @@ struct certs {
 
 static void certs(struct certs *c)
 {
-	snprintf(c->ca, sizeof(c->ca), "%s", tt_cert("ca.pem"));
-	snprintf(c->cert, sizeof(c->cert), "%s", tt_cert("cert.pem"));
-	snprintf(c->key, sizeof(c->key), "%s", tt_cert("key.pem"));
-}
-
-/* Python's pattern: byte i is (i + seed) % 251. */
-static int py_pattern(const uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != (uint8_t)((i + seed) % 251))
-			return 0;
-	return 1;
+	snprintf(c->ca, sizeof(c->ca), "%s", ts_cert("ca.pem"));
+	snprintf(c->cert, sizeof(c->cert), "%s", ts_cert("cert.pem"));
+	snprintf(c->key, sizeof(c->key), "%s", ts_cert("key.pem"));
 }
 
 static int frame_is(const tw_msg *m, size_t i, size_t len, unsigned seed)
 {
 	const tw_slice *f = tw_msg_frame(m, i);
-	return f != NULL && f->len == len && py_pattern(tw_slice_data(f), len, seed);
+	return f != NULL && f->len == len && ts_check(tw_slice_data(f), len, seed) == -1;
 }
 
-static void wait_ok(struct tu *h, struct tt_proc *py, const char *ok)
+static void wait_ok(struct tu *h, struct ts_proc *py, const char *ok)
 {
 	char tail[4096];
-	ck_assert_msg(tt_wait_exit(h, py, RUN_MS), "still running: %s",
-		      tt_log_tail(py, tail, sizeof(tail)));
+	ck_assert_msg(ts_proc_wait_exit(py, h->base, RUN_MS), "still running: %s",
+		      ts_proc_log_tail(py, tail, sizeof(tail)));
 	ck_assert_msg(WIFEXITED(py->status) && WEXITSTATUS(py->status) == 0, "failed: %s",
-		      tt_log_tail(py, tail, sizeof(tail)));
-	ck_assert_msg(strstr(tt_log_tail(py, tail, sizeof(tail)), ok) != NULL, "%s", tail);
+		      ts_proc_log_tail(py, tail, sizeof(tail)));
+	ck_assert_msg(strstr(ts_proc_log_tail(py, tail, sizeof(tail)), ok) != NULL, "%s", tail);
 }
 
 /* ws_client.py against a taskwire echo server: three messages (one frame
@@ -71,7 +62,7 @@ static void wait_ok(struct tu *h, struct tt_proc *py, const char *ok)
 START_TEST(websockets_client)
 {
 	struct tu h;
-	static struct tt_proc py;
+	static struct ts_proc py;
 	struct certs c;
 	char path[512], uri[64];
 	struct tu_peer *sp;
@@ -85,10 +76,10 @@ START_TEST(websockets_client)
 	ck_assert_int_eq(tu_listen(&h, uri), 0);
 	script("ws_client.py", path, sizeof(path));
 	certs(&c);
-	char *argv[] = {TT_PYTHON, path, h.addr, c.ca, c.cert, c.key, NULL};
+	char *argv[] = {TS_PYTHON, path, h.addr, c.ca, c.cert, c.key, NULL};
 	if (_i == 0)
 		argv[3] = NULL;
-	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
 	wait_ok(&h, &py, "OK 3");
 	sp = tu_server_peer(&h, 0);
 	ck_assert_uint_eq(sp->nmsgs, 3);
@@ -104,7 +95,7 @@ START_TEST(websockets_client)
 		ck_assert_msg(frame_is(sp->msgs[2], i, i * 37 % 1000, i), "frame %u", i);
 	ck_assert(tu_wait_flag(&h, &sp->closed, RUN_MS));
 	ck_assert_msg(sp->close_err == 0, "%s", sp->last_error);
-	tt_stop(&py);
+	ts_proc_stop(&py);
 	tt_fini(&h);
 }
 END_TEST
@@ -115,7 +106,7 @@ END_TEST
 START_TEST(websockets_server)
 {
 	struct tu h;
-	static struct tt_proc py;
+	static struct ts_proc py;
 	struct certs c;
 	char path[512], addr[128], tail[2048], count[32];
 	struct tu_peer *cli;
@@ -128,12 +119,12 @@ START_TEST(websockets_server)
 	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h.ctx, 0), 0);
 	script("ws_echo_server.py", path, sizeof(path));
 	certs(&c);
-	char *argv[] = {TT_PYTHON, path, c.ca, c.cert, c.key, NULL};
+	char *argv[] = {TS_PYTHON, path, c.ca, c.cert, c.key, NULL};
 	if (_i == 0)
 		argv[2] = NULL;
-	ck_assert_int_eq(tt_spawn(&py, argv), 0);
-	ck_assert_msg(tt_wait_log(&h, &py, "listening on", addr, sizeof(addr), START_MS),
-		      "server did not start: %s", tt_log_tail(&py, tail, sizeof(tail)));
+	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
+	ck_assert_msg(ts_proc_wait_log(&py, h.base, "listening on", addr, sizeof(addr), START_MS),
+		      "server did not start: %s", ts_proc_log_tail(&py, tail, sizeof(tail)));
 	rv = tu_connect(&h, addr, &cli);
 	ck_assert_msg(rv == 0, "connect %s: %s: %s", addr, tw_strerror(rv),
 		      tw_context_last_error(h.ctx));
@@ -149,10 +140,10 @@ START_TEST(websockets_server)
 	ck_assert(tu_wait_flag(&h, &cli->closed, RUN_MS));
 	ck_assert_msg(cli->close_err == 0, "%s", cli->last_error);
 	ck_assert_msg(
-		tt_wait_log(&h, &py, "closed code=1000 messages=", count, sizeof(count), RUN_MS),
-		"%s", tt_log_tail(&py, tail, sizeof(tail)));
+		ts_proc_wait_log(&py, h.base, "closed code=1000 messages=", count, sizeof(count), RUN_MS),
+		"%s", ts_proc_log_tail(&py, tail, sizeof(tail)));
 	ck_assert_str_eq(count, "1016"); /* 9 + 2 + 1001 + 4 WebSocket messages */
-	tt_stop(&py);
+	ts_proc_stop(&py);
 	tt_fini(&h);
 }
 END_TEST
@@ -196,7 +187,7 @@ static tw_msg *pinger_msg(unsigned k, size_t size)
 START_TEST(pongs_while_writes_block)
 {
 	struct tu h;
-	static struct tt_proc py;
+	static struct ts_proc py;
 	struct certs c;
 	struct tu_peer *sp;
 	char path[512], uri[64], tail[4096];
@@ -210,20 +201,20 @@ START_TEST(pongs_while_writes_block)
 	ck_assert_int_eq(tu_listen(&h, uri), 0);
 	script("ws_slow_pinger.py", path, sizeof(path));
 	certs(&c);
-	char *argv[] = {TT_PYTHON, path,    h.addr, c.ca,   c.cert, c.key,
+	char *argv[] = {TS_PYTHON, path,    h.addr, c.ca,   c.cert, c.key,
 			"200",     "65536", "0.3",  "0.02", NULL};
 	if (_i == 0)
 		memmove(&argv[3], &argv[6], 5 * sizeof(argv[0]));
-	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
 	sp = tu_server_peer(&h, 0);
 	ck_assert_msg(tu_wait_count(&h, &sp->nmsgs, 1, RUN_MS), "no go: %s",
-		      tt_log_tail(&py, tail, sizeof(tail)));
+		      ts_proc_log_tail(&py, tail, sizeof(tail)));
 	for (unsigned k = 0; k < 200; k++)
 		ck_assert_int_eq(tw_comm_write(sp->comm, pinger_msg(k, 65536)), 0);
-	ck_assert_msg(tt_wait_exit(&h, &py, RUN_MS) && WIFEXITED(py.status) &&
+	ck_assert_msg(ts_proc_wait_exit(&py, h.base, RUN_MS) && WIFEXITED(py.status) &&
 			      WEXITSTATUS(py.status) == 0,
 		      "client: %s; server comm: closed %d (%s)",
-		      tt_log_tail(&py, tail, sizeof(tail)), sp->closed, sp->last_error);
+		      ts_proc_log_tail(&py, tail, sizeof(tail)), sp->closed, sp->last_error);
 	wait_ok(&h, &py, "OK 200 messages");
 	small_sockets = 0;
 	tt_fini(&h);
@@ -234,7 +225,7 @@ TCase *ws_peers_tcase(void)
 {
 	TCase *tc = tcase_create("websockets");
 	tcase_set_timeout(tc, 300);
-	tcase_add_checked_fixture(tc, NULL, tt_stop_all);
+	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
 	tcase_add_loop_test(tc, websockets_client, 0, 2);
 	tcase_add_loop_test(tc, websockets_server, 0, 2);
 	tcase_add_loop_test(tc, pongs_while_writes_block, 0, 2);
@@ -245,15 +236,15 @@ TCase *ws_peers_tcase(void)
 
 static const size_t dask_sizes[] = {0, 3, 20000, 70 * MiB};
 
-static void start_scheduler(struct tu *h, int wss, struct tt_proc *sched, char *addr, size_t len)
+static void start_scheduler(struct tu *h, int wss, struct ts_proc *sched, char *addr, size_t len)
 {
 	char port[16], dash[32], tail[2048];
 	struct certs c;
-	unsigned p = wu_free_port();
+	unsigned p = ts_free_port();
 	snprintf(port, sizeof(port), "%u", p);
 	snprintf(dash, sizeof(dash), "127.0.0.1:%u", p);
 	certs(&c);
-	char *argv[] = {TT_PYTHON,
+	char *argv[] = {TS_PYTHON,
 			"-m",
 			"distributed.cli.dask_scheduler",
 			"--protocol",
@@ -274,9 +265,9 @@ static void start_scheduler(struct tu *h, int wss, struct tt_proc *sched, char *
 			NULL};
 	if (!wss)
 		argv[12] = NULL;
-	ck_assert_int_eq(tt_spawn(sched, argv), 0);
-	ck_assert_msg(tt_wait_log(h, sched, "Scheduler at:", addr, len, START_MS),
-		      "scheduler did not start: %s", tt_log_tail(sched, tail, sizeof(tail)));
+	ck_assert_int_eq(ts_spawn(sched, argv, NULL), 0);
+	ck_assert_msg(ts_proc_wait_log(sched, h->base, "Scheduler at:", addr, len, START_MS),
+		      "scheduler did not start: %s", ts_proc_log_tail(sched, tail, sizeof(tail)));
 	ck_assert_msg(strncmp(addr, wss ? "wss://127.0.0.1:" : "ws://127.0.0.1:", wss ? 16 : 15) ==
 			      0,
 		      "address %s", addr);
@@ -288,7 +279,7 @@ static void start_scheduler(struct tu *h, int wss, struct tt_proc *sched, char *
 START_TEST(taskwire_client_to_dask_scheduler)
 {
 	struct tu h;
-	static struct tt_proc sched;
+	static struct ts_proc sched;
 	struct tu_peer *p;
 	char addr[128], why[512];
 	tw_block *data;
@@ -309,7 +300,7 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	ck_assert_ptr_nonnull(tw_map_get(tw_decoded_root(d), "id"));
 	tw_decoded_free(d);
 	ck_assert_int_eq(tw_block_new(70 * MiB + 8, &data), 0);
-	tu_fill(tw_block_data(data), 70 * MiB + 8, 5);
+	ts_fill(tw_block_data(data), 70 * MiB + 8, 5);
 	for (size_t k = 0; k < 4; k++) {
 		const uint8_t *got;
 		size_t n, size = dask_sizes[k];
@@ -324,7 +315,7 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	}
 	tw_block_free(data);
 	ck_assert_int_eq(p->closed, 0);
-	tt_stop(&sched);
+	ts_proc_stop(&sched);
 	tt_fini(&h);
 }
 END_TEST
@@ -343,7 +334,7 @@ static void note_big(struct big_seen *b, const tw_msg *m, const tw_payload *pl)
 	b->wire_frames = tw_msg_nframes(m);
 	b->logical_frames = pl->nframes;
 	b->len = pl->frames[0].len;
-	b->pattern_ok = py_pattern(tw_slice_data(&pl->frames[0]), b->len, 3);
+	b->pattern_ok = ts_check(tw_slice_data(&pl->frames[0]), b->len, 3) == -1;
 	b->block_size = tw_block_size(blk);
 	b->one_block = 1;
 	for (size_t i = 2; i < tw_msg_nframes(m); i++)
@@ -379,7 +370,7 @@ static void decode_hook(struct tu_peer *p, tw_msg *m)
 START_TEST(dask_client_to_taskwire_server)
 {
 	struct tu h;
-	static struct tt_proc py;
+	static struct ts_proc py;
 	static struct wu_dask_srv srv;
 	struct big_seen big = {0};
 	struct certs c;
@@ -391,10 +382,10 @@ START_TEST(dask_client_to_taskwire_server)
 	wu_dask_listen(&h, uri, &srv);
 	script("ws_dask_client.py", path, sizeof(path));
 	certs(&c);
-	char *argv[] = {TT_PYTHON, path, srv.addr, c.ca, c.cert, c.key, NULL};
+	char *argv[] = {TS_PYTHON, path, srv.addr, c.ca, c.cert, c.key, NULL};
 	if (_i == 0)
 		argv[3] = NULL;
-	ck_assert_int_eq(tt_spawn(&py, argv), 0);
+	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
 	wait_ok(&h, &py, "OK 4");
 	ck_assert_int_eq(srv.failed, 0);
 	ck_assert_int_eq(big.msgs, 4);
@@ -408,7 +399,7 @@ START_TEST(dask_client_to_taskwire_server)
 	ck_assert_uint_eq(big.zero_copy, 1);
 	ck_assert_uint_eq(big.merges_copied, 0);
 	ck_assert_uint_eq(big.copied, 0);
-	tt_stop(&py);
+	ts_proc_stop(&py);
 	tt_fini(&h);
 }
 END_TEST
@@ -417,7 +408,7 @@ TCase *ws_dask_tcase(void)
 {
 	TCase *tc = tcase_create("dask");
 	tcase_set_timeout(tc, 300);
-	tcase_add_checked_fixture(tc, NULL, tt_stop_all);
+	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
 	tcase_add_loop_test(tc, taskwire_client_to_dask_scheduler, 0, 2);
 	tcase_add_loop_test(tc, dask_client_to_taskwire_server, 0, 2);
 	return tc;

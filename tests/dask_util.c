@@ -19,251 +19,18 @@
 
 #include "tests/dask_util.h"
 
-#define TICK_MS   10
-#define MAX_PROCS 16
-#define GRACE_MS  5000
-
-extern char **environ;
-
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-	nanosleep(&ts, NULL);
-}
-
-/* Child processes. */
-
-static struct du_proc *live[MAX_PROCS];
-
-static void stop_all(void)
-{
-	for (int i = 0; i < MAX_PROCS; i++)
-		if (live[i] != NULL && live[i]->owner == getpid())
-			du_stop(live[i]);
-}
-
-static void track(struct du_proc *p)
-{
-	static int registered;
-	if (!registered) {
-		atexit(stop_all);
-		registered = 1;
-	}
-	for (int i = 0; i < MAX_PROCS; i++)
-		if (live[i] == NULL) {
-			live[i] = p;
-			return;
-		}
-}
-
-static void untrack(struct du_proc *p)
-{
-	for (int i = 0; i < MAX_PROCS; i++)
-		if (live[i] == p)
-			live[i] = NULL;
-}
-
-/* The environment plus env_add, for execve. */
-static char **make_env(char *const env_add[])
-{
-	size_t n = 0, k = 0, i;
-	char **env;
-	while (environ[n] != NULL)
-		n++;
-	while (env_add != NULL && env_add[k] != NULL)
-		k++;
-	if ((env = calloc(n + k + 1, sizeof(*env))) == NULL)
-		return NULL;
-	for (i = 0; i < n; i++)
-		env[i] = environ[i];
-	for (i = 0; i < k; i++)
-		env[n + i] = env_add[i];
-	return env;
-}
-
-static void child(const char *log, pid_t parent, char *const argv[], char **env)
-{
-	int fd = open(log, O_WRONLY | O_TRUNC);
-	setpgid(0, 0);
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != parent || fd < 0)
-		_exit(127);
-	dup2(fd, STDOUT_FILENO);
-	dup2(fd, STDERR_FILENO);
-	close(fd);
-	execve(argv[0], argv, env);
-	_exit(127);
-}
-
-int du_spawn(struct du_proc *p, char *const argv[], char *const env_add[])
-{
-	const char *tmp = getenv("TMPDIR");
-	pid_t parent = getpid();
-	char **env;
-	int fd;
-	memset(p, 0, sizeof(*p));
-	snprintf(p->log, sizeof(p->log), "%s/tw-dask-XXXXXX", tmp != NULL ? tmp : "/tmp");
-	if ((fd = mkstemp(p->log)) < 0)
-		return -1;
-	close(fd);
-	if ((env = make_env(env_add)) == NULL)
-		return -1;
-	fflush(NULL);
-	p->pid = fork();
-	if (p->pid == 0)
-		child(p->log, parent, argv, env);
-	free(env);
-	if (p->pid < 0) {
-		p->pid = 0;
-		unlink(p->log);
-		return -1;
-	}
-	setpgid(p->pid, p->pid); /* also here, so a kill right away finds the group */
-	p->owner = parent;
-	track(p);
-	return 0;
-}
-
-/* Reap without blocking; 1 when the process is gone. */
-static int reaped(struct du_proc *p)
-{
-	if (p->exited)
-		return 1;
-	if (p->pid > 0 && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
-		p->exited = 1;
-	return p->exited;
-}
-
-/* 1 when the process has exited, without reaping it (its pid and group id
- * stay reserved until waitpid). */
-static int ended(const struct du_proc *p)
-{
-	siginfo_t si;
-	if (p->exited)
-		return 1;
-	memset(&si, 0, sizeof(si));
-	return waitid(P_PID, p->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == p->pid;
-}
-
-/* Find marker in the log; copy the next word into out. */
-static int scan_log(const struct du_proc *p, const char *marker, char *out, size_t len)
-{
-	char line[4096];
-	int found = 0;
-	FILE *f = fopen(p->log, "r");
-	if (f == NULL)
-		return 0;
-	while (!found && fgets(line, sizeof(line), f) != NULL) {
-		char *at = strstr(line, marker);
-		size_t n;
-		if (at == NULL || strchr(line, '\n') == NULL)
-			continue;
-		at += strlen(marker);
-		at += strspn(at, " \t");
-		n = strcspn(at, " \t\r\n");
-		if (n == 0 || n >= len)
-			continue;
-		memcpy(out, at, n);
-		out[n] = '\0';
-		found = 1;
-	}
-	fclose(f);
-	return found;
-}
-
-int du_wait_log(struct du_proc *p, const char *marker, char *out, size_t len, int ms)
-{
-	long long deadline = now_ms() + ms;
-	while (now_ms() < deadline) {
-		if (scan_log(p, marker, out, len))
-			return 1;
-		if (ended(p))
-			return scan_log(p, marker, out, len);
-		sleep_ms(20);
-	}
-	return 0;
-}
-
-int du_wait_exit(struct du_proc *p, int ms)
-{
-	long long deadline = now_ms() + ms;
-	while (!reaped(p)) {
-		if (now_ms() > deadline)
-			return 0;
-		sleep_ms(20);
-	}
-	return 1;
-}
-
-void du_stop(struct du_proc *p)
-{
-	if (p->pid > 0 && !p->exited) {
-		long long deadline = now_ms() + GRACE_MS;
-		kill(-p->pid, SIGTERM);
-		while (!ended(p) && now_ms() < deadline)
-			sleep_ms(20);
-		kill(-p->pid, SIGKILL); /* a peer still running, or what it left in its group */
-		waitpid(p->pid, &p->status, 0);
-		p->exited = 1;
-	}
-	if (p->log[0] != '\0' && getenv("TW_KEEP_LOGS") == NULL)
-		unlink(p->log);
-	untrack(p);
-	p->pid = 0;
-	p->log[0] = '\0';
-}
-
-const char *du_log_tail(const struct du_proc *p, char *buf, size_t len)
-{
-	FILE *f = fopen(p->log, "r");
-	size_t n = 0;
-	buf[0] = '\0';
-	if (f == NULL)
-		return buf;
-	if (fseek(f, 0, SEEK_END) == 0) {
-		long size = ftell(f);
-		long from = size > (long)len - 1 ? size - ((long)len - 1) : 0;
-		if (fseek(f, from, SEEK_SET) == 0)
-			n = fread(buf, 1, len - 1, f);
-	}
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}
-
-void du_script(const char *name, char *buf, size_t len)
-{
-	const char *top = getenv("TW_TOP_SRCDIR");
-	snprintf(buf, len, "%s/tests/interop/%s", top != NULL ? top : ".", name);
-}
+#define TICK_MS 10
 
 /* The loop. */
 
-static void on_tick(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	(void)arg;
-}
-
 void du_loop_init(struct du_loop *l)
 {
-	struct timeval tv = {0, TICK_MS * 1000};
 	memset(l, 0, sizeof(*l));
 	signal(SIGPIPE, SIG_IGN); /* the raw client writes to closed sockets */
 	l->base = event_base_new();
 	ck_assert_ptr_nonnull(l->base);
 	ck_assert_int_eq(tw_context_new(l->base, &l->ctx), 0);
-	l->tick = event_new(l->base, -1, EV_PERSIST, on_tick, NULL);
-	ck_assert_ptr_nonnull(l->tick);
-	event_add(l->tick, &tv);
+	l->tick = ts_tick_new(l->base, TICK_MS);
 }
 
 void du_loop_fini(struct du_loop *l)
@@ -274,40 +41,14 @@ void du_loop_fini(struct du_loop *l)
 	memset(l, 0, sizeof(*l));
 }
 
-/* Bytes and messages moved by every comm of the process: while this
- * changes, a wait is slow (a loaded machine, valgrind), not stuck. */
-static uint64_t progress(void)
-{
-	tw_stats st;
-	tw_stats_global(&st);
-	return st.bytes_sent + st.bytes_received + st.msgs_sent + st.msgs_received;
-}
-
 int du_run_until(struct du_loop *l, int (*pred)(void *arg), void *arg, int ms)
 {
-	long long deadline = now_ms() + ms;
-	uint64_t seen = progress();
-	while (!pred(arg)) {
-		uint64_t io = progress();
-		if (io != seen) {
-			seen = io;
-			deadline = now_ms() + ms;
-		} else if (now_ms() > deadline) {
-			return 0;
-		}
-		event_base_loop(l->base, EVLOOP_ONCE);
-	}
-	return 1;
-}
-
-static int flag_set(void *arg)
-{
-	return *(const int *)arg != 0;
+	return ts_run_until(l->base, pred, arg, ms);
 }
 
 int du_wait_flag(struct du_loop *l, const int *flag, int ms)
 {
-	return du_run_until(l, flag_set, (void *)flag, ms);
+	return ts_wait_flag(l->base, flag, ms);
 }
 
 /* The client comm. */
@@ -416,48 +157,9 @@ void du_client_free(struct du_client *c)
 
 /* Raw client. */
 
-int du_raw_connect(const char *uri)
-{
-	char host[128], *colon;
-	struct addrinfo hints = {0}, *ai;
-	int fd = -1;
-	if (strncmp(uri, "tcp://", 6) != 0 || strlen(uri + 6) >= sizeof(host))
-		return -1;
-	strcpy(host, uri + 6);
-	if ((colon = strrchr(host, ':')) == NULL)
-		return -1;
-	*colon = '\0';
-	hints.ai_socktype = SOCK_STREAM;
-	if (getaddrinfo(host, colon + 1, &hints, &ai) != 0)
-		return -1;
-	fd = socket(ai->ai_family, SOCK_STREAM, 0);
-	if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(ai);
-	if (fd >= 0)
-		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-	return fd;
-}
-
 int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n)
 {
-	const uint8_t *b = p;
-	long long deadline = now_ms() + DU_WAIT_MS;
-	while (n > 0 && now_ms() < deadline) {
-		ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-		if (w > 0) {
-			b += w;
-			n -= (size_t)w;
-			deadline = now_ms() + DU_WAIT_MS; /* a hang guard: slow is not stuck */
-		} else if (w < 0 && errno != EAGAIN && errno != EINTR) {
-			return -1;
-		} else {
-			event_base_loop(l->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
-		}
-	}
-	return n == 0 ? 0 : -1;
+	return ts_raw_send(l->base, fd, p, n, DU_WAIT_MS) == n ? 0 : -1;
 }
 
 /* Read exactly n bytes into p, driving the loop while none are there;
@@ -465,14 +167,14 @@ int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n)
 static int raw_read(struct du_loop *l, int fd, void *p, size_t n, int ms)
 {
 	uint8_t *b = p;
-	long long deadline = now_ms() + ms;
+	long long deadline = ts_now_ms() + ms;
 	while (n > 0) {
-		ssize_t r = recv(fd, b, n, 0);
+		ssize_t r = recv(fd, b, n, MSG_DONTWAIT);
 		if (r > 0) {
 			b += r;
 			n -= (size_t)r;
-			deadline = now_ms() + ms;
-		} else if (r == 0 || (errno != EAGAIN && errno != EINTR) || now_ms() > deadline) {
+			deadline = ts_now_ms() + ms;
+		} else if (r == 0 || (errno != EAGAIN && errno != EINTR) || ts_now_ms() > deadline) {
 			return -1;
 		} else {
 			event_base_loop(l->base, EVLOOP_ONCE);
@@ -527,10 +229,10 @@ int du_raw_recv_msg(struct du_loop *l, int fd, tw_msg **out, int ms)
 
 int du_raw_wait_eof(struct du_loop *l, int fd, int ms)
 {
-	long long deadline = now_ms() + ms;
+	long long deadline = ts_now_ms() + ms;
 	uint8_t b;
-	while (now_ms() < deadline) {
-		ssize_t r = recv(fd, &b, 1, 0);
+	while (ts_now_ms() < deadline) {
+		ssize_t r = recv(fd, &b, 1, MSG_DONTWAIT);
 		if (r == 0 || (r < 0 && errno == ECONNRESET))
 			return 1;
 		if (r > 0 || (errno != EAGAIN && errno != EINTR))
@@ -564,32 +266,4 @@ uint8_t *du_encode(const tw_msg *msg, size_t *len)
 	}
 	*len = total;
 	return p;
-}
-
-void du_fill(uint8_t *p, size_t n, unsigned seed)
-{
-	uint8_t period[251];
-	size_t i;
-	for (i = 0; i < 251; i++)
-		period[i] = (uint8_t)((i + seed) % 251);
-	for (i = 0; i + 251 <= n; i += 251)
-		memcpy(p + i, period, 251);
-	if (i < n)
-		memcpy(p + i, period, n - i);
-}
-
-long long du_check(const uint8_t *p, size_t n, unsigned seed)
-{
-	uint8_t period[251];
-	size_t i;
-	for (i = 0; i < 251; i++)
-		period[i] = (uint8_t)((i + seed) % 251);
-	for (i = 0; i < n; i += 251) {
-		size_t k = n - i < 251 ? n - i : 251;
-		if (memcmp(p + i, period, k) != 0)
-			for (size_t j = 0; j < k; j++)
-				if (p[i + j] != period[j])
-					return (long long)(i + j);
-	}
-	return -1;
 }

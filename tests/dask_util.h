@@ -1,12 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* A harness for tests with real Dask peers (tests/check_dask.c) and for
- * decode tests over loopback comms (tests/check_serial.c).
- *
- * Child processes: each peer runs in a process group of its own, with its
- * stdout and stderr in a log file, and dies with the process that started
- * it (PR_SET_PDEATHSIG), so a test killed at its timeout leaves nothing
- * behind. du_stop kills the group and reaps it; an atexit handler stops
- * whatever the starting process did not.
+ * decode tests over loopback comms (tests/check_serial.c). Child
+ * processes: tests/support/proc.h.
  *
  * Loop: one context on an event_base that the test drives itself
  * (du_run_until), with a tick so every wait checks its deadline. Deadlines
@@ -20,47 +15,14 @@
 
 #include <taskwire/taskwire.h>
 
+#include "tests/support/loop.h"
+#include "tests/support/pattern.h"
+#include "tests/support/proc.h"
+#include "tests/support/sock.h"
+
 /* Hang guards: a wait that sees no progress for this long means the test
  * failed (du_run_until restarts it whenever comms move bytes). */
-#define DU_WAIT_MS  60000
-#define DU_START_MS 60000
-
-/* The Python with Debian's python3-distributed (not the first on PATH). */
-#define DU_PYTHON "/usr/bin/python3"
-
-/* Child processes. */
-
-struct du_proc {
-	pid_t pid;     /* 0 when not running */
-	pid_t owner;   /* the process that started it */
-	char log[256]; /* its stdout and stderr */
-	int status;    /* wait status, once reaped */
-	int exited;
-};
-
-/* Start argv[0] (a path) with argv, in its own process group, with the
- * environment plus env_add ("NAME=value" strings, NULL-terminated, may be
- * NULL). Returns 0 or -1. */
-int du_spawn(struct du_proc *p, char *const argv[], char *const env_add[]);
-
-/* Wait until the log has a line containing `marker`; copy the first
- * whitespace-delimited word after it into out. Returns 1, or 0 when the
- * process exited or ms passed first. */
-int du_wait_log(struct du_proc *p, const char *marker, char *out, size_t len, int ms);
-
-/* Wait for the process to exit by itself (status in p->status). Returns 1
- * when it did, 0 at the deadline. */
-int du_wait_exit(struct du_proc *p, int ms);
-
-/* SIGTERM to the group, a grace period, then SIGKILL; reap; remove the log.
- * Accepts a stopped or never-started p. */
-void du_stop(struct du_proc *p);
-
-/* The last `len - 1` bytes of the log, for failure messages. */
-const char *du_log_tail(const struct du_proc *p, char *buf, size_t len);
-
-/* $TW_TOP_SRCDIR/tests/interop/name into buf. */
-void du_script(const char *name, char *buf, size_t len);
+#define DU_WAIT_MS 60000
 
 /* A loop driven by the test. */
 
@@ -73,7 +35,8 @@ struct du_loop {
 void du_loop_init(struct du_loop *l);
 void du_loop_fini(struct du_loop *l);
 
-/* Drive the loop until pred(arg) (returns 1) or ms pass (0). */
+/* Drive the loop until pred(arg) (returns 1) or ms pass with no progress
+ * (0): ts_run_until on l->base. */
 int du_run_until(struct du_loop *l, int (*pred)(void *arg), void *arg, int ms);
 /* Drive the loop until *flag != 0; returns *flag != 0. */
 int du_wait_flag(struct du_loop *l, const int *flag, int ms);
@@ -105,10 +68,8 @@ int du_client_write(struct du_client *c, tw_msg *msg);
 tw_msg *du_client_msg(struct du_client *c, size_t i, int ms);
 void du_client_free(struct du_client *c);
 
-/* Raw POSIX client for bad peers. */
+/* Raw POSIX client for bad peers (ts_raw_connect). */
 
-/* Blocking connect to "tcp://host:port"; returns the fd or -1. */
-int du_raw_connect(const char *uri);
 /* Send n bytes, driving the loop while the socket is full. Returns 0, or
  * -1 when the peer closed first. */
 int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n);
@@ -122,10 +83,5 @@ int du_raw_wait_eof(struct du_loop *l, int fd, int ms);
 
 /* The stream encoding of msg (prelude and frames), malloc'd. */
 uint8_t *du_encode(const tw_msg *msg, size_t *len);
-
-/* Fill p with the pattern byte i = (i + seed) % 251; check it (returns the
- * first offset that differs, or -1). */
-void du_fill(uint8_t *p, size_t n, unsigned seed);
-long long du_check(const uint8_t *p, size_t n, unsigned seed);
 
 #endif

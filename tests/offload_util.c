@@ -118,7 +118,7 @@ static void make_broken(void)
 
 void ox_init(void)
 {
-	big.bytes = tu_quick() ? 2 * MiB : 64 * MiB;
+	big.bytes = ts_quick() ? 2 * MiB : 64 * MiB;
 	INIT_REQUIRE(tw_block_new(big.bytes, &big.payload) == 0);
 	fill_random_nibbles(tw_block_data(big.payload), big.bytes);
 	big.tmpl = build_template();
@@ -142,7 +142,7 @@ size_t ox_large_bytes(void)
 
 uint64_t ox_threshold(void)
 {
-	return tu_quick() ? MiB : TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES;
+	return ts_quick() ? MiB : TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES;
 }
 
 /* Frame 0 made here, the payload group's frames shared with the
@@ -181,7 +181,7 @@ tw_msg *ox_small(uint64_t seq, const char *op)
 	tw_slice s = {NULL, 0, OX_SMALL_BYTES};
 	tw_msg *m;
 	ck_assert_int_eq(tw_block_new(OX_SMALL_BYTES, &s.block), 0);
-	tu_fill(tw_block_data(s.block), OX_SMALL_BYTES, (unsigned)seq);
+	ts_fill(tw_block_data(s.block), OX_SMALL_BYTES, (unsigned)seq);
 	m = build_small(seq, op, &s);
 	tw_block_free(s.block);
 	return m;
@@ -199,7 +199,7 @@ static int payload_matches(const tw_slice *f, uint64_t seq)
 	if (f->len == big.bytes)
 		return memcmp(tw_slice_data(f), tw_block_data(big.payload), big.bytes) == 0;
 	return f->len == OX_SMALL_BYTES &&
-	       tu_check(tw_slice_data(f), OX_SMALL_BYTES, (unsigned)seq) == -1;
+	       ts_check(tw_slice_data(f), OX_SMALL_BYTES, (unsigned)seq) == -1;
 }
 
 static void check_message(const tw_decoded *d, struct ox_got *g)

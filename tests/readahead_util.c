@@ -20,13 +20,6 @@
  * progress): on a loaded machine "at once" can take seconds. */
 #define STALL_MS TU_WAIT_MS
 
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static uint64_t copied_now(void)
 {
 	tw_stats st;
@@ -40,7 +33,7 @@ void ra_open_tcp(struct tu *h, struct ra_peer *p)
 {
 	memset(p, 0, sizeof(*p));
 	p->h = h;
-	p->fd = tu_raw_connect(h->addr);
+	p->fd = ts_raw_connect(h->addr);
 }
 
 /* Open a raw peer and find its server comm (the next one accepted). */
@@ -56,7 +49,7 @@ void ra_send(struct ra_peer *p, const void *buf, size_t n)
 {
 	const uint8_t *b = buf;
 	size_t done = 0;
-	long long deadline = now_ms() + TU_WAIT_MS;
+	long long deadline = ts_now_ms() + TU_WAIT_MS;
 	if (p->ssl == NULL) {
 		ck_assert_uint_eq(tu_raw_send(p->h, p->fd, buf, n), n);
 		return;
@@ -68,13 +61,13 @@ void ra_send(struct ra_peer *p, const void *buf, size_t n)
 		rv = SSL_write_ex(p->ssl, b + done, n - done, &put);
 		if (rv == 1) {
 			done += put;
-			deadline = now_ms() + TU_WAIT_MS; /* a hang guard: slow is not stuck */
+			deadline = ts_now_ms() + TU_WAIT_MS; /* a hang guard: slow is not stuck */
 			continue;
 		}
 		e = SSL_get_error(p->ssl, rv);
 		ck_assert_msg(e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ,
 			      "SSL_write_ex: error %d", e);
-		ck_assert_msg(now_ms() < deadline, "raw tls send stalled at %zu of %zu bytes", done,
+		ck_assert_msg(ts_now_ms() < deadline, "raw tls send stalled at %zu of %zu bytes", done,
 			      n);
 		event_base_loop(p->h->base, EVLOOP_ONCE);
 	}
@@ -84,7 +77,7 @@ int ra_recv(struct ra_peer *p, void *buf, size_t n)
 {
 	uint8_t *b = buf;
 	size_t done = 0;
-	long long deadline = now_ms() + TU_WAIT_MS;
+	long long deadline = ts_now_ms() + TU_WAIT_MS;
 	while (done < n) {
 		if (p->ssl != NULL) {
 			size_t got = 0;
@@ -93,7 +86,7 @@ int ra_recv(struct ra_peer *p, void *buf, size_t n)
 			rv = SSL_read_ex(p->ssl, b + done, n - done, &got);
 			if (rv == 1) {
 				done += got;
-				deadline = now_ms() + TU_WAIT_MS;
+				deadline = ts_now_ms() + TU_WAIT_MS;
 				continue;
 			}
 			e = SSL_get_error(p->ssl, rv);
@@ -103,13 +96,13 @@ int ra_recv(struct ra_peer *p, void *buf, size_t n)
 			ssize_t k = recv(p->fd, b + done, n - done, MSG_DONTWAIT);
 			if (k > 0) {
 				done += (size_t)k;
-				deadline = now_ms() + TU_WAIT_MS;
+				deadline = ts_now_ms() + TU_WAIT_MS;
 				continue;
 			}
 			if (k == 0 || (errno != EAGAIN && errno != EINTR))
 				return 0;
 		}
-		if (now_ms() > deadline)
+		if (ts_now_ms() > deadline)
 			return 0;
 		event_base_loop(p->h->base, EVLOOP_ONCE);
 	}
@@ -184,7 +177,7 @@ void ra_put_msg(struct ra_buf *b, const size_t *lens, size_t nf, unsigned seed)
 		ra_put_u64(b, &len, 1);
 	}
 	for (size_t i = 0; i < nf; i++)
-		tu_fill(buf_room(b, lens[i]), lens[i], seed + (unsigned)i);
+		ts_fill(buf_room(b, lens[i]), lens[i], seed + (unsigned)i);
 }
 
 /* The messages a server comm should have received, in order. */
@@ -241,7 +234,7 @@ static void expect_all(struct ra_peer *p, const struct wants *ws, const char *wh
 		      sp->nmsgs, ws->n);
 	for (size_t i = 0; i < ws->n; i++)
 		ck_assert_msg(
-			tu_msg_matches(sp->msgs[i], ws->w[i].lens, ws->w[i].nf, ws->w[i].seed),
+			ts_msg_matches(sp->msgs[i], ws->w[i].lens, ws->w[i].nf, ws->w[i].seed),
 			"%s: message %zu differs", what, i);
 }
 
@@ -276,9 +269,9 @@ static void good_check(struct ra_env *e)
 	if (e->good == NULL)
 		return;
 	n0 = gs->nmsgs;
-	ck_assert_int_eq(tw_comm_write(e->good->comm, tu_msg_pattern(lens, 2, ++e->seed)), 0);
+	ck_assert_int_eq(tw_comm_write(e->good->comm, ts_msg_pattern(lens, 2, ++e->seed)), 0);
 	ck_assert_msg(tu_wait_count(e->h, &gs->nmsgs, n0 + 1, TU_WAIT_MS), "good comm stalled");
-	ck_assert(tu_msg_matches(gs->msgs[gs->nkept - 1], lens, 2, e->seed));
+	ck_assert(ts_msg_matches(gs->msgs[gs->nkept - 1], lens, 2, e->seed));
 	ck_assert_int_eq(e->good->closed, 0);
 	ck_assert_int_eq(gs->closed, 0);
 }
@@ -705,15 +698,15 @@ static void soak_resume(struct ra_peer *p, struct soak *st)
  * when the soak paused it; fails after STALL_MS without any progress. */
 static void soak_wait(struct ra_peer *p, struct soak *st, size_t n)
 {
-	long long deadline = now_ms() + STALL_MS;
-	uint64_t seen = tu_progress();
+	long long deadline = ts_now_ms() + STALL_MS;
+	uint64_t seen = ts_progress();
 	while (p->sp->nmsgs < n) {
-		uint64_t io = tu_progress();
+		uint64_t io = ts_progress();
 		if (io != seen) {
 			seen = io;
-			deadline = now_ms() + STALL_MS;
+			deadline = ts_now_ms() + STALL_MS;
 		}
-		ck_assert_msg(now_ms() < deadline, "soak: stalled at %zu of %zu", p->sp->nmsgs, n);
+		ck_assert_msg(ts_now_ms() < deadline, "soak: stalled at %zu of %zu", p->sp->nmsgs, n);
 		soak_resume(p, st);
 		event_base_loop(p->h->base, EVLOOP_NONBLOCK);
 	}
@@ -952,7 +945,7 @@ static void after_handshake(struct ra_env *e)
 
 static void soak(struct ra_env *e)
 {
-	for (unsigned i = 0; i < (tu_quick() ? 2u : e->soak_rounds); i++) {
+	for (unsigned i = 0; i < (ts_quick() ? 2u : e->soak_rounds); i++) {
 		e->seed += 1000;
 		ra_soak(e, 400);
 	}

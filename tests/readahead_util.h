@@ -54,7 +54,7 @@ struct ra_buf {
 };
 void ra_buf_free(struct ra_buf *b);
 /* Append the wire bytes of a message of nf frames (lens), frame i filled
- * with tu_fill(seed + i). */
+ * with ts_fill(seed + i). */
 void ra_put_msg(struct ra_buf *b, const size_t *lens, size_t nf, unsigned seed);
 /* Append raw u64 little-endian words. */
 void ra_put_u64(struct ra_buf *b, const uint64_t *w, size_t n);

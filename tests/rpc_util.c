@@ -546,17 +546,9 @@ static int listen_any(struct sockaddr_in *sa)
 	return fd;
 }
 
-unsigned ru_free_port(void)
-{
-	struct sockaddr_in sa;
-	int fd = listen_any(&sa);
-	close(fd);
-	return ntohs(sa.sin_port);
-}
-
 void ru_refused_uri(char *buf, size_t len)
 {
-	snprintf(buf, len, "tcp://127.0.0.1:%u", ru_free_port());
+	snprintf(buf, len, "tcp://127.0.0.1:%u", ts_free_port());
 }
 
 static void bh_accept(evutil_socket_t lfd, short what, void *arg)
@@ -713,12 +705,4 @@ void rp_stop(struct rp *p)
 	if (p->l != NULL)
 		evconnlistener_free(p->l);
 	memset(p, 0, sizeof(*p));
-}
-
-tw_slice ru_pattern(size_t n, unsigned seed)
-{
-	tw_slice s = {NULL, 0, n};
-	ck_assert_int_eq(tw_block_new(n, &s.block), 0);
-	tu_fill(tw_block_data(s.block), n, seed);
-	return s;
 }

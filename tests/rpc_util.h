@@ -141,9 +141,6 @@ void bh_stop(struct bh *b);
 
 /* A tcp:// address where nothing listens. */
 void ru_refused_uri(char *buf, size_t len);
-/* A free TCP port on 127.0.0.1 (bound, then released). */
-unsigned ru_free_port(void);
-
 /* A TCP relay in front of `target`: counts accepted and live connections. */
 struct rp {
 	struct evconnlistener *l;
@@ -159,7 +156,5 @@ void rp_stop(struct rp *p);
 /* The bytes of a decoded value: an out-of-band payload of one frame or
  * inline bin. Returns 0 or -1. */
 int ru_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n);
-/* A block of n pattern bytes (tu_fill with seed). */
-tw_slice ru_pattern(size_t n, unsigned seed);
 
 #endif

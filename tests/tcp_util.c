@@ -18,8 +18,6 @@
 #include "tests/proc_status.h"
 
 #define TICK_MS 20
-#define PERIOD  251
-#define CHUNK   ((size_t)PERIOD * 256)
 
 /* Every peer, so tu_fini frees the ones a test did not. */
 struct peer_node {
@@ -28,22 +26,8 @@ struct peer_node {
 };
 static struct peer_node *all_peers;
 
-int tu_quick(void)
-{
-	const char *q = getenv("TW_TEST_QUICK");
-	return q != NULL && *q != '\0' && strcmp(q, "0") != 0;
-}
-
-static void on_tick(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	(void)arg;
-}
-
 void tu_init(struct tu *h)
 {
-	struct timeval tv = {0, TICK_MS * 1000};
 	memset(h, 0, sizeof(*h));
 	h->base = event_base_new();
 	ck_assert_ptr_nonnull(h->base);
@@ -56,9 +40,7 @@ void tu_init(struct tu *h)
 	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h->ctx, TU_WAIT_MS), 0);
 	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(h->ctx, TU_WAIT_MS), 0);
 	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h->ctx, 0), 0);
-	h->tick = event_new(h->base, -1, EV_PERSIST, on_tick, NULL);
-	ck_assert_ptr_nonnull(h->tick);
-	event_add(h->tick, &tv);
+	h->tick = ts_tick_new(h->base, TICK_MS);
 	h->sopts.echo = 1;
 }
 
@@ -75,52 +57,19 @@ void tu_fini(struct tu *h)
 
 /* Loop driving. */
 
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-uint64_t tu_progress(void)
-{
-	tw_stats st;
-	tw_stats_global(&st);
-	return st.bytes_sent + st.bytes_received + st.msgs_sent + st.msgs_received;
-}
-
 int tu_run_until(struct tu *h, int (*pred)(void *arg), void *arg, int ms)
 {
-	long long deadline = now_ms() + ms;
-	uint64_t seen = tu_progress();
-	while (!pred(arg)) {
-		uint64_t io = tu_progress();
-		if (io != seen) {
-			seen = io;
-			deadline = now_ms() + ms;
-		} else if (now_ms() > deadline) {
-			return 0;
-		}
-		event_base_loop(h->base, EVLOOP_ONCE);
-	}
-	return 1;
+	return ts_run_until(h->base, pred, arg, ms);
 }
 
 void tu_run_for(struct tu *h, int ms)
 {
-	long long end = now_ms() + ms;
-	while (now_ms() <= end)
-		event_base_loop(h->base, EVLOOP_ONCE);
-}
-
-static int flag_set(void *arg)
-{
-	return *(const int *)arg != 0;
+	ts_run_for(h->base, ms);
 }
 
 int tu_wait_flag(struct tu *h, const int *p, int ms)
 {
-	return tu_run_until(h, flag_set, (void *)p, ms);
+	return ts_wait_flag(h->base, p, ms);
 }
 
 struct count_wait {
@@ -411,132 +360,20 @@ struct tu_peer *tu_setup_echo(struct tu *h)
 void tu_echo_check(struct tu_peer *cli, const size_t *lens, size_t nf, unsigned seed, int ms)
 {
 	size_t idx = cli->nmsgs, kidx = cli->nkept;
-	tw_msg *m = tu_msg_pattern(lens, nf, seed);
+	tw_msg *m = ts_msg_pattern(lens, nf, seed);
 	int rv = tw_comm_write(cli->comm, m);
 	ck_assert_msg(rv == 0, "write: %s", tw_strerror(rv));
 	ck_assert_msg(tu_wait_count(cli->h, &cli->nmsgs, idx + 1, ms), "no echo (closed %d: %s)",
 		      cli->closed, cli->last_error);
 	ck_assert(cli->keep && cli->nkept == kidx + 1);
-	ck_assert_msg(tu_msg_matches(cli->msgs[kidx], lens, nf, seed), "echo differs");
-}
-
-/* Pattern. */
-
-static const uint8_t *pattern(void)
-{
-	static uint8_t t[PERIOD + CHUNK];
-	static int ready;
-	if (!ready) {
-		for (size_t k = 0; k < sizeof(t); k++)
-			t[k] = (uint8_t)(((k % PERIOD) * 131 + 7) % PERIOD);
-		ready = 1;
-	}
-	return t;
-}
-
-void tu_fill(uint8_t *p, size_t n, unsigned seed)
-{
-	const uint8_t *t = pattern();
-	size_t start = seed % PERIOD;
-	for (size_t i = 0; i < n; i += CHUNK)
-		memcpy(p + i, t + start, n - i < CHUNK ? n - i : CHUNK);
-}
-
-long long tu_check(const uint8_t *p, size_t n, unsigned seed)
-{
-	const uint8_t *t = pattern();
-	size_t start = seed % PERIOD;
-	for (size_t i = 0; i < n; i += CHUNK) {
-		size_t k = n - i < CHUNK ? n - i : CHUNK;
-		if (memcmp(p + i, t + start, k) == 0)
-			continue;
-		for (size_t j = 0; j < k; j++)
-			if (p[i + j] != t[start + j])
-				return (long long)(i + j);
-	}
-	return -1;
-}
-
-tw_msg *tu_msg_pattern(const size_t *lens, size_t nf, unsigned seed)
-{
-	tw_msg *m;
-	ck_assert_int_eq(tw_msg_new(&m), 0);
-	for (size_t i = 0; i < nf; i++) {
-		tw_slice s = {NULL, 0, 0};
-		if (lens[i] > 0) {
-			ck_assert_int_eq(tw_block_new(lens[i], &s.block), 0);
-			s.len = lens[i];
-			tu_fill(tw_block_data(s.block), lens[i], seed + (unsigned)i);
-		}
-		ck_assert_int_eq(tw_msg_append(m, &s), 0);
-		tw_block_free(s.block);
-	}
-	return m;
-}
-
-int tu_msg_matches(const tw_msg *m, const size_t *lens, size_t nf, unsigned seed)
-{
-	if (tw_msg_nframes(m) != nf)
-		return 0;
-	for (size_t i = 0; i < nf; i++) {
-		const tw_slice *f = tw_msg_frame(m, i);
-		if (f->len != lens[i])
-			return 0;
-		if (f->len > 0 && tu_check(tw_slice_data(f), f->len, seed + (unsigned)i) != -1)
-			return 0;
-	}
-	return 1;
+	ck_assert_msg(ts_msg_matches(cli->msgs[kidx], lens, nf, seed), "echo differs");
 }
 
 /* Raw sockets. */
 
-int tu_raw_connect(const char *uri)
-{
-	char host[64], port[8];
-	struct addrinfo hints, *ai;
-	const char *h = strstr(uri, "://") + 3, *colon = strrchr(uri, ':');
-	int fd;
-	size_t hl = (size_t)(colon - h);
-	if (*h == '[') {
-		h++;
-		hl -= 2;
-	}
-	ck_assert_uint_lt(hl, sizeof(host));
-	memcpy(host, h, hl);
-	host[hl] = '\0';
-	snprintf(port, sizeof(port), "%s", colon + 1);
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-	ck_assert_int_eq(getaddrinfo(host, port, &hints, &ai), 0);
-	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_msg(connect(fd, ai->ai_addr, ai->ai_addrlen) == 0, "connect: %s",
-		      strerror(errno));
-	freeaddrinfo(ai);
-	return fd;
-}
-
 size_t tu_raw_send(struct tu *h, int fd, const void *p, size_t n)
 {
-	const uint8_t *b = p;
-	size_t done = 0;
-	long long deadline = now_ms() + TU_WAIT_MS;
-	while (done < n) {
-		ssize_t k = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (k > 0) {
-			done += (size_t)k;
-			deadline = now_ms() + TU_WAIT_MS; /* a hang guard: slow is not stuck */
-			continue;
-		}
-		if (k < 0 && (errno == EPIPE || errno == ECONNRESET))
-			break;
-		ck_assert_msg(k < 0 && (errno == EAGAIN || errno == EINTR), "send: %s",
-			      strerror(errno));
-		ck_assert_msg(now_ms() < deadline, "raw send stalled at %zu of %zu bytes", done, n);
-		event_base_loop(h->base, EVLOOP_ONCE);
-	}
-	return done;
+	return ts_raw_send(h->base, fd, p, n, TU_WAIT_MS);
 }
 
 static int raw_closed(void *arg)

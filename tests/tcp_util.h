@@ -15,6 +15,10 @@
 
 #include <taskwire/taskwire.h>
 
+#include "tests/support/loop.h"
+#include "tests/support/pattern.h"
+#include "tests/support/sock.h"
+
 /* Hang guard: a wait that sees no progress for this long means the test
  * failed. Waits restart it on progress, so a slow machine only waits
  * longer. */
@@ -64,9 +68,6 @@ struct tu {
 	size_t nsrv;
 };
 
-/* TW_TEST_QUICK=1 (valgrind runs): big tests shrink. */
-int tu_quick(void);
-
 void tu_init(struct tu *h);
 /* Free the peers, the listener, the context and the base. */
 void tu_fini(struct tu *h);
@@ -93,11 +94,8 @@ void tu_ns_leave(int saved);
 /* tw_listen on tu_uri_host(uri), in the listening namespace. */
 int tu_tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out);
 
-/* Bytes and messages moved by every comm of the process so far: while
- * this changes, a wait is slow (a loaded machine, valgrind), not stuck. */
-uint64_t tu_progress(void);
 /* Drive the loop until pred(arg) is true (returns 1) or ms pass with no
- * tu_progress (0). */
+ * ts_progress (0): ts_run_until on h->base. */
 int tu_run_until(struct tu *h, int (*pred)(void *arg), void *arg, int ms);
 /* Drive the loop for about ms milliseconds. */
 void tu_run_for(struct tu *h, int ms);
@@ -126,20 +124,6 @@ int tu_wait_connected(struct tu *h, const int *err, int ms);
 /* The n-th accepted server peer, waiting for it to be accepted. */
 struct tu_peer *tu_server_peer(struct tu *h, size_t n);
 
-/* Pattern: byte i of a frame with seed s is ((i + s) mod 251)*131+7 mod
- * 251 (the seed-0 pattern is (i*131+7) mod 251). */
-void tu_fill(uint8_t *p, size_t n, unsigned seed);
-/* Returns the first offset that differs, or -1 when all n bytes match. */
-long long tu_check(const uint8_t *p, size_t n, unsigned seed);
-
-/* A message of nf frames with lengths lens[i], frame i filled with seed
- * seed + i. */
-tw_msg *tu_msg_pattern(const size_t *lens, size_t nf, unsigned seed);
-/* 1 when m has nf frames of lengths lens filled with seed + i. */
-int tu_msg_matches(const tw_msg *m, const size_t *lens, size_t nf, unsigned seed);
-
-/* Raw POSIX client: blocking connect to a "tcp://host:port" URI. */
-int tu_raw_connect(const char *uri);
 /* Send n bytes, driving the loop while the socket is full (the server
  * reads on this thread). Stops early when the server closed the
  * connection; returns the bytes sent. */

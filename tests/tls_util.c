@@ -20,9 +20,7 @@
 #include "tests/tls_util.h"
 
 #define MAX_EXTRA 8
-#define MAX_PROCS 8
 
-static char cert_dir[128];
 static tw_context *extra[MAX_EXTRA];
 static size_t nextra;
 struct listen_arg {
@@ -37,54 +35,15 @@ static size_t nlargs;
 static struct tu_peer **mine;
 static size_t nmine, capmine;
 
-/* Certificates. */
-
-void tt_make_certs(void)
-{
-	const char *top = getenv("TW_TOP_SRCDIR");
-	char cmd[1024];
-	snprintf(cert_dir, sizeof(cert_dir), "/tmp/tw-tls-certs.XXXXXX");
-	if (mkdtemp(cert_dir) == NULL) {
-		perror("mkdtemp");
-		exit(1);
-	}
-	snprintf(cmd, sizeof(cmd), "sh '%s/scripts/make-test-certs.sh' '%s'", top ? top : ".",
-		 cert_dir);
-	if (system(cmd) != 0) {
-		fprintf(stderr, "make-test-certs.sh failed (TW_TOP_SRCDIR=%s)\n", top ? top : "");
-		exit(1);
-	}
-}
-
-void tt_remove_certs(void)
-{
-	char cmd[512];
-	if (cert_dir[0] == '\0')
-		return;
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cert_dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "could not remove %s\n", cert_dir);
-	cert_dir[0] = '\0';
-}
-
-const char *tt_cert(const char *name)
-{
-	static char buf[8][320];
-	static unsigned next;
-	char *b = buf[next++ % 8];
-	snprintf(b, sizeof(buf[0]), "%s/%s", cert_dir, name);
-	return b;
-}
-
 tw_tls_config *tt_config(const char *ca, const char *cert, const char *key)
 {
 	tw_tls_config *cfg;
 	ck_assert_int_eq(tw_tls_config_new(&cfg), 0);
 	if (ca != NULL)
-		ck_assert_msg(tw_tls_config_set_ca_file(cfg, tt_cert(ca)) == 0, "%s",
+		ck_assert_msg(tw_tls_config_set_ca_file(cfg, ts_cert(ca)) == 0, "%s",
 			      tw_tls_config_last_error(cfg));
 	if (cert != NULL)
-		ck_assert_msg(tw_tls_config_set_cert_files(cfg, tt_cert(cert), tt_cert(key)) == 0,
+		ck_assert_msg(tw_tls_config_set_cert_files(cfg, ts_cert(cert), ts_cert(key)) == 0,
 			      "%s", tw_tls_config_last_error(cfg));
 	return cfg;
 }
@@ -247,7 +206,7 @@ int tt_refused(struct tu *h, tw_context *ctx, const char *uri, int write, int ms
 		 * comm (read while the connect finished): then the write is
 		 * refused, and the close error below still says why. */
 		size_t lens[] = {100};
-		tw_msg *m = tu_msg_pattern(lens, 1, 0);
+		tw_msg *m = ts_msg_pattern(lens, 1, 0);
 		int wr = tw_comm_write(p->comm, m);
 		if (wr != 0) {
 			ck_assert_int_eq(wr, TW_ECLOSED);
@@ -412,173 +371,3 @@ void tt_sha256(const void *p, size_t n, uint8_t out[32])
 }
 
 /* Child processes. */
-
-static struct tt_proc *procs[MAX_PROCS];
-static pid_t procs_owner;
-
-static void forget(struct tt_proc *p)
-{
-	for (int i = 0; i < MAX_PROCS; i++)
-		if (procs[i] == p)
-			procs[i] = NULL;
-}
-
-static void stop_all_at_exit(void)
-{
-	if (getpid() == procs_owner)
-		tt_stop_all();
-}
-
-static void remember(struct tt_proc *p)
-{
-	static int registered;
-	if (!registered || procs_owner != getpid()) {
-		procs_owner = getpid();
-		if (!registered)
-			atexit(stop_all_at_exit);
-		registered = 1;
-	}
-	for (int i = 0; i < MAX_PROCS; i++)
-		if (procs[i] == NULL) {
-			procs[i] = p;
-			return;
-		}
-	ck_abort_msg("too many child processes");
-}
-
-static void child(const char *log, char *const argv[], pid_t parent)
-{
-	int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600), nul = open("/dev/null", O_RDONLY);
-	setpgid(0, 0);
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != parent)
-		_exit(127);
-	if (fd < 0 || nul < 0)
-		_exit(127);
-	dup2(nul, 0);
-	dup2(fd, 1);
-	dup2(fd, 2);
-	execv(argv[0], argv);
-	_exit(127);
-}
-
-int tt_spawn(struct tt_proc *p, char *const argv[])
-{
-	static unsigned seq;
-	pid_t parent = getpid();
-	memset(p, 0, sizeof(*p));
-	snprintf(p->log, sizeof(p->log), "%s/proc-%d-%u.log", cert_dir, (int)parent, seq++);
-	p->pid = fork();
-	if (p->pid < 0) {
-		p->pid = 0;
-		return -1;
-	}
-	if (p->pid == 0)
-		child(p->log, argv, parent);
-	setpgid(p->pid, p->pid); /* also here: no race with kill(-pid) */
-	remember(p);
-	return 0;
-}
-
-static int reaped(struct tt_proc *p)
-{
-	if (p->pid > 0 && !p->exited && waitpid(p->pid, &p->status, WNOHANG) == p->pid)
-		p->exited = 1;
-	return p->exited;
-}
-
-/* The word after marker in the log, if the line is there. */
-static int find_marker(const struct tt_proc *p, const char *marker, char *out, size_t len)
-{
-	FILE *f = fopen(p->log, "r");
-	char line[1024];
-	int found = 0;
-	if (f == NULL)
-		return 0;
-	while (!found && fgets(line, sizeof(line), f) != NULL) {
-		char *m = strstr(line, marker);
-		if (m != NULL && strchr(line, '\n') != NULL) {
-			found = sscanf(m + strlen(marker), " %1023s", line) == 1;
-			if (found)
-				snprintf(out, len, "%s", line);
-		}
-	}
-	fclose(f);
-	return found;
-}
-
-struct log_wait {
-	struct tt_proc *p;
-	const char *marker;
-	char *out;
-	size_t len;
-	int found;
-};
-
-static int log_ready(void *arg)
-{
-	struct log_wait *w = arg;
-	w->found = find_marker(w->p, w->marker, w->out, w->len);
-	return w->found || reaped(w->p);
-}
-
-int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len, int ms)
-{
-	struct log_wait w = {p, marker, out, len, 0};
-	tu_run_until(h, log_ready, &w, ms);
-	return w.found;
-}
-
-static int exited(void *arg)
-{
-	return reaped(arg);
-}
-
-int tt_wait_exit(struct tu *h, struct tt_proc *p, int ms)
-{
-	return tu_run_until(h, exited, p, ms);
-}
-
-void tt_stop(struct tt_proc *p)
-{
-	struct timespec ts = {0, 20 * 1000 * 1000};
-	if (p->pid > 0) {
-		if (!reaped(p)) {
-			kill(-p->pid, SIGTERM);
-			for (int i = 0; i < 100 && !reaped(p); i++)
-				nanosleep(&ts, NULL);
-		}
-		kill(-p->pid, SIGKILL); /* what it left in its group */
-		if (!p->exited && waitpid(p->pid, &p->status, 0) == p->pid)
-			p->exited = 1;
-		p->pid = 0;
-	}
-	if (p->log[0] != '\0')
-		unlink(p->log);
-	p->log[0] = '\0';
-	forget(p);
-}
-
-void tt_stop_all(void)
-{
-	for (int i = 0; i < MAX_PROCS; i++)
-		if (procs[i] != NULL)
-			tt_stop(procs[i]);
-}
-
-const char *tt_log_tail(const struct tt_proc *p, char *buf, size_t len)
-{
-	FILE *f = fopen(p->log, "r");
-	long size;
-	size_t n = 0;
-	buf[0] = '\0';
-	if (f == NULL)
-		return buf;
-	fseek(f, 0, SEEK_END);
-	size = ftell(f);
-	fseek(f, size > (long)len - 1 ? size - (long)len + 1 : 0, SEEK_SET);
-	n = fread(buf, 1, len - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}

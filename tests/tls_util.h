@@ -1,15 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the tls:// suites (tests/check_tls*.c), on top of the TCP
- * harness (tests/tcp_util.h): test certificates, TLS configurations,
- * extra contexts on the harness's loop (a client with another
- * certificate), connects that report why they failed, fd counting,
- * SHA-256, and child processes (real Dask peers).
- *
- * Certificates: tt_make_certs runs $TW_TOP_SRCDIR/scripts/make-test-certs.sh
- * into a fresh temporary directory once per process (the suite's main);
- * tt_cert names a file in it: "ca.pem", "cert.pem", "key.pem",
- * "other-ca.pem", "other-cert.pem", "other-key.pem", "expired-cert.pem",
- * "expired-key.pem". */
+ * harness (tests/tcp_util.h): TLS configurations from the test
+ * certificates (tests/support/certs.h), extra contexts on the harness's
+ * loop (a client with another certificate), connects that report why they
+ * failed, fd counting, SHA-256. Real Dask peers: tests/support/proc.h. */
 #ifndef TW_TESTS_TLS_UTIL_H
 #define TW_TESTS_TLS_UTIL_H
 
@@ -19,17 +13,9 @@
 
 #include <taskwire/taskwire.h>
 
+#include "tests/support/certs.h"
+#include "tests/support/proc.h"
 #include "tests/tcp_util.h"
-
-/* The Python with Debian's python3-distributed (not the first on PATH). */
-#define TT_PYTHON "/usr/bin/python3"
-
-/* Certificates. */
-void tt_make_certs(void);
-void tt_remove_certs(void);
-/* The path of `name` in the certificate directory (static storage, one
- * of a few rotating buffers). */
-const char *tt_cert(const char *name);
 
 /* A configuration from certificate names (NULL: not set). Asserts that
  * loading works. */
@@ -104,29 +90,5 @@ unsigned tt_uri_port(const char *uri);
 
 /* SHA-256 of n bytes. */
 void tt_sha256(const void *p, size_t n, uint8_t out[32]);
-
-/* Child processes: own process group, stdout and stderr into a log file,
- * killed with the test process (PR_SET_PDEATHSIG and an atexit handler). */
-struct tt_proc {
-	pid_t pid; /* 0 when not running */
-	int status, exited;
-	char log[192];
-};
-/* Start argv[0] (a path). Returns 0 or -1. */
-int tt_spawn(struct tt_proc *p, char *const argv[]);
-/* Drive h's loop until the log has a line containing marker; the word
- * after it goes into out. Returns 1, or 0 if the process exited or ms
- * passed first. */
-int tt_wait_log(struct tu *h, struct tt_proc *p, const char *marker, char *out, size_t len, int ms);
-/* Drive h's loop until the process exits (status in p->status). Returns 1
- * when it did, 0 at the deadline. */
-int tt_wait_exit(struct tu *h, struct tt_proc *p, int ms);
-/* SIGTERM to the group, a grace period, SIGKILL, reap, remove the log.
- * Accepts a stopped or never-started p. */
-void tt_stop(struct tt_proc *p);
-/* Stop every process still running (a checked fixture's teardown). */
-void tt_stop_all(void);
-/* The last len - 1 bytes of the log. */
-const char *tt_log_tail(const struct tt_proc *p, char *buf, size_t len);
 
 #endif

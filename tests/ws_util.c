@@ -181,13 +181,6 @@ int wu_close_code(uint8_t *p, size_t n, char *reason, size_t reason_len)
 
 /* Raw client. */
 
-static long long now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void loop_once(struct tu *h)
 {
 	event_base_loop(h->base, EVLOOP_ONCE);
@@ -195,14 +188,14 @@ static void loop_once(struct tu *h)
 
 static void tls_open(struct wu_raw *r)
 {
-	long long deadline = now_ms() + WU_WAIT_MS;
+	long long deadline = ts_now_ms() + WU_WAIT_MS;
 	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
 	SSL *ssl;
 	int rv;
 	ck_assert_ptr_nonnull(ctx);
-	ck_assert_int_eq(SSL_CTX_load_verify_locations(ctx, tt_cert("ca.pem"), NULL), 1);
-	ck_assert_int_eq(SSL_CTX_use_certificate_chain_file(ctx, tt_cert("cert.pem")), 1);
-	ck_assert_int_eq(SSL_CTX_use_PrivateKey_file(ctx, tt_cert("key.pem"), SSL_FILETYPE_PEM), 1);
+	ck_assert_int_eq(SSL_CTX_load_verify_locations(ctx, ts_cert("ca.pem"), NULL), 1);
+	ck_assert_int_eq(SSL_CTX_use_certificate_chain_file(ctx, ts_cert("cert.pem")), 1);
+	ck_assert_int_eq(SSL_CTX_use_PrivateKey_file(ctx, ts_cert("key.pem"), SSL_FILETYPE_PEM), 1);
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
 	ssl = SSL_new(ctx);
 	ck_assert_ptr_nonnull(ssl);
@@ -213,7 +206,7 @@ static void tls_open(struct wu_raw *r)
 		int e = SSL_get_error(ssl, rv);
 		ck_assert_msg(e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE,
 			      "raw TLS connect failed (%d)", e);
-		ck_assert_msg(now_ms() < deadline, "raw TLS connect hung");
+		ck_assert_msg(ts_now_ms() < deadline, "raw TLS connect hung");
 		loop_once(r->h);
 	}
 }
@@ -222,7 +215,7 @@ void wu_raw_connect(struct tu *h, const char *uri, struct wu_raw *r)
 {
 	memset(r, 0, sizeof(*r));
 	r->h = h;
-	r->fd = tu_raw_connect(uri);
+	r->fd = ts_raw_connect(uri);
 	ck_assert_int_eq(fcntl(r->fd, F_SETFL, fcntl(r->fd, F_GETFL) | O_NONBLOCK), 0);
 	if (strncmp(uri, "wss://", 6) == 0)
 		tls_open(r);
@@ -249,7 +242,7 @@ static ssize_t raw_write(struct wu_raw *r, const uint8_t *p, size_t n)
 
 size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n)
 {
-	long long deadline = now_ms() + WU_WAIT_MS;
+	long long deadline = ts_now_ms() + WU_WAIT_MS;
 	size_t done = 0;
 	while (done < n) {
 		ssize_t k = raw_write(r, (const uint8_t *)p + done, n - done);
@@ -257,9 +250,9 @@ size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n)
 			break;
 		done += (size_t)k;
 		if (k > 0) {
-			deadline = now_ms() + WU_WAIT_MS; /* a hang guard: slow is not stuck */
+			deadline = ts_now_ms() + WU_WAIT_MS; /* a hang guard: slow is not stuck */
 		} else {
-			ck_assert_msg(now_ms() < deadline, "raw send stalled at %zu of %zu bytes",
+			ck_assert_msg(ts_now_ms() < deadline, "raw send stalled at %zu of %zu bytes",
 				      done, n);
 			loop_once(r->h);
 		}
@@ -416,7 +409,7 @@ void wu_accept_of(const char *key, char out[32])
 static ssize_t read_deadline(int fd, void *p, size_t n, long long deadline)
 {
 	struct pollfd pfd = {fd, POLLIN, 0};
-	long long left = deadline - now_ms();
+	long long left = deadline - ts_now_ms();
 	if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
 		return 0;
 	return recv(fd, p, n, 0);
@@ -447,7 +440,7 @@ static void fake_respond(struct wu_fake *f, int fd)
 static void *fake_main(void *arg)
 {
 	struct wu_fake *f = arg;
-	long long deadline = now_ms() + WU_WAIT_MS;
+	long long deadline = ts_now_ms() + WU_WAIT_MS;
 	struct pollfd pfd = {f->lfd, POLLIN, 0};
 	size_t have = 0;
 	char *end = NULL;
@@ -469,7 +462,7 @@ static void *fake_main(void *arg)
 		memcpy(f->got, f->request + hl, f->ngot);
 		f->request[hl] = '\0';
 		fake_respond(f, fd);
-		while (f->stall && !atomic_load(&f->release) && now_ms() < deadline)
+		while (f->stall && !atomic_load(&f->release) && ts_now_ms() < deadline)
 			poll(NULL, 0, 5);
 		for (ssize_t k; !f->stall && f->ngot < sizeof(f->got) &&
 				(k = read_deadline(fd, f->got + f->ngot, sizeof(f->got) - f->ngot,
@@ -538,21 +531,6 @@ void wu_dask_listen(struct tu *h, const char *uri, struct wu_dask_srv *s)
 	s->h = h;
 	ck_assert_int_eq(tu_tw_listen(h->ctx, uri, on_dask_accept, s, &s->l), 0);
 	ck_assert_int_eq(tw_listener_address(s->l, s->addr, sizeof(s->addr)), 0);
-}
-
-unsigned wu_free_port(void)
-{
-	struct sockaddr_in sa;
-	socklen_t sl = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-	close(fd);
-	return ntohs(sa.sin_port);
 }
 
 tw_stats wu_stats(void)

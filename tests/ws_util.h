@@ -148,9 +148,6 @@ struct wu_dask_srv {
 };
 void wu_dask_listen(struct tu *h, const char *uri, struct wu_dask_srv *s);
 
-/* A free TCP port on 127.0.0.1 (bound, then released). */
-unsigned wu_free_port(void);
-
 /* Global stats, now. */
 tw_stats wu_stats(void);
 

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Test certificates (tests/support/certs.h). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tests/support/certs.h"
+
+static char cert_dir[128];
+
+void ts_certs_make(void)
+{
+	const char *top = getenv("TW_TOP_SRCDIR");
+	char cmd[1024];
+	snprintf(cert_dir, sizeof(cert_dir), "/tmp/tw-tls-certs.XXXXXX");
+	if (mkdtemp(cert_dir) == NULL) {
+		perror("mkdtemp");
+		exit(1);
+	}
+	snprintf(cmd, sizeof(cmd), "sh '%s/scripts/make-test-certs.sh' '%s'", top ? top : ".",
+		 cert_dir);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "make-test-certs.sh failed (TW_TOP_SRCDIR=%s)\n", top ? top : "");
+		exit(1);
+	}
+}
+
+void ts_certs_remove(void)
+{
+	char cmd[512];
+	if (cert_dir[0] == '\0')
+		return;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cert_dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", cert_dir);
+	cert_dir[0] = '\0';
+}
+
+const char *ts_cert(const char *name)
+{
+	static char buf[8][320];
+	static unsigned next;
+	char *b = buf[next++ % 8];
+	snprintf(b, sizeof(buf[0]), "%s/%s", cert_dir, name);
+	return b;
+}

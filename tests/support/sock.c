@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Raw loopback sockets (tests/support/sock.h). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "tests/support/loop.h"
+#include "tests/support/sock.h"
+
+int ts_raw_connect(const char *uri)
+{
+	char host[128];
+	struct addrinfo hints, *ai;
+	const char *h = strstr(uri, "://"), *colon = strrchr(uri, ':');
+	size_t hl;
+	int fd;
+	ck_assert_msg(h != NULL && colon != NULL && colon > h + 3, "not a URI: %s", uri);
+	h += 3;
+	hl = (size_t)(colon - h);
+	if (*h == '[' && hl >= 2 && colon[-1] == ']') {
+		h++;
+		hl -= 2;
+	}
+	ck_assert_uint_lt(hl, sizeof(host));
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICSERV;
+	ck_assert_msg(getaddrinfo(host, colon + 1, &hints, &ai) == 0, "cannot resolve %s", uri);
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_msg(connect(fd, ai->ai_addr, ai->ai_addrlen) == 0, "connect %s: %s", uri,
+		      strerror(errno));
+	freeaddrinfo(ai);
+	return fd;
+}
+
+int ts_raw_listen(const char *scheme, int backlog, int flags, char *uri, size_t len)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t sl = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	if (backlog >= 0)
+		ck_assert_int_eq(listen(fd, backlog), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	if (uri != NULL)
+		snprintf(uri, len, "%s://127.0.0.1:%u", scheme, (unsigned)ntohs(sa.sin_port));
+	return fd;
+}
+
+unsigned ts_free_port(void)
+{
+	char uri[64];
+	int fd = ts_raw_listen("tcp", -1, 0, uri, sizeof(uri));
+	close(fd);
+	return (unsigned)strtoul(strrchr(uri, ':') + 1, NULL, 10);
+}
+
+size_t ts_raw_send(struct event_base *base, int fd, const void *p, size_t n, int ms)
+{
+	const uint8_t *b = p;
+	size_t done = 0;
+	long long deadline = ts_now_ms() + ms;
+	while (done < n) {
+		ssize_t k = send(fd, b + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (k > 0) {
+			done += (size_t)k;
+			deadline = ts_now_ms() + ms; /* a hang guard: slow is not stuck */
+			continue;
+		}
+		if (k < 0 && (errno == EPIPE || errno == ECONNRESET))
+			break;
+		ck_assert_msg(k < 0 && (errno == EAGAIN || errno == EINTR), "send: %s",
+			      strerror(errno));
+		ck_assert_msg(ts_now_ms() < deadline, "raw send stalled at %zu of %zu bytes", done,
+			      n);
+		event_base_loop(base, EVLOOP_ONCE);
+	}
+	return done;
+}
