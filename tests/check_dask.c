@@ -71,7 +71,7 @@ static void start_peer(int scheduler, const char *codec)
 		return;
 	}
 	if (!ts_proc_wait_log(&peer, NULL, scheduler ? "Scheduler at:" : "listening on", peer_addr,
-			 sizeof(peer_addr), TS_START_MS)) {
+			      sizeof(peer_addr), TS_START_MS)) {
 		peer_addr[0] = '\0';
 		snprintf(peer_error, sizeof(peer_error), "no address in %s: %s", peer.log,
 			 ts_proc_log_tail(&peer, tail, sizeof(tail)));

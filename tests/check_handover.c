@@ -214,7 +214,7 @@ START_TEST(held_comm_end_reason_truncated)
 	raw_send_msg(&h, fd, rq_op("hello"), 0);
 	ck_assert(tu_run_until(&h, got_hello, &k, TU_WAIT_MS));
 	ck_assert_int_eq(tw_comm_watch_end(k.comm, on_ended, &other, &w), 0);
-	tw_comm_unwatch(w); /* cancelled: never runs */
+	tw_comm_unwatch(w);                       /* cancelled: never runs */
 	raw_send_msg(&h, fd, rq_op("hello"), 12); /* part of a second one */
 	shutdown(fd, SHUT_WR);
 	ck_assert(tu_wait_flag(&h, &k.ended, TU_WAIT_MS));
@@ -414,9 +414,10 @@ static void expect_ok(struct tu *h, const char *ok)
 	char tail[2048];
 	ck_assert_msg(tu_run_until(h, proc_exited, &peer, DU_WAIT_MS), "peer did not finish: %s",
 		      ts_proc_log_tail(&peer, tail, sizeof(tail)));
-	ck_assert_msg(WIFEXITED(peer.status) && WEXITSTATUS(peer.status) == 0,
-		      "status %d: %s", peer.status, ts_proc_log_tail(&peer, tail, sizeof(tail)));
-	ck_assert_msg(strstr(ts_proc_log_tail(&peer, tail, sizeof(tail)), ok) != NULL, "log: %s", tail);
+	ck_assert_msg(WIFEXITED(peer.status) && WEXITSTATUS(peer.status) == 0, "status %d: %s",
+		      peer.status, ts_proc_log_tail(&peer, tail, sizeof(tail)));
+	ck_assert_msg(strstr(ts_proc_log_tail(&peer, tail, sizeof(tail)), ok) != NULL, "log: %s",
+		      tail);
 }
 
 static tw_server *start_sched(struct tu *h, struct sched *sc, char *addr, size_t len)
@@ -1098,7 +1099,8 @@ static void cl_hello(tw_comm *comm, const tw_decoded *d, const msgpack_object *m
 	c->maps++;
 	if (c->maps == 1) {
 		c->again_rv = tw_comm_dispatch_stream(comm, c->ops, cl_ended, c);
-		c->setcb_rv = tw_comm_set_decoded_callbacks(comm, cl_nop_decoded, cl_nop_close, NULL, c);
+		c->setcb_rv =
+			tw_comm_set_decoded_callbacks(comm, cl_nop_decoded, cl_nop_close, NULL, c);
 	}
 	if (c->maps == c->free_at) {
 		tw_comm_free(comm);

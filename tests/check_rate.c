@@ -456,7 +456,8 @@ START_TEST(many_drippers)
 	for (size_t i = 0; i < nconn; i++)
 		raw_open(&h, t, &r[i], &sp[i]);
 	if (getenv("TU_VERBOSE") != NULL)
-		fprintf(stderr, "%s: %zu connections opened: RSS grew by %llu KiB, VmData by %llu KiB\n",
+		fprintf(stderr,
+			"%s: %zu connections opened: RSS grew by %llu KiB, VmData by %llu KiB\n",
 			schemes[t], nconn, (unsigned long long)((tu_rss_bytes() - rss0) >> 10),
 			(unsigned long long)((status_bytes("VmData") - data0) >> 10));
 	for (size_t i = 0; i < nconn; i++)
@@ -494,7 +495,8 @@ START_TEST(many_drippers)
 	ck_assert_msg(st.block_bytes_live < live0 + 64 * 1024, "%llu block bytes live, %llu before",
 		      (unsigned long long)st.block_bytes_live, (unsigned long long)live0);
 	if (getenv("TU_VERBOSE") != NULL)
-		fprintf(stderr, "%s: %zu drippers: RSS grew by at most %llu KiB, VmData by %llu KiB\n",
+		fprintf(stderr,
+			"%s: %zu drippers: RSS grew by at most %llu KiB, VmData by %llu KiB\n",
 			schemes[t], nconn, (unsigned long long)((rss_max - rss0) >> 10),
 			(unsigned long long)((data_max - data0) >> 10));
 	tu_run_for(&h, 50);
@@ -547,8 +549,8 @@ START_TEST(memory_refused)
 	ck_assert_int_eq(setrlimit(RLIMIT_DATA, &old), 0);
 	if (probe == MAP_FAILED) {
 		ck_assert_msg(sp->closed, "comm open after %zu bytes", sent);
-		ck_assert_msg(sp->close_err == TW_ENOMEM, "err %s (%s)",
-			      tw_strerror(sp->close_err), sp->last_error);
+		ck_assert_msg(sp->close_err == TW_ENOMEM, "err %s (%s)", tw_strerror(sp->close_err),
+			      sp->last_error);
 		ck_assert_msg(strstr(sp->last_error, "out of memory") != NULL, "%s",
 			      sp->last_error);
 		ck_assert_uint_eq(sp->nmsgs, 0);

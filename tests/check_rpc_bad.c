@@ -1281,7 +1281,7 @@ START_TEST(reply_before_bad_request_drop)
 	msgpack_sbuffer_init(&out);
 	handshake_bytes(&out);
 	wire1(&out, "\x81\xa2op\xa8identity", 13); /* {"op": "identity"} */
-	wire1(&out, "\x07", 1); /* not a map: the server drops the comm */
+	wire1(&out, "\x07", 1);                    /* not a map: the server drops the comm */
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
 	got = raw_read(&f.h, fd, buf, sizeof(buf), TU_WAIT_MS); /* to the server's EOF */

@@ -64,8 +64,10 @@ static int proc_exited(void *arg)
 static void expect_success(struct tu *h, struct ts_proc *p, const char *ok)
 {
 	char tail[2048];
-	int done = h != NULL ? tu_run_until(h, proc_exited, p, EXIT_MS) : ts_proc_wait_exit(p, NULL, EXIT_MS);
-	ck_assert_msg(done, "%s did not finish: %s", p->log, ts_proc_log_tail(p, tail, sizeof(tail)));
+	int done = h != NULL ? tu_run_until(h, proc_exited, p, EXIT_MS)
+			     : ts_proc_wait_exit(p, NULL, EXIT_MS);
+	ck_assert_msg(done, "%s did not finish: %s", p->log,
+		      ts_proc_log_tail(p, tail, sizeof(tail)));
 	ck_assert_msg(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0 && log_has(p, ok),
 		      "status %d: %s", p->status, ts_proc_log_tail(p, tail, sizeof(tail)));
 }
@@ -76,8 +78,18 @@ static void start_python(const char *addr, int tls, const char *codec, const cha
 {
 	char script[512], big[32], ca[320], cert[320], key[320], env_codec[64];
 	char *env[] = {"PYTHONNOUSERSITE=1", env_codec, NULL};
-	char *argv[] = {TS_PYTHON, script, (char *)addr, "--big", big, "--many",
-			(char *)(many != NULL ? many : "0"), NULL, NULL, NULL, NULL, NULL};
+	char *argv[] = {TS_PYTHON,
+			script,
+			(char *)addr,
+			"--big",
+			big,
+			"--many",
+			(char *)(many != NULL ? many : "0"),
+			NULL,
+			NULL,
+			NULL,
+			NULL,
+			NULL};
 	ts_script("rpc_client.py", script, sizeof(script));
 	snprintf(big, sizeof(big), "%d", ts_quick() ? 2000000 : 20000000);
 	snprintf(env_codec, sizeof(env_codec), "DASK_DISTRIBUTED__COMM__COMPRESSION=%s",
@@ -100,8 +112,9 @@ START_TEST(python_rpc_to_example_tcp)
 	char *argv[] = {prog, "tcp://127.0.0.1:0", NULL};
 	program("tw-rpc-server", prog, sizeof(prog));
 	ck_assert_int_eq(ts_spawn(&server, argv, NULL), 0);
-	ck_assert_msg(ts_proc_wait_log(&server, NULL, "listening on", addr, sizeof(addr), TS_START_MS),
-		      "tw-rpc-server: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
+	ck_assert_msg(
+		ts_proc_wait_log(&server, NULL, "listening on", addr, sizeof(addr), TS_START_MS),
+		"tw-rpc-server: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	/* tw-rpc-server keeps every default: a gather-sized message of
 	 * 100,000 out-of-band values (200,001 frames) passes (issue 16) */
 	start_python(addr, 0, NULL, "100000");
@@ -163,8 +176,9 @@ static void probe(char *const extra[], size_t nextra)
 	for (size_t i = 0; i < nextra; i++)
 		argv[6 + i] = extra[i];
 	ck_assert_int_eq(ts_spawn(&sched, argv, env), 0);
-	ck_assert_msg(ts_proc_wait_log(&sched, NULL, "Scheduler at:", addr, sizeof(addr), TS_START_MS),
-		      "scheduler: %s", ts_proc_log_tail(&sched, tail, sizeof(tail)));
+	ck_assert_msg(
+		ts_proc_wait_log(&sched, NULL, "Scheduler at:", addr, sizeof(addr), TS_START_MS),
+		"scheduler: %s", ts_proc_log_tail(&sched, tail, sizeof(tail)));
 	program("tw-scheduler-probe", prog, sizeof(prog));
 	ck_assert_int_eq(ts_spawn(&client, pargv, NULL), 0);
 	expect_success(NULL, &client, "\nprobe ok\n");
@@ -199,8 +213,8 @@ START_TEST(echo_server_logs_refused_tls_client)
 	struct tu h;
 	tw_context *bad;
 	char prog[512], addr[128], tail[1024], ca[320], cert[320], key[320], why[512];
-	char *argv[] = {prog,	     "--tls-ca", ca,  "--tls-cert", cert, "--tls-key",
-			key,	     "tls://127.0.0.1:0", NULL};
+	char *argv[] = {prog, "--tls-ca",          ca,  "--tls-cert", cert, "--tls-key",
+			key,  "tls://127.0.0.1:0", NULL};
 	int stage;
 	program("tw-echo-server", prog, sizeof(prog));
 	tu_init(&h);
@@ -208,13 +222,14 @@ START_TEST(echo_server_logs_refused_tls_client)
 	snprintf(cert, sizeof(cert), "%s", ts_cert("cert.pem"));
 	snprintf(key, sizeof(key), "%s", ts_cert("key.pem"));
 	ck_assert_int_eq(ts_spawn(&server, argv, NULL), 0);
-	ck_assert_msg(ts_proc_wait_log(&server, NULL, "listening on", addr, sizeof(addr), TS_START_MS),
-		      "tw-echo-server: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
+	ck_assert_msg(
+		ts_proc_wait_log(&server, NULL, "listening on", addr, sizeof(addr), TS_START_MS),
+		"tw-echo-server: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	bad = tt_context(&h, "ca.pem", NULL, NULL); /* no client certificate */
 	ck_assert_int_eq(tt_refused(&h, bad, addr, 1, DU_WAIT_MS, &stage, why, sizeof(why)),
 			 TW_ETLS);
-	ck_assert_msg(ts_proc_wait_log(&server, NULL, "refused before the handshake", tail, sizeof(tail),
-				  DU_WAIT_MS),
+	ck_assert_msg(ts_proc_wait_log(&server, NULL, "refused before the handshake", tail,
+				       sizeof(tail), DU_WAIT_MS),
 		      "no line: %s", ts_proc_log_tail(&server, tail, sizeof(tail)));
 	ck_assert_msg(log_has(&server, "peer did not return a certificate") &&
 			      log_has(&server, "tls://127.0.0.1:"),

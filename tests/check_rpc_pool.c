@@ -874,9 +874,9 @@ START_TEST(pool_fail_address)
 	rc_start(f.pool, b.addr, rq_op("identity"), 0, &other); /* in its handshake */
 	ck_assert(tu_wait_count(&f.h, &f.s.nheld, 2, TU_WAIT_MS));
 	ck_assert(tu_wait_count(&f.h, &b.n, 1, TU_WAIT_MS));
-	ck_assert_int_eq(tw_pool_fail_address(f.pool, f.s.addr, TW_ETIMEDOUT,
-					      "no heartbeat within 1000 ms"),
-			 0);
+	ck_assert_int_eq(
+		tw_pool_fail_address(f.pool, f.s.addr, TW_ETIMEDOUT, "no heartbeat within 1000 ms"),
+		0);
 	for (size_t i = 0; i < 4; i++) { /* at once: no loop pass since */
 		ck_assert_int_eq(rc[i].done, 1);
 		ck_assert_int_eq(rc[i].err, TW_ETIMEDOUT);
@@ -924,8 +924,7 @@ START_TEST(pool_retry)
 	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
 	ck_assert_int_eq(a.err, TW_ECONNREFUSED);
 	ck_assert_msg(strstr(a.why, "(after 2 retries)") != NULL, "%s", a.why);
-	ck_assert_int_eq(rc_call(&f.h, f.pool, refused, rq_op("identity"), 0, &b),
-			 TW_ECONNREFUSED);
+	ck_assert_int_eq(rc_call(&f.h, f.pool, refused, rq_op("identity"), 0, &b), TW_ECONNREFUSED);
 	ck_assert_msg(strstr(b.why, "retries") == NULL, "%s", b.why);
 	/* sleeping calls: canceled, failed with their address, freed */
 	ck_assert_int_eq(tw_pool_set_retry(f.pool, 5, 60000, 60000), 0);

@@ -111,7 +111,8 @@ START_TEST(dask_client_to_taskwire_server)
 		      ts_proc_log_tail(&py, tail, sizeof(tail)));
 	ck_assert_msg(WIFEXITED(py.status) && WEXITSTATUS(py.status) == 0, "client failed: %s",
 		      ts_proc_log_tail(&py, tail, sizeof(tail)));
-	ck_assert_msg(strstr(ts_proc_log_tail(&py, tail, sizeof(tail)), "OK 5") != NULL, "%s", tail);
+	ck_assert_msg(strstr(ts_proc_log_tail(&py, tail, sizeof(tail)), "OK 5") != NULL, "%s",
+		      tail);
 	ck_assert_int_eq(failed, 0);
 	ck_assert_uint_eq(h.nsrv, 1);
 	sp = h.srv[0];

@@ -139,9 +139,9 @@ START_TEST(websockets_server)
 	tw_comm_close(cli->comm);
 	ck_assert(tu_wait_flag(&h, &cli->closed, RUN_MS));
 	ck_assert_msg(cli->close_err == 0, "%s", cli->last_error);
-	ck_assert_msg(
-		ts_proc_wait_log(&py, h.base, "closed code=1000 messages=", count, sizeof(count), RUN_MS),
-		"%s", ts_proc_log_tail(&py, tail, sizeof(tail)));
+	ck_assert_msg(ts_proc_wait_log(&py, h.base, "closed code=1000 messages=", count,
+				       sizeof(count), RUN_MS),
+		      "%s", ts_proc_log_tail(&py, tail, sizeof(tail)));
 	ck_assert_str_eq(count, "1016"); /* 9 + 2 + 1001 + 4 WebSocket messages */
 	ts_proc_stop(&py);
 	tt_fini(&h);

@@ -174,7 +174,8 @@ static int raw_read(struct du_loop *l, int fd, void *p, size_t n, int ms)
 			b += r;
 			n -= (size_t)r;
 			deadline = ts_now_ms() + ms;
-		} else if (r == 0 || (errno != EAGAIN && errno != EINTR) || ts_now_ms() > deadline) {
+		} else if (r == 0 || (errno != EAGAIN && errno != EINTR) ||
+			   ts_now_ms() > deadline) {
 			return -1;
 		} else {
 			event_base_loop(l->base, EVLOOP_ONCE);

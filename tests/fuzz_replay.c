@@ -131,8 +131,8 @@ int fr_main(int argc, char **argv, const char *suite, const struct fr_corpus *co
 		const char *top = getenv("TW_TOP_SRCDIR");
 		for (int k = 0; k < nsets; k++) {
 			char dir[4096];
-			snprintf(dir, sizeof(dir), "%s/tests/fuzz/corpus/%s", top != NULL ? top : ".",
-				 corpora[k].dir);
+			snprintf(dir, sizeof(dir), "%s/tests/fuzz/corpus/%s",
+				 top != NULL ? top : ".", corpora[k].dir);
 			add_dir(&sets[k], dir);
 		}
 		from_corpus = 1;

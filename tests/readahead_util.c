@@ -67,8 +67,8 @@ void ra_send(struct ra_peer *p, const void *buf, size_t n)
 		e = SSL_get_error(p->ssl, rv);
 		ck_assert_msg(e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ,
 			      "SSL_write_ex: error %d", e);
-		ck_assert_msg(ts_now_ms() < deadline, "raw tls send stalled at %zu of %zu bytes", done,
-			      n);
+		ck_assert_msg(ts_now_ms() < deadline, "raw tls send stalled at %zu of %zu bytes",
+			      done, n);
 		event_base_loop(p->h->base, EVLOOP_ONCE);
 	}
 }
@@ -706,7 +706,8 @@ static void soak_wait(struct ra_peer *p, struct soak *st, size_t n)
 			seen = io;
 			deadline = ts_now_ms() + STALL_MS;
 		}
-		ck_assert_msg(ts_now_ms() < deadline, "soak: stalled at %zu of %zu", p->sp->nmsgs, n);
+		ck_assert_msg(ts_now_ms() < deadline, "soak: stalled at %zu of %zu", p->sp->nmsgs,
+			      n);
 		soak_resume(p, st);
 		event_base_loop(p->h->base, EVLOOP_NONBLOCK);
 	}

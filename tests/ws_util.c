@@ -252,8 +252,8 @@ size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n)
 		if (k > 0) {
 			deadline = ts_now_ms() + WU_WAIT_MS; /* a hang guard: slow is not stuck */
 		} else {
-			ck_assert_msg(ts_now_ms() < deadline, "raw send stalled at %zu of %zu bytes",
-				      done, n);
+			ck_assert_msg(ts_now_ms() < deadline,
+				      "raw send stalled at %zu of %zu bytes", done, n);
 			loop_once(r->h);
 		}
 	}

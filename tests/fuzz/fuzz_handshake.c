@@ -104,7 +104,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 struct side {
 	tw_listener *l; /* the library listens (listener side) */
 	char uri[64];
-	int raw;        /* the peer listens (connector side) */
+	int raw; /* the peer listens (connector side) */
 	char raw_uri[64];
 };
 

@@ -135,7 +135,8 @@ int fp_dial(const char *uri)
 	 * fuzz_stream_dispatch stopped so). Wait for one, as a client
 	 * would; any other failure is the harness's bug. */
 	for (int tries = 0; connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0; tries++) {
-		if ((errno != EADDRNOTAVAIL && errno != EAGAIN && errno != EINTR) || tries == 1000) {
+		if ((errno != EADDRNOTAVAIL && errno != EAGAIN && errno != EINTR) ||
+		    tries == 1000) {
 			fprintf(stderr, "fuzz_peer: connect to %s: %s\n", uri, strerror(errno));
 			abort();
 		}
@@ -192,8 +193,8 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
 {
 	struct peer *p = arg;
 	if ((what & EV_WRITE) && !p->shut) {
-		ssize_t k = p->off < p->n ? send(fd, p->in + p->off, p->n - p->off, MSG_NOSIGNAL)
-					  : 0;
+		ssize_t k =
+			p->off < p->n ? send(fd, p->in + p->off, p->n - p->off, MSG_NOSIGNAL) : 0;
 		if (k > 0)
 			p->off += (size_t)k;
 		/* the library closed first, or everything is written */
@@ -201,8 +202,8 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
 			shutdown(fd, SHUT_WR);
 			p->shut = 1;
 			event_del(p->ev);
-			event_assign(p->ev, event_get_base(p->ev), fd, EV_READ | EV_PERSIST,
-				     on_io, p);
+			event_assign(p->ev, event_get_base(p->ev), fd, EV_READ | EV_PERSIST, on_io,
+				     p);
 			event_add(p->ev, NULL);
 		}
 	}
@@ -236,7 +237,8 @@ size_t fp_run(struct fp_env *e, tw_context *ctx, size_t live, int fd, const uint
 	event_add(p.ev, NULL);
 	while (!p.eof || fp_live(ctx) > live)
 		if (event_base_loop(e->base, EVLOOP_ONCE) != 0) {
-			fprintf(stderr, "fuzz_peer: stuck: peer %s, %zu objects live, %zu expected\n",
+			fprintf(stderr,
+				"fuzz_peer: stuck: peer %s, %zu objects live, %zu expected\n",
 				p.eof ? "closed" : "open", fp_live(ctx), live);
 			abort();
 		}

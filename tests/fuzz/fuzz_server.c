@@ -87,8 +87,7 @@ static void op_bytes(tw_request *r, void *arg)
 	const uint8_t *p;
 	size_t n;
 	(void)arg;
-	if (b != NULL && data != NULL &&
-	    tw_decoded_bytes(tw_request_decoded(r), data, &p, &n) == 0)
+	if (b != NULL && data != NULL && tw_decoded_bytes(tw_request_decoded(r), data, &p, &n) == 0)
 		msgpack_pack_uint64(tw_builder_packer(b), n);
 	tw_request_reply(r);
 }
