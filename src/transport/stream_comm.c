@@ -16,6 +16,7 @@
 #include <taskwire/error.h>
 
 #include "core/msg.h"
+#include "core/pass.h"
 #include "transport/transport.h"
 
 #define IOV_BATCH 64
@@ -204,12 +205,13 @@ static int flush(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
 	uint8_t buf[TW__GATHER_MAX];
-	size_t budget = WRITE_BUDGET;
+	size_t budget = tw__pass_allow(event_get_base(s->wev), WRITE_BUDGET);
 	int calls = 0;
 	while (s->qn > 0) {
 		if (budget == 0 || ++calls > READ_CALLS) {
-			/* Let the loop's other comms run; go on next turn. */
-			event_active(s->wev, EV_WRITE, 0);
+			/* Let the loop's other comms run: epoll reports the
+			 * socket writable again next pass (core/pass.h). */
+			event_add(s->wev, NULL);
 			return 0;
 		}
 		int k = tw__gather_small(iov, gather(s, iov, IOV_BATCH), buf);
@@ -227,6 +229,7 @@ static int flush(struct stream *s)
 			return err;
 		}
 		consume(s, (uint64_t)n);
+		tw__pass_spent((size_t)n);
 		budget = (size_t)n < budget ? budget - (size_t)n : 0;
 	}
 	event_del(s->wev);
@@ -477,7 +480,7 @@ static void rx_granted(struct tw__claim *claim)
 static void read_input(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
-	size_t budget = READ_BUDGET;
+	size_t budget = tw__pass_allow(event_get_base(s->rev), READ_BUDGET);
 	if (s->closing) {
 		drain_input(s);
 		return;
@@ -515,6 +518,7 @@ static void read_input(struct stream *s)
 				return;
 			}
 			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
+			tw__pass_spent((size_t)n);
 			budget = (size_t)n < budget ? budget - (size_t)n : 0;
 			s->rx_got += (uint64_t)n;
 			rv = tw__rx_advance(&s->rx, (size_t)n);
@@ -555,7 +559,12 @@ static void read_input(struct stream *s)
 			return;
 		}
 	}
-	read_again(s);
+	/* Budget spent. What is already in memory (read ahead, decrypted by
+	 * TLS) epoll cannot report: go on with it now. The socket's bytes
+	 * wait for the next pass (rev persists), behind the comms whose bytes
+	 * arrived meanwhile (core/pass.h). */
+	if (tw__rx_pending(&s->rx) || io_more(s))
+		read_again(s);
 }
 
 /* The comm is held while its input is read, so a callback that frees it
