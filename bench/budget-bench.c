@@ -201,8 +201,8 @@ static int server_main(int ctl_fd, int out_fd, uint64_t budget, long long cache)
 	if (budget > 0 && tw_context_set_receive_budget_bytes(s.ctx, budget) != 0)
 		return 1;
 #endif
-	if (tw_listen(s.ctx, "tcp://127.0.0.1:0", echo_accept, &s, &l1) != 0 ||
-	    tw_listen(s.ctx, "tcp://127.0.0.1:0", bomb_accept, &s, &l2) != 0)
+	if (tw_listener_new(s.ctx, "tcp://127.0.0.1:0", echo_accept, &s, &l1) != 0 ||
+	    tw_listener_new(s.ctx, "tcp://127.0.0.1:0", bomb_accept, &s, &l2) != 0)
 		return 1;
 	tw_listener_address(l1, a1, sizeof(a1));
 	tw_listener_address(l2, a2, sizeof(a2));
@@ -287,7 +287,7 @@ static void canary_connected(tw_comm *comm, int err, void *arg)
 static void *canary_main(void *arg)
 {
 	struct canary *k = arg;
-	tw_connect(k->ctx, k->addr, canary_connected, k);
+	tw_comm_connect(k->ctx, k->addr, canary_connected, k);
 	event_base_dispatch(k->base);
 	return NULL;
 }
@@ -365,7 +365,7 @@ static void run_load(struct load *l, const char *addr, size_t n)
 	l->connected = l->echoed = 0;
 	l->comms = calloc(n, sizeof(*l->comms));
 	for (size_t i = 0; i < n; i++)
-		tw_connect(l->ctx, addr, load_connected, l);
+		tw_comm_connect(l->ctx, addr, load_connected, l);
 	event_base_dispatch(l->base);
 	for (size_t i = 0; i < n; i++) {
 		tw_msg *m;
@@ -393,9 +393,9 @@ static tw_msg *bomb(size_t size)
 		return NULL;
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "nbytes");
-	tw_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "nbytes");
+	tw_msgpack_pack_str(pk, "data");
 	tw_builder_pack_bytes(b, &(tw_slice){blk, 0, size});
 	tw_builder_finish(b, &m);
 	tw_builder_free(b);
@@ -582,7 +582,7 @@ int main(int argc, char **argv)
 		usleep(200000);
 		from = k.n;
 		reset_gap(ctl[0]);
-		tw_connect(l.ctx, a2, bomb_connected, &b);
+		tw_comm_connect(l.ctx, a2, bomb_connected, &b);
 		event_base_dispatch(l.base);
 		query(ctl[0], &hwm, &gap);
 		canary_line(&k, from, k.n, line, sizeof(line));

@@ -166,9 +166,9 @@ int main(int argc, char **argv)
 	}
 	b.resume_ev = evtimer_new(b.base, srv_resume, &b);
 	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", scheme);
-	if (tw_listen(b.ctx, uri, on_accept, &b, &b.lis) != 0 ||
+	if (tw_listener_new(b.ctx, uri, on_accept, &b, &b.lis) != 0 ||
 	    tw_listener_address(b.lis, uri, sizeof(uri)) != 0 ||
-	    tw_connect(b.ctx, uri, on_connect, &b) != 0) {
+	    tw_comm_connect(b.ctx, uri, on_connect, &b) != 0) {
 		fprintf(stderr, "%s: %s\n", uri, tw_context_last_error(b.ctx));
 		return 1;
 	}

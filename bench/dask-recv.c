@@ -88,7 +88,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	base = event_base_new();
-	if (tw_context_new(base, &ctx) != 0 || tw_listen(ctx, argv[1], on_accept, NULL, &l) != 0)
+	if (tw_context_new(base, &ctx) != 0 ||
+	    tw_listener_new(ctx, argv[1], on_accept, NULL, &l) != 0)
 		return 1;
 	/* Offer what the Python peer is pinned to, or it sends uncompressed. */
 	if (codec != NULL && strcmp(codec, "False") != 0 &&

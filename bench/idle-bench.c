@@ -156,7 +156,7 @@ static int serve(const char *scheme, const struct tw_ex_tls *tls, int ctl_in, in
 	tw_ex_tls_setup(ctx, tls);
 	patient(ctx);
 	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", scheme);
-	if (tw_listen(ctx, uri, srv_accept, &s, &l) != 0) {
+	if (tw_listener_new(ctx, uri, srv_accept, &s, &l) != 0) {
 		fprintf(stderr, "idle-bench: listen %s: %s\n", uri, tw_context_last_error(ctx));
 		return 1;
 	}
@@ -236,7 +236,7 @@ static void start_more(struct client *c)
 {
 	while (c->started < c->target && c->started - c->connected - c->failed < c->window) {
 		c->started++;
-		if (tw_connect(c->ctx, c->addr, cl_connected, c) != 0) {
+		if (tw_comm_connect(c->ctx, c->addr, cl_connected, c) != 0) {
 			fprintf(stderr, "idle-bench: %s\n", tw_context_last_error(c->ctx));
 			exit(1);
 		}

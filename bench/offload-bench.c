@@ -43,9 +43,9 @@ static tw_msg *small_echo(void)
 		return NULL;
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "echo");
-	tw_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "echo");
+	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_bin(pk, 10);
 	msgpack_pack_bin_body(pk, "0123456789", 10);
 	tw_builder_finish(b, &m);
@@ -70,9 +70,9 @@ static tw_msg *big_message(uint64_t mib)
 	}
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "nbytes");
-	tw_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "nbytes");
+	tw_msgpack_pack_str(pk, "data");
 	tw_builder_pack_bytes(b, &(tw_slice){blk, 0, n});
 	tw_builder_finish(b, &m);
 	tw_builder_free(b);
@@ -221,8 +221,8 @@ static int one_run(const char *bin, const char *label, const char *offload, tw_m
 	r.base = event_base_new();
 	tw_context_new(r.base, &r.ctx);
 	fprintf(stderr, "offload %s: server %s\n", label, addr);
-	tw_connect(r.ctx, addr, on_connect, &r);
-	tw_connect(r.ctx, addr, on_connect, &r);
+	tw_comm_connect(r.ctx, addr, on_connect, &r);
+	tw_comm_connect(r.ctx, addr, on_connect, &r);
 	event_base_dispatch(r.base);
 	kill(pid, SIGTERM);
 	waitpid(pid, NULL, 0);

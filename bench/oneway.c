@@ -245,9 +245,9 @@ static char *packed_map(size_t *len)
 		msgpack_sbuffer_init(&sb);
 		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 		msgpack_pack_map(&pk, 2);
-		tw_pack_str(&pk, "op");
-		tw_pack_str(&pk, "x");
-		tw_pack_str(&pk, "d");
+		tw_msgpack_pack_str(&pk, "op");
+		tw_msgpack_pack_str(&pk, "x");
+		tw_msgpack_pack_str(&pk, "d");
 		msgpack_pack_bin(&pk, pad);
 		msgpack_pack_bin_body(&pk, memset(malloc(pad + 1), 'x', pad), pad);
 		if (sb.size == size || pad == 0)
@@ -335,7 +335,7 @@ static void tw_sender(const char *addr, int batched_mode, int fill_mode, int don
 	t.more = evtimer_new(t.base, tw_more, &t);
 	t.quit = event_new(t.base, done_fd, EV_READ, tw_quit, &t);
 	event_add(t.quit, NULL);
-	if (tw_connect(t.ctx, addr, tw_connected, &t) != 0)
+	if (tw_comm_connect(t.ctx, addr, tw_connected, &t) != 0)
 		die("connect");
 	event_base_dispatch(t.base);
 	/* The receiver has them all: no need to flush or close politely. */
@@ -352,7 +352,7 @@ static void tw_receiver(int batched_mode, int fill_fd, int addr_fd)
 	t.fill_mode = fill_fd >= 0;
 	t.base = event_base_new();
 	if (t.base == NULL || tw_context_new(t.base, &t.ctx) != 0 ||
-	    tw_listen(t.ctx, "tcp://127.0.0.1:0", tw_accepted, &t, &l) != 0 ||
+	    tw_listener_new(t.ctx, "tcp://127.0.0.1:0", tw_accepted, &t, &l) != 0 ||
 	    tw_listener_address(l, addr, sizeof(addr)) != 0)
 		die("listen");
 	if (write(addr_fd, addr, strlen(addr) + 1) < 0)

@@ -33,9 +33,9 @@ static tw_msg *echo_request(void)
 		return NULL;
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "echo");
-	tw_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "echo");
+	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_bin(pk, 10);
 	msgpack_pack_bin_body(pk, "0123456789", 10);
 	tw_builder_finish(b, &m);

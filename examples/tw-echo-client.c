@@ -43,11 +43,11 @@ static int send_next(tw_comm *comm, struct client *cl)
 	if (rv == 0) {
 		pk = tw_builder_packer(b);
 		msgpack_pack_map(pk, 3);
-		tw_pack_str(pk, "op");
-		tw_pack_str(pk, "echo");
-		tw_pack_str(pk, "seq");
+		tw_msgpack_pack_str(pk, "op");
+		tw_msgpack_pack_str(pk, "echo");
+		tw_msgpack_pack_str(pk, "seq");
 		msgpack_pack_uint64(pk, cl->sent);
-		tw_pack_str(pk, "payload");
+		tw_msgpack_pack_str(pk, "payload");
 		msgpack_pack_array(pk, (size_t)cl->frames);
 		for (uint64_t j = 0; rv == 0 && j < cl->frames; j++)
 			rv = tw_builder_pack_bytes(b,
@@ -68,7 +68,7 @@ static int send_next(tw_comm *comm, struct client *cl)
 
 static int check_payloads(const struct client *cl, const tw_decoded *d, uint64_t k)
 {
-	const msgpack_object *arr = tw_map_get(tw_decoded_root(d), "payload");
+	const msgpack_object *arr = tw_msgpack_map_get(tw_decoded_root(d), "payload");
 	const uint8_t *want = tw_block_data(cl->pattern) + k % 8;
 	if (arr == NULL || arr->type != MSGPACK_OBJECT_ARRAY || arr->via.array.size != cl->frames) {
 		fprintf(stderr, "message %llu: no payload list of %llu entries\n",
@@ -240,7 +240,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tw-echo-client: %s: %s\n", codec, tw_strerror(rv));
 		return 2;
 	}
-	if ((rv = tw_connect(ctx, argv[optind], on_connect, &cl)) != 0) {
+	if ((rv = tw_comm_connect(ctx, argv[optind], on_connect, &cl)) != 0) {
 		/* the context's error says why, the address included */
 		fprintf(stderr, "tw-echo-client: %s\n", tw_context_last_error(ctx));
 		return 1;

@@ -203,7 +203,7 @@ int main(int argc, char **argv)
 	if (max_message > 0)
 		tw_context_set_max_message_bytes(ctx, max_message);
 	tw_ex_tls_setup(ctx, &tls);
-	if ((rv = tw_listen(ctx, argv[optind], on_accept, NULL, &l)) != 0) {
+	if ((rv = tw_listener_new(ctx, argv[optind], on_accept, NULL, &l)) != 0) {
 		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", argv[optind],
 			tw_strerror(rv));
 		if (*tw_context_last_error(ctx))

@@ -57,7 +57,7 @@ static void slow_done(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	if (b != NULL) {
-		tw_pack_str(tw_builder_packer(b), "done");
+		tw_msgpack_pack_str(tw_builder_packer(b), "done");
 	}
 	tw_request_reply(s->req);
 	event_free(s->ev);

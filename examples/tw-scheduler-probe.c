@@ -38,8 +38,8 @@ static tw_msg *op_message(const char *op)
 	if (tw_builder_new(NULL, &b) != 0)
 		return NULL;
 	msgpack_pack_map(tw_builder_packer(b), 1);
-	tw_pack_str(tw_builder_packer(b), "op");
-	tw_pack_str(tw_builder_packer(b), op);
+	tw_msgpack_pack_str(tw_builder_packer(b), "op");
+	tw_msgpack_pack_str(tw_builder_packer(b), op);
 	tw_builder_finish(b, &m);
 	tw_builder_free(b);
 	return m;
@@ -75,10 +75,10 @@ static void batch_op(struct probe *p, const char *op)
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 2);
-	tw_pack_str(&pk, "op");
-	tw_pack_str(&pk, op);
-	tw_pack_str(&pk, "client");
-	tw_pack_str(&pk, p->name);
+	tw_msgpack_pack_str(&pk, "op");
+	tw_msgpack_pack_str(&pk, op);
+	tw_msgpack_pack_str(&pk, "client");
+	tw_msgpack_pack_str(&pk, p->name);
 	tw_batched_send(p->batch, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 }
@@ -115,11 +115,11 @@ static void on_stream(tw_comm *comm, tw_decoded *d, int err, const char *detail,
 	}
 	root = tw_decoded_root(d);
 	for (uint32_t i = 0; root->type == MSGPACK_OBJECT_ARRAY && i < root->via.array.size; i++) {
-		const msgpack_object *op = tw_map_get(&root->via.array.ptr[i], "op");
+		const msgpack_object *op = tw_msgpack_map_get(&root->via.array.ptr[i], "op");
 		if (op == NULL)
 			continue;
 		printf("scheduler says: %.*s\n", (int)op->via.str.size, op->via.str.ptr);
-		if (tw_obj_str_eq(op, "stream-start") && !p->started) {
+		if (tw_msgpack_str_eq(op, "stream-start") && !p->started) {
 			p->started = 1;
 			event_add(p->tick, &half);
 		}
@@ -150,15 +150,15 @@ static void register_client(struct probe *p)
 	tw_builder_new(NULL, &b);
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 4);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "register-client");
-	tw_pack_str(pk, "client");
-	tw_pack_str(pk, p->name);
-	tw_pack_str(pk, "versions");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "register-client");
+	tw_msgpack_pack_str(pk, "client");
+	tw_msgpack_pack_str(pk, p->name);
+	tw_msgpack_pack_str(pk, "versions");
 	msgpack_pack_map(pk, 1);
-	tw_pack_str(pk, "packages");
+	tw_msgpack_pack_str(pk, "packages");
 	msgpack_pack_map(pk, 0);
-	tw_pack_str(pk, "reply");
+	tw_msgpack_pack_str(pk, "reply");
 	msgpack_pack_false(pk);
 	tw_builder_finish(b, &m);
 	tw_builder_free(b);
@@ -240,7 +240,7 @@ int main(int argc, char **argv)
 	if (identity(p.ctx, argv[optind]) != 0)
 		return 1;
 	p.tick = event_new(p.base, -1, EV_PERSIST, on_tick, &p);
-	if (tw_connect(p.ctx, argv[optind], on_connect, &p) != 0)
+	if (tw_comm_connect(p.ctx, argv[optind], on_connect, &p) != 0)
 		return 1;
 	event_base_dispatch(p.base);
 	tw_batched_free(p.batch);

@@ -235,7 +235,7 @@ static void check_pattern(const uint8_t *p, size_t n, size_t want, unsigned seed
 
 static void check_str(const msgpack_object *o, const char *want)
 {
-	ck_assert_msg(tw_obj_str_eq(o, want), "expected the str \"%s\" (type %d)", want,
+	ck_assert_msg(tw_msgpack_str_eq(o, want), "expected the str \"%s\" (type %d)", want,
 		      o != NULL ? (int)o->type : -1);
 }
 
@@ -251,7 +251,7 @@ static tw_block *pattern_block(size_t n)
 /* The codec of sub-frame j of a payload, "" for none. */
 static void sub_codec(const tw_payload *pl, uint32_t j, char *buf, size_t len)
 {
-	const msgpack_object *c = tw_map_get(pl->sub_header, "compression");
+	const msgpack_object *c = tw_msgpack_map_get(pl->sub_header, "compression");
 	buf[0] = '\0';
 	if (c != NULL && c->type == MSGPACK_OBJECT_ARRAY && j < c->via.array.size &&
 	    c->via.array.ptr[j].type == MSGPACK_OBJECT_STR)
@@ -261,7 +261,7 @@ static void sub_codec(const tw_payload *pl, uint32_t j, char *buf, size_t len)
 
 static uint64_t sub_frames(const tw_payload *pl)
 {
-	const msgpack_object *n = tw_map_get(pl->sub_header, "num-sub-frames");
+	const msgpack_object *n = tw_msgpack_map_get(pl->sub_header, "num-sub-frames");
 	ck_assert(n != NULL && n->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
 	return n->via.u64;
 }
@@ -279,8 +279,8 @@ START_TEST(handshake_and_identity)
 	d = call(req_op("identity"));
 	root = tw_decoded_root(d);
 	ck_assert_int_eq(root->type, MSGPACK_OBJECT_MAP);
-	check_str(tw_map_get(root, "type"), peer_is_scheduler ? "Scheduler" : "Server");
-	id = tw_map_get(root, "id");
+	check_str(tw_msgpack_map_get(root, "type"), peer_is_scheduler ? "Scheduler" : "Server");
+	id = tw_msgpack_map_get(root, "id");
 	ck_assert(id != NULL && id->type == MSGPACK_OBJECT_STR && id->via.str.size > 0);
 	tw_decoded_free(d);
 }
@@ -335,17 +335,17 @@ START_TEST(error_reply)
 	}
 	root = tw_decoded_root(d);
 	ck_assert_int_eq(root->type, MSGPACK_OBJECT_MAP);
-	check_str(tw_map_get(root, "status"), "uncaught-error");
-	text = tw_map_get(root, "exception_text");
+	check_str(tw_msgpack_map_get(root, "status"), "uncaught-error");
+	text = tw_msgpack_map_get(root, "exception_text");
 	check_str(
 		text,
 		peer_is_scheduler
 			? "TypeError(\"Server.echo() got an unexpected keyword argument 'bogus'\")"
 			: "RuntimeError('taskwire test error')");
-	tb = tw_map_get(root, "traceback_text");
+	tb = tw_msgpack_map_get(root, "traceback_text");
 	ck_assert(tb != NULL && tb->type == MSGPACK_OBJECT_STR && tb->via.str.size > 0);
 	/* The pickled exception rides out of band, as a pickle (protocol 2+). */
-	exc = tw_map_get(root, "exception");
+	exc = tw_msgpack_map_get(root, "exception");
 	pl = tw_decoded_payload(d, exc);
 	ck_assert_ptr_nonnull(pl);
 	ck_assert_uint_eq(pl->nframes, 1);
@@ -384,7 +384,7 @@ START_TEST(pipelined)
 	ck_assert_mem_eq(tw_decoded_root(d)->via.bin.ptr, "first", 5);
 	tw_decoded_free(d);
 	d = reply(1);
-	check_str(tw_map_get(tw_decoded_root(d), "type"),
+	check_str(tw_msgpack_map_get(tw_decoded_root(d), "type"),
 		  peer_is_scheduler ? "Scheduler" : "Server");
 	tw_decoded_free(d);
 	d = reply(2);
@@ -553,7 +553,7 @@ static void srv_decode(struct echo_srv *s, const tw_msg *m)
 		s->decode_failures++;
 		return;
 	}
-	pl = tw_decoded_payload(d, tw_map_get(tw_decoded_root(d), "data"));
+	pl = tw_decoded_payload(d, tw_msgpack_map_get(tw_decoded_root(d), "data"));
 	if (pl != NULL && pl->nframes >= 1 && pl->frames[0].len == BIG) {
 		s->zero_copy = after.merges_zero_copy - before.merges_zero_copy;
 		s->copied = after.merges_copied - before.merges_copied;
@@ -630,7 +630,7 @@ static void run_python_client(const char *codec)
 	du_loop_init(&loop);
 	if (codec != NULL)
 		ck_assert_int_eq(tw_context_set_compression(loop.ctx, codec), 0);
-	ck_assert_int_eq(tw_listen(loop.ctx, "tcp://127.0.0.1:0", srv_accept, &s, &s.lis), 0);
+	ck_assert_int_eq(tw_listener_new(loop.ctx, "tcp://127.0.0.1:0", srv_accept, &s, &s.lis), 0);
 	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
 	ck_assert_int_eq(ts_spawn(&py, argv, env), 0);
 	ok = du_run_until(&loop, proc_exited, &py, 2 * DU_WAIT_MS);
@@ -730,13 +730,13 @@ static void pool_get_data(tw_pool *p, const char *key, const char *status)
 	ck_assert_msg(du_wait_flag(&loop, &pc.done, DU_WAIT_MS), "no reply to get_data %s", key);
 	ck_assert_msg(pc.err == 0, "get_data %s: %s: %s", key, tw_strerror(pc.err), pc.why);
 	root = tw_decoded_root(pc.reply);
-	check_str(tw_map_get(root, "status"), status);
+	check_str(tw_msgpack_map_get(root, "status"), status);
 	if (strcmp(status, "OK") == 0) {
 		const uint8_t *b;
 		size_t n;
 		const tw_payload *pl;
 		char want[64];
-		data = tw_map_get(root, "data");
+		data = tw_msgpack_map_get(root, "data");
 		ck_assert(data != NULL && data->type == MSGPACK_OBJECT_MAP &&
 			  data->via.map.size == 1);
 		check_str(&data->via.map.ptr[0].key, key);

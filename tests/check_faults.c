@@ -459,7 +459,7 @@ static int peer_closed(void *arg)
 	return ((const struct tu_peer *)arg)->closed;
 }
 
-/* tw_connect to a black hole with a 300 ms connect timeout: tcp is
+/* tw_comm_connect to a black hole with a 300 ms connect timeout: tcp is
  * usable once TCP connects; tls, ws and wss never are, and the connect
  * timeout ends them (not a handshake or upgrade clock) with
  * TW_ETIMEDOUT. */

@@ -168,14 +168,14 @@ static tw_msg *handshake_msg(void)
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 3);
-	tw_pack_str(pk, "compression");
+	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_nil(pk);
-	tw_pack_str(pk, "python");
+	tw_msgpack_pack_str(pk, "python");
 	msgpack_pack_array(pk, 3);
 	msgpack_pack_int(pk, 3);
 	msgpack_pack_int(pk, 11);
 	msgpack_pack_int(pk, 2);
-	tw_pack_str(pk, "pickle-protocol");
+	tw_msgpack_pack_str(pk, "pickle-protocol");
 	msgpack_pack_int(pk, 5);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
 	tw_builder_free(b);
@@ -264,8 +264,8 @@ static void client_ended(tw_comm *comm, int err, void *arg)
 
 static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
 {
-	tw_pack_str(pk, k);
-	tw_pack_str(pk, v);
+	tw_msgpack_pack_str(pk, k);
+	tw_msgpack_pack_str(pk, v);
 }
 
 static void push_batch(struct sched *sc);
@@ -287,11 +287,11 @@ static void op_register_worker(tw_request *r, void *arg)
 	pk = tw_builder_packer(tw_request_reply_builder(r));
 	msgpack_pack_map(pk, 4);
 	pack_kv_str(pk, "status", "OK");
-	tw_pack_str(pk, "time");
+	tw_msgpack_pack_str(pk, "time");
 	msgpack_pack_double(pk, 1.5);
-	tw_pack_str(pk, "heartbeat-interval");
+	tw_msgpack_pack_str(pk, "heartbeat-interval");
 	msgpack_pack_double(pk, 0.5);
-	tw_pack_str(pk, "worker-plugins");
+	tw_msgpack_pack_str(pk, "worker-plugins");
 	msgpack_pack_map(pk, 0);
 	ck_assert_int_eq(tw_request_reply(r), 0);
 	if (sc->push_at_register)
@@ -328,7 +328,7 @@ static void pack_compute(msgpack_packer *pk)
 	msgpack_pack_map(pk, 3);
 	pack_kv_str(pk, "op", "compute-task");
 	pack_kv_str(pk, "key", "x");
-	tw_pack_str(pk, "n");
+	tw_msgpack_pack_str(pk, "n");
 	msgpack_pack_int(pk, 2);
 }
 
@@ -336,9 +336,9 @@ static void pack_free_keys(msgpack_packer *pk)
 {
 	msgpack_pack_map(pk, 2);
 	pack_kv_str(pk, "op", "free-keys");
-	tw_pack_str(pk, "keys");
+	tw_msgpack_pack_str(pk, "keys");
 	msgpack_pack_array(pk, 1);
-	tw_pack_str(pk, "y");
+	tw_msgpack_pack_str(pk, "y");
 }
 
 static void pack_close_stream(msgpack_packer *pk)
@@ -370,7 +370,7 @@ static void sop_keep_alive(tw_comm *comm, const tw_decoded *d, const msgpack_obj
 static void sop_status(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
 {
 	struct sched *sc = arg;
-	const msgpack_object *st = tw_map_get(m, "status");
+	const msgpack_object *st = tw_msgpack_map_get(m, "status");
 	(void)d;
 	sc->status_changes++;
 	sc->comm_matches += comm == sc->worker;
@@ -506,10 +506,10 @@ struct worker {
 static void wk_compute(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
 {
 	struct worker *w = arg;
-	const msgpack_object *n = tw_map_get(m, "n");
+	const msgpack_object *n = tw_msgpack_map_get(m, "n");
 	(void)d;
 	ck_assert_ptr_eq(comm, w->comm);
-	ck_assert(tw_obj_str_eq(tw_map_get(m, "key"), "x"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(m, "key"), "x"));
 	ck_assert(n != NULL && n->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
 	w->n = (int64_t)n->via.u64;
 	w->computes++;
@@ -518,11 +518,11 @@ static void wk_compute(tw_comm *comm, const tw_decoded *d, const msgpack_object 
 static void wk_free_keys(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
 {
 	struct worker *w = arg;
-	const msgpack_object *keys = tw_map_get(m, "keys");
+	const msgpack_object *keys = tw_msgpack_map_get(m, "keys");
 	(void)comm;
 	(void)d;
 	ck_assert(keys != NULL && keys->type == MSGPACK_OBJECT_ARRAY && keys->via.array.size == 1);
-	ck_assert(tw_obj_str_eq(&keys->via.array.ptr[0], "y"));
+	ck_assert(tw_msgpack_str_eq(&keys->via.array.ptr[0], "y"));
 	w->frees++;
 }
 
@@ -545,7 +545,7 @@ static void wk_reply(tw_comm *comm, tw_decoded *d, int err, const char *detail, 
 {
 	struct worker *w = arg;
 	ck_assert_msg(err == 0, "decode: %s", detail);
-	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "status"), "OK"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "status"), "OK"));
 	tw_decoded_free(d);
 	w->replied++;
 	w->dispatch_rv = tw_comm_dispatch_stream(comm, w->ops, wk_ended, w);
@@ -593,7 +593,7 @@ START_TEST(worker_side_dispatches_by_op)
 	ck_assert_int_eq(tw_stream_ops_add(w.ops, "compute-task", wk_compute, &w), 0);
 	ck_assert_int_eq(tw_stream_ops_add(w.ops, "free-keys", wk_free_keys, &w), 0);
 	ck_assert_int_eq(tw_stream_ops_add(w.ops, "free-keys", NULL, &w), TW_EINVAL);
-	ck_assert_int_eq(tw_connect(h.ctx, addr, wk_connected, &w), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, addr, wk_connected, &w), 0);
 	ck_assert(tu_wait_flag(&h, &w.done, TU_WAIT_MS));
 	ck_assert_int_eq(w.err, 0);
 	ck_assert(tu_wait_flag(&h, &w.ended, TU_WAIT_MS));
@@ -641,7 +641,7 @@ static void pack_plain(tw_batched *b, int64_t i)
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 2);
 	pack_kv_str(&pk, "op", "plain");
-	tw_pack_str(&pk, "i");
+	tw_msgpack_pack_str(&pk, "i");
 	msgpack_pack_int64(&pk, i);
 	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
 	msgpack_sbuffer_destroy(&sb);
@@ -659,9 +659,9 @@ static void pack_data(tw_batched *b, int64_t i, size_t size)
 	ts_fill(p, size, (unsigned)i);
 	msgpack_pack_map(tw_builder_packer(bld), 3);
 	pack_kv_str(tw_builder_packer(bld), "op", "data");
-	tw_pack_str(tw_builder_packer(bld), "i");
+	tw_msgpack_pack_str(tw_builder_packer(bld), "i");
 	msgpack_pack_int64(tw_builder_packer(bld), i);
-	tw_pack_str(tw_builder_packer(bld), "value");
+	tw_msgpack_pack_str(tw_builder_packer(bld), "value");
 	ck_assert_int_eq(tw_builder_pack_bytes(bld, &(tw_slice){blk, 0, size}), 0);
 	tw_block_free(blk); /* the batch holds its own reference */
 	ck_assert_int_eq(tw_batched_commit(b), 0);
@@ -697,7 +697,7 @@ static void op_take_batch(tw_request *r, void *arg)
 static void sop_got(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
 {
 	struct bsend *bs = arg;
-	const msgpack_object *n = tw_map_get(m, "n");
+	const msgpack_object *n = tw_msgpack_map_get(m, "n");
 	(void)comm;
 	(void)d;
 	ck_assert(n != NULL && n->type == MSGPACK_OBJECT_POSITIVE_INTEGER);
@@ -1164,7 +1164,7 @@ static int cl_start(struct tu *h, struct cl *c)
 	int lfd = raw_listen(uri, sizeof(uri)), fd;
 	ck_assert_int_eq(tw_stream_ops_new(&c->ops), 0);
 	ck_assert_int_eq(tw_stream_ops_add(c->ops, "hello", cl_hello, c), 0);
-	ck_assert_int_eq(tw_connect(h->ctx, uri, cl_connected, c), 0);
+	ck_assert_int_eq(tw_comm_connect(h->ctx, uri, cl_connected, c), 0);
 	acc.lfd = lfd;
 	acc.fd = -1;
 	ck_assert(tu_run_until(h, raw_accepted, &acc, TU_WAIT_MS));

@@ -119,8 +119,8 @@ static tw_msg *request(const char *op)
 	tw_msg *m = NULL;
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	msgpack_pack_map(tw_builder_packer(b), 1);
-	tw_pack_str(tw_builder_packer(b), "op");
-	tw_pack_str(tw_builder_packer(b), op);
+	tw_msgpack_pack_str(tw_builder_packer(b), "op");
+	tw_msgpack_pack_str(tw_builder_packer(b), op);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
 	tw_builder_free(b);
 	return m;
@@ -163,7 +163,7 @@ START_TEST(loop_threads_rules)
 	tw_context_free(ctx);
 	/* loops must come before the first listener (it would stay on loop 0) */
 	ck_assert_int_eq(tw_context_new(NULL, &one), 0);
-	ck_assert_int_eq(tw_listen(one, "tcp://127.0.0.1:0", accept_free, NULL, &l), 0);
+	ck_assert_int_eq(tw_listener_new(one, "tcp://127.0.0.1:0", accept_free, NULL, &l), 0);
 	ck_assert_int_eq(tw_context_set_loop_threads(one, 2), TW_EINVAL);
 	tw_context_free(one);
 	/* a server made before the loops has no place for their comms */
@@ -410,7 +410,7 @@ struct raw {
 static void raw_listen(void *arg)
 {
 	struct raw *r = arg;
-	r->rv = tw_listen(r->ctx, r->uri, srv_accept, NULL, &r->l);
+	r->rv = tw_listener_new(r->ctx, r->uri, srv_accept, NULL, &r->l);
 	if (r->rv == 0)
 		r->rv = tw_listener_address(r->l, r->addr, sizeof(r->addr));
 }
@@ -420,7 +420,7 @@ static char raw_addr[128];
 static void raw_connect(void *arg)
 {
 	tw_context *loop = arg;
-	if (tw_connect(loop, raw_addr, cli_connected, NULL) != 0)
+	if (tw_comm_connect(loop, raw_addr, cli_connected, NULL) != 0)
 		bump(&wrong_thread);
 }
 

@@ -443,7 +443,7 @@ static void client_connected(tw_comm *c, int err, void *arg)
 static void client_connect(struct tu *h, const char *addr, struct client *cl)
 {
 	memset(cl, 0, sizeof(*cl));
-	ck_assert_int_eq(tw_connect(h->ctx, addr, client_connected, cl), 0);
+	ck_assert_int_eq(tw_comm_connect(h->ctx, addr, client_connected, cl), 0);
 	ck_assert(tu_wait_flag(h, &cl->ready, TU_WAIT_MS));
 }
 

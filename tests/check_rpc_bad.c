@@ -276,7 +276,7 @@ START_TEST(handshake_twice)
 	tw_builder *b;
 	tu_init(&h);
 	rs_start(&s, h.ctx, h.base, uris[_i]);
-	ck_assert_int_eq(tw_connect(h.ctx, s.addr, twice_connected, &t), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, s.addr, twice_connected, &t), 0);
 	ck_assert(tu_wait_flag(&h, &t.done, TU_WAIT_MS));
 	ck_assert_int_eq(t.err, 0);
 	ck_assert_int_eq(t.during, TW_EINVAL);
@@ -523,7 +523,7 @@ static void put_dup_keys(msgpack_packer *pk)
 
 static void check_last(const tw_decoded *d)
 {
-	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "last"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(d), "last"));
 }
 
 START_TEST(duplicate_keys_last_wins)
@@ -609,7 +609,7 @@ START_TEST(pool_duplicate_reply_misattributed)
 	struct chain ch;
 	const msgpack_object *o;
 	tu_init(&h);
-	ck_assert_int_eq(tw_listen(h.ctx, "tcp://127.0.0.1:0", dup_accept, &s, &s.l), 0);
+	ck_assert_int_eq(tw_listener_new(h.ctx, "tcp://127.0.0.1:0", dup_accept, &s, &s.l), 0);
 	ck_assert_int_eq(tw_listener_address(s.l, s.addr, sizeof(s.addr)), 0);
 	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
 	memset(&ch, 0, sizeof(ch));
@@ -623,7 +623,7 @@ START_TEST(pool_duplicate_reply_misattributed)
 	if (ch.second.err == 0) {
 		o = tw_decoded_root(ch.second.reply);
 		/* the second call must not get the first call's stale extra reply */
-		ck_assert_msg(!tw_obj_str_eq(o, "stale"),
+		ck_assert_msg(!tw_msgpack_str_eq(o, "stale"),
 			      "second call answered with the stale duplicate of the first's reply");
 	}
 	rc_clear(&ch.second);

@@ -471,7 +471,7 @@ START_TEST(pool_tls_server_closes_after_handshake)
 	char uri[128];
 	tu_init(&h);
 	tt_use_tls(h.ctx, "ca.pem", "cert.pem", "key.pem");
-	ck_assert_int_eq(tw_listen(h.ctx, "tls://127.0.0.1:0", hs_then_close, NULL, &l), 0);
+	ck_assert_int_eq(tw_listener_new(h.ctx, "tls://127.0.0.1:0", hs_then_close, NULL, &l), 0);
 	ck_assert_int_eq(tw_listener_address(l, uri, sizeof(uri)), 0);
 	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
 	hs_closed = 0;
@@ -726,7 +726,7 @@ START_TEST(pool_call_after_closing_reply)
 			 0);
 	ck_assert(rc_wait(&f.h, &fp_second, TU_WAIT_MS));
 	ck_assert_int_eq(first.err, 0);
-	ck_assert(tw_obj_str_eq(tw_decoded_root(first.reply), "bye"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(first.reply), "bye"));
 	tw_decoded_free(first.reply);
 	ck_assert_int_eq(fp_second.err, TW_ECLOSED);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("third"), 0, &third), 0);
@@ -1008,7 +1008,7 @@ static void chain_cb(tw_call *call, int err, tw_decoded *reply, void *arg)
 	char want[16];
 	(void)call;
 	snprintf(want, sizeof(want), "n%d", c->n);
-	if (err != 0 || !tw_obj_str_eq(tw_decoded_root(reply), want))
+	if (err != 0 || !tw_msgpack_str_eq(tw_decoded_root(reply), want))
 		c->err = err != 0 ? err : -1;
 	tw_decoded_free(reply);
 	if (c->err != 0 || ++c->n == 5) {
@@ -1420,7 +1420,7 @@ START_TEST(context_free_aborts_every_stage)
 	silent_ctx(&h, scheme);
 	bh_start(&b, h.base, NULL, 0);
 	silent_uri(&b, scheme, uri, sizeof(uri));
-	ck_assert_int_eq(tw_connect(h.ctx, uri, connected_cb, &connected), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, uri, connected_cb, &connected), 0);
 	wait_first_bytes(&h, &b, scheme);
 	if (strcmp(scheme, "tcp") == 0)
 		ck_assert(tu_wait_flag(&h, &connected, TU_WAIT_MS));
@@ -1470,7 +1470,7 @@ START_TEST(connect_timeout_covers_upgrade)
 	bh_start(&b, h.base, NULL, 0);
 	silent_uri(&b, scheme, uri, sizeof(uri));
 	r.ctx = h.ctx;
-	ck_assert_int_eq(tw_connect(h.ctx, uri, result_cb, &r), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, uri, result_cb, &r), 0);
 	ck_assert_msg(tu_wait_flag(&h, &r.done, TU_WAIT_MS), "%s: no result", scheme);
 	ck_assert_int_eq(r.err, TW_ETIMEDOUT);
 	ck_assert_msg(strstr(r.why, "timed out") != NULL && strstr(r.why, "300 ms") != NULL,

@@ -20,7 +20,7 @@
 
 static const msgpack_object *field(const struct rc *rc, const char *key)
 {
-	return tw_map_get(tw_decoded_root(rc->reply), key);
+	return tw_msgpack_map_get(tw_decoded_root(rc->reply), key);
 }
 
 START_TEST(server_identity)
@@ -30,7 +30,7 @@ START_TEST(server_identity)
 	const msgpack_object *id;
 	rf_init(&f);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("identity"), 0, &rc), 0);
-	ck_assert(tw_obj_str_eq(field(&rc, "type"), "taskwire"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "type"), "taskwire"));
 	id = field(&rc, "id");
 	ck_assert(id != NULL && id->type == MSGPACK_OBJECT_STR);
 	ck_assert(id->via.str.size > 9 && memcmp(id->via.str.ptr, "taskwire-", 9) == 0);
@@ -198,15 +198,15 @@ START_TEST(server_reply_false)
 	rw_send(&w, count_req(0));
 	rw_send(&w, echo_no_reply("silent"));
 	rw_send(&w, rq_echo_str("first"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "first"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "first"));
 	ck_assert_uint_eq(f.s.counted, 1);
 	ck_assert_int_eq(f.s.count_wanted_reply, 0);
 	ck_assert_int_eq(f.s.last_reply_rv, 0);
 	rw_send(&w, count_req(1));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 1)), "counted"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 1)), "counted"));
 	ck_assert_int_eq(f.s.count_wanted_reply, 1);
 	rw_send(&w, rq_echo_str("last"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 2)), "last"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 2)), "last"));
 	ck_assert_uint_eq(w.n, 3);
 	ck_assert_int_eq(w.closed, 0);
 	rw_free(&w);
@@ -221,22 +221,22 @@ START_TEST(server_error_reply)
 	rf_init(&f);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("fail"), 0, &rc), TW_EREMOTE);
 	ck_assert_ptr_nonnull(rc.reply);
-	ck_assert(tw_obj_str_eq(field(&rc, "status"), "uncaught-error"));
-	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"), "fail: this op always fails"));
-	ck_assert(tw_obj_str_eq(field(&rc, "exception"), "fail: this op always fails"));
-	ck_assert(tw_obj_str_eq(field(&rc, "traceback_text"), "rpc_util.c op_fail"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "status"), "uncaught-error"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"), "fail: this op always fails"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "exception"), "fail: this op always fails"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "traceback_text"), "rpc_util.c op_fail"));
 	rc_assert_why(&rc, "'s handler failed: fail: this op always fails");
 	ck_assert_int_eq(field(&rc, "traceback")->type, MSGPACK_OBJECT_NIL);
 	rc_clear(&rc);
 	/* sum of something that is not bytes: the handler's own error */
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("sum"), 0, &rc), TW_EREMOTE);
-	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"),
-				"sum: `data` must be bytes of float64 values"));
-	ck_assert(tw_obj_str_eq(field(&rc, "traceback_text"), ""));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"),
+				    "sum: `data` must be bytes of float64 values"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "traceback_text"), ""));
 	rc_clear(&rc);
 	/* an error after part of a reply was packed: the error replaces it */
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("fail_late"), 0, &rc), TW_EREMOTE);
-	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"), "fail_late: gave up halfway"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"), "fail_late: gave up halfway"));
 	rc_clear(&rc);
 	/* the comm is still good */
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("ok"), 0, &rc), 0);
@@ -273,9 +273,9 @@ START_TEST(server_reply_refused)
 	ck_assert_int_eq(tw_server_add_op(f.s.srv, "payloads", op_payloads, &n), 0);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("payloads"), 5000, &rc), TW_EREMOTE);
 	ck_assert_int_eq(n, TW_ETOOBIG);
-	ck_assert(tw_obj_str_eq(field(&rc, "status"), "uncaught-error"));
-	ck_assert(tw_obj_str_eq(field(&rc, "exception_text"),
-				"reply not sent: message larger than the limit"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "status"), "uncaught-error"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"),
+				    "reply not sent: message larger than the limit"));
 	rc_clear(&rc);
 	n = 3; /* 7 frames: sent */
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("payloads"), 5000, &rc), 0);
@@ -376,14 +376,14 @@ START_TEST(server_close)
 	rf_init(&f);
 	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
 	rw_send(&w, echo_close("bye"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "bye"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "bye"));
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	ck_assert_uint_eq(w.n, 1);
 	rw_free(&w);
 	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
 	rw_send(&w, rq_op("close"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "OK"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "OK"));
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	ck_assert_uint_eq(w.n, 1);
@@ -412,14 +412,14 @@ START_TEST(server_in_order)
 	rw_send(&w, rq_echo_str("second"));
 	rw_send(&w, rq_op("later"));
 	rw_send(&w, rq_echo_str("fourth"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 0)), "done"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 1)), "second"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "done"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 1)), "second"));
 	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
 	tu_run_for(&f.h, 50); /* "fourth" must wait for "later" */
 	ck_assert_uint_eq(w.n, 2);
 	rs_release(&f.s, 0);
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 2)), "later"));
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 3)), "fourth"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 2)), "later"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 3)), "fourth"));
 	ck_assert_int_eq(w.closed, 0);
 	rw_free(&w);
 	rf_fini(&f);
@@ -570,7 +570,7 @@ START_TEST(server_reply_backpressure)
 		ck_assert_int_eq(ts_check(tw_slice_data(&pl->frames[0]), n, i), -1);
 	}
 	ck_assert_msg(rw_msg(&w, 3) != NULL, "the reply to close:true was lost");
-	ck_assert(tw_obj_str_eq(tw_decoded_root(rw_msg(&w, 3)), "closing"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 3)), "closing"));
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	rw_free(&w);

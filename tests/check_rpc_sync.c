@@ -54,18 +54,18 @@ static void sync_checks(tw_context *ctx, const char *addr, int own_base)
 	tw_decoded *d;
 	char refused[64];
 	ck_assert_int_eq(sync_call(ctx, addr, rq_op("identity"), 10000, &d), 0);
-	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "type"), "taskwire"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "type"), "taskwire"));
 	tw_decoded_free(d);
 	ck_assert_int_eq(sync_call(ctx, addr, rq_echo_str("sync"), 10000, &d), 0);
-	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "sync"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(d), "sync"));
 	tw_decoded_free(d);
 	ck_assert_int_eq(sync_call(ctx, addr, rq_slow(0.05), 10000, &d), 0);
-	ck_assert(tw_obj_str_eq(tw_decoded_root(d), "done"));
+	ck_assert(tw_msgpack_str_eq(tw_decoded_root(d), "done"));
 	tw_decoded_free(d);
 	ck_assert_int_eq(sync_call(ctx, addr, rq_op("fail"), 10000, &d), TW_EREMOTE);
 	ck_assert_ptr_nonnull(d);
-	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "exception_text"),
-				"fail: this op always fails"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "exception_text"),
+				    "fail: this op always fails"));
 	tw_decoded_free(d);
 	ck_assert_int_eq(sync_call(ctx, addr, rq_slow(1.0), 100, &d), TW_ETIMEDOUT);
 	ck_assert_ptr_null(d);
@@ -149,7 +149,7 @@ static void *caller_run(void *arg)
 		tw_decoded *d = NULL;
 		snprintf(want, sizeof(want), "thread %d call %d", c->k, i);
 		if (sync_call(c->ctx, c->addr, rq_echo_str(want), 10000, &d) == 0 &&
-		    tw_obj_str_eq(tw_decoded_root(d), want))
+		    tw_msgpack_str_eq(tw_decoded_root(d), want))
 			c->ok++;
 		tw_decoded_free(d);
 	}

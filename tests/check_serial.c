@@ -217,7 +217,8 @@ static tw_decoded *decode_ok(const tw_msg *m)
 
 static const tw_payload *data_payload(const tw_decoded *d)
 {
-	const tw_payload *pl = tw_decoded_payload(d, tw_map_get(tw_decoded_root(d), "data"));
+	const tw_payload *pl =
+		tw_decoded_payload(d, tw_msgpack_map_get(tw_decoded_root(d), "data"));
 	ck_assert_ptr_nonnull(pl);
 	return pl;
 }
@@ -225,7 +226,7 @@ static const tw_payload *data_payload(const tw_decoded *d)
 /* The codec named for sub-frame 0 of pl ("" for nil). */
 static void codec0(const tw_payload *pl, char *buf, size_t len)
 {
-	const msgpack_object *c = tw_map_get(pl->sub_header, "compression");
+	const msgpack_object *c = tw_msgpack_map_get(pl->sub_header, "compression");
 	ck_assert(c != NULL && c->type == MSGPACK_OBJECT_ARRAY && c->via.array.size >= 1);
 	c = &c->via.array.ptr[0];
 	buf[0] = '\0';
@@ -269,12 +270,12 @@ START_TEST(rt_bytes)
 	const tw_payload *pl = data_payload(d);
 	const msgpack_object *ts;
 	ck_assert_uint_eq(tw_msg_nframes(m), 3);
-	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "op"), "echo"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "op"), "echo"));
 	ck_assert_int_eq(pl->kind, TW_PAYLOAD_SERIALIZED);
 	ck_assert_uint_eq(pl->index, 1);
 	ck_assert_str_eq(pl->serializer, "dask");
-	ck_assert(tw_obj_str_eq(tw_map_get(pl->sub_header, "type"), "bytes"));
-	ts = tw_map_get(pl->sub_header, "type-serialized");
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(pl->sub_header, "type"), "bytes"));
+	ts = tw_msgpack_map_get(pl->sub_header, "type-serialized");
 	ck_assert(ts != NULL && ts->type == MSGPACK_OBJECT_BIN && ts->via.bin.size == 33);
 	ck_assert_mem_eq(ts->via.bin.ptr, "\x80\x05\x95\x16", 4);
 	ck_assert_uint_eq(pl->nframes, 1);
@@ -349,11 +350,11 @@ START_TEST(rt_nested)
 	ck_assert_uint_eq(tw_msg_nframes(m), 9);
 	d = decode_ok(m);
 	root = tw_decoded_root(d);
-	a = tw_map_get(root, "a");
+	a = tw_msgpack_map_get(root, "a");
 	holders[0] = &a->via.array.ptr[0];
-	holders[1] = tw_map_get(&a->via.array.ptr[1], "b");
-	holders[2] = tw_map_get(tw_map_get(root, "c"), "d");
-	holders[3] = &tw_map_get(root, "e")->via.array.ptr[0];
+	holders[1] = tw_msgpack_map_get(&a->via.array.ptr[1], "b");
+	holders[2] = tw_msgpack_map_get(tw_msgpack_map_get(root, "c"), "d");
+	holders[3] = &tw_msgpack_map_get(root, "e")->via.array.ptr[0];
 	ck_assert_uint_eq(tw_decoded_npayloads(d), 4);
 	for (size_t i = 0; i < 4; i++) {
 		ck_assert_ptr_eq(tw_decoded_payload(d, holders[i]), tw_decoded_payload_at(d, i));
@@ -630,7 +631,7 @@ START_TEST(rt_no_sub_frames)
 END_TEST
 
 /* Duplicate keys: the last counts, as in the dict Python's msgpack makes,
- * for tw_map_get and for placeholders alike: {"op": "x", "data": {
+ * for tw_msgpack_map_get and for placeholders alike: {"op": "x", "data": {
  * "__Serialized__": 9, "__Serialized__": 1}, "op": "echo"} is an echo of
  * frame 1's group (9 would be out of range). */
 START_TEST(duplicate_keys_last_wins)
@@ -655,7 +656,7 @@ START_TEST(duplicate_keys_last_wins)
 	sub_header(m, 1, NULL, 0);
 	append(m, "abc", 3);
 	d = decode_ok(m);
-	ck_assert(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "op"), "echo"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "op"), "echo"));
 	pl = data_payload(d);
 	ck_assert_uint_eq(pl->nframes, 1);
 	ck_assert_uint_eq(pl->frames[0].len, 3);
@@ -1346,7 +1347,7 @@ START_TEST(bad_over_comm)
 		return;
 	}
 	du_loop_init(&l);
-	ck_assert_int_eq(tw_listen(l.ctx, "tcp://127.0.0.1:0", dec_accept, &s, &s.lis), 0);
+	ck_assert_int_eq(tw_listener_new(l.ctx, "tcp://127.0.0.1:0", dec_accept, &s, &s.lis), 0);
 	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
 	ck_assert_int_eq(du_client_open(&l, s.addr, &cli), 0);
 	echo_ok(cli, 0);

@@ -386,18 +386,20 @@ START_TEST(bad_uris)
 	tu_init(&h);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int ws = strncmp(bad[i], "ws", 2) == 0;
-		int rc = tw_connect(h.ctx, bad[i], count_connect, NULL);
+		int rc = tw_comm_connect(h.ctx, bad[i], count_connect, NULL);
 		/* the path, not the address, is named as the fault */
 		ck_assert_msg(!ws || strstr(tw_context_last_error(h.ctx), "at path / only") != NULL,
 			      "%s: %s", bad[i], tw_context_last_error(h.ctx));
-		int rl = tw_listen(h.ctx, bad[i], noop_accept, NULL, &l);
+		int rl = tw_listener_new(h.ctx, bad[i], noop_accept, NULL, &l);
 		ck_assert_msg(!ws || strstr(tw_context_last_error(h.ctx), "at path / only") != NULL,
 			      "%s: %s", bad[i], tw_context_last_error(h.ctx));
 		ck_assert_msg(rc == TW_EADDR && rl == TW_EADDR, "%s: %d %d", bad[i], rc, rl);
 		ck_assert_ptr_null(l);
 	}
-	ck_assert_int_eq(tw_connect(h.ctx, "foo://127.0.0.1:1", count_connect, NULL), TW_ESCHEME);
-	ck_assert_int_eq(tw_listen(h.ctx, "foo://127.0.0.1:0", noop_accept, NULL, &l), TW_ESCHEME);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, "foo://127.0.0.1:1", count_connect, NULL),
+			 TW_ESCHEME);
+	ck_assert_int_eq(tw_listener_new(h.ctx, "foo://127.0.0.1:0", noop_accept, NULL, &l),
+			 TW_ESCHEME);
 	ck_assert_ptr_null(l);
 	tu_run_for(&h, 100);
 	ck_assert_int_eq(connect_cb_runs, 0); /* a failed call's callback never runs */
@@ -415,7 +417,7 @@ START_TEST(listen_in_use)
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 	tu_init(&h);
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_eq(tw_listen(h.ctx, h.addr, noop_accept, NULL, &l), TW_EADDRINUSE);
+	ck_assert_int_eq(tw_listener_new(h.ctx, h.addr, noop_accept, NULL, &l), TW_EADDRINUSE);
 	ck_assert_ptr_null(l);
 	/* a port held by a plain listening socket */
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -423,7 +425,7 @@ START_TEST(listen_in_use)
 	ck_assert_int_eq(listen(fd, 1), 0);
 	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
 	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
-	ck_assert_int_eq(tw_listen(h.ctx, uri, noop_accept, NULL, &l), TW_EADDRINUSE);
+	ck_assert_int_eq(tw_listener_new(h.ctx, uri, noop_accept, NULL, &l), TW_EADDRINUSE);
 	ck_assert_ptr_null(l);
 	close(fd);
 	tu_fini(&h);
@@ -556,7 +558,7 @@ START_TEST(connect_each_address)
 }
 END_TEST
 
-/* A name whose DNS server never answers: tw_connect returns at once, the
+/* A name whose DNS server never answers: tw_comm_connect returns at once, the
  * loop runs on (a 10 ms ticker keeps ticking), and the connect timeout
  * ends it with TW_ETIMEDOUT (the blocking lookup held the loop for 10 s
  * and then said TW_EADDR). */
@@ -574,7 +576,7 @@ START_TEST(connect_dns_never_answers)
 	tick = event_new(h.base, -1, EV_PERSIST, count_tick, &ticks);
 	event_add(tick, &ten_ms);
 	ck_assert_int_eq(tu_connect_async(&h, "tcp://scheduler.invalid:8786", &p, &err), 0);
-	ck_assert_int_eq(err, 1); /* not from inside tw_connect */
+	ck_assert_int_eq(err, 1); /* not from inside tw_comm_connect */
 	ck_assert(tu_wait_connected(&h, &err, TU_WAIT_MS));
 	ck_assert_int_eq(err, TW_ETIMEDOUT);
 	ck_assert_ptr_null(p);
@@ -654,7 +656,8 @@ START_TEST(connect_failures_own_text)
 	memset(n, 0, sizeof(n));
 	for (int i = 0; i < 4; i++) {
 		n[i].ctx = h.ctx;
-		ck_assert_int_eq(tw_connect(h.ctx, i < 3 ? uris[i] : refused, named_cb, &n[i]), 0);
+		ck_assert_int_eq(tw_comm_connect(h.ctx, i < 3 ? uris[i] : refused, named_cb, &n[i]),
+				 0);
 	}
 	ck_assert(tu_run_until(&h, all_named, n, TU_WAIT_MS));
 	for (int i = 0; i < 3; i++) {

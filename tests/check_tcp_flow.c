@@ -332,11 +332,11 @@ static void thr_start(void *arg)
 	int err;
 	t->loop_tid = pthread_self();
 	on_loop(t);
-	err = tw_listen(t->ctx, "tcp://127.0.0.1:0", thr_accept, t, &t->lis);
+	err = tw_listener_new(t->ctx, "tcp://127.0.0.1:0", thr_accept, t, &t->lis);
 	if (err == 0)
 		err = tw_listener_address(t->lis, addr, sizeof(addr));
 	if (err == 0)
-		err = tw_connect(t->ctx, addr, thr_connected, t);
+		err = tw_comm_connect(t->ctx, addr, thr_connected, t);
 	if (err != 0) {
 		t->err = err;
 		signal_done(t, 1);
@@ -414,7 +414,7 @@ START_TEST(context_free_with_open_comms)
 	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 0)), 0);
 	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, 1)), 0);
 	tu_run_for(&h, 20);
-	ck_assert_int_eq(tw_connect(h.ctx, h.addr, stray_connect, NULL), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, h.addr, stray_connect, NULL), 0);
 	/* the context owns the teardown now */
 	cli->comm = srv->comm = NULL;
 	tw_context_free(h.ctx);

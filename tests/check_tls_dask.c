@@ -71,8 +71,9 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	d = tu_call(&h, p, tu_request("identity", NULL), ECHO_MS);
 	root = tw_decoded_root(d);
 	ck_assert_int_eq(root->type, MSGPACK_OBJECT_MAP);
-	ck_assert_ptr_nonnull(tw_map_get(root, "id"));
-	ck_assert_msg(tw_obj_str_eq(tw_map_get(root, "type"), "Scheduler"), "no type Scheduler");
+	ck_assert_ptr_nonnull(tw_msgpack_map_get(root, "id"));
+	ck_assert_msg(tw_msgpack_str_eq(tw_msgpack_map_get(root, "type"), "Scheduler"),
+		      "no type Scheduler");
 	tw_decoded_free(d);
 	ck_assert_int_eq(tw_block_new(size, &data), 0);
 	ts_fill(tw_block_data(data), size, 77);

@@ -277,7 +277,7 @@ START_TEST(silent_server)
 }
 END_TEST
 
-/* 1 when `name` resolves (first answer, as tw_connect takes it) to
+/* 1 when `name` resolves (first answer, as tw_comm_connect takes it) to
  * 127.0.0.1. */
 static int resolves_to_loopback(const char *name)
 {
@@ -421,16 +421,18 @@ START_TEST(tls_without_config)
 	tw_tls_config *ca_only;
 	tw_listener *l = NULL;
 	ck_assert_int_eq(tw_context_new(base, &ctx), 0);
-	ck_assert_int_eq(tw_listen(ctx, "tls://127.0.0.1:0", never_accept, NULL, &l), TW_EINVAL);
+	ck_assert_int_eq(tw_listener_new(ctx, "tls://127.0.0.1:0", never_accept, NULL, &l),
+			 TW_EINVAL);
 	ck_assert_ptr_null(l);
-	ck_assert_int_eq(tw_connect(ctx, "tls://127.0.0.1:9", never_connect, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_comm_connect(ctx, "tls://127.0.0.1:9", never_connect, NULL), TW_EINVAL);
 	ca_only = tt_config("ca.pem", NULL, NULL);
 	ck_assert_int_eq(tw_context_set_tls(ctx, ca_only), 0);
 	tw_tls_config_free(ca_only);
-	ck_assert_int_eq(tw_listen(ctx, "tls://127.0.0.1:0", never_accept, NULL, &l), TW_EINVAL);
+	ck_assert_int_eq(tw_listener_new(ctx, "tls://127.0.0.1:0", never_accept, NULL, &l),
+			 TW_EINVAL);
 	ck_assert_ptr_null(l);
 	ck_assert_int_eq(tw_context_set_tls(ctx, NULL), 0);
-	ck_assert_int_eq(tw_connect(ctx, "tls://127.0.0.1:9", never_connect, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_comm_connect(ctx, "tls://127.0.0.1:9", never_connect, NULL), TW_EINVAL);
 	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(ctx, 0), TW_EINVAL);
 	ck_assert_int_eq(tw_tls_config_new(NULL), TW_EINVAL);
 	ck_assert_int_eq(tw_tls_config_set_ca_file(NULL, "x"), TW_EINVAL);
@@ -469,7 +471,7 @@ START_TEST(config_replaced_while_running)
 	p->keep = 1;
 	tt_canary(p, 2);
 	/* a connect in flight when the configuration goes away */
-	ck_assert_int_eq(tw_connect(h.ctx, h.addr, store_connect, &err), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, h.addr, store_connect, &err), 0);
 	ck_assert_int_eq(tw_context_set_tls(h.ctx, NULL), 0);
 	ck_assert(tu_run_until(&h, connect_finished, &err, TU_WAIT_MS));
 	ck_assert_msg(err == TW_EINVAL, "got %s", tw_strerror(err));

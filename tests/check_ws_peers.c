@@ -295,9 +295,10 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	p = tt_peer(&h, c);
 	p->keep = 1;
 	d = tu_call(&h, p, tu_request("identity", NULL), RUN_MS);
-	ck_assert_msg(tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "type"), "Scheduler"),
-		      "no type Scheduler");
-	ck_assert_ptr_nonnull(tw_map_get(tw_decoded_root(d), "id"));
+	ck_assert_msg(
+		tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "type"), "Scheduler"),
+		"no type Scheduler");
+	ck_assert_ptr_nonnull(tw_msgpack_map_get(tw_decoded_root(d), "id"));
 	tw_decoded_free(d);
 	ck_assert_int_eq(tw_block_new(70 * MiB + 8, &data), 0);
 	ts_fill(tw_block_data(data), 70 * MiB + 8, 5);
@@ -353,7 +354,7 @@ static void decode_hook(struct tu_peer *p, tw_msg *m)
 	after = wu_stats();
 	ck_assert_msg(rv == 0, "decode: %s: %s", tw_strerror(rv), why);
 	b->msgs++;
-	pl = tw_decoded_payload(d, tw_map_get(tw_decoded_root(d), "data"));
+	pl = tw_decoded_payload(d, tw_msgpack_map_get(tw_decoded_root(d), "data"));
 	ck_assert_ptr_nonnull(pl);
 	if (pl->nframes == 1 && pl->frames[0].len == 70 * MiB) {
 		b->zero_copy = after.merges_zero_copy - before.merges_zero_copy;

@@ -111,7 +111,7 @@ int du_client_open(struct du_loop *l, const char *uri, struct du_client **out)
 	ck_assert_ptr_nonnull(c);
 	c->loop = l;
 	*out = c;
-	if ((rv = tw_connect(l->ctx, uri, on_connect, c)) != 0)
+	if ((rv = tw_comm_connect(l->ctx, uri, on_connect, c)) != 0)
 		return rv;
 	if (!du_wait_flag(l, &c->done, DU_WAIT_MS))
 		return TW_ETIMEDOUT;

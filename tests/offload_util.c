@@ -205,7 +205,8 @@ static int payload_matches(const tw_slice *f, uint64_t seq)
 static void check_message(const tw_decoded *d, struct ox_got *g)
 {
 	const msgpack_object *root = tw_decoded_root(d);
-	const msgpack_object *seq = tw_map_get(root, "seq"), *data = tw_map_get(root, "data");
+	const msgpack_object *seq = tw_msgpack_map_get(root, "seq"),
+			     *data = tw_msgpack_map_get(root, "data");
 	const tw_payload *p = data != NULL ? tw_decoded_payload(d, data) : NULL;
 	if (seq == NULL || seq->type != MSGPACK_OBJECT_POSITIVE_INTEGER || p == NULL ||
 	    p->nframes != 1)
@@ -519,11 +520,11 @@ static void thr_listen(struct ox_thr *t, void *arg)
 	size_t n = *(size_t *)arg;
 	char addr[128];
 	t->loop = pthread_self();
-	t->err = tw_listen(t->ctx, "tcp://127.0.0.1:0", thr_accept, t, &t->lis);
+	t->err = tw_listener_new(t->ctx, "tcp://127.0.0.1:0", thr_accept, t, &t->lis);
 	if (t->err == 0)
 		t->err = tw_listener_address(t->lis, addr, sizeof(addr));
 	for (size_t i = 0; i < n && t->err == 0; i++)
-		t->err = tw_connect(t->ctx, addr, thr_connected, t);
+		t->err = tw_comm_connect(t->ctx, addr, thr_connected, t);
 }
 
 static void thr_count(struct ox_thr *t, void *arg)

@@ -177,7 +177,7 @@ void rc_assert_str(const struct rc *rc, const char *s)
 	const msgpack_object *o;
 	ck_assert_msg(rc->done && rc->err == 0, "call: %s", tw_strerror(rc->err));
 	o = tw_decoded_root(rc->reply);
-	ck_assert_msg(tw_obj_str_eq(o, s), "reply is not \"%s\" (type %d)", s, (int)o->type);
+	ck_assert_msg(tw_msgpack_str_eq(o, s), "reply is not \"%s\" (type %d)", s, (int)o->type);
 }
 
 void rc_assert_why(const struct rc *rc, const char *part)
@@ -335,7 +335,7 @@ static void stream_item(tw_comm *comm, const tw_decoded *d, const msgpack_object
 {
 	struct rs *s = arg;
 	const msgpack_object *root = tw_decoded_root(d);
-	const msgpack_object *i = tw_map_get(m, "i");
+	const msgpack_object *i = tw_msgpack_map_get(m, "i");
 	char name[32];
 	ck_assert_ptr_nonnull(comm);
 	if (m == root || (root->type == MSGPACK_OBJECT_ARRAY && m == &root->via.array.ptr[0])) {
@@ -344,7 +344,8 @@ static void stream_item(tw_comm *comm, const tw_decoded *d, const msgpack_object
 	}
 	snprintf(name, sizeof(name), "m%lld", (long long)s->next_item);
 	if (i == NULL || i->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
-	    i->via.u64 != (uint64_t)s->next_item || !tw_obj_str_eq(tw_map_get(m, "name"), name))
+	    i->via.u64 != (uint64_t)s->next_item ||
+	    !tw_msgpack_str_eq(tw_msgpack_map_get(m, "name"), name))
 		s->item_errors++;
 	s->next_item++;
 	s->items++;
@@ -494,7 +495,7 @@ int rw_open(struct tu *h, tw_context *ctx, const char *uri, struct rw *w)
 {
 	memset(w, 0, sizeof(*w));
 	w->h = h;
-	ck_assert_int_eq(tw_connect(ctx, uri, rw_connected, w), 0);
+	ck_assert_int_eq(tw_comm_connect(ctx, uri, rw_connected, w), 0);
 	ck_assert_msg(tu_wait_flag(h, &w->done, TU_WAIT_MS), "connect to %s hung", uri);
 	return w->err;
 }

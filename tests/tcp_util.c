@@ -272,7 +272,7 @@ int tu_tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, t
 {
 	char buf[256];
 	int saved = tu_ns_enter();
-	int rv = tw_listen(ctx, tu_uri_host(uri, buf, sizeof(buf)), cb, arg, out);
+	int rv = tw_listener_new(ctx, tu_uri_host(uri, buf, sizeof(buf)), cb, arg, out);
 	tu_ns_leave(saved);
 	return rv;
 }
@@ -323,7 +323,7 @@ int tu_connect_async(struct tu *h, const char *uri, struct tu_peer **out, int *e
 	*w = (struct connect_wait){h, out, err};
 	*out = NULL;
 	*err = 1;
-	if ((rv = tw_connect(h->ctx, uri, on_connected, w)) != 0)
+	if ((rv = tw_comm_connect(h->ctx, uri, on_connected, w)) != 0)
 		free(w);
 	return rv;
 }
@@ -404,10 +404,10 @@ tw_msg *tu_request(const char *op, const tw_slice *data)
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, data ? 2 : 1);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, op);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, op);
 	if (data != NULL) {
-		tw_pack_str(pk, "data");
+		tw_msgpack_pack_str(pk, "data");
 		ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
 	}
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);

@@ -73,7 +73,7 @@ void tu_init(struct tu *h);
 void tu_fini(struct tu *h);
 
 /* Listen on uri (e.g. "tcp://127.0.0.1:0"); h->addr gets the bound
- * address. Returns the tw_listen code. */
+ * address. Returns the tw_listener_new code. */
 int tu_listen(struct tu *h, const char *uri);
 
 /* Realistic networks (tests/netns-check.sh): loopback's 64 KiB MTU hides
@@ -91,7 +91,7 @@ const char *tu_uri_host(const char *uri, char *buf, size_t len);
  * there is none). Asserts on failure. */
 int tu_ns_enter(void);
 void tu_ns_leave(int saved);
-/* tw_listen on tu_uri_host(uri), in the listening namespace. */
+/* tw_listener_new on tu_uri_host(uri), in the listening namespace. */
 int tu_tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out);
 
 /* Drive the loop until pred(arg) is true (returns 1) or ms pass with no
@@ -111,7 +111,7 @@ void tu_peer_free(struct tu_peer *p);
 int tu_peer_start(struct tu_peer *p, tw_comm *c); /* set callbacks */
 
 /* Connect a client peer to uri and wait for the result. Returns the err of
- * the connect callback (or of tw_connect); on 0 *out is the started
+ * the connect callback (or of tw_comm_connect); on 0 *out is the started
  * peer. */
 int tu_connect(struct tu *h, const char *uri, struct tu_peer **out);
 /* Start a connect whose callback starts a peer into *out when it succeeds

@@ -165,7 +165,7 @@ static int connect_done(void *arg)
 
 static int connect_wait(struct conn_wait *w, const char *uri, char *why, size_t why_len)
 {
-	int rv = tw_connect(w->ctx, uri, on_connected, w);
+	int rv = tw_comm_connect(w->ctx, uri, on_connected, w);
 	if (rv != 0)
 		return rv;
 	ck_assert_msg(tu_run_until(w->h, connect_done, w, TU_WAIT_MS), "connect hung");

@@ -93,9 +93,9 @@ static void report_key(struct client *cl, const char *op, const char *name, size
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_map(&pk, 2);
-	tw_pack_str(&pk, "op");
-	tw_pack_str(&pk, op);
-	tw_pack_str(&pk, "key");
+	tw_msgpack_pack_str(&pk, "op");
+	tw_msgpack_pack_str(&pk, op);
+	tw_msgpack_pack_str(&pk, "key");
 	pack_key_name(&pk, name, len);
 	stream_send(cl->out, &sb);
 	msgpack_sbuffer_destroy(&sb);
@@ -135,13 +135,13 @@ static void free_flush(const char *stimulus)
 		msgpack_sbuffer_init(&sb);
 		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 		msgpack_pack_map(&pk, 3);
-		tw_pack_str(&pk, "op");
-		tw_pack_str(&pk, "free-keys");
-		tw_pack_str(&pk, "keys");
+		tw_msgpack_pack_str(&pk, "op");
+		tw_msgpack_pack_str(&pk, "free-keys");
+		tw_msgpack_pack_str(&pk, "keys");
 		msgpack_pack_array(&pk, f->n);
 		msgpack_sbuffer_write(&sb, f->names.data, f->names.size);
-		tw_pack_str(&pk, "stimulus_id");
-		tw_pack_str(&pk, id);
+		tw_msgpack_pack_str(&pk, "stimulus_id");
+		tw_msgpack_pack_str(&pk, id);
 		stream_send(w->out, &sb);
 		msgpack_sbuffer_destroy(&sb);
 		msgpack_sbuffer_destroy(&f->names);
@@ -262,8 +262,8 @@ void op_register_client(tw_request *r, void *arg)
 	pk = reply_packer(r);
 	msgpack_pack_array(pk, 1);
 	msgpack_pack_map(pk, 1);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "stream-start");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "stream-start");
 	reply_send(r);
 }
 
@@ -288,7 +288,7 @@ static void want_keys(struct client *cl, const msgpack_object *keys)
 
 void client_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg)
 {
-	const msgpack_object *op = tw_map_get(msg, "op");
+	const msgpack_object *op = tw_msgpack_map_get(msg, "op");
 	struct client *cl = S.clients;
 	(void)d;
 	(void)arg;
@@ -296,18 +296,18 @@ void client_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *
 		cl = cl->next;
 	if (cl == NULL)
 		return;
-	if (tw_obj_str_eq(op, "client-releases-keys")) {
-		release_keys(cl, tw_map_get(msg, "keys"));
-	} else if (tw_obj_str_eq(op, "report-key")) {
+	if (tw_msgpack_str_eq(op, "client-releases-keys")) {
+		release_keys(cl, tw_msgpack_map_get(msg, "keys"));
+	} else if (tw_msgpack_str_eq(op, "report-key")) {
 		/* Dask's report_on_key: a key in memory, or one the scheduler
 		 * does not know (lost with its worker): cancelled. */
 		const char *s;
 		size_t n;
-		if (obj_str(tw_map_get(msg, "key"), &s, &n) == 0)
+		if (obj_str(tw_msgpack_map_get(msg, "key"), &s, &n) == 0)
 			report_key(cl, table_get(&S.keys, s, n) ? "key-in-memory" : "cancelled-key",
 				   s, n);
-	} else if (tw_obj_str_eq(op, "client-desires-keys")) {
-		want_keys(cl, tw_map_get(msg, "keys"));
+	} else if (tw_msgpack_str_eq(op, "client-desires-keys")) {
+		want_keys(cl, tw_msgpack_map_get(msg, "keys"));
 	}
 	/* heartbeat-client, close-client: skipped (the stream's end
 	 * removes the client). */
@@ -362,7 +362,8 @@ static void on_update_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 	struct scatter_part *part = arg;
 	struct scatter_op *op = part->op;
 	struct worker *w = worker_find(part->address, strlen(part->address));
-	const msgpack_object *nbytes = reply ? tw_map_get(tw_decoded_root(reply), "nbytes") : NULL;
+	const msgpack_object *nbytes =
+		reply ? tw_msgpack_map_get(tw_decoded_root(reply), "nbytes") : NULL;
 	struct client *cl = S.clients;
 	const char *why = err ? tw_call_error(call) : NULL;
 	if (err == 0 && (w == NULL || nbytes == NULL || nbytes->type != MSGPACK_OBJECT_MAP)) {
@@ -405,13 +406,13 @@ static tw_builder *update_data_begin(uint32_t n)
 	tw_builder *b = builder_new();
 	msgpack_packer *pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 4);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "update_data");
-	tw_pack_str(pk, "report");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "update_data");
+	tw_msgpack_pack_str(pk, "report");
 	msgpack_pack_false(pk);
-	tw_pack_str(pk, "reply");
+	tw_msgpack_pack_str(pk, "reply");
 	msgpack_pack_true(pk);
-	tw_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_map(pk, n);
 	return b;
 }
@@ -610,7 +611,7 @@ static void add_missing(struct gather_op *op, const msgpack_object *key, const c
 	msgpack_pack_object(&pk, *key);
 	msgpack_pack_array(&pk, addr ? 1 : 0);
 	if (addr)
-		tw_pack_str(&pk, addr);
+		tw_msgpack_pack_str(&pk, addr);
 	op->nmissing++;
 }
 
@@ -619,21 +620,21 @@ static void gather_done(struct gather_op *op)
 	tw_builder *b = reply_builder(op->r);
 	msgpack_packer *pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 2);
-	tw_pack_str(pk, "status");
+	tw_msgpack_pack_str(pk, "status");
 	if (op->nmissing > 0) {
 		/* Dask: {"status": "error", "keys": missing}; the client then
 		 * asks report-key and learns they are lost (cancelled-key). */
-		tw_pack_str(pk, "error");
-		tw_pack_str(pk, "keys");
+		tw_msgpack_pack_str(pk, "error");
+		tw_msgpack_pack_str(pk, "keys");
 		msgpack_pack_map(pk, op->nmissing);
 		pk->callback(pk->data, op->missing.data, op->missing.size);
 	} else {
-		tw_pack_str(pk, "OK");
-		tw_pack_str(pk, "data");
+		tw_msgpack_pack_str(pk, "OK");
+		tw_msgpack_pack_str(pk, "data");
 		msgpack_pack_map(pk, op->ndata);
 		for (size_t i = 0; i < op->nreplies; i++) {
 			const msgpack_object *data =
-				tw_map_get(tw_decoded_root(op->replies[i]), "data");
+				tw_msgpack_map_get(tw_decoded_root(op->replies[i]), "data");
 			for (uint32_t j = 0; j < data->via.map.size; j++) {
 				msgpack_pack_object(pk, data->via.map.ptr[j].key);
 				if (tw_builder_pack_object(b, op->replies[i],
@@ -700,10 +701,10 @@ static void on_get_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 	struct gather_part *part = arg;
 	struct gather_op *op = part->op;
 	const msgpack_object *root = reply ? tw_decoded_root(reply) : NULL;
-	const msgpack_object *data = tw_map_get(root, "data");
+	const msgpack_object *data = tw_msgpack_map_get(root, "data");
 	if (err != 0)
 		say("gather: %s\n", tw_call_error(call));
-	else if (!tw_obj_str_eq(tw_map_get(root, "status"), "OK") || data == NULL ||
+	else if (!tw_msgpack_str_eq(tw_msgpack_map_get(root, "status"), "OK") || data == NULL ||
 		 data->type != MSGPACK_OBJECT_MAP)
 		say("gather: %s: get_data replied without status OK and data\n", part->address);
 	if (err != 0 || data == NULL || data->type != MSGPACK_OBJECT_MAP)
@@ -725,16 +726,16 @@ static tw_msg *get_data_request(const struct gather_part *part)
 	tw_builder *b = builder_new();
 	msgpack_packer *pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 5);
-	tw_pack_str(pk, "op");
-	tw_pack_str(pk, "get_data");
-	tw_pack_str(pk, "keys");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "get_data");
+	tw_msgpack_pack_str(pk, "keys");
 	msgpack_pack_array(pk, part->nkeys);
 	pk->callback(pk->data, part->keys.data, part->keys.size);
-	tw_pack_str(pk, "who");
+	tw_msgpack_pack_str(pk, "who");
 	msgpack_pack_nil(pk);
-	tw_pack_str(pk, "max_connections");
+	tw_msgpack_pack_str(pk, "max_connections");
 	msgpack_pack_false(pk);
-	tw_pack_str(pk, "reply");
+	tw_msgpack_pack_str(pk, "reply");
 	msgpack_pack_true(pk);
 	return builder_done(b);
 }
@@ -811,7 +812,7 @@ static void pack_who(msgpack_packer *pk, const struct key *k)
 {
 	msgpack_pack_array(pk, k ? k->nwho : 0);
 	for (uint32_t i = 0; k && i < k->nwho; i++)
-		tw_pack_str(pk, k->who[i]->address);
+		tw_msgpack_pack_str(pk, k->who[i]->address);
 }
 
 static int pack_each_key(void *val, void *arg)
@@ -863,7 +864,7 @@ void op_ncores(tw_request *r, void *arg)
 				n++;
 				continue;
 			}
-			tw_pack_str(pk, w->address);
+			tw_msgpack_pack_str(pk, w->address);
 			msgpack_pack_int64(pk, w->nthreads);
 		}
 	}

@@ -38,11 +38,11 @@ struct worker *worker_find(const char *addr, size_t len)
  * address when it has no name). */
 static void pack_name(msgpack_sbuffer *sb, const msgpack_object *req)
 {
-	const msgpack_object *name = tw_map_get(req, "name");
+	const msgpack_object *name = tw_msgpack_map_get(req, "name");
 	msgpack_packer pk;
 	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
 	if (name == NULL || name->type == MSGPACK_OBJECT_NIL)
-		name = tw_map_get(req, "address");
+		name = tw_msgpack_map_get(req, "address");
 	msgpack_pack_object(&pk, *name);
 }
 
@@ -77,14 +77,14 @@ int worker_is(const struct worker *w, const msgpack_object *o)
 static void pack_status_reply(msgpack_packer *pk, int with_plugins)
 {
 	msgpack_pack_map(pk, with_plugins ? 4 : 3);
-	tw_pack_str(pk, "status");
-	tw_pack_str(pk, "OK");
-	tw_pack_str(pk, "time");
+	tw_msgpack_pack_str(pk, "status");
+	tw_msgpack_pack_str(pk, "OK");
+	tw_msgpack_pack_str(pk, "time");
 	msgpack_pack_double(pk, now_wall());
-	tw_pack_str(pk, "heartbeat-interval");
+	tw_msgpack_pack_str(pk, "heartbeat-interval");
 	msgpack_pack_double(pk, heartbeat_interval(S.nworkers));
 	if (with_plugins) {
-		tw_pack_str(pk, "worker-plugins");
+		tw_msgpack_pack_str(pk, "worker-plugins");
 		msgpack_pack_map(pk, 0);
 	}
 }
@@ -96,11 +96,11 @@ static void refuse_worker(tw_request *r, tw_comm *comm, const char *text)
 	msgpack_packer *pk = reply_packer(r);
 	say("register-worker refused: %s\n", text);
 	msgpack_pack_map(pk, 3);
-	tw_pack_str(pk, "status");
-	tw_pack_str(pk, "error");
-	tw_pack_str(pk, "message");
-	tw_pack_str(pk, text);
-	tw_pack_str(pk, "time");
+	tw_msgpack_pack_str(pk, "status");
+	tw_msgpack_pack_str(pk, "error");
+	tw_msgpack_pack_str(pk, "message");
+	tw_msgpack_pack_str(pk, text);
+	tw_msgpack_pack_str(pk, "time");
 	msgpack_pack_double(pk, now_wall());
 	reply_send(r);
 	tw_comm_close(comm);
@@ -124,14 +124,14 @@ static void keep_ident(struct worker *w, const msgpack_object *req)
 {
 	static const char *const keys[] = {"name",         "resources", "local_directory",
 					   "memory_limit", "services",  "nanny"};
-	const msgpack_object *extra = tw_map_get(req, "extra");
+	const msgpack_object *extra = tw_msgpack_map_get(req, "extra");
 	msgpack_packer pk;
 	msgpack_sbuffer_init(&w->ident);
 	msgpack_sbuffer_init(&w->metrics);
 	msgpack_packer_init(&pk, &w->ident, msgpack_sbuffer_write);
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-		const msgpack_object *o = tw_map_get(req, keys[i]);
-		tw_pack_str(&pk, keys[i]);
+		const msgpack_object *o = tw_msgpack_map_get(req, keys[i]);
+		tw_msgpack_pack_str(&pk, keys[i]);
 		if (i == 0)
 			pack_name(&w->ident, req); /* keys[0]: "name" */
 		else if (o != NULL)
@@ -147,7 +147,7 @@ static void keep_ident(struct worker *w, const msgpack_object *req)
 		msgpack_pack_object(&pk, extra->via.map.ptr[i].val);
 		w->nident++;
 	}
-	if ((extra = tw_map_get(req, "metrics")) != NULL) {
+	if ((extra = tw_msgpack_map_get(req, "metrics")) != NULL) {
 		msgpack_packer_init(&pk, &w->metrics, msgpack_sbuffer_write);
 		msgpack_pack_object(&pk, *extra);
 	}
@@ -166,7 +166,7 @@ static int name_taken(const msgpack_object *req, char *text, size_t len)
 		taken = name_is(w, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 	if (taken) {
-		obj_str(tw_map_get(req, "name"), &s, &n);
+		obj_str(tw_msgpack_map_get(req, "name"), &s, &n);
 		snprintf(text, len, "name taken, %.*s", (int)(n > 200 ? 200 : n), s);
 	}
 	return taken;
@@ -178,8 +178,8 @@ static int name_taken(const msgpack_object *req, char *text, size_t len)
 void op_register_worker(tw_request *r, void *arg)
 {
 	const msgpack_object *req = tw_decoded_root(tw_request_decoded(r));
-	const msgpack_object *nthreads = tw_map_get(req, "nthreads");
-	const msgpack_object *nbytes = tw_map_get(req, "nbytes");
+	const msgpack_object *nthreads = tw_msgpack_map_get(req, "nthreads");
+	const msgpack_object *nbytes = tw_msgpack_map_get(req, "nbytes");
 	const char *addr, *status = "running";
 	size_t alen, slen = 7;
 	struct worker *w, **tail;
@@ -190,7 +190,7 @@ void op_register_worker(tw_request *r, void *arg)
 		reply_send(r);
 		return;
 	}
-	if (obj_str(tw_map_get(req, "address"), &addr, &alen) != 0 || alen >= 256 ||
+	if (obj_str(tw_msgpack_map_get(req, "address"), &addr, &alen) != 0 || alen >= 256 ||
 	    nthreads == NULL || nthreads->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
 		refuse_worker(r, comm, "register-worker needs address and nthreads");
 		return;
@@ -212,7 +212,7 @@ void op_register_worker(tw_request *r, void *arg)
 		refuse_worker(r, comm, text);
 		return;
 	}
-	obj_str(tw_map_get(req, "status"), &status, &slen);
+	obj_str(tw_msgpack_map_get(req, "status"), &status, &slen);
 	if ((w = calloc(1, sizeof(*w))) == NULL || (w->address = strndup(addr, alen)) == NULL ||
 	    tw_batched_new(comm, 5, &w->out) != 0 || /* Dask: BatchedSend(interval="5ms") */
 	    tw_comm_watch_end(comm, on_worker_end, w, &w->watch) != 0) {
@@ -247,8 +247,8 @@ void op_heartbeat_worker(tw_request *r, void *arg)
 	if (w == NULL) {
 		/* The worker then shuts down, as with Dask. */
 		msgpack_pack_map(pk, 1);
-		tw_pack_str(pk, "status");
-		tw_pack_str(pk, "missing");
+		tw_msgpack_pack_str(pk, "status");
+		tw_msgpack_pack_str(pk, "missing");
 	} else {
 		w->last_seen = now_mono();
 		if (metrics != NULL) { /* for identity */
@@ -272,7 +272,7 @@ void op_unregister(tw_request *r, void *arg)
 		w = worker_find(addr, alen);
 	if (w != NULL)
 		worker_remove(w, TW_ECLOSED, "it unregistered");
-	tw_pack_str(reply_packer(r), "OK");
+	tw_msgpack_pack_str(reply_packer(r), "OK");
 	reply_send(r);
 }
 
@@ -280,7 +280,7 @@ void op_unregister(tw_request *r, void *arg)
  * log-event and the task ops are skipped (no handler). */
 void worker_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg)
 {
-	const msgpack_object *op = tw_map_get(msg, "op");
+	const msgpack_object *op = tw_msgpack_map_get(msg, "op");
 	struct worker *w = S.workers;
 	const char *s;
 	size_t n;
@@ -290,11 +290,11 @@ void worker_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *
 		w = w->next;
 	if (w == NULL)
 		return;
-	if (tw_obj_str_eq(op, "worker-status-change")) {
-		if (obj_str(tw_map_get(msg, "status"), &s, &n) == 0)
+	if (tw_msgpack_str_eq(op, "worker-status-change")) {
+		if (obj_str(tw_msgpack_map_get(msg, "status"), &s, &n) == 0)
 			snprintf(w->status, sizeof(w->status), "%.*s", (int)n, s);
-	} else if (tw_obj_str_eq(op, "add-keys")) {
-		const msgpack_object *keys = tw_map_get(msg, "keys");
+	} else if (tw_msgpack_str_eq(op, "add-keys")) {
+		const msgpack_object *keys = tw_msgpack_map_get(msg, "keys");
 		if (keys != NULL && keys->type == MSGPACK_OBJECT_ARRAY)
 			for (uint32_t i = 0; i < keys->via.array.size; i++)
 				if (obj_str(&keys->via.array.ptr[i], &s, &n) == 0)
@@ -353,24 +353,24 @@ static void pack_worker_identity(msgpack_packer *pk, const struct worker *w)
 	if (*host == '[' && end > host + 1 && end[-1] == ']') /* [::1]:port */
 		host++, end--;
 	msgpack_pack_map(pk, 7 + w->nident);
-	tw_pack_str(pk, "type");
-	tw_pack_str(pk, "Worker");
-	tw_pack_str(pk, "id");
+	tw_msgpack_pack_str(pk, "type");
+	tw_msgpack_pack_str(pk, "Worker");
+	tw_msgpack_pack_str(pk, "id");
 	/* the name's value: the first pair kept, after its key "name" */
 	pk->callback(pk->data, w->ident.data + 5, w->name_end - 5);
-	tw_pack_str(pk, "host");
+	tw_msgpack_pack_str(pk, "host");
 	pack_strn(pk, host, (size_t)(end - host));
-	tw_pack_str(pk, "nthreads");
+	tw_msgpack_pack_str(pk, "nthreads");
 	msgpack_pack_int64(pk, w->nthreads);
-	tw_pack_str(pk, "last_seen");
+	tw_msgpack_pack_str(pk, "last_seen");
 	msgpack_pack_double(pk, now_wall() - (now_mono() - w->last_seen));
-	tw_pack_str(pk, "metrics");
+	tw_msgpack_pack_str(pk, "metrics");
 	if (w->metrics.size > 0)
 		pk->callback(pk->data, w->metrics.data, w->metrics.size);
 	else
 		msgpack_pack_nil(pk);
-	tw_pack_str(pk, "status");
-	tw_pack_str(pk, w->status);
+	tw_msgpack_pack_str(pk, "status");
+	tw_msgpack_pack_str(pk, w->status);
 	pk->callback(pk->data, w->ident.data, w->ident.size);
 }
 
@@ -382,20 +382,20 @@ void op_identity(tw_request *r, void *arg)
 	(void)arg;
 	snprintf(id, sizeof(id), "tw-mini-scheduler-%ld", (long)getpid());
 	msgpack_pack_map(pk, 6);
-	tw_pack_str(pk, "type");
-	tw_pack_str(pk, "Scheduler");
-	tw_pack_str(pk, "id");
-	tw_pack_str(pk, id);
-	tw_pack_str(pk, "address");
-	tw_pack_str(pk, S.address);
-	tw_pack_str(pk, "services");
+	tw_msgpack_pack_str(pk, "type");
+	tw_msgpack_pack_str(pk, "Scheduler");
+	tw_msgpack_pack_str(pk, "id");
+	tw_msgpack_pack_str(pk, id);
+	tw_msgpack_pack_str(pk, "address");
+	tw_msgpack_pack_str(pk, S.address);
+	tw_msgpack_pack_str(pk, "services");
 	msgpack_pack_map(pk, 0);
-	tw_pack_str(pk, "started");
+	tw_msgpack_pack_str(pk, "started");
 	msgpack_pack_double(pk, S.started);
-	tw_pack_str(pk, "workers");
+	tw_msgpack_pack_str(pk, "workers");
 	msgpack_pack_map(pk, (uint32_t)S.nworkers);
 	for (struct worker *w = S.workers; w != NULL; w = w->next) {
-		tw_pack_str(pk, w->address);
+		tw_msgpack_pack_str(pk, w->address);
 		pack_worker_identity(pk, w);
 	}
 	reply_send(r);

@@ -54,7 +54,7 @@ typedef void (*tw_close_cb)(tw_comm *comm, int err, void *arg);
 /* The write queue became empty: every queued message was handed to the
  * kernel. */
 typedef void (*tw_drain_cb)(tw_comm *comm, void *arg);
-/* tw_connect finished: on success err is 0 and comm is the new comm, owned
+/* tw_comm_connect finished: on success err is 0 and comm is the new comm, owned
  * by the application; on failure comm is NULL and err is TW_ECONNREFUSED,
  * TW_ETIMEDOUT (connect, TLS or WebSocket upgrade time), TW_EADDR, TW_EIO,
  * TW_ETLS (the TLS handshake or a certificate check failed), TW_EPROTO (the
@@ -67,18 +67,18 @@ typedef void (*tw_connect_cb)(tw_comm *comm, int err, void *arg);
  * With several loop threads (tw_context_set_loop_threads) it runs on the
  * thread of the loop the comm was handed to (tw_comm_context(comm)), and
  * `l` is that loop's stand-in for the listener: use it for
- * tw_listener_address only, and free the listener you got from tw_listen,
+ * tw_listener_address only, and free the listener you got from tw_listener_new,
  * on loop 0. */
 typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);
 
-/* tw_listen: listen on `uri` (a numeric host, or a name resolved
+/* tw_listener_new: listen on `uri` (a numeric host, or a name resolved
  * synchronously). accept_cb runs for each new comm. A ws:// or wss://
  * URI may name no path but `/` (the only one served, as by Dask's ws
  * listener; an upgrade request for another gets 404). Returns 0 and sets
  * *out, or TW_EADDR (malformed URI, or another path), TW_ESCHEME (unknown
  * scheme), TW_EADDRINUSE, TW_EIO, TW_ENOMEM. */
-int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *arg,
-	      tw_listener **out);
+int tw_listener_new(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *arg,
+		    tw_listener **out);
 /* With several loop threads, a listener accepts on loop 0 and hands each
  * socket to the next loop in turn (round robin, loop 0 included), where
  * its comm is made (its TLS handshake or ws upgrade too) and accept_cb
@@ -116,8 +116,8 @@ int tw_listener_set_error_cb(tw_listener *l, tw_accept_error_cb cb, void *arg);
  * on. Accepts NULL. */
 void tw_listener_free(tw_listener *l);
 
-/* tw_connect: connect to `uri`; cb runs once with the result, on the loop
- * thread, never before tw_connect returns. A host name is resolved
+/* tw_comm_connect: connect to `uri`; cb runs once with the result, on the loop
+ * thread, never before tw_comm_connect returns. A host name is resolved
  * without blocking the loop (tw_context_set_dns_base), and each address it
  * resolves to is tried in turn; one that does not resolve fails the
  * connect with TW_EADDR. The connect, resolving included, fails with
@@ -125,7 +125,7 @@ void tw_listener_free(tw_listener *l);
  * connectors request path `/`, and refuse a URI naming another.
  * Returns 0 (cb will run), or TW_EADDR (malformed URI, or a ws path other
  * than `/`), TW_ESCHEME, TW_ENOMEM (cb never runs). */
-int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg);
+int tw_comm_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg);
 
 /* tw_comm_set_callbacks: set the receive, close and drain callbacks (drain
  * may be NULL) and start reading. Messages that arrived before are kept by
@@ -205,7 +205,7 @@ int tw_comm_set_recv_deadline_ms(tw_comm *comm, uint32_t ms);
  * tw_comm_watch_end see TW_ECANCELED), stop every callback the owner set,
  * and drop the owner's reference: the memory goes with the last reference
  * (tw_comm_release). Queued messages are released at once. Call it once,
- * as the comm's owner (whoever was handed it by tw_connect, tw_listen's
+ * as the comm's owner (whoever was handed it by tw_comm_connect, tw_listener_new's
  * accept callback, or a server that serves it). Accepts NULL. */
 void tw_comm_free(tw_comm *comm);
 

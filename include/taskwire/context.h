@@ -157,7 +157,7 @@ int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
  * have arrived: at bytes / 32 frames it stays within the message limit
  * (at bytes / 8, a message of empty frames could cost 4 times its size). */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
-/* Time a tw_connect may take before it fails with TW_ETIMEDOUT: it covers
+/* Time a tw_comm_connect may take before it fails with TW_ETIMEDOUT: it covers
  * every stage until the comm is usable (resolving, TCP, the TLS handshake,
  * the ws upgrade), each stage also bounded by its own timeout
  * (tw_context_set_tls_handshake_timeout_ms, and the handshake timeout for

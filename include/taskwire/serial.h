@@ -44,10 +44,10 @@ int tw_builder_new(const char *compression, tw_builder **out);
  * builder is freed. */
 msgpack_packer *tw_builder_packer(tw_builder *b);
 
-/* tw_pack_str: pack the NUL-terminated UTF-8 string s as a msgpack str
+/* tw_msgpack_pack_str: pack the NUL-terminated UTF-8 string s as a msgpack str
  * (msgpack-c has no one-call form). Returns msgpack-c's result: 0 or -1
  * when out of memory. */
-int tw_pack_str(msgpack_packer *pk, const char *s);
+int tw_msgpack_pack_str(msgpack_packer *pk, const char *s);
 
 /* tw_builder_pack_bytes: at the packer's current position, pack a
  * placeholder for `data` as raw bytes (serializer "dask", type "bytes";
@@ -141,13 +141,13 @@ int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t
  * NULL. */
 void tw_decoded_free(tw_decoded *d);
 
-/* tw_map_get: the value of str key `key` in map `m`, or NULL when m is not
+/* tw_msgpack_map_get: the value of str key `key` in map `m`, or NULL when m is not
  * a map or has no such key. Of duplicate keys the last counts, as in the
  * dict Python's msgpack unpacks from the same bytes. */
-const msgpack_object *tw_map_get(const msgpack_object *m, const char *key);
+const msgpack_object *tw_msgpack_map_get(const msgpack_object *m, const char *key);
 
-/* tw_obj_str_eq: 1 when o is a str equal to s. */
-int tw_obj_str_eq(const msgpack_object *o, const char *s);
+/* tw_msgpack_str_eq: 1 when o is a str equal to s. */
+int tw_msgpack_str_eq(const msgpack_object *o, const char *s);
 
 #pragma GCC visibility pop
 

@@ -58,7 +58,7 @@ int tw_server_new(tw_context *ctx, tw_server **out);
 int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg);
 
 /* tw_server_listen: listen on uri as well (any transport); the comms it
- * accepts do the handshake, then serve requests. Returns as tw_listen, or
+ * accepts do the handshake, then serve requests. Returns as tw_listener_new, or
  * TW_EINVAL when the context got its loop threads after tw_server_new. */
 int tw_server_listen(tw_server *s, const char *uri);
 

@@ -63,7 +63,7 @@ int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg);
 /* tw_context_set_tls_handshake_timeout_ms: bound on the TLS handshake
  * (default 10,000 ms); a silent or stalled peer is dropped after it. A
  * connecting side's handshake also ends when the connect timeout, counted
- * from tw_connect, runs out (tw_context_set_connect_timeout_ms). */
+ * from tw_comm_connect, runs out (tw_context_set_connect_timeout_ms). */
 int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
 
 #pragma GCC visibility pop

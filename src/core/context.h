@@ -36,7 +36,7 @@ struct tw__limits {
 struct tw__node {
 	struct tw__node *prev, *next;
 	void (*kill)(struct tw__node *n); /* free without callbacks */
-	/* The arg of the tw_connect whose callback this object will run (a
+	/* The arg of the tw_comm_connect whose callback this object will run (a
 	 * connect, a client's TLS handshake or ws upgrade), else NULL:
 	 * tw__connect_cancel finds the stage a connect is in by it. */
 	void *connect_arg;

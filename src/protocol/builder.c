@@ -70,7 +70,7 @@ void tw_builder_free(tw_builder *b)
 	free(b);
 }
 
-int tw_pack_str(msgpack_packer *pk, const char *s)
+int tw_msgpack_pack_str(msgpack_packer *pk, const char *s)
 {
 	size_t n = strlen(s);
 	return msgpack_pack_str(pk, n) == 0 ? msgpack_pack_str_body(pk, s, n) : -1;
@@ -91,19 +91,19 @@ static int need_groups(tw_builder *b)
 static void pack_placeholder(tw_builder *b)
 {
 	msgpack_pack_map(&b->pk, 1);
-	tw_pack_str(&b->pk, "__Serialized__");
+	tw_msgpack_pack_str(&b->pk, "__Serialized__");
 	msgpack_pack_uint64(&b->pk, 1 + ngroup_frames(b));
 }
 
 /* Sub-header keys shared by every group of one frame. */
 static void pack_common(msgpack_packer *pk, const char *codec)
 {
-	tw_pack_str(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 1);
-	tw_pack_str(pk, "compression");
+	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_array(pk, 1);
 	if (codec != NULL)
-		tw_pack_str(pk, codec);
+		tw_msgpack_pack_str(pk, codec);
 	else
 		msgpack_pack_nil(pk);
 }
@@ -135,19 +135,19 @@ int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data)
 	tw__packbuf_init(&sub);
 	tw__packbuf_packer(&sub, &pk);
 	msgpack_pack_map(&pk, 8);
-	tw_pack_str(&pk, "serializer");
-	tw_pack_str(&pk, "dask");
-	tw_pack_str(&pk, "type");
-	tw_pack_str(&pk, "bytes");
-	tw_pack_str(&pk, "type-serialized");
+	tw_msgpack_pack_str(&pk, "serializer");
+	tw_msgpack_pack_str(&pk, "dask");
+	tw_msgpack_pack_str(&pk, "type");
+	tw_msgpack_pack_str(&pk, "bytes");
+	tw_msgpack_pack_str(&pk, "type-serialized");
 	msgpack_pack_bin(&pk, sizeof(bytes_type_pickle));
 	msgpack_pack_bin_body(&pk, bytes_type_pickle, sizeof(bytes_type_pickle));
-	tw_pack_str(&pk, "sub-header");
+	tw_msgpack_pack_str(&pk, "sub-header");
 	msgpack_pack_map(&pk, 0);
-	tw_pack_str(&pk, "split-num-sub-frames");
+	tw_msgpack_pack_str(&pk, "split-num-sub-frames");
 	msgpack_pack_array(&pk, 1);
 	msgpack_pack_uint8(&pk, 1);
-	tw_pack_str(&pk, "split-offsets");
+	tw_msgpack_pack_str(&pk, "split-offsets");
 	msgpack_pack_array(&pk, 1);
 	msgpack_pack_uint8(&pk, 0);
 	pack_common(&pk, codec);
@@ -173,8 +173,8 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len)
 	tw__packbuf_init(&sub);
 	tw__packbuf_packer(&sub, &pk);
 	msgpack_pack_map(&pk, 3);
-	tw_pack_str(&pk, "serializer");
-	tw_pack_str(&pk, "msgpack");
+	tw_msgpack_pack_str(&pk, "serializer");
+	tw_msgpack_pack_str(&pk, "msgpack");
 	pack_common(&pk, NULL);
 	pack_placeholder(b);
 	rv = append_group(b, &sub, &(tw_slice){blk, 0, len});
@@ -230,9 +230,9 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 		msgpack_pack_object(&pk, h->via.map.ptr[i].key);
 		msgpack_pack_object(&pk, h->via.map.ptr[i].val);
 	}
-	tw_pack_str(&pk, "num-sub-frames");
+	tw_msgpack_pack_str(&pk, "num-sub-frames");
 	msgpack_pack_uint64(&pk, p->nframes);
-	tw_pack_str(&pk, "compression");
+	tw_msgpack_pack_str(&pk, "compression");
 	msgpack_pack_array(&pk, p->nframes);
 	for (size_t i = 0; i < p->nframes && rv == 0; i++) {
 		const char *codec;
@@ -243,7 +243,7 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 			break;
 		}
 		if (codec != NULL)
-			tw_pack_str(&pk, codec);
+			tw_msgpack_pack_str(&pk, codec);
 		else
 			msgpack_pack_nil(&pk);
 		rv = tw_msg_append(frames, &f);
@@ -251,18 +251,18 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 			tw_block_free(f.block);
 	}
 	if (serialized) {
-		tw_pack_str(&pk, "split-num-sub-frames");
+		tw_msgpack_pack_str(&pk, "split-num-sub-frames");
 		msgpack_pack_array(&pk, p->nframes);
 		for (size_t i = 0; i < p->nframes; i++)
 			msgpack_pack_uint8(&pk, 1);
-		tw_pack_str(&pk, "split-offsets");
+		tw_msgpack_pack_str(&pk, "split-offsets");
 		msgpack_pack_array(&pk, p->nframes);
 		for (size_t i = 0; i < p->nframes; i++)
 			msgpack_pack_uint64(&pk, i);
 	}
 	if (rv == 0) {
 		msgpack_pack_map(&b->pk, 1);
-		tw_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
+		tw_msgpack_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
 		msgpack_pack_uint64(&b->pk, 1 + ngroup_frames(b));
 		rv = need_groups(b) != 0 ? TW_ENOMEM : tw__packbuf_append(b->groups, &sub);
 	}

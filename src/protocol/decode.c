@@ -109,7 +109,7 @@ static int fail(tw_decoded *d, int err, const char *fmt, ...)
 	return err;
 }
 
-const msgpack_object *tw_map_get(const msgpack_object *m, const char *key)
+const msgpack_object *tw_msgpack_map_get(const msgpack_object *m, const char *key)
 {
 	size_t n = strlen(key);
 	if (m == NULL || m->type != MSGPACK_OBJECT_MAP)
@@ -125,7 +125,7 @@ const msgpack_object *tw_map_get(const msgpack_object *m, const char *key)
 	return NULL;
 }
 
-int tw_obj_str_eq(const msgpack_object *o, const char *s)
+int tw_msgpack_str_eq(const msgpack_object *o, const char *s)
 {
 	/* no strlen: most comparisons (keys, op names) fail at once */
 	if (o == NULL || o->type != MSGPACK_OBJECT_STR)
@@ -255,7 +255,7 @@ static int get_uint(const msgpack_object *o, uint64_t *v)
 static int codecs_of(tw_decoded *d, const msgpack_object *sub, uint64_t num, size_t k,
 		     enum tw__codec **out)
 {
-	const msgpack_object *c = tw_map_get(sub, "compression");
+	const msgpack_object *c = tw_msgpack_map_get(sub, "compression");
 	enum tw__codec *codecs = calloc(num ? num : 1, sizeof(*codecs));
 	if (codecs == NULL)
 		return TW_ENOMEM;
@@ -285,8 +285,8 @@ static int codecs_of(tw_decoded *d, const msgpack_object *sub, uint64_t num, siz
 static int build_logical(tw_decoded *d, const msgpack_object *sub, size_t k, uint64_t num,
 			 const enum tw__codec *codecs)
 {
-	const msgpack_object *cnt = tw_map_get(sub, "split-num-sub-frames");
-	const msgpack_object *off = tw_map_get(sub, "split-offsets");
+	const msgpack_object *cnt = tw_msgpack_map_get(sub, "split-num-sub-frames");
+	const msgpack_object *off = tw_msgpack_map_get(sub, "split-offsets");
 	int rv = 0;
 	if (cnt == NULL) {
 		for (uint64_t i = 0; i < num && rv == 0; i++)
@@ -315,7 +315,7 @@ static int build_logical(tw_decoded *d, const msgpack_object *sub, size_t k, uin
 
 static const char *serializer_of(tw_decoded *d, const msgpack_object *sub)
 {
-	const msgpack_object *s = tw_map_get(sub, "serializer");
+	const msgpack_object *s = tw_msgpack_map_get(sub, "serializer");
 	char *copy;
 	if (s == NULL || s->type != MSGPACK_OBJECT_STR ||
 	    (copy = msgpack_zone_malloc(d->zone, s->via.str.size + 1)) == NULL)
@@ -346,7 +346,7 @@ static int load_group(tw_decoded *d, tw_payload *p)
 		return rv;
 	if (sub->type != MSGPACK_OBJECT_MAP)
 		return fail(d, TW_EPROTO, "sub-header %zu is not a map", k);
-	if (get_uint(tw_map_get(sub, "num-sub-frames"), &num) != 0)
+	if (get_uint(tw_msgpack_map_get(sub, "num-sub-frames"), &num) != 0)
 		return fail(d, TW_EPROTO, "sub-header %zu: num-sub-frames missing", k);
 	if (num > nframes - k - 1)
 		return fail(d, TW_EPROTO,
@@ -470,7 +470,7 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	/* parsing the sub-header is work too, as frame 0's is */
 	c->bytes += (uint64_t)tw_msg_frame(c->d->msg, (size_t)k)->len * (FRAME0_WEIGHT - 1);
 	if (unpack_frame(c->d, (size_t)k, &sub) != 0 ||
-	    get_uint(tw_map_get(&sub, "num-sub-frames"), &num) != 0 || num > n - k - 1)
+	    get_uint(tw_msgpack_map_get(&sub, "num-sub-frames"), &num) != 0 || num > n - k - 1)
 		return 0;
 	/* Groups that overlap are refused by tw_decode; counting them here
 	 * would take time quadratic in the frames: stop at the first. */

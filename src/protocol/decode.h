@@ -27,7 +27,7 @@ void *tw__decoded_alloc(tw_decoded *d, size_t size);
  * compared first, so a key of another length costs no loop: the loops
  * that test every key of every payload against a few names
  * (tw__walk_placeholders, the builder's re-packed sub-headers) spent 9%
- * of tw-mini-scheduler's CPU in tw_obj_str_eq on 100,000 small values
+ * of tw-mini-scheduler's CPU in tw_msgpack_str_eq on 100,000 small values
  * (perf, issue 16). */
 static inline int tw__str_is(const msgpack_object *o, const char *s, uint32_t n)
 {

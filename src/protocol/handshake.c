@@ -62,17 +62,17 @@ static int write_info(tw_comm *comm)
 		return TW_ENOMEM;
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 3);
-	tw_pack_str(pk, "compression");
+	tw_msgpack_pack_str(pk, "compression");
 	if (codec != NULL)
-		tw_pack_str(pk, codec);
+		tw_msgpack_pack_str(pk, codec);
 	else
 		msgpack_pack_nil(pk);
-	tw_pack_str(pk, "python");
+	tw_msgpack_pack_str(pk, "python");
 	msgpack_pack_array(pk, 3);
 	msgpack_pack_uint8(pk, 3);
 	msgpack_pack_uint8(pk, 11);
 	msgpack_pack_uint8(pk, 2);
-	tw_pack_str(pk, "pickle-protocol");
+	tw_msgpack_pack_str(pk, "pickle-protocol");
 	msgpack_pack_uint8(pk, TW_PICKLE_PROTOCOL);
 	rv = tw_builder_finish(b, &m);
 	tw_builder_free(b);
@@ -119,8 +119,8 @@ static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
 	if (rv != 0)
 		return TW_EPROTO;
 	root = tw_decoded_root(d);
-	c = tw_map_get(root, "compression");
-	p = tw_map_get(root, "pickle-protocol");
+	c = tw_msgpack_map_get(root, "compression");
+	p = tw_msgpack_map_get(root, "pickle-protocol");
 	rv = TW_EPROTO;
 	if (root->type != MSGPACK_OBJECT_MAP)
 		tw__comm_seterr(comm, "handshake: not a map");

@@ -79,11 +79,11 @@ void tw__optable_fini(struct tw__optable *t)
 static int stream_map(const struct tw__optable *t, tw_comm *comm, const tw_decoded *d,
 		      const msgpack_object *m)
 {
-	const msgpack_object *op = tw_map_get(m, "op");
+	const msgpack_object *op = tw_msgpack_map_get(m, "op");
 	const struct tw__op *h;
 	if (op == NULL)
 		return 0;
-	if (tw_obj_str_eq(op, "close-stream"))
+	if (tw_msgpack_str_eq(op, "close-stream"))
 		return 1;
 	if ((h = tw__optable_find(t, op)) != NULL)
 		((tw_stream_fn)h->fn)(comm, d, m, h->arg);

@@ -19,7 +19,7 @@ int tw__walk_placeholders(const msgpack_object *o, tw__holder_fn fn, void *arg, 
 	if (o->type != MSGPACK_OBJECT_MAP)
 		return 0;
 	/* one pass for both keys, each taken at its last occurrence as
-	 * tw_map_get (and Python's dict) would */
+	 * tw_msgpack_map_get (and Python's dict) would */
 	const msgpack_object *vals[2] = {NULL, NULL};
 	for (uint32_t i = 0; i < o->via.map.size; i++) {
 		const msgpack_object *k = &o->via.map.ptr[i].key;

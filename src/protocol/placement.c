@@ -102,9 +102,9 @@ static void read_sub(struct tw__dask_place *p, const tw_msg *msg, uint64_t k)
 		return;
 	if (unpack(msg, (size_t)k, &zone, &sub) != 0)
 		goto done;
-	cnt = tw_map_get(&sub, "split-num-sub-frames");
-	off = tw_map_get(&sub, "split-offsets");
-	comp = tw_map_get(&sub, "compression");
+	cnt = tw_msgpack_map_get(&sub, "split-num-sub-frames");
+	off = tw_msgpack_map_get(&sub, "split-offsets");
+	comp = tw_msgpack_map_get(&sub, "compression");
 	if (cnt == NULL || off == NULL || cnt->type != MSGPACK_OBJECT_ARRAY ||
 	    off->type != MSGPACK_OBJECT_ARRAY || cnt->via.array.size != off->via.array.size)
 		goto done;

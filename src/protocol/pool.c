@@ -327,7 +327,7 @@ const char *tw_call_error(const tw_call *c)
 /* An uncaught-error reply: the remote exception's text, when a str. */
 static void say_remote(tw_call *c, const tw_decoded *reply)
 {
-	const msgpack_object *t = tw_map_get(tw_decoded_root(reply), "exception_text");
+	const msgpack_object *t = tw_msgpack_map_get(tw_decoded_root(reply), "exception_text");
 	if (t != NULL && t->type == MSGPACK_OBJECT_STR)
 		say(c, "%s's handler failed: %.*s", c->dest->uri, (int)t->via.str.size,
 		    t->via.str.ptr);
@@ -337,7 +337,8 @@ static void say_remote(tw_call *c, const tw_decoded *reply)
 
 static int is_error_reply(const tw_decoded *reply)
 {
-	return tw_obj_str_eq(tw_map_get(tw_decoded_root(reply), "status"), "uncaught-error");
+	return tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(reply), "status"),
+				 "uncaught-error");
 }
 
 /* TW_CALL_ACK_OK: "OK" back on the comm after an OK reply, queued before
@@ -347,11 +348,11 @@ static int write_ack(tw_comm *comm, const tw_decoded *reply)
 	tw_builder *b;
 	tw_msg *m;
 	int rv;
-	if (!tw_obj_str_eq(tw_map_get(tw_decoded_root(reply), "status"), "OK"))
+	if (!tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(reply), "status"), "OK"))
 		return 0;
 	if ((rv = tw_builder_new(NULL, &b)) != 0)
 		return rv;
-	if ((rv = tw_pack_str(tw_builder_packer(b), "OK")) == 0)
+	if ((rv = tw_msgpack_pack_str(tw_builder_packer(b), "OK")) == 0)
 		rv = tw_builder_finish(b, &m);
 	tw_builder_free(b);
 	if (rv == 0 && (rv = tw__comm_write_unbudgeted(comm, m)) != 0)
@@ -540,8 +541,8 @@ static int connect_one(struct dest *d)
 	d->open++;
 	d->connecting++;
 	tw__ctx_track(d->pool->ctx, &pc->node, kill_pc);
-	if ((rv = tw_connect(d->pool->ctx, d->uri, on_connect, pc)) != 0) {
-		say_dest(d, "%s", tw_context_last_error(d->pool->ctx)); /* tw_connect's */
+	if ((rv = tw_comm_connect(d->pool->ctx, d->uri, on_connect, pc)) != 0) {
+		say_dest(d, "%s", tw_context_last_error(d->pool->ctx)); /* tw_comm_connect's */
 		tw__ctx_untrack(&pc->node);
 		d->connecting--;
 		drop_comm(pc);

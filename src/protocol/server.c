@@ -69,10 +69,10 @@ static void op_identity(tw_request *r, void *arg)
 	tw_builder *b = tw_request_reply_builder(r);
 	if (b != NULL) {
 		msgpack_pack_map(tw_builder_packer(b), 2);
-		tw_pack_str(tw_builder_packer(b), "type");
-		tw_pack_str(tw_builder_packer(b), "taskwire");
-		tw_pack_str(tw_builder_packer(b), "id");
-		tw_pack_str(tw_builder_packer(b), s->id);
+		tw_msgpack_pack_str(tw_builder_packer(b), "type");
+		tw_msgpack_pack_str(tw_builder_packer(b), "taskwire");
+		tw_msgpack_pack_str(tw_builder_packer(b), "id");
+		tw_msgpack_pack_str(tw_builder_packer(b), s->id);
 	}
 	tw_request_reply(r);
 }
@@ -226,9 +226,9 @@ static int make_request(struct sconn *sc, tw_decoded *d, const msgpack_object *o
 	r->reply = 1;
 	for (uint32_t i = 0; i < root->via.map.size; i++) {
 		const msgpack_object_kv *kv = &root->via.map.ptr[i];
-		if (tw_obj_str_eq(&kv->key, "reply"))
+		if (tw_msgpack_str_eq(&kv->key, "reply"))
 			set_flag(&r->reply, &kv->val);
-		else if (tw_obj_str_eq(&kv->key, "close"))
+		else if (tw_msgpack_str_eq(&kv->key, "close"))
 			set_flag(&r->close, &kv->val);
 	}
 	*out = r;
@@ -256,7 +256,7 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		stream_message(sc, d);
 		return;
 	}
-	op = tw_map_get(tw_decoded_root(d), "op");
+	op = tw_msgpack_map_get(tw_decoded_root(d), "op");
 	if (tw_decoded_root(d)->type != MSGPACK_OBJECT_MAP || op == NULL ||
 	    op->type != MSGPACK_OBJECT_STR) {
 		tw_decoded_free(d);
@@ -269,17 +269,17 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		return;
 	}
 	/* compared as msgpack strs: "close\0x" is not "close" */
-	if (tw_obj_str_eq(op, "connection_stream")) {
+	if (tw_msgpack_str_eq(op, "connection_stream")) {
 		sc->stream = 1; /* no reply: from now on, one-way maps */
 		request_free(r);
 		return;
 	}
 	sc->busy = r;
 	tw_comm_pause(comm);
-	if (tw_obj_str_eq(op, "close")) {
+	if (tw_msgpack_str_eq(op, "close")) {
 		r->close = 1;
 		if (r->reply)
-			tw_pack_str(tw_builder_packer(tw_request_reply_builder(r)), "OK");
+			tw_msgpack_pack_str(tw_builder_packer(tw_request_reply_builder(r)), "OK");
 		tw_request_reply(r);
 		return;
 	}
@@ -360,7 +360,7 @@ int tw_server_listen(tw_server *s, const char *uri)
 	if ((ls = realloc(s->ls, (s->nls + 1) * sizeof(*ls))) == NULL)
 		return TW_ENOMEM;
 	s->ls = ls;
-	if ((rv = tw_listen(s->ctx, uri, on_accept, s, &l)) != 0)
+	if ((rv = tw_listener_new(s->ctx, uri, on_accept, s, &l)) != 0)
 		return rv;
 	s->ls[s->nls++] = l;
 	return 0;
@@ -434,7 +434,7 @@ const char *tw_request_op(const tw_request *r)
 
 const msgpack_object *tw_request_arg(const tw_request *r, const char *key)
 {
-	return tw_map_get(tw_decoded_root(r->d), key);
+	return tw_msgpack_map_get(tw_decoded_root(r->d), key);
 }
 
 const tw_decoded *tw_request_decoded(const tw_request *r)
@@ -484,16 +484,16 @@ tw_builder *tw_request_reply_builder(tw_request *r)
 static void pack_error(msgpack_packer *pk, const char *e, const char *tb)
 {
 	msgpack_pack_map(pk, 5);
-	tw_pack_str(pk, "status");
-	tw_pack_str(pk, "uncaught-error");
-	tw_pack_str(pk, "exception");
-	tw_pack_str(pk, e);
-	tw_pack_str(pk, "traceback");
+	tw_msgpack_pack_str(pk, "status");
+	tw_msgpack_pack_str(pk, "uncaught-error");
+	tw_msgpack_pack_str(pk, "exception");
+	tw_msgpack_pack_str(pk, e);
+	tw_msgpack_pack_str(pk, "traceback");
 	msgpack_pack_nil(pk);
-	tw_pack_str(pk, "exception_text");
-	tw_pack_str(pk, e);
-	tw_pack_str(pk, "traceback_text");
-	tw_pack_str(pk, tb);
+	tw_msgpack_pack_str(pk, "exception_text");
+	tw_msgpack_pack_str(pk, e);
+	tw_msgpack_pack_str(pk, "traceback_text");
+	tw_msgpack_pack_str(pk, tb);
 }
 
 /* Queue m; TW_EAGAIN parks it until the drain callback. */

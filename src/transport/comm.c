@@ -865,7 +865,7 @@ void tw__listener_init(tw_listener *l, tw_context *ctx, void (*destroy)(tw_liste
 	tw__ctx_track(ctx, &l->node, kill_listener);
 }
 
-int tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out)
+int tw_listener_new(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out)
 {
 	struct tw__uri u;
 	const struct tw__transport *t;
@@ -906,7 +906,7 @@ void tw_listener_free(tw_listener *l)
 	l->destroy(l);
 }
 
-int tw_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg)
+int tw_comm_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg)
 {
 	struct tw__uri u;
 	const struct tw__transport *t;

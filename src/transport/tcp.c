@@ -128,7 +128,7 @@ struct connect_req {
 	int timed_out;                         /* the connect timeout ended it */
 	uint64_t deadline_ms;                  /* tw__mono_ms when it runs out: every stage's */
 	struct event *ev;                      /* the socket of this attempt becoming writable */
-	struct event *step;                    /* go on from the loop, never from tw_connect */
+	struct event *step;                    /* go on from the loop, never from tw_comm_connect */
 	struct event *timer;                   /* the connect timeout */
 	struct evdns_getaddrinfo_request *dns; /* the lookup in flight */
 	struct tw__dns *resolver;              /* its reference, while in flight */

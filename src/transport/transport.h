@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The internal transport contract. Callers (tw_listen, tw_connect, the
+/* The internal transport contract. Callers (tw_listener_new, tw_comm_connect, the
  * protocol layer) go through this table, so tls and ws plug in without
  * touching them. Every member runs on the context's loop thread. */
 #ifndef TW_TRANSPORT_TRANSPORT_H
@@ -14,10 +14,10 @@
 
 struct tw__transport {
 	const char *scheme;
-	/* Bind and listen on u; accept_cb runs per comm. Returns as tw_listen. */
+	/* Bind and listen on u; accept_cb runs per comm. Returns as tw_listener_new. */
 	int (*listen)(tw_context *ctx, const struct tw__uri *u, tw_accept_cb accept_cb, void *arg,
 		      tw_listener **out);
-	/* Start connecting to u; cb runs once, later. Returns as tw_connect. */
+	/* Start connecting to u; cb runs once, later. Returns as tw_comm_connect. */
 	int (*connect)(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg);
 };
 
@@ -343,7 +343,7 @@ typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u,
 /* The milliseconds left until deadline_ms (0 if past), capped at own_ms;
  * *by_connect set when the connect's deadline is the sooner bound. */
 uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect);
-/* Abort the connect that tw_connect(ctx, ..., cb, arg) started, in
+/* Abort the connect that tw_comm_connect(ctx, ..., cb, arg) started, in
  * whatever stage it is (TCP, TLS handshake, ws upgrade): its socket is
  * closed now and its callback never runs. Nothing when none is pending
  * (its callback has run). Loop thread. */

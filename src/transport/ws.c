@@ -1563,7 +1563,7 @@ static void wss_listener_destroy(tw_listener *l)
 
 /* Connectors send `GET /`, the only path a listener (ours, Dask's)
  * serves: a URI naming another would be silently ignored, so it is
- * refused, by tw_listen and tw_connect alike, saying why. */
+ * refused, by tw_listener_new and tw_comm_connect alike, saying why. */
 static int path_refused(tw_context *ctx, const struct tw__uri *u)
 {
 	char addr[TW__URI_TEXT_BYTES];

@@ -117,8 +117,8 @@ static struct side *side_of(int k)
 		for (int i = 0; i < 2; i++) {
 			struct sockaddr_in sa;
 			socklen_t sl = sizeof(sa);
-			check(tw_listen(e->ctx[i], "tcp://127.0.0.1:0", on_accept, NULL, &s[i].l) ==
-			      0);
+			check(tw_listener_new(e->ctx[i], "tcp://127.0.0.1:0", on_accept, NULL,
+					      &s[i].l) == 0);
 			check(tw_listener_address(s[i].l, s[i].uri, sizeof(s[i].uri)) == 0);
 			s[i].raw = socket(AF_INET, SOCK_STREAM, 0);
 			memset(&sa, 0, sizeof(sa));
@@ -153,7 +153,7 @@ int peer_fuzz_handshake(const uint8_t *data, size_t size)
 	if (listener_side) {
 		fd = fp_dial(s->uri);
 	} else {
-		check(tw_connect(ctx, s->raw_uri, on_connect, &r) == 0);
+		check(tw_comm_connect(ctx, s->raw_uri, on_connect, &r) == 0);
 		while (!r.connected)
 			check(event_base_loop(e->base, EVLOOP_ONCE) == 0);
 		check((fd = accept(s->raw, NULL, NULL)) >= 0);

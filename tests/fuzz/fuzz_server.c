@@ -105,7 +105,7 @@ static void s_count(tw_comm *comm, const tw_decoded *d, const msgpack_object *ms
 
 static void s_look(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg)
 {
-	const msgpack_object *x = tw_map_get(msg, "x");
+	const msgpack_object *x = tw_msgpack_map_get(msg, "x");
 	const uint8_t *p;
 	size_t n;
 	volatile unsigned sum = 0;

@@ -71,7 +71,7 @@ static int dask_round_trip(void)
 	msgpack_pack_str_body(tw_builder_packer(b), "ping", 4);
 	if (tw_builder_finish(b, &m) != 0 || tw_decode(m, NULL, &d, NULL, 0) != 0)
 		return 0;
-	ok = tw_obj_str_eq(tw_map_get(tw_decoded_root(d), "op"), "ping");
+	ok = tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "op"), "ping");
 	tw_decoded_free(d);
 	tw_msg_free(m);
 	tw_builder_free(b);
@@ -85,9 +85,9 @@ int main(void)
 	tw_listener *l;
 	char addr[128];
 	if (base == NULL || tw_context_new(base, &ctx) != 0 ||
-	    tw_listen(ctx, "tcp://127.0.0.1:0", on_accept, NULL, &l) != 0 ||
+	    tw_listener_new(ctx, "tcp://127.0.0.1:0", on_accept, NULL, &l) != 0 ||
 	    tw_listener_address(l, addr, sizeof(addr)) != 0 ||
-	    tw_connect(ctx, addr, on_connect, base) != 0)
+	    tw_comm_connect(ctx, addr, on_connect, base) != 0)
 		return 1;
 	event_base_dispatch(base);
 	tw_listener_free(l);
