@@ -28,6 +28,23 @@ int ts_quick(void)
 	return q != NULL && *q != '\0' && strcmp(q, "0") != 0;
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TS_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TS_SANITIZED 1
+#endif
+#endif
+
+int ts_data_timeout_s(int s)
+{
+#ifdef TS_SANITIZED
+	return 3 * s;
+#else
+	return s;
+#endif
+}
+
 uint64_t ts_progress(void)
 {
 	tw_stats st;

@@ -18,6 +18,14 @@ void ts_sleep_ms(int ms);
 /* TW_TEST_QUICK=1 (valgrind runs): big tests shrink. */
 int ts_quick(void);
 
+/* The Check timeout (seconds) of a test case that moves a lot of data:
+ * s on a plain build, 3 * s under AddressSanitizer or ThreadSanitizer
+ * (every copy and hash of the payload is checked: several times slower;
+ * CK_TIMEOUT_MULTIPLIER still scales the result). Valgrind runs do not
+ * fork, so Check enforces no timeout there. Waits inside a test restart
+ * on progress; this is only the guard against a test stuck elsewhere. */
+int ts_data_timeout_s(int s);
+
 /* Bytes and messages moved by every comm of the process so far: while
  * this changes, a wait is slow, not stuck. */
 uint64_t ts_progress(void);
