@@ -288,7 +288,7 @@ END_TEST
 TCase *tls_big_tcase(void)
 {
 	TCase *tc = tcase_create("big");
-	tcase_set_timeout(tc, 300);
+	tcase_set_timeout(tc, ts_data_timeout_s(600)); /* 6 GiB through TLS each */
 	tcase_add_test(tc, echo_3gib_frame);
 	tcase_add_test(tc, echo_three_1gib_frames);
 	return tc;
