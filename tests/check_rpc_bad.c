@@ -98,12 +98,34 @@ static void handshake_bytes(msgpack_sbuffer *out)
 	msgpack_sbuffer_destroy(&sb);
 }
 
-/* Read whatever the server sent within ms (driving the loop). */
-static size_t raw_read(struct tu *h, int fd, uint8_t *buf, size_t cap, int ms)
+/* Whole messages (8-byte little-endian length, then that many bytes) at
+ * the start of buf[0..n). */
+static size_t whole_msgs(const uint8_t *buf, size_t n)
+{
+	size_t off = 0, k = 0;
+	while (off + 8 <= n) {
+		uint64_t total = 0;
+		for (int i = 7; i >= 0; i--)
+			total = total << 8 | buf[off + i];
+		if (total > n - off - 8)
+			break;
+		off += 8 + (size_t)total;
+		k++;
+	}
+	return k;
+}
+
+/* Read what the server sends (driving the loop) until buf holds nmsgs
+ * whole messages, the server closes, or buf is full; fails when nothing
+ * of that happens within the hang guard. */
+static size_t raw_read(struct tu *h, int fd, uint8_t *buf, size_t cap, size_t nmsgs)
 {
 	size_t got = 0;
-	for (int t = 0; t < ms && got < cap; t += 10) {
+	long long end = ts_now_ms() + TU_WAIT_MS;
+	while (got < cap && whole_msgs(buf, got) < nmsgs) {
 		ssize_t n;
+		ck_assert_msg(ts_now_ms() < end, "%zu bytes, %zu whole messages from the server",
+			      got, whole_msgs(buf, got));
 		tu_run_for(h, 10);
 		while ((n = recv(fd, buf + got, cap - got, MSG_DONTWAIT)) > 0)
 			got += (size_t)n;
@@ -130,7 +152,7 @@ START_TEST(server_free_mid_handshake)
 	fd = ts_raw_connect(addr);
 	ck_assert_int_ge(fd, 0);
 	/* the server accepts and writes its handshake; we have not answered */
-	raw_read(&h, fd, buf, sizeof(buf), 200);
+	raw_read(&h, fd, buf, sizeof(buf), 1);
 	tw_server_free(s);
 	/* now finish the handshake: on_handshake runs with the freed server */
 	msgpack_sbuffer_init(&hs);
@@ -201,10 +223,10 @@ START_TEST(handshake_zstd_bomb)
 	ck_assert_uint_le(wire.size, 65536); /* within the handshake's wire bound */
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_int_ge(fd, 0);
-	ck_assert_uint_gt(raw_read(&f.h, fd, buf, sizeof(buf), 200), 0); /* its handshake */
+	ck_assert_uint_gt(raw_read(&f.h, fd, buf, sizeof(buf), 1), 0); /* its handshake */
 	tw_stats_global(&before);
 	ck_assert_uint_eq(send(fd, wire.data, wire.size, 0), wire.size);
-	raw_read(&f.h, fd, buf, sizeof(buf), 5000); /* until the server closes */
+	raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* until the server closes */
 	tw_stats_global(&after);
 	SAY("handshake bomb: %llu block bytes allocated\n",
 	    (unsigned long long)(after.block_bytes_allocated - before.block_bytes_allocated));
@@ -708,7 +730,7 @@ START_TEST(pipelined_handshake_big_request)
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_int_ge(fd, 0);
 	tu_raw_send(&f.h, fd, out.data, out.size);
-	got = raw_read(&f.h, fd, buf, sizeof(buf), 2000);
+	got = raw_read(&f.h, fd, buf, sizeof(buf), 2);
 	/* server handshake, then the reply: an int 1 MiB */
 	{
 		size_t off = 0, nmsg = 0;
@@ -1089,10 +1111,13 @@ static void raw_srv_start(struct raw_srv *s)
 }
 
 /* Accept a connection within ms, send our handshake; return its fd. */
+/* Accept a connection of the pool's and greet it with a handshake; -1
+ * when none came within the hang guard ms. */
 static int raw_srv_accept(struct tu *h, struct raw_srv *s, int ms)
 {
 	msgpack_sbuffer hs;
-	for (int t = 0; t < ms; t += 10) {
+	long long end = ts_now_ms() + ms;
+	while (ts_now_ms() < end) {
 		int fd = accept(s->lfd, NULL, NULL);
 		if (fd >= 0) {
 			msgpack_sbuffer_init(&hs);
@@ -1107,18 +1132,34 @@ static int raw_srv_accept(struct tu *h, struct raw_srv *s, int ms)
 	return -1;
 }
 
-/* Drain what the client sent for ms (its handshake and requests). */
-static size_t raw_drain(struct tu *h, int fd, int ms)
+/* Drain what the client sent (its handshake and requests) until the
+ * bytes hold `op` (its request's op name); returns the bytes drained. */
+static size_t raw_drain_until(struct tu *h, int fd, const char *op)
 {
-	uint8_t buf[4096];
+	static uint8_t buf[1 << 16];
 	size_t got = 0;
-	for (int t = 0; t < ms; t += 10) {
+	long long end = ts_now_ms() + TU_WAIT_MS;
+	while (memmem(buf, got, op, strlen(op)) == NULL) {
 		ssize_t n;
+		ck_assert_msg(ts_now_ms() < end, "no request %s from the pool (%zu bytes)", op,
+			      got);
 		tu_run_for(h, 10);
-		while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+		while (got < sizeof(buf) &&
+		       (n = recv(fd, buf + got, sizeof(buf) - got, MSG_DONTWAIT)) > 0)
 			got += (size_t)n;
 	}
 	return got;
+}
+
+/* Drain what the client sent for ms. */
+static void raw_drain(struct tu *h, int fd, int ms)
+{
+	uint8_t buf[4096];
+	for (int t = 0; t < ms; t += 10) {
+		tu_run_for(h, 10);
+		while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0)
+			;
+	}
 }
 
 static void raw_reply(int fd, const char *s, int partial_after)
@@ -1157,9 +1198,9 @@ static void pool_partial_common(int limit, uint32_t idle_ms, uint32_t call_timeo
 	ck_assert_int_eq(tw_pool_set_limit(pool, (size_t)limit), 0);
 	ck_assert_int_eq(tw_pool_set_idle(pool, 16, idle_ms), 0);
 	rc_start(pool, s.addr, rq_op("first"), 5000, &r1);
-	fd = raw_srv_accept(&h, &s, 2000);
+	fd = raw_srv_accept(&h, &s, TU_WAIT_MS);
 	ck_assert_int_ge(fd, 0);
-	ck_assert_uint_gt(raw_drain(&h, fd, 200), 0);
+	ck_assert_uint_gt(raw_drain_until(&h, fd, "first"), 0); /* the reply comes after it */
 	raw_reply(fd, "reply1", 1);
 	ck_assert(rc_wait(&h, &r1, TU_WAIT_MS));
 	ck_assert_int_eq(r1.err, 0);
@@ -1167,9 +1208,9 @@ static void pool_partial_common(int limit, uint32_t idle_ms, uint32_t call_timeo
 	tu_run_for(&h, 100);
 	/* second call: the only comm holds a partial unsolicited message */
 	rc_start(pool, s.addr, rq_op("second"), call_timeout, &r2);
-	fd2 = raw_srv_accept(&h, &s, 4000);
+	fd2 = raw_srv_accept(&h, &s, TU_WAIT_MS);
 	if (fd2 >= 0) {
-		raw_drain(&h, fd2, 200);
+		raw_drain_until(&h, fd2, "second");
 		raw_reply(fd2, "reply2", 0);
 	}
 	rc_wait(&h, &r2, TU_WAIT_MS); /* the sweep is a timer: a hang guard only */
@@ -1241,7 +1282,9 @@ START_TEST(pool_peer_speaks_first)
 	ck_assert_int_eq(tw_pool_set_limit(pool, (size_t)limits[_i]), 0);
 	for (int i = 0; i < n; i++)
 		rc_start(pool, s.addr, rq_op("identity"), 0, &r[i]);
-	for (int t = 0; t < 1000 && !all_done(r, n) && accepted < 100; t += 10) {
+	/* until every call failed, or the pool reconnects without end */
+	for (long long end = ts_now_ms() + TU_WAIT_MS;
+	     ts_now_ms() < end && !all_done(r, n) && accepted < 100;) {
 		int fd;
 		while (accepted < 100 && (fd = accept(s.lfd, NULL, NULL)) >= 0) {
 			accepted++;
@@ -1284,7 +1327,7 @@ START_TEST(reply_before_bad_request_drop)
 	wire1(&out, "\x07", 1);                    /* not a map: the server drops the comm */
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
-	got = raw_read(&f.h, fd, buf, sizeof(buf), TU_WAIT_MS); /* to the server's EOF */
+	got = raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* to the server's EOF */
 	while (pos + 16 <= got) {
 		uint64_t total;
 		memcpy(&total, buf + pos, 8);
