@@ -37,7 +37,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	for (size_t i = 0; i < tw_decoded_npayloads(d); i++)
 		for (size_t j = 0; j < tw_decoded_payload_at(d, i)->nframes; j++)
 			payload += tw_decoded_payload_at(d, i)->frames[j].len;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	printf("taskwire: payload %.1f MiB (%.1f MiB on the wire), copied %llu bytes, "
 	       "peak RSS above idle %.1f MiB = %.3fx payload\n",
 	       (double)payload / 1048576, (double)wire / 1048576,
@@ -96,7 +96,7 @@ int main(int argc, char **argv)
 	    tw_context_set_compression(ctx, codec) != 0)
 		return 2;
 	tw_listener_address(l, addr, sizeof(addr));
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	copied_before = st.payload_bytes_copied;
 	idle_rss = tw_ex_rss();
 	printf("listening on %s\n", addr);

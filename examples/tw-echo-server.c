@@ -88,7 +88,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	char peer[128] = "?";
 	tw_stats g;
 	tw_comm_peer_address(comm, peer, sizeof(peer));
-	tw_stats_global(&g);
+	tw_stats_global(&g, sizeof(g));
 	if (!quiet || err != 0)
 		printf("%s: %s; echoed %llu messages, %llu bytes in their frames; "
 		       "process so far: copied %llu payload bytes, peak RSS %llu MiB above idle\n",

@@ -425,9 +425,9 @@ START_TEST(reply_oob)
 	send_req(req_oob("echo_oob", &(tw_slice){pat, seed, n}));
 	m = du_client_msg(cli, 0, DU_WAIT_MS);
 	ck_assert_msg(m != NULL, "no reply: %s", cli->last_error);
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	ck_assert_msg(tw_decode(m, NULL, &d, why, sizeof(why)) == 0, "decode: %s", why);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	get_bytes(d, tw_decoded_root(d), &p, &got, &pl);
 	ck_assert_ptr_nonnull(pl);
 	check_pattern(p, got, n, seed);
@@ -546,9 +546,9 @@ static void srv_decode(struct echo_srv *s, const tw_msg *m)
 	const tw_payload *pl;
 	tw_decoded *d;
 	int rv;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	rv = tw_decode(m, NULL, &d, s->why, sizeof(s->why));
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	if (rv != 0) {
 		s->decode_failures++;
 		return;

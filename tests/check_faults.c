@@ -91,7 +91,7 @@ static void far_clocks(tw_context *ctx)
 static tw_stats stats_now(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st;
 }
 

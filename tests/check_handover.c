@@ -99,7 +99,7 @@ static void use_ended(struct keep *k)
 	ck_assert_int_eq(tw_comm_write(k->comm, m), TW_ECLOSED);
 	tw_msg_free(m); /* refused: still ours */
 	ck_assert_uint_eq(tw_comm_queued_bytes(k->comm), 0);
-	tw_comm_stats(k->comm, &st);
+	tw_comm_stats(k->comm, &st, sizeof(st));
 	ck_assert_uint_ge(st.msgs_received, 2);
 	tw_comm_pause(k->comm); /* no-ops on an ended comm */
 	tw_comm_resume(k->comm);
@@ -675,7 +675,7 @@ static void op_take_batch(tw_request *r, void *arg)
 	ck_assert_int_eq(tw_request_keep_stream(r, &bs->comm), 0);
 	ck_assert_int_eq(tw_request_reply(r), 0); /* reply:false, nothing packed: nothing */
 	ck_assert_int_eq(tw_batched_new(bs->comm, 60000, &bs->b), 0);
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	bs->copied_before = st.payload_bytes_copied;
 	for (size_t i = 0; i < NSIZES; i++) {
 		pack_data(bs->b, (int64_t)i, batch_sizes[i]);
@@ -690,7 +690,7 @@ static void op_take_batch(tw_request *r, void *arg)
 		pack_plain(bs->b, (int64_t)i);
 	}
 	ck_assert_int_eq(tw_batched_flush(bs->b), 0);
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	bs->copied_after = st.payload_bytes_copied;
 }
 

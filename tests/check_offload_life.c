@@ -451,7 +451,7 @@ static void client_connect(struct tu *h, const char *addr, struct client *cl)
 static uint64_t global_received(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st.msgs_received;
 }
 

@@ -172,7 +172,7 @@ static void send_paced(struct tu *h, struct wu_raw *r, const uint8_t *p, size_t 
 static uint64_t received(tw_comm *c)
 {
 	tw_stats st;
-	tw_comm_stats(c, &st);
+	tw_comm_stats(c, &st, sizeof(st));
 	return st.bytes_received;
 }
 
@@ -451,7 +451,7 @@ START_TEST(many_drippers)
 	fds = tt_fd_count();
 	rss0 = rss_max = tu_rss_bytes();
 	data0 = data_max = status_bytes("VmData");
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	live0 = st.block_bytes_live;
 	for (size_t i = 0; i < nconn; i++)
 		raw_open(&h, t, &r[i], &sp[i]);
@@ -491,7 +491,7 @@ START_TEST(many_drippers)
 	ck_assert_msg(data_max - data0 < 64 * MiB, "VmData grew by %llu KiB",
 		      (unsigned long long)((data_max - data0) >> 10));
 	/* Ended, not yet freed: their partial messages are gone already. */
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	ck_assert_msg(st.block_bytes_live < live0 + 64 * 1024, "%llu block bytes live, %llu before",
 		      (unsigned long long)st.block_bytes_live, (unsigned long long)live0);
 	if (getenv("TU_VERBOSE") != NULL)

@@ -224,10 +224,10 @@ START_TEST(handshake_zstd_bomb)
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_uint_gt(raw_read(&f.h, fd, buf, sizeof(buf), 1), 0); /* its handshake */
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	ck_assert_uint_eq(send(fd, wire.data, wire.size, 0), wire.size);
 	raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* until the server closes */
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	SAY("handshake bomb: %llu block bytes allocated\n",
 	    (unsigned long long)(after.block_bytes_allocated - before.block_bytes_allocated));
 	ck_assert_uint_lt(after.block_bytes_allocated - before.block_bytes_allocated, 1u << 20);
@@ -789,7 +789,7 @@ START_TEST(pipelined_no_read)
 	rss1 = tu_rss_bytes();
 	{
 		tw_stats st;
-		tw_stats_global(&st);
+		tw_stats_global(&st, sizeof(st));
 		SAY("pipelined: rss grew %lld KiB, block bytes live %llu KiB\n",
 		    (long long)(rss1 - rss0) / 1024,
 		    (unsigned long long)st.block_bytes_live / 1024);

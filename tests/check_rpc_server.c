@@ -76,7 +76,7 @@ END_TEST
 static uint64_t srv_blocks_live(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st.blocks_live;
 }
 

@@ -61,7 +61,7 @@ static void open_stream(struct rf *f, struct rw *w, uint32_t interval_ms, tw_bat
 static uint64_t sent(const struct rw *w)
 {
 	tw_stats st;
-	tw_comm_stats(w->comm, &st);
+	tw_comm_stats(w->comm, &st, sizeof(st));
 	return st.msgs_sent;
 }
 

@@ -34,14 +34,14 @@ static void refused_requests_are_freed(tw_context *ctx, const char *addr, int ow
 	memcpy(long_uri, "tcp://", 6);
 	long_uri[sizeof(long_uri) - 1] = '\0';
 	ck_assert_int_eq(tw_msg_new(&empty), 0);
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	ck_assert_int_eq(sync_call(ctx, long_uri, rq_op("identity"), 10000, &d), TW_EINVAL);
 	ck_assert_ptr_null(d);
 	ck_assert_int_eq(sync_call(ctx, addr, empty, 10000, &d), TW_EINVAL);
 	ck_assert_ptr_null(d);
 	ck_assert_int_eq(sync_call(NULL, addr, rq_op("identity"), 10000, &d), TW_EINVAL);
 	ck_assert_ptr_null(d);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	/* the requests' blocks were allocated, and all of them freed */
 	ck_assert_uint_gt(after.blocks_allocated, before.blocks_allocated);
 	if (own_base)

@@ -505,9 +505,9 @@ START_TEST(rt_split_adjacent)
 	tw_stats before, after;
 	tw_decoded *d;
 	const tw_payload *pl;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	d = decode_ok(m);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	pl = data_payload(d);
 	ck_assert_uint_eq(pl->nframes, 1);
 	check_pattern(&pl->frames[0], 350, 2);
@@ -535,9 +535,9 @@ START_TEST(rt_split_copied)
 	memcpy(tw_block_data(other), tw_block_data(pat) + 100, 200);
 	blocks[0] = pat, blocks[1] = other, blocks[2] = pat;
 	m = split_msg(blocks, offs, lens);
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	d = decode_ok(m);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	pl = data_payload(d);
 	ck_assert_uint_eq(pl->nframes, 1);
 	check_pattern(&pl->frames[0], 350, 2);
@@ -1027,9 +1027,9 @@ START_TEST(bad_input)
 	tw_msg *m = make_bad(c);
 	tw_stats before, after;
 	int rv;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	rv = tw_decode(m, &lim, &d, why, sizeof(why));
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	ck_assert_msg(rv == c->err, "%s: got %s (%s), want %s", c->name, tw_strerror(rv), why,
 		      tw_strerror(c->err));
 	ck_assert_ptr_null(d);
@@ -1120,9 +1120,9 @@ static void zstd_rejected(tw_msg *m, int err)
 	tw_decoded *d = NULL;
 	tw_stats before, after;
 	int rv;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	rv = tw_decode(m, NULL, &d, why, sizeof(why));
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	ck_assert_msg(rv == err, "got %s (%s), want %s", tw_strerror(rv), why, tw_strerror(err));
 	ck_assert_ptr_null(d);
 	ck_assert(strstr(why, "frame 2") != NULL);

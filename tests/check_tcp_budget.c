@@ -35,7 +35,7 @@ static uint8_t *wire_msg(size_t len, unsigned seed, size_t *wlen)
 static uint64_t received(const struct tu_peer *p)
 {
 	tw_stats st;
-	tw_comm_stats(p->comm, &st);
+	tw_comm_stats(p->comm, &st, sizeof(st));
 	return st.bytes_received;
 }
 

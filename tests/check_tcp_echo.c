@@ -137,7 +137,7 @@ static tw_msg *ref_msg(const uint8_t *big, size_t big_len)
 static void check_comm_stats(tw_comm *c, uint64_t msgs, uint64_t wire)
 {
 	tw_stats st;
-	tw_comm_stats(c, &st);
+	tw_comm_stats(c, &st, sizeof(st));
 	ck_assert_uint_eq(st.msgs_sent, msgs);
 	ck_assert_uint_eq(st.msgs_received, msgs);
 	ck_assert_uint_eq(st.bytes_sent, msgs * wire);
@@ -157,7 +157,7 @@ START_TEST(stats_each_way)
 	ts_fill(small_buf, sizeof(small_buf), 1);
 	ts_fill(big, big_len, 2);
 	ts_fill(large, large_len, 2);
-	tw_stats_global(&g0);
+	tw_stats_global(&g0, sizeof(g0));
 	for (int i = 0; i < NSTAT; i++)
 		ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(big, big_len)), 0);
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, NSTAT, TU_WAIT_MS));
@@ -166,7 +166,7 @@ START_TEST(stats_each_way)
 	/* one large message: the receive path and the echo copy nothing */
 	ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(large, large_len)), 0);
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, NSTAT + 1, TU_WAIT_MS));
-	tw_stats_global(&g1);
+	tw_stats_global(&g1, sizeof(g1));
 	wire = NSTAT * wire + 8 * 4 + sizeof(small_buf) + large_len;
 	ck_assert_uint_eq(g1.msgs_sent - g0.msgs_sent, 2 * (NSTAT + 1));
 	ck_assert_uint_eq(g1.msgs_received - g0.msgs_received, 2 * (NSTAT + 1));
@@ -200,7 +200,7 @@ START_TEST(gather_small_pieces)
 	tw_stats g0, g1;
 	ts_fill(small_buf, sizeof(small_buf), 1);
 	ts_fill(big, big_len, 2);
-	tw_stats_global(&g0);
+	tw_stats_global(&g0, sizeof(g0));
 	for (size_t i = 0; i <= 10; i++) {
 		size_t lens[] = {sizeof(small_buf) - i, big_len};
 		size_t nf = i < 10 ? 1 : 2;
@@ -214,7 +214,7 @@ START_TEST(gather_small_pieces)
 		ck_assert_msg(ts_msg_matches(cli->msgs[i], lens, nf, 1), "message %zu", i);
 		want += 2 * (8 * (nf + 2) + lens[0]); /* sent by the client, then by the echo */
 	}
-	tw_stats_global(&g1);
+	tw_stats_global(&g1, sizeof(g1));
 	ck_assert_uint_eq(g1.write_bytes_gathered - g0.write_bytes_gathered, want);
 	/* copied: only what each side read ahead of the large message (the
 	 * small ones before it started a run), at most 4 KiB a side */

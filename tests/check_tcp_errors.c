@@ -275,7 +275,7 @@ static void bad_case_run(struct tu *h, struct tu_peer *good, const struct bad_ca
 	tw_stats g0, g1;
 	int fd;
 	struct tu_peer *sp;
-	tw_stats_global(&g0);
+	tw_stats_global(&g0, sizeof(g0));
 	fd = ts_raw_connect(h->addr);
 	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
 	tu_raw_send(h, fd, c->bytes, c->len);
@@ -289,7 +289,7 @@ static void bad_case_run(struct tu *h, struct tu_peer *good, const struct bad_ca
 		fprintf(stderr, "%s: %s\n", c->name, sp->last_error);
 	ck_assert_msg(tu_raw_wait_closed(h, fd, BAD_WAIT_MS), "%s: raw client not closed", c->name);
 	close(fd);
-	tw_stats_global(&g1);
+	tw_stats_global(&g1, sizeof(g1));
 	ck_assert_msg((int64_t)(sp->live_at_close - g0.block_bytes_live) < (int64_t)MiB,
 		      "%s: %llu bytes live", c->name,
 		      (unsigned long long)(sp->live_at_close - g0.block_bytes_live));

@@ -39,7 +39,7 @@ static void keep_small(struct tu_peer *p, tw_msg *m)
 	(void)p;
 	kept = *f;
 	tw_block_hold(kept.block);
-	tw_stats_global(&in_cb);
+	tw_stats_global(&in_cb, sizeof(in_cb));
 	rss_in_cb = tu_rss_bytes();
 	big_ok = big != NULL && ts_check(tw_slice_data(big), big->len, 2) == -1;
 }
@@ -75,10 +75,10 @@ START_TEST(retention)
 	ck_assert_int_eq(tw_msg_new(&m), 0);
 	ck_assert_int_eq(tw_msg_append_ref(m, small, sizeof(small), NULL, NULL), 0);
 	ck_assert_int_eq(tw_msg_append_ref(m, big, big_len, unmap_release, &big_len), 0);
-	tw_stats_global(&g0);
+	tw_stats_global(&g0, sizeof(g0));
 	ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
 	ck_assert(tu_wait_count(&h, &srv->nmsgs, 1, 60000));
-	tw_stats_global(&g1);
+	tw_stats_global(&g1, sizeof(g1));
 	tw__reclaim_wait(); /* large blocks are unmapped on the reclaimer thread */
 	rss_after = tu_rss_bytes();
 	ck_assert(big_ok);
@@ -491,7 +491,7 @@ END_TEST
 static uint64_t blocks_live(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st.blocks_live;
 }
 

@@ -186,7 +186,7 @@ static void ref_release(void *data, void *arg)
 	size_t i = (size_t)(uintptr_t)arg;
 	tw_stats st;
 	(void)data;
-	tw_comm_stats(ref_comm, &st);
+	tw_comm_stats(ref_comm, &st, sizeof(st));
 	ck_assert_msg(st.bytes_sent >= (i + 1) * ref_wire, "message %zu released unsent", i);
 	ref_released[i]++;
 }
@@ -474,7 +474,7 @@ static void ra_open_tls(struct tu *h, struct ra_peer *p)
 static uint64_t blocks_live(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st.blocks_live;
 }
 
@@ -694,7 +694,7 @@ static int read_past(void *arg)
 	struct read_past *r = arg;
 	tw_stats st;
 	pump_step(r->u);
-	tw_comm_stats(r->c, &st);
+	tw_comm_stats(r->c, &st, sizeof(st));
 	return r->u->error != 0 || st.bytes_received > r->at;
 }
 
@@ -974,7 +974,7 @@ START_TEST(gathered_writes_while_peer_full)
 	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
 	gs_small_buffers(cli);
 	tw_comm_pause(sp->comm);
-	tw_stats_global(&g0);
+	tw_stats_global(&g0, sizeof(g0));
 	/* GS_ROUNDS rounds of every shape, the reader pausing and resuming,
 	 * then everything read; then rounds of small shapes only, the reader
 	 * paused, until the socket is full (it fills inside gathered pieces) */
@@ -1017,7 +1017,7 @@ START_TEST(gathered_writes_while_peer_full)
 		ck_assert_msg(ts_msg_matches(sp->msgs[i], gs_lens[s], gs_nf[s], (unsigned)i),
 			      "message %zu (shape %zu)", i, s);
 	}
-	tw_stats_global(&g1);
+	tw_stats_global(&g1, sizeof(g1));
 	ck_assert_uint_gt(g1.write_bytes_gathered, g0.write_bytes_gathered);
 	ck_assert_int_eq(cli->closed, 0);
 	ck_assert_int_eq(sp->closed, 0);

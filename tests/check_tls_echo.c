@@ -91,20 +91,20 @@ START_TEST(no_copy_on_receive)
 	ts_fill(big, big_len, 8);
 	tu_echo_check(cli, lens, 2, 7, TU_WAIT_MS); /* warm up: blocks cached, comm up */
 	srv = tu_server_peer(&h, 0);
-	tw_stats_global(&g0);
+	tw_stats_global(&g0, sizeof(g0));
 	ck_assert_int_eq(tw_msg_new(&m), 0);
 	ck_assert_int_eq(tw_msg_append_ref(m, head, 100, count_release, NULL), 0);
 	ck_assert_int_eq(tw_msg_append_ref(m, big, big_len, count_release, NULL), 0);
 	ck_assert_int_eq(tw_comm_write(cli->comm, m), 0);
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, 2, 60000));
-	tw_stats_global(&g1);
+	tw_stats_global(&g1, sizeof(g1));
 	ck_assert_msg(ts_msg_matches(cli->msgs[1], lens, 2, 7), "echo differs");
 	ck_assert_uint_eq(g1.payload_bytes_copied - g0.payload_bytes_copied, 0);
 	ck_assert_uint_eq(g1.msgs_received - g0.msgs_received, 2);
 	ck_assert_uint_eq(g1.bytes_received - g0.bytes_received, 2 * wire);
 	ck_assert_uint_eq(g1.bytes_sent - g0.bytes_sent, 2 * wire);
 	ck_assert_int_eq(released, 2);
-	tw_comm_stats(srv->comm, &cs);
+	tw_comm_stats(srv->comm, &cs, sizeof(cs));
 	ck_assert_uint_eq(cs.msgs_received, 2);
 	ck_assert_uint_eq(cs.bytes_received, 2 * wire);
 	ck_assert_uint_eq(cs.payload_bytes_copied, 0);

@@ -44,7 +44,7 @@ static uint64_t wire_bytes(const size_t *lens, size_t nf, size_t shard, int mask
 static tw_stats comm_stats(tw_comm *c)
 {
 	tw_stats st;
-	tw_comm_stats(c, &st);
+	tw_comm_stats(c, &st, sizeof(st));
 	return st;
 }
 
@@ -307,7 +307,7 @@ START_TEST(server_small_writes_gathered)
 	ts_fill(small, sizeof(small), 5);
 	srv->echo = 0;
 	before = wu_stats();
-	tw_comm_stats(srv->comm, &s0);
+	tw_comm_stats(srv->comm, &s0, sizeof(s0));
 	for (size_t i = 0; i < 5; i++) {
 		size_t lens[] = {10 + i};
 		tw_msg *m;
@@ -318,7 +318,7 @@ START_TEST(server_small_writes_gathered)
 		ck_assert(ts_msg_matches(cli->msgs[i], lens, 1, 5));
 	}
 	after = wu_stats();
-	tw_comm_stats(srv->comm, &s1);
+	tw_comm_stats(srv->comm, &s1, sizeof(s1));
 	ck_assert_uint_gt(s1.bytes_sent - s0.bytes_sent, 0);
 	ck_assert_uint_eq(after.write_bytes_gathered - before.write_bytes_gathered,
 			  s1.bytes_sent - s0.bytes_sent);

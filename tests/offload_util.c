@@ -319,7 +319,7 @@ static int received(void *arg)
 {
 	struct recv_wait *w = arg;
 	tw_stats st;
-	tw_comm_stats(w->rx->comm, &st);
+	tw_comm_stats(w->rx->comm, &st, sizeof(st));
 	return st.msgs_received >= w->n;
 }
 
@@ -535,7 +535,7 @@ static void thr_count(struct ox_thr *t, void *arg)
 	for (size_t i = 0; i < t->nsrv; i++) {
 		tw_stats st = {0};
 		if (t->rx[i].comm != NULL)
-			tw_comm_stats(t->rx[i].comm, &st);
+			tw_comm_stats(t->rx[i].comm, &st, sizeof(st));
 		out[1] += t->rx[i].n;
 		out[2] += st.msgs_received;
 	}

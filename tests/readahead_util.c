@@ -23,7 +23,7 @@
 static uint64_t copied_now(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st.payload_bytes_copied;
 }
 

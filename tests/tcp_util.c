@@ -148,7 +148,7 @@ static void on_close(tw_comm *c, int err, void *arg)
 	tw_stats st;
 	ck_assert_ptr_eq(c, p->comm);
 	ck_assert_int_eq(p->closed, 0);
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	p->closed = 1;
 	p->close_err = err;
 	p->nmsgs_at_close = p->nmsgs;

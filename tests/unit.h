@@ -119,7 +119,7 @@ static inline size_t hex_bytes(const char *hex, uint8_t *out, size_t cap)
 static inline tw_stats stats_now(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st;
 }
 

@@ -536,6 +536,6 @@ void wu_dask_listen(struct tu *h, const char *uri, struct wu_dask_srv *s)
 tw_stats wu_stats(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st;
 }

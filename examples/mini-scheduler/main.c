@@ -203,7 +203,7 @@ int main(int argc, char **argv)
 	    event_add(sigint, NULL) != 0 || event_add(sigterm, NULL) != 0)
 		return 1;
 	event_base_dispatch(S.base);
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	printf("stopped: payload bytes copied %llu (merges copied %llu, zero-copy %llu); "
 	       "peak RSS %llu MiB above idle\n",
 	       (unsigned long long)st.payload_bytes_copied, (unsigned long long)st.merges_copied,

@@ -259,11 +259,10 @@ int tw_comm_watch_end(tw_comm *comm, tw_comm_ended_fn fn, void *arg, tw_comm_wat
  * watch is freed when fn returns). Accepts NULL. Loop thread. */
 void tw_comm_unwatch(tw_comm_watch *w);
 
-/* tw_comm_stats: this comm's message and byte counters into *out (other
- * fields zero); sized as tw_stats_global (taskwire/stats.h). */
-void(tw_comm_stats)(const tw_comm *comm, tw_stats *out); /* 13 fields, as tw_stats_global */
-#define tw_comm_stats(comm, out) tw_comm_stats_sized((comm), (out), sizeof(*(out)))
-void tw_comm_stats_sized(const tw_comm *comm, tw_stats *out, size_t size);
+/* tw_comm_stats: this comm's message and byte counters into *out, a
+ * tw_stats of `size` bytes (sizeof(*out); other fields zero: see
+ * taskwire/stats.h for why the size). Loop thread. */
+void tw_comm_stats(const tw_comm *comm, tw_stats *out, size_t size);
 
 /* tw_comm_last_error: text of the last error on this comm (OS error, the
  * offending value), "" if none. Valid until the comm is freed. */

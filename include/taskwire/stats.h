@@ -39,18 +39,15 @@ typedef struct tw_stats {
 	uint64_t write_bytes_gathered;
 } tw_stats;
 
-/* The struct only ever grows at its end, and the functions that fill it
- * take its size as the caller was compiled: a program built against an
- * older header gets the fields it knows, one built against a newer header
- * gets zeros in the fields this library lacks, and neither is written
- * past its struct. Call them through the macros, which pass the size. */
+/* tw_stats only ever grows at its end, and the functions that fill it take
+ * its size as the caller was compiled (pass sizeof(*out)): a program built
+ * against an older header gets the fields it knows, one built against a
+ * newer header gets zeros in the fields this library lacks, and neither is
+ * written past its struct. */
 
-/* tw_stats_global: copy the process-wide counters into *out. Any thread.
- * (The function of that name, for programs linked before the macro, fills
- * the first 13 fields, the struct of then, however large it grows.) */
-void(tw_stats_global)(tw_stats *out);
-#define tw_stats_global(out) tw_stats_global_sized((out), sizeof(*(out)))
-void tw_stats_global_sized(tw_stats *out, size_t size);
+/* tw_stats_global: copy the process-wide counters into *out, a tw_stats of
+ * `size` bytes (sizeof(*out)); out NULL does nothing. Any thread. */
+void tw_stats_global(tw_stats *out, size_t size);
 
 #pragma GCC visibility pop
 

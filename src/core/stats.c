@@ -122,12 +122,7 @@ static void global(tw_stats *out, size_t size)
 	copy_out(&all, out, size);
 }
 
-void tw_stats_global_sized(tw_stats *out, size_t size)
+void tw_stats_global(tw_stats *out, size_t size)
 {
 	global(out, size);
-}
-
-void(tw_stats_global)(tw_stats *out)
-{
-	global(out, TW__STATS_V1_BYTES);
 }

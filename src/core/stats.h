@@ -43,10 +43,6 @@ static inline struct tw__stats *tw__stats_shard(void)
 			TW__ADD((comm_st), field, (n));                                            \
 	} while (0)
 
-/* sizeof(tw_stats) when tw_stats_global and tw_comm_stats were functions:
- * what those symbols fill for programs linked back then. */
-#define TW__STATS_V1_BYTES (13 * sizeof(uint64_t))
-
 /* Snapshot st into out, a tw_stats of `size` bytes as its caller was
  * compiled (include/taskwire/stats.h). */
 void tw__stats_snapshot(const struct tw__stats *st, tw_stats *out, size_t size);

@@ -172,7 +172,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 {
 	struct hs *h = arg;
 	tw_stats st;
-	tw_comm_stats(comm, &st);
+	tw_comm_stats(comm, &st, sizeof(st));
 	if (err == 0) {
 		err = TW_ECLOSED;
 		tw__comm_seterr(comm, "handshake: peer closed the comm");

@@ -806,14 +806,9 @@ void tw_comm_free(tw_comm *c)
 	drop_ref(c);
 }
 
-void tw_comm_stats_sized(const tw_comm *c, tw_stats *out, size_t size)
+void tw_comm_stats(const tw_comm *c, tw_stats *out, size_t size)
 {
 	tw__stats_snapshot(&c->stats, out, size);
-}
-
-void(tw_comm_stats)(const tw_comm *c, tw_stats *out)
-{
-	tw__stats_snapshot(&c->stats, out, TW__STATS_V1_BYTES);
 }
 
 int tw__io_err(int e)

@@ -121,7 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	tw_stats before, after;
 	tw_msg *m;
 	int rv;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	m = make_msg(data, size);
 	rv = tw_decode(m, &lim, &d, why, sizeof(why));
 	if (rv == 0) {
@@ -133,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	tw_decoded_free(d);
 	tw_msg_free(m);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	check(after.blocks_live == before.blocks_live);
 	return 0;
 }

@@ -146,7 +146,7 @@ int peer_fuzz_handshake(const uint8_t *data, size_t size)
 	size_t n = 0, live = fp_live(ctx);
 	tw_stats before, after;
 	int fd;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	current = &r;
 	if (size > 0)
 		fp_wire(data + 1, size - 1, &in, &n);
@@ -162,7 +162,7 @@ int peer_fuzz_handshake(const uint8_t *data, size_t size)
 	check(r.calls == 1);
 	current = NULL;
 	free(in);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	check(after.blocks_live == before.blocks_live);
 	return 0;
 }

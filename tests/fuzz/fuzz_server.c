@@ -166,7 +166,7 @@ static int serve(const uint8_t *data, size_t size, int stream)
 	uint8_t *in = NULL;
 	size_t n = 0, live = fp_live(ctx);
 	tw_stats before, after;
-	tw_stats_global(&before);
+	tw_stats_global(&before, sizeof(before));
 	if (!(flags & 4)) {
 		fp_handshake_frame(flags & 2 ? "zstd" : NULL, &in, &n);
 		if (stream)
@@ -178,7 +178,7 @@ static int serve(const uint8_t *data, size_t size, int stream)
 	while (later_pending > 0)
 		check(event_base_loop(e->base, EVLOOP_ONCE) == 0);
 	free(in);
-	tw_stats_global(&after);
+	tw_stats_global(&after, sizeof(after));
 	check(after.blocks_live == before.blocks_live);
 	return 0;
 }

@@ -48,7 +48,7 @@ int ts_data_timeout_s(int s)
 uint64_t ts_progress(void)
 {
 	tw_stats st;
-	tw_stats_global(&st);
+	tw_stats_global(&st, sizeof(st));
 	return st.bytes_sent + st.bytes_received + st.msgs_sent + st.msgs_received;
 }
 
