@@ -72,7 +72,7 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	(void)l;
 	(void)arg;
-	if (tw_comm_handshake(comm, 1, on_handshake, NULL) != 0)
+	if (tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, on_handshake, NULL) != 0)
 		tw_comm_free(comm);
 }
 

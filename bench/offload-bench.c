@@ -169,7 +169,7 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 static void on_connect(tw_comm *comm, int err, void *arg)
 {
 	struct run *r = arg;
-	if (err != 0 || tw_comm_handshake(comm, 0, on_handshake, r) != 0) {
+	if (err != 0 || tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_handshake, r) != 0) {
 		r->failed = 1;
 		event_base_loopbreak(r->base);
 	}

@@ -167,7 +167,7 @@ static void tw_accepted(tw_listener *l, tw_comm *comm, void *arg)
 	struct tw_side *t = arg;
 	(void)l;
 	t->comm = comm;
-	if (tw_comm_handshake(comm, 1, tw_recv_hs, arg) != 0)
+	if (tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, tw_recv_hs, arg) != 0)
 		die("handshake");
 }
 
@@ -309,7 +309,7 @@ static void tw_connected(tw_comm *comm, int err, void *arg)
 	if (err != 0)
 		die("connect");
 	t->comm = comm;
-	if (tw_comm_handshake(comm, 0, tw_send_hs, t) != 0)
+	if (tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, tw_send_hs, t) != 0)
 		die("handshake");
 }
 

@@ -158,7 +158,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 {
 	struct client *cl = arg;
 	if (err == 0)
-		err = tw_comm_handshake(comm, 0, on_handshake, cl);
+		err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_handshake, cl);
 	if (err != 0) {
 		fprintf(stderr, "tw-echo-client: connect failed: %s%s%s\n", tw_strerror(err),
 			*tw_context_last_error(cl->ctx) ? ": " : "",

@@ -189,7 +189,8 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 static void on_connect(tw_comm *comm, int err, void *arg)
 {
 	struct probe *p = arg;
-	if (err == 0 && (err = tw_comm_handshake(comm, 0, on_handshake, p)) == 0)
+	if (err == 0 &&
+	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_handshake, p)) == 0)
 		return;
 	fprintf(stderr, "tw-scheduler-probe: connect: %s: %s\n", tw_strerror(err),
 		tw_context_last_error(p->ctx));

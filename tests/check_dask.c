@@ -596,7 +596,8 @@ static void srv_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	struct echo_srv *s = arg;
 	(void)l;
-	if (s->ncomms == 8 || tw_comm_handshake(comm, 1, srv_handshake, s) != 0) {
+	if (s->ncomms == 8 ||
+	    tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, srv_handshake, s) != 0) {
 		tw_comm_free(comm);
 		s->hs_failures++;
 		return;

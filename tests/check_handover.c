@@ -574,7 +574,8 @@ static void wk_connected(tw_comm *comm, int err, void *arg)
 {
 	struct worker *w = arg;
 	w->comm = comm;
-	if (err == 0 && (err = tw_comm_handshake(comm, 0, wk_handshake, w)) == 0)
+	if (err == 0 &&
+	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, wk_handshake, w)) == 0)
 		return;
 	w->err = err;
 	w->done = 1;
@@ -1124,7 +1125,8 @@ static void cl_connected(tw_comm *comm, int err, void *arg)
 {
 	struct cl *c = arg;
 	c->comm = comm;
-	if (err == 0 && (err = tw_comm_handshake(comm, 0, cl_handshake, c)) == 0)
+	if (err == 0 &&
+	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, cl_handshake, c)) == 0)
 		return;
 	c->err = err;
 	c->done = 1;

@@ -436,7 +436,7 @@ static void client_connected(tw_comm *c, int err, void *arg)
 {
 	struct client *cl = arg;
 	cl->comm = c;
-	if (err != 0 || tw_comm_handshake(c, 0, client_handshake, cl) != 0)
+	if (err != 0 || tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, client_handshake, cl) != 0)
 		cl->closed = 1;
 }
 

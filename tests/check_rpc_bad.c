@@ -257,7 +257,7 @@ static void twice_hs(tw_comm *c, int err, const tw_handshake_info *info, void *a
 	struct twice *t = arg;
 	(void)info;
 	t->err = err;
-	t->after = tw_comm_handshake(c, 0, twice_hs, t);
+	t->after = tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, twice_hs, t);
 	t->done = 1;
 }
 
@@ -266,8 +266,8 @@ static void twice_connected(tw_comm *c, int err, void *arg)
 	struct twice *t = arg;
 	ck_assert_int_eq(err, 0);
 	t->comm = c;
-	ck_assert_int_eq(tw_comm_handshake(c, 0, twice_hs, t), 0);
-	t->during = tw_comm_handshake(c, 0, twice_hs, t);
+	ck_assert_int_eq(tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, twice_hs, t), 0);
+	t->during = tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, twice_hs, t);
 }
 
 static void twice_recv(tw_comm *c, tw_decoded *d, int err, const char *detail, void *arg)
@@ -596,7 +596,7 @@ static void dup_hs(tw_comm *c, int err, const tw_handshake_info *info, void *arg
 static void dup_accept(tw_listener *l, tw_comm *c, void *arg)
 {
 	(void)l;
-	ck_assert_int_eq(tw_comm_handshake(c, 1, dup_hs, arg), 0);
+	ck_assert_int_eq(tw_comm_handshake(c, TW_HANDSHAKE_LISTENER, dup_hs, arg), 0);
 }
 
 struct chain {

@@ -467,7 +467,7 @@ static void hs_then_close(tw_listener *l, tw_comm *c, void *arg)
 {
 	(void)l;
 	(void)arg;
-	ck_assert_int_eq(tw_comm_handshake(c, 1, hs_close_done, NULL), 0);
+	ck_assert_int_eq(tw_comm_handshake(c, TW_HANDSHAKE_LISTENER, hs_close_done, NULL), 0);
 	tw_comm_close(c); /* after the handshake our side writes first */
 }
 
@@ -1426,7 +1426,7 @@ static void connected_cb(tw_comm *c, int err, void *arg)
 {
 	int *n = arg;
 	ck_assert_int_eq(err, 0);
-	ck_assert_int_eq(tw_comm_handshake(c, 0, never_hs, NULL), 0);
+	ck_assert_int_eq(tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, never_hs, NULL), 0);
 	++*n;
 }
 

@@ -1278,7 +1278,8 @@ static void dec_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	struct dec_srv *s = arg;
 	(void)l;
-	if (s->ncomms == 8 || tw_comm_handshake(comm, 1, dec_handshake, s) != 0) {
+	if (s->ncomms == 8 ||
+	    tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, dec_handshake, s) != 0) {
 		tw_comm_free(comm);
 		return;
 	}

@@ -22,7 +22,7 @@
 static void dask_mode(tw_context *ctx)
 {
 	tw_tls_config *cfg = tt_config("ca.pem", "cert.pem", "key.pem");
-	tw_tls_config_set_verify_hostname(cfg, 0);
+	tw_tls_config_set_verify_hostname(cfg, false);
 	ck_assert_int_eq(tw_context_set_tls(ctx, cfg), 0);
 	tw_tls_config_free(cfg);
 }

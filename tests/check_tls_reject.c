@@ -303,7 +303,7 @@ START_TEST(hostname_checked)
 	unsigned port = tt_uri_port(h.addr);
 	char host[64], uri[128], why[512];
 	int rv;
-	tw_tls_config_set_verify_hostname(cfg, 0);
+	tw_tls_config_set_verify_hostname(cfg, false);
 	ck_assert_int_eq(tw_context_set_tls(lax, cfg), 0);
 	tw_tls_config_free(cfg);
 	if (resolves_to_loopback("localhost")) {

@@ -98,7 +98,8 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 {
 	struct du_client *c = arg;
 	c->comm = comm;
-	if (err == 0 && (err = tw_comm_handshake(comm, 0, on_handshake, c)) == 0)
+	if (err == 0 &&
+	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_handshake, c)) == 0)
 		return;
 	c->err = err;
 	c->done = 1;

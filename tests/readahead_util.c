@@ -816,7 +816,8 @@ static void on_accept(tw_listener *l, tw_comm *c, void *arg)
 	struct listen_arg *la = arg;
 	(void)l;
 	if (la->dask)
-		ck_assert_int_eq(tw_comm_handshake(c, 1, on_handshake, la->h), 0);
+		ck_assert_int_eq(tw_comm_handshake(c, TW_HANDSHAKE_LISTENER, on_handshake, la->h),
+				 0);
 	else
 		keep_peer(la->h, c);
 }

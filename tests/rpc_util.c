@@ -485,7 +485,7 @@ static void rw_connected(tw_comm *c, int err, void *arg)
 {
 	struct rw *w = arg;
 	w->comm = c;
-	if (err == 0 && (err = tw_comm_handshake(c, 0, rw_handshake, w)) == 0)
+	if (err == 0 && (err = tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, rw_handshake, w)) == 0)
 		return;
 	w->err = err;
 	w->done = 1;

@@ -282,7 +282,7 @@ static void on_accept(tw_listener *l, tw_comm *c, void *arg)
 	(void)l;
 	if (!la->dask)
 		start_server_peer(la->h, c);
-	else if (tw_comm_handshake(c, 1, on_server_handshake, la) != 0)
+	else if (tw_comm_handshake(c, TW_HANDSHAKE_LISTENER, on_server_handshake, la) != 0)
 		tw_comm_free(c);
 }
 

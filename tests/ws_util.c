@@ -522,7 +522,7 @@ static void on_dask_handshake(tw_comm *c, int err, const tw_handshake_info *info
 static void on_dask_accept(tw_listener *l, tw_comm *c, void *arg)
 {
 	(void)l;
-	if (tw_comm_handshake(c, 1, on_dask_handshake, arg) != 0)
+	if (tw_comm_handshake(c, TW_HANDSHAKE_LISTENER, on_dask_handshake, arg) != 0)
 		tw_comm_free(c);
 }
 

@@ -37,16 +37,28 @@ typedef struct tw_handshake_info {
  * the comm is closed: free it. Runs on the loop thread. */
 typedef void (*tw_handshake_cb)(tw_comm *comm, int err, const tw_handshake_info *info, void *arg);
 
+/* Which end of the comm this side is: the listener's end writes its
+ * handshake first, the connector's reads first (Dask's
+ * distributed/comm/core.py, Listener.on_connection and connect). */
+enum tw_handshake_side {
+	TW_HANDSHAKE_CONNECTOR = 0, /* a comm from tw_comm_connect */
+	TW_HANDSHAKE_LISTENER = 1   /* a comm from a listener's accept callback */
+};
+
 /* tw_comm_handshake: run the handshake on a fresh comm (no callbacks set
- * yet). `listener_side` is 1 for a comm from a listener (it writes first),
- * 0 for a connected one. Offers the context's compression
+ * yet) as `side`. Offers the context's compression
  * (tw_context_set_compression) and gives up after its handshake timeout.
  * After success the comm also places the shards of split payloads
  * adjacently (so tw_decode merges them without a copy) and
- * tw_comm_compression tells the negotiated codec. Returns 0 (cb runs
- * exactly once), TW_EINVAL (callbacks already set, a handshake already
- * run or running on this comm, NULL cb) or TW_ENOMEM. */
-int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void *arg);
+ * tw_comm_compression tells the negotiated codec. Loop thread.
+ * Returns 0 (cb runs exactly once), or:
+ *   TW_EINVAL  comm or cb NULL, side not a tw_handshake_side, callbacks
+ *              already set, or a handshake already run or running on comm
+ *   TW_ECLOSED the comm has ended
+ *   TW_ENOMEM  out of memory
+ *   TW_EIO     the loop refused the comm's events or timer
+ * On an error cb never runs and the comm is as it was: free it. */
+int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_cb cb, void *arg);
 
 /* tw_comm_compression: the negotiated codec name ("zstd", "lz4") to pass
  * to tw_builder_new, or NULL for none or before the handshake. */

@@ -77,7 +77,7 @@ int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_time
 int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
 		 void *arg, tw_call **out);
 
-/* Flags of tw_pool_call_flags. TW_CALL_IDEMPOTENT: the request may be
+/* Flags of tw_pool_call_flags, or-ed. TW_CALL_IDEMPOTENT: the request may be
  * sent again (it reads, or its effect does not add up), so a try that
  * fails for the connection's sake is retried (tw_pool_set_retry).
  * TW_CALL_ACK_OK: when the reply is a map whose "status" is the str
@@ -89,11 +89,10 @@ int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_
  * assert response == "OK"`; utils_comm.py get_data_from_worker writes
  * it). If the acknowledgement cannot be queued, the comm is dropped (never
  * reused) and the call still gets its reply. */
-#define TW_CALL_IDEMPOTENT 1u
-#define TW_CALL_ACK_OK     2u
+enum tw_call_flag { TW_CALL_IDEMPOTENT = 1 << 0, TW_CALL_ACK_OK = 1 << 1 };
 
-/* tw_pool_call_flags: tw_pool_call with flags (0, or TW_CALL_IDEMPOTENT
- * and TW_CALL_ACK_OK or-ed; see above for each).
+/* tw_pool_call_flags: tw_pool_call with flags: 0, or tw_call_flag values
+ * or-ed (see above for each).
  * An idempotent call that fails with TW_ECONNREFUSED, TW_ECLOSED,
  * TW_EIO, TW_ETIMEDOUT, TW_EHANDSHAKE or TW_ETRUNCATED is tried again,
  * up to the pool's retry count, after a backoff of delay_min * 2^i ms

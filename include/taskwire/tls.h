@@ -11,6 +11,8 @@
 #ifndef TASKWIRE_TLS_H
 #define TASKWIRE_TLS_H
 
+#include <stdbool.h>
+
 #include <taskwire/context.h>
 
 #ifdef __cplusplus
@@ -43,11 +45,13 @@ int tw_tls_config_set_ca_file(tw_tls_config *cfg, const char *path);
  * tw_tls_config_last_error). */
 int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path, const char *key_path);
 
-/* Listeners require and verify client certificates (default 1). */
-void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, int on);
-/* Connectors to a host name check it against the peer's certificate
- * (default 1; Dask-compatible mode is 0). */
-void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, int on);
+/* tw_tls_config_set_require_client_cert: listeners require and verify
+ * client certificates (default true). */
+void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, bool on);
+/* tw_tls_config_set_verify_hostname: connectors to a host name check it
+ * against the peer's certificate (default true; Dask-compatible mode is
+ * false). */
+void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, bool on);
 /* OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites keep OpenSSL's
  * defaults). Returns 0 or TW_EINVAL. */
 int tw_tls_config_set_ciphers(tw_tls_config *cfg, const char *list);

@@ -17,7 +17,7 @@
 
 struct hs {
 	uint64_t max_message_bytes; /* the comm's limit, restored after */
-	int listener_side;
+	enum tw_handshake_side side;
 	tw_handshake_cb cb;
 	void *arg;
 };
@@ -156,7 +156,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	tw_handshake_info info;
 	struct tw__dask_place *place;
 	int rv = parse_info(comm, msg, &info);
-	if (rv == 0 && !h->listener_side)
+	if (rv == 0 && h->side == TW_HANDSHAKE_CONNECTOR)
 		rv = write_info(comm);
 	if (rv == 0 && (place = calloc(1, sizeof(*place))) == NULL)
 		rv = TW_ENOMEM;
@@ -186,17 +186,18 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	finish(comm, h, err, NULL, NULL);
 }
 
-int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void *arg)
+int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_cb cb, void *arg)
 {
 	struct hs *h;
 	int rv;
 	/* once per comm: a second one would free the placement state the
 	 * transport holds from the first (comm->proto) */
-	if (comm == NULL || cb == NULL || comm->recv_cb != NULL || comm->proto != NULL)
+	if (comm == NULL || cb == NULL || comm->recv_cb != NULL || comm->proto != NULL ||
+	    (side != TW_HANDSHAKE_CONNECTOR && side != TW_HANDSHAKE_LISTENER))
 		return TW_EINVAL;
 	if ((h = calloc(1, sizeof(*h))) == NULL)
 		return TW_ENOMEM;
-	h->listener_side = listener_side;
+	h->side = side;
 	h->cb = cb;
 	h->arg = arg;
 	h->max_message_bytes = comm->limits.max_message_bytes;
@@ -205,7 +206,7 @@ int tw_comm_handshake(tw_comm *comm, int listener_side, tw_handshake_cb cb, void
 	tw__comm_set_proto(comm, h, free);
 	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
 	    (rv = tw__comm_arm_timeout(comm, comm->limits.handshake_timeout_ms)) != 0 ||
-	    (listener_side && (rv = write_info(comm)) != 0)) {
+	    (side == TW_HANDSHAKE_LISTENER && (rv = write_info(comm)) != 0)) {
 		tw__comm_detach(comm);
 		comm->proto = NULL;
 		comm->proto_free = NULL;

@@ -491,7 +491,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	struct pcomm *pc = arg;
 	pc->comm = comm;
 	if (err == 0 && pc->dest != NULL &&
-	    (err = tw_comm_handshake(comm, 0, on_handshake, pc)) == 0)
+	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_handshake, pc)) == 0)
 		return;
 	if (pc->dest != NULL)
 		say_dest(pc->dest, "%s",

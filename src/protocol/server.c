@@ -347,7 +347,7 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 	sc->prev = &sh->conns;
 	sh->conns.next->prev = sc;
 	sh->conns.next = sc;
-	if (tw_comm_handshake(comm, 1, on_handshake, sc) != 0)
+	if (tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, on_handshake, sc) != 0)
 		conn_free(sc);
 }
 

@@ -190,15 +190,15 @@ int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path, con
 	return 0;
 }
 
-void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, int on)
+void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, bool on)
 {
-	cfg->require_client_cert = on != 0;
+	cfg->require_client_cert = on;
 	set_verify(cfg);
 }
 
-void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, int on)
+void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, bool on)
 {
-	cfg->verify_hostname = on != 0;
+	cfg->verify_hostname = on;
 }
 
 int tw_tls_config_set_ciphers(tw_tls_config *cfg, const char *list)

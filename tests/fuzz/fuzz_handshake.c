@@ -90,7 +90,8 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	(void)l;
 	(void)arg;
-	check(current != NULL && tw_comm_handshake(comm, 1, on_hs, current) == 0);
+	check(current != NULL &&
+	      tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, on_hs, current) == 0);
 }
 
 static void on_connect(tw_comm *comm, int err, void *arg)
@@ -98,7 +99,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	struct hs_run *r = arg;
 	check(err == 0);
 	r->connected = 1;
-	check(tw_comm_handshake(comm, 0, on_hs, arg) == 0);
+	check(tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_hs, arg) == 0);
 }
 
 struct side {
