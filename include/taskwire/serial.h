@@ -9,7 +9,17 @@
  * sender splitting a payload into shards says so in `split-num-sub-frames`
  * and `split-offsets`; a receiver merges them back (zero-copy when they are
  * adjacent, which the comm's placement arranges) and decompresses each
- * sub-frame named in `compression`. taskwire never splits when it sends. */
+ * sub-frame named in `compression`. taskwire never splits when it sends.
+ *
+ * msgpack-c is part of taskwire's API: frame 0 is written with msgpack-c's
+ * packer (tw_builder_packer returns a msgpack_packer *) and read as
+ * msgpack-c objects (msgpack_object, tw_payload.sub_header), so this
+ * header includes <msgpack.h>, and a program that uses it builds and links
+ * against msgpack-c's C API, version 4.x (pkg-config module `msgpack` >=
+ * 4.0.0, libmsgpackc.so.2; taskwire.pc requires it). The layouts of those
+ * types are msgpack-c's: a msgpack-c that changes them needs a new
+ * taskwire SONAME (docs/versioning.md). Nothing else in taskwire's API
+ * exposes msgpack-c. */
 #ifndef TASKWIRE_SERIAL_H
 #define TASKWIRE_SERIAL_H
 
@@ -17,6 +27,10 @@
 #include <stdint.h>
 
 #include <msgpack.h>
+
+#if !defined(MSGPACK_VERSION_MAJOR) || MSGPACK_VERSION_MAJOR < 4
+#error "taskwire needs msgpack-c 4.x (its C API: msgpack.h)"
+#endif
 
 #include <taskwire/buf.h>
 #include <taskwire/msg.h>
@@ -43,11 +57,6 @@ int tw_builder_new(const char *compression, tw_builder **out);
  * tw_builder_pack_* functions below where a payload goes. Valid until the
  * builder is freed. */
 msgpack_packer *tw_builder_packer(tw_builder *b);
-
-/* tw_msgpack_pack_str: pack the NUL-terminated UTF-8 string s as a msgpack str
- * (msgpack-c has no one-call form). Returns msgpack-c's result: 0 or -1
- * when out of memory. */
-int tw_msgpack_pack_str(msgpack_packer *pk, const char *s);
 
 /* tw_builder_pack_bytes: at the packer's current position, pack a
  * placeholder for `data` as raw bytes (serializer "dask", type "bytes";
@@ -140,6 +149,14 @@ int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t
 /* tw_decoded_free: free the tree and payloads, drop the message. Accepts
  * NULL. */
 void tw_decoded_free(tw_decoded *d);
+
+/* msgpack-c helpers (tw_msgpack_*): what msgpack-c lacks for Dask's
+ * str-keyed maps. */
+
+/* tw_msgpack_pack_str: pack the NUL-terminated UTF-8 string s as a msgpack str
+ * (msgpack-c has no one-call form). Returns msgpack-c's result: 0 or -1
+ * when out of memory. */
+int tw_msgpack_pack_str(msgpack_packer *pk, const char *s);
 
 /* tw_msgpack_map_get: the value of str key `key` in map `m`, or NULL when m is not
  * a map or has no such key. Of duplicate keys the last counts, as in the
