@@ -33,15 +33,20 @@ typedef struct tw_slice {
 
 /* tw_block_new: allocate a block of `size` bytes (0 is allowed), contents
  * undefined, with one reference owned by the caller (drop it with
- * tw_block_free). Returns 0 and sets *out, or TW_ENOMEM, or TW_EINVAL
- * if out is NULL. */
+ * tw_block_free). Any thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  out is NULL
+ *   TW_ENOMEM  out of memory (or of address space for a mapped block) */
 int tw_block_new(size_t size, tw_block **out);
 
 /* tw_block_wrap: make a block over caller memory `data` of `size` bytes,
  * without copying it (zero-copy send of application buffers). When the last
  * reference goes, `release(data, arg)` runs once, on the thread that dropped
  * it; release may be NULL. The caller owns the one returned reference.
- * Returns 0, TW_ENOMEM (release is then not called) or TW_EINVAL. */
+ * Any thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  out is NULL, or data is NULL with size > 0
+ *   TW_ENOMEM  out of memory (release is then not called) */
 int tw_block_wrap(void *data, size_t size, void (*release)(void *data, void *arg), void *arg,
 		  tw_block **out);
 

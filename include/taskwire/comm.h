@@ -54,14 +54,20 @@ typedef void (*tw_close_cb)(tw_comm *comm, int err, void *arg);
 /* The write queue became empty: every queued message was handed to the
  * kernel. */
 typedef void (*tw_drain_cb)(tw_comm *comm, void *arg);
-/* tw_comm_connect finished: on success err is 0 and comm is the new comm, owned
- * by the application; on failure comm is NULL and err is TW_ECONNREFUSED,
- * TW_ETIMEDOUT (connect, TLS or WebSocket upgrade time), TW_EADDR, TW_EIO,
- * TW_ETLS (the TLS handshake or a certificate check failed), TW_EPROTO (the
- * WebSocket upgrade was refused) or TW_EINVAL (tls:// or wss:// with no
- * TLS configuration); tw_context_last_error gives the reason. Under TLS
- * 1.3 a server refuses a client certificate after the client finished its
- * handshake: the client then learns it from TW_ETLS on its first read. */
+/* tw_comm_connect finished: on success err is 0 and comm is the new comm,
+ * owned by the application; on failure comm is NULL,
+ * tw_context_last_error gives the reason, and err is one of:
+ *   TW_ECONNREFUSED  nothing listens at the address
+ *   TW_ETIMEDOUT     the connect timeout ran out (resolving, connect, TLS
+ *                    handshake or WebSocket upgrade)
+ *   TW_EADDR         the host name does not resolve
+ *   TW_EIO           the system refused (socket, connect, a reset)
+ *   TW_ETLS          the TLS handshake or a certificate check failed
+ *   TW_EPROTO        the WebSocket upgrade was refused
+ *   TW_EINVAL        tls:// or wss:// with no TLS configuration
+ * Under TLS 1.3 a server refuses a client certificate after the client
+ * finished its handshake: the client then learns it from TW_ETLS on its
+ * first read. */
 typedef void (*tw_connect_cb)(tw_comm *comm, int err, void *arg);
 /* A listener accepted `comm`, owned by the application from now on.
  * With several loop threads (tw_context_set_loop_threads) it runs on the
@@ -74,9 +80,16 @@ typedef void (*tw_accept_cb)(tw_listener *l, tw_comm *comm, void *arg);
 /* tw_listener_new: listen on `uri` (a numeric host, or a name resolved
  * synchronously). accept_cb runs for each new comm. A ws:// or wss://
  * URI may name no path but `/` (the only one served, as by Dask's ws
- * listener; an upgrade request for another gets 404). Returns 0 and sets
- * *out, or TW_EADDR (malformed URI, or another path), TW_ESCHEME (unknown
- * scheme), TW_EADDRINUSE, TW_EIO, TW_ENOMEM. */
+ * listener; an upgrade request for another gets 404). Loop thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL      ctx, accept_cb or out NULL; tls:// or wss:// on a context
+ *                  with no TLS configuration or one without a certificate
+ *   TW_EADDR       a malformed URI, a host that does not resolve, a ws path
+ *                  other than `/`
+ *   TW_ESCHEME     an unknown scheme
+ *   TW_EADDRINUSE  the address is taken
+ *   TW_EIO         the system refused (socket, bind, listen)
+ *   TW_ENOMEM      out of memory */
 int tw_listener_new(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, void *arg,
 		    tw_listener **out);
 /* With several loop threads, a listener accepts on loop 0 and hands each
@@ -90,14 +103,21 @@ int tw_listener_new(tw_context *ctx, const char *uri, tw_accept_cb accept_cb, vo
 
 /* tw_listener_address: the bound address as a URI, e.g.
  * "tcp://127.0.0.1:40123", written NUL-terminated into buf of `len` bytes.
- * Returns 0, or TW_ERANGE when buf is too small. */
+ * Returns 0, or:
+ *   TW_ERANGE  buf is NULL or too small */
 int tw_listener_address(const tw_listener *l, char *buf, size_t len);
 
 /* tw_accept_error_cb: a connection that listener l accepted failed before
  * it became a comm, so accept_cb never saw it: its TLS handshake (a
  * client refused for a missing or unknown certificate, with OpenSSL's
  * reason and the certificate check's), its ws upgrade, or their timeouts.
- * err: TW_ETLS, TW_ETIMEDOUT, TW_EPROTO, TW_ECLOSED, TW_EIO or TW_ENOMEM;
+ * err is one of:
+ *   TW_ETLS       the TLS handshake or the client's certificate failed
+ *   TW_ETIMEDOUT  the TLS handshake or ws upgrade took too long
+ *   TW_EPROTO     a bad ws upgrade request
+ *   TW_ECLOSED    the client closed first
+ *   TW_EIO        the socket failed (a reset)
+ *   TW_ENOMEM     out of memory
  * peer: the client's address as a URI ("tls://127.0.0.1:51234", kept from
  * accept, so it is there even for a client that reset at once); why: the
  * reason in words (also in tw_context_last_error). Both strings are valid
@@ -109,7 +129,9 @@ typedef void (*tw_accept_error_cb)(tw_listener *l, int err, const char *peer, co
 /* tw_listener_set_error_cb: run cb(l, err, peer, why, arg) for each
  * accepted connection that fails before it becomes a comm (NULL: none, the
  * default), so an operator can see why clients (workers) fail to join.
- * Loop thread. Returns 0 or TW_EINVAL (l NULL). */
+ * Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  l is NULL */
 int tw_listener_set_error_cb(tw_listener *l, tw_accept_error_cb cb, void *arg);
 
 /* tw_listener_free: stop listening and free. Comms already accepted live
@@ -122,15 +144,23 @@ void tw_listener_free(tw_listener *l);
  * resolves to is tried in turn; one that does not resolve fails the
  * connect with TW_EADDR. The connect, resolving included, fails with
  * TW_ETIMEDOUT after the context's connect timeout. ws:// and wss://
- * connectors request path `/`, and refuse a URI naming another.
- * Returns 0 (cb will run), or TW_EADDR (malformed URI, or a ws path other
- * than `/`), TW_ESCHEME, TW_ENOMEM (cb never runs). */
+ * connectors request path `/`, and refuse a URI naming another. Loop
+ * thread.
+ * Returns 0 (cb will run), or (cb never runs):
+ *   TW_EINVAL   ctx or cb NULL; tls:// or wss:// on a context with no TLS
+ *               configuration
+ *   TW_EADDR    a malformed URI, or a ws path other than `/`
+ *   TW_ESCHEME  an unknown scheme
+ *   TW_ENOMEM   out of memory */
 int tw_comm_connect(tw_context *ctx, const char *uri, tw_connect_cb cb, void *arg);
 
 /* tw_comm_set_callbacks: set the receive, close and drain callbacks (drain
  * may be NULL) and start reading. Messages that arrived before are kept by
- * the kernel until then. Call once per comm. Returns 0, TW_EINVAL (NULL
- * recv or close, or called twice) or TW_ECLOSED. */
+ * the kernel until then. Call once per comm.
+ * Returns 0, or:
+ *   TW_EINVAL   comm, recv_cb or close_cb NULL, or callbacks already set
+ *   TW_ECLOSED  the comm has ended
+ *   TW_EIO      the loop refused the comm's events */
 int tw_comm_set_callbacks(tw_comm *comm, tw_recv_cb recv_cb, tw_close_cb close_cb,
 			  tw_drain_cb drain_cb, void *arg);
 
@@ -138,9 +168,14 @@ int tw_comm_set_callbacks(tw_comm *comm, tw_recv_cb recv_cb, tw_close_cb close_c
  * comm takes the caller's reference to msg (hold one first to keep using
  * it); on error the caller still owns it. Frames are written straight from
  * their blocks with scatter-gather writes, never copied.
- * Returns 0, or TW_EAGAIN when the queue already holds the high-water mark
- * of bytes (wait for the drain callback), TW_EINVAL (no frames), TW_ETOOBIG
- * (more frames than the limit), TW_ECLOSED (comm closed or closing). */
+ * Returns 0, or:
+ *   TW_EAGAIN   the queue already holds the high-water mark of bytes, or
+ *               the context's write budget is spent: wait for the drain
+ *               callback
+ *   TW_EINVAL   comm or msg NULL, or msg has no frames
+ *   TW_ETOOBIG  more frames than the limit (tw_context_set_max_frames)
+ *   TW_ECLOSED  the comm is closed or closing
+ *   TW_ENOMEM   out of memory */
 int tw_comm_write(tw_comm *comm, tw_msg *msg);
 
 /* tw_comm_pause / tw_comm_resume: stop and restart delivering messages;
@@ -196,9 +231,9 @@ void tw_comm_abort(tw_comm *comm);
  * equivalent is the scheduler's worker-ttl check of heartbeats
  * (distributed/scheduler.py, Scheduler.check_worker_ttl).
  * Returns 0, or:
- * TW_EINVAL (comm NULL)
- * TW_ECLOSED (the comm has ended)
- * TW_ENOMEM */
+ *   TW_EINVAL   comm is NULL
+ *   TW_ECLOSED  the comm has ended
+ *   TW_ENOMEM   out of memory (its timer) */
 int tw_comm_set_recv_deadline_ms(tw_comm *comm, uint32_t ms);
 
 /* tw_comm_free: abort if still open (no close callback then; watchers of
@@ -276,7 +311,9 @@ const char *tw_comm_last_error(const tw_comm *comm);
 tw_context *tw_comm_context(const tw_comm *comm);
 
 /* tw_comm_peer_address / tw_comm_local_address: addresses as URIs, written
- * into buf of len bytes. Return 0 or TW_ERANGE. */
+ * into buf of len bytes.
+ * Returns 0, or:
+ *   TW_ERANGE  buf is NULL or too small */
 int tw_comm_peer_address(const tw_comm *comm, char *buf, size_t len);
 int tw_comm_local_address(const tw_comm *comm, char *buf, size_t len);
 

@@ -52,8 +52,12 @@ typedef struct tw_context tw_context;
  * loop thread that runs until tw_context_free. Other threads reach the
  * loop through an eventfd the loop watches (tw_context_call, offload
  * results), so an application's base needs no libevent locking; libevent's
- * pthread locking is enabled all the same (evthread_use_pthreads). Returns 0 and sets *out,
- * TW_ENOMEM, TW_EIO (thread or base could not be made) or TW_EINVAL. */
+ * pthread locking is enabled all the same (evthread_use_pthreads).
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  out is NULL
+ *   TW_ENOMEM  out of memory
+ *   TW_EIO     libevent's threading, the base, the eventfd or the loop
+ *              thread could not be made */
 int tw_context_new(struct event_base *base, tw_context **out);
 
 /* tw_context_free: abort every comm and listener still open (their close
@@ -67,9 +71,11 @@ void tw_context_free(tw_context *ctx);
 struct event_base *tw_context_base(tw_context *ctx);
 
 /* tw_context_call: run fn(arg) once on the loop thread, as soon as the
- * loop gets to it. Any thread. Returns 0 (fn will run exactly once unless
- * the context is freed first, in which case it runs with no loop during
- * tw_context_free) or TW_ENOMEM (fn never runs). */
+ * loop gets to it. Any thread. fn will run exactly once, unless the
+ * context is freed first: it then runs with no loop during
+ * tw_context_free.
+ * Returns 0, or:
+ *   TW_ENOMEM  out of memory (fn never runs) */
 int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
 
 /* tw_context_set_loop_threads: run the context on n event loops, each
@@ -87,11 +93,12 @@ int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
  * checks its own share), offload threads / n (at least 1) of its own.
  * Statistics stay process-wide. n = 1 (the default) changes nothing.
  * Call once, on loop 0's thread (or before its loop runs), before any
- * listener, comm or server exists on the context. Returns 0, or:
- * TW_EINVAL (n is 0 or above 1024, ctx is a loop or already has loops,
- *   or it has comms or listeners already)
- * TW_ENOMEM
- * TW_EIO (a thread or event_base could not be made)
+ * listener, comm or server exists on the context.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL, n 0 or above 1024, ctx is a loop or already has
+ *              loops, or it has comms or listeners already
+ *   TW_ENOMEM  out of memory
+ *   TW_EIO     a thread or event_base could not be made
  * The model is ZeroMQ's I/O threads and Netty's event loop group: one
  * socket, one thread. */
 int tw_context_set_loop_threads(tw_context *ctx, unsigned n);
@@ -133,18 +140,22 @@ struct evdns_base;
  * resolving and connecting together, and every address a name resolves
  * to is tried in turn. A name that does not resolve fails the connect
  * with TW_EADDR ("cannot resolve ..." in tw_context_last_error). Set it
- * before connecting. Loop thread. Returns 0, TW_ENOMEM or TW_EINVAL (ctx
- * NULL). */
+ * before connecting. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL
+ *   TW_ENOMEM  out of memory */
 int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *dns);
 
 /* Limits. Each applies to comms made after the call; call on the loop
- * thread (or before the loop starts). Values of 0 are refused with
- * TW_EINVAL unless stated. */
+ * thread (or before the loop starts). Each setter returns 0, or TW_EINVAL
+ * for the values its list names. */
 
 /* Largest message accepted, as the 8-byte `total` of the stream prelude
  * (bytes that follow it), checked before allocating. Default 4 GiB.
  * Until tw_context_set_max_frames is called, it also sets the frame
- * bound to bytes / 32 (TW_MAX_FRAMES_FOR). */
+ * bound to bytes / 32 (TW_MAX_FRAMES_FOR).
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or bytes 0 */
 int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
 /* Largest number of frames in one message. Default: the message limit
  * divided by 32 (134,217,728 for the default 4 GiB), following
@@ -155,7 +166,9 @@ int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
  * 65,536, refused it). The receiver's bookkeeping is 8 bytes of lengths
  * plus one 24-byte tw_slice per frame, allocated only once the lengths
  * have arrived: at bytes / 32 frames it stays within the message limit
- * (at bytes / 8, a message of empty frames could cost 4 times its size). */
+ * (at bytes / 8, a message of empty frames could cost 4 times its size).
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or frames 0 */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
 /* Time a tw_comm_connect may take before it fails with TW_ETIMEDOUT: it covers
  * every stage until the comm is usable (resolving, TCP, the TLS handshake,
@@ -163,7 +176,9 @@ int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
  * (tw_context_set_tls_handshake_timeout_ms, and the handshake timeout for
  * the upgrade), the sooner winning; tw_context_last_error then says
  * "timed out" and which bound it was. The Dask handshake that follows
- * (tw_comm_handshake) has its own timeout. Default 10,000 ms. */
+ * (tw_comm_handshake) has its own timeout. Default 10,000 ms.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
 /* The TCP timeout: how long a connection may stay stuck before the
  * kernel ends it, and its comm ends with TW_ETIMEDOUT ("Connection timed
@@ -183,9 +198,10 @@ int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
  * Applied once a connection is established (a connect's SYN retries stay
  * bounded by the connect timeout alone). Default 30,000 ms; 0 leaves the
  * kernel's defaults (keepalive after two hours; a peer that never reads
- * holds our queued bytes for as long as it stays connected); more than
- * INT32_MAX ms (about 24 days) is refused with TW_EINVAL. Keepalive's idle
- * time and interval are capped at the kernel's 32,767 s each. */
+ * holds our queued bytes for as long as it stays connected). Keepalive's
+ * idle time and interval are capped at the kernel's 32,767 s each.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL, or ms above INT32_MAX (about 24 days) */
 int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
 /* The close linger: how long a closing comm's bytes may stand still
  * before the close gives up. A comm closes when the application calls
@@ -201,7 +217,9 @@ int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
  * in tw_comm_last_error (see tw_comm_close for what delivered means).
  * Without it, a peer that stopped reading held a closing comm until the
  * TCP timeout (tw_context_set_tcp_timeout_ms), or for ever with none.
- * Default 5,000 ms. Returns 0, or TW_EINVAL (ctx NULL, or ms 0). */
+ * Default 5,000 ms.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms);
 /* Write-queue high-water mark: tw_comm_write refuses new messages with
  * TW_EAGAIN while this many bytes or more are queued, counting over tcp
@@ -210,7 +228,9 @@ int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms);
  * for a one-frame message, so a 64 MiB mark holds about 146,000 messages
  * of 100 bytes, 62 MB of RSS; it held 541,000, 225 MB, counting bytes
  * alone). tw_comm_queued_bytes counts the bytes alone.
- * Default 64 MiB. */
+ * Default 64 MiB.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or bytes 0 */
 int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
 
 /* Budgets across all comms of the context, in bytes. The limits above
@@ -272,20 +292,28 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
 int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes);
 int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
 /* The budgets now: the limit and the bytes reserved (receive) or queued
- * (write); either pointer may be NULL. Loop thread. Returns 0, or:
- *   TW_EINVAL  ctx NULL */
+ * (write); either pointer may be NULL. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
 int tw_context_receive_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used);
 int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used);
 /* Frames up to this size share a slab block with the prelude; larger frames
- * get exact-size blocks of their own. Default 64 KiB. */
+ * get exact-size blocks of their own. Default 64 KiB.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL, bytes 0, or bytes above 256 KiB (the size from
+ *              which blocks are mapped) */
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes);
 /* ws:// and wss://: a frame larger than this many bytes is sent as one
  * WebSocket message in fragments of at most this size (the transport
- * splits, never serialization). Default 8 MiB, Dask's default. */
+ * splits, never serialization). Default 8 MiB, Dask's default.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or bytes 0 */
 int tw_context_set_ws_shard_bytes(tw_context *ctx, size_t bytes);
 /* ws:// and wss://: most fragments one received WebSocket message may
  * have (RFC 6455 section 5.4); more ends the comm with close code 1009.
- * Default 4,096. */
+ * Default 4,096.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or fragments 0 */
 int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments);
 /* ws:// and wss://: the ping-rate policy, for pings a peer sends us (on
  * either side of the connection). RFC 6455 lets a peer ping at any time
@@ -302,39 +330,43 @@ int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments);
  * ping interval, ping strikes, then GOAWAY "too_many_pings"); gRPC clears
  * strikes when it sends data instead. Default 1,000 ms, far from what real
  * peers do: Python websockets pings every 20 s, Dask (tornado) and browsers
- * do not ping. 0 turns the policy off. Returns 0, or TW_EINVAL (ctx NULL). */
+ * do not ping. 0 turns the policy off.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
 int tw_context_set_ws_min_ping_interval_ms(tw_context *ctx, uint32_t ms);
 /* ws:// and wss://: early pings in a row that are forgiven (see
  * tw_context_set_ws_min_ping_interval_ms); the next early one fails the
  * comm. Default 2, gRPC's default: the third early ping in a row fails it.
- * 0 turns the policy off, as gRPC's max ping strikes of 0 does. Returns 0,
- * or TW_EINVAL (ctx NULL). */
+ * 0 turns the policy off, as gRPC's max ping strikes of 0 does.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
 int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes);
 /* The minimum receive rate, for every transport (tcp, tls, ws, wss), on
- * both sides of a connection. While a message is partly received, the
- * peer must keep sending at least `bytes_per_sec` bytes per second on
- * average, counted from the first read that left the message incomplete
- * (a message that arrives while we read it starts no clock and costs no
- * timer), once `grace_ms` milliseconds have passed since then. A slower
- * peer (one that declares a large message and drips its bytes, bug case
- * BH-24) ends the comm: the close callback gets TW_ETIMEDOUT, and
- * tw_comm_last_error gives the bytes, the time and the minimum; a ws or
- * wss comm first sends close code 1008 (policy violation, RFC 6455
- * section 7.4.1) when its own output is between frames. A comm with no
- * message in progress is never timed out by this (Dask comms sit idle
- * for hours). Time during which we do not read is not held against the
- * peer: the clock starts again when reading resumes after tw_comm_pause,
- * a paused handshake or delivery backpressure, and bytes that wait unread
- * in the socket (a loop that was busy) count as received. The models are
- * ASP.NET Kestrel's MinRequestBodyDataRate (240 bytes/s after a 5 s
- * grace period) and nginx's client_body_timeout (60 s between two
- * reads). Defaults 1,024 bytes/s and 60,000 ms, far below what any
+ * both sides of a connection. While a message is partly received, the peer
+ * must keep sending at least `bytes_per_sec` bytes per second on average,
+ * counted from the first read that left the message incomplete (a message
+ * that arrives while we read it starts no clock and costs no timer), once
+ * `grace_ms` milliseconds have passed since then. A slower peer (one that
+ * declares a large message and drips its bytes: docs/design.md, Receive
+ * path (tcp), slow peers) ends the comm: the close callback gets
+ * TW_ETIMEDOUT, and tw_comm_last_error gives the bytes, the time and the
+ * minimum; a ws or wss comm first sends close code 1008 (policy violation,
+ * RFC 6455 section 7.4.1) when its own output is between frames. A comm
+ * with no message in progress is never timed out by this (Dask comms sit
+ * idle for hours). Time during which we do not read is not held against
+ * the peer: the clock starts again when reading resumes after
+ * tw_comm_pause, a paused handshake or delivery backpressure, and bytes
+ * that wait unread in the socket (a loop that was busy) count as received.
+ * The models are ASP.NET Kestrel's MinRequestBodyDataRate (240 bytes/s
+ * after a 5 s grace period) and nginx's client_body_timeout (60 s between
+ * two reads). Defaults 1,024 bytes/s and 60,000 ms, far below what any
  * working peer sends: a busy Dask worker writing over ws awaits between
  * the WebSocket messages of one Dask message (distributed/comm/ws.py
- * write), and under load such a gap passed 10 s, the old grace.
- * 0 bytes/s turns the check off (grace_ms is then ignored). Returns 0,
- * or TW_EINVAL (ctx NULL, or grace_ms 0 with bytes_per_sec non-zero:
- * every message would have to arrive in the read that starts it). */
+ * write), and under load such a gap passed 10 s, the old grace. 0 bytes/s
+ * turns the check off (grace_ms is then ignored).
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL, or grace_ms 0 with bytes_per_sec non-zero (every
+ *              message would have to arrive in the read that starts it) */
 int tw_context_set_min_receive_rate(tw_context *ctx, uint32_t bytes_per_sec, uint32_t grace_ms);
 
 #pragma GCC visibility pop

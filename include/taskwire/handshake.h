@@ -30,11 +30,15 @@ typedef struct tw_handshake_info {
 
 /* The handshake finished: on success err is 0 and info (valid during the
  * call) says what was negotiated; set the comm's callbacks now (or later:
- * reading pauses until tw_comm_set_callbacks). On failure err is
- * TW_EPROTO (the peer's handshake is not a map, lacks `compression` or
- * `pickle-protocol`, or is not a message taskwire can decode),
- * TW_ETIMEDOUT, or the comm's error (TW_ECLOSED when the peer closed), and
- * the comm is closed: free it. Runs on the loop thread. */
+ * reading pauses until tw_comm_set_callbacks). On failure the comm is
+ * closed (free it), info is NULL, and err is one of:
+ *   TW_EPROTO     the peer's handshake is not a map, lacks `compression`
+ *                 or `pickle-protocol`, or is not a message taskwire can
+ *                 decode
+ *   TW_ETIMEDOUT  no handshake within the context's handshake timeout
+ *   TW_ECLOSED    the peer closed
+ *   (any code)    the comm's error (TW_EIO, TW_ETLS ...)
+ * Runs on the loop thread. */
 typedef void (*tw_handshake_cb)(tw_comm *comm, int err, const tw_handshake_info *info, void *arg);
 
 /* Which end of the comm this side is: the listener's end writes its
@@ -65,11 +69,16 @@ int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_c
 const char *tw_comm_compression(const tw_comm *comm);
 
 /* tw_context_set_compression: the codec this side offers in handshakes:
- * "zstd", "lz4" or NULL (default: none). Returns 0 or TW_ENOTSUP. */
+ * "zstd", "lz4" or NULL (default: none). Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL   ctx is NULL
+ *   TW_ENOTSUP  an unknown codec, or one this build lacks (lz4) */
 int tw_context_set_compression(tw_context *ctx, const char *codec);
 
 /* tw_context_set_handshake_timeout_ms: bound on the whole handshake, in
- * milliseconds (default 10,000). Returns 0 or TW_EINVAL for 0. */
+ * milliseconds (default 10,000). Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
 
 #pragma GCC visibility pop

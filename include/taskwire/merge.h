@@ -25,8 +25,10 @@ extern "C" {
  * one copy; stats merges_copied and payload_bytes_copied). On success the
  * caller owns one reference on out->block (NULL when the result is empty)
  * and still owns its parts. n may be 0 (empty result).
- * Returns 0, TW_ENOMEM, or TW_EINVAL (parts NULL with n > 0, or out NULL).
- * Any thread. */
+ * Any thread.
+ * Returns 0, or:
+ *   TW_EINVAL  out is NULL, or parts is NULL with n > 0
+ *   TW_ENOMEM  out of memory for the copy */
 int tw_merge(const tw_slice *parts, size_t n, tw_slice *out);
 
 #pragma GCC visibility pop

@@ -24,7 +24,9 @@ extern "C" {
 typedef struct tw_msg tw_msg;
 
 /* tw_msg_new: an empty message (0 frames) owned by the caller.
- * Returns 0 and sets *out, TW_ENOMEM or TW_EINVAL. */
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  out is NULL
+ *   TW_ENOMEM  out of memory */
 int tw_msg_new(tw_msg **out);
 
 /* tw_msg_hold: add a reference, returns m. tw_msg_free: drop one; the last
@@ -34,17 +36,25 @@ void tw_msg_free(tw_msg *m);
 
 /* tw_msg_append: add `frame` (a slice; len may be 0) as the last frame.
  * The message takes its own reference on frame->block; the caller keeps
- * its own. Returns 0, TW_ENOMEM, or TW_EINVAL (slice outside its block). */
+ * its own.
+ * Returns 0, or:
+ *   TW_EINVAL  m or frame is NULL, or the slice lies outside its block
+ *   TW_ENOMEM  out of memory */
 int tw_msg_append(tw_msg *m, const tw_slice *frame);
 
 /* tw_msg_append_copy: add a frame holding a copy of `len` bytes at `data`
- * (data may be NULL when len is 0). Returns 0 or TW_ENOMEM. */
+ * (data may be NULL when len is 0).
+ * Returns 0, or:
+ *   TW_EINVAL  m is NULL, or data is NULL with len > 0
+ *   TW_ENOMEM  out of memory */
 int tw_msg_append_copy(tw_msg *m, const void *data, size_t len);
 
 /* tw_msg_append_ref: add a frame that references caller memory without a
  * copy; `release(data, arg)` runs once when no message needs it any more
- * (after it was written, when the message is freed). Returns 0 or
- * TW_ENOMEM (release is then not called). */
+ * (after it was written, when the message is freed).
+ * Returns 0, or:
+ *   TW_EINVAL  m is NULL, or data is NULL with len > 0
+ *   TW_ENOMEM  out of memory (release is then not called) */
 int tw_msg_append_ref(tw_msg *m, const void *data, size_t len,
 		      void (*release)(void *data, void *arg), void *arg);
 

@@ -30,12 +30,15 @@ extern "C" {
  * first use (default: the number of online CPUs minus one, at least 1, so
  * the loop keeps a core and large decodes still run in parallel with it),
  * named "tw-offload" (top -H, gdb, /proc/PID/task/TID/comm).
- * Call before the first decoded delivery. Returns 0 or TW_EINVAL (0
- * threads, or the pool already started). */
+ * Call before the first decoded delivery. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL, threads 0, or the pool already started */
 int tw_context_set_offload_threads(tw_context *ctx, unsigned threads);
 
 /* tw_context_set_offload_threshold_bytes: 0 offloads every message,
- * TW_OFFLOAD_NEVER none. Default 10 MiB. Returns 0 or TW_EINVAL. */
+ * TW_OFFLOAD_NEVER none. Default 10 MiB. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
 int tw_context_set_offload_threshold_bytes(tw_context *ctx, uint64_t bytes);
 
 /* A decoded message: on success err is 0 and the callee owns d (free it
@@ -51,8 +54,12 @@ typedef void (*tw_decoded_cb)(tw_comm *comm, tw_decoded *d, int err, const char 
  * the comm ends (the peer closed, an error, or tw_comm_close), messages
  * received before are delivered first, then the close callback runs; after
  * tw_comm_abort or tw_comm_free, or while the comm is paused, they are
- * dropped.
- * Returns as tw_comm_set_callbacks, or TW_ENOMEM. */
+ * dropped. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL   comm, decoded_cb or close_cb NULL, or callbacks already set
+ *   TW_ECLOSED  the comm has ended
+ *   TW_ENOMEM   out of memory
+ *   TW_EIO      the loop refused the comm's events */
 int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_close_cb close_cb,
 				  tw_drain_cb drain_cb, void *arg);
 

@@ -38,16 +38,31 @@ typedef struct tw_call tw_call;
 
 /* The call finished. err is 0 with the reply (the callback owns it: free
  * it with tw_decoded_free; an op the server does not know replies nil,
- * as Dask's do); TW_EREMOTE when the server replied with an
- * uncaught-error map (reply holds it, owned the same way: read
- * `exception_text` and `traceback_text`); or, with reply NULL:
- * TW_ETIMEDOUT, TW_ECANCELED,
- * TW_ECONNREFUSED (nothing listens there), TW_EHANDSHAKE (no Dask handshake),
- * TW_ETLS (the TLS handshake failed), TW_ECLOSED or TW_EIO (the comm failed during the
- * call), TW_EPROTO (a new comm's peer sent a message before any request:
- * not a Dask server; the pool does not reconnect to it for the waiting
- * calls), a decode error, TW_EADDR/TW_ESCHEME, or TW_EINVAL (a tls:// or
- * wss:// address on a context with no TLS configuration);
+ * as Dask's do), or:
+ *   TW_EREMOTE       the server replied with an uncaught-error map: reply
+ *                    holds it, owned the same way (read `exception_text`
+ *                    and `traceback_text`)
+ * or, with reply NULL:
+ *   TW_ETIMEDOUT     no reply within the call's timeout (or the connect
+ *                    timed out)
+ *   TW_ECANCELED     tw_call_cancel, or tw_pool_free
+ *   TW_ECONNREFUSED  nothing listens at the address
+ *   TW_EHANDSHAKE    the peer did not complete the Dask handshake
+ *   TW_ETLS          the TLS handshake failed
+ *   TW_ECLOSED       the comm ended during the call (the peer closed)
+ *   TW_EIO           the comm failed during the call
+ *   TW_ETRUNCATED    the peer closed in the middle of the reply
+ *   TW_EPROTO        a new comm's peer sent a message before any request
+ *                    (not a Dask server; the pool does not reconnect to it
+ *                    for the waiting calls), or the reply did not decode
+ *   TW_ENOTSUP       the reply uses a codec this build lacks
+ *   TW_ETOOBIG       the reply is over the context's message limits
+ *   TW_EADDR         a malformed address, or a host that does not resolve
+ *   TW_ESCHEME       an unknown scheme
+ *   TW_EINVAL        a tls:// or wss:// address on a context with no TLS
+ *                    configuration
+ *   TW_ENOMEM        out of memory
+ *   (any code)       the err given to tw_pool_fail_address
  * tw_call_error(call) says why in words. Runs once, on the loop thread,
  * never from inside tw_pool_call. It may call tw_pool_call again (not
  * tw_pool_free: to stop after the last reply, break the loop and free the
@@ -55,14 +70,18 @@ typedef struct tw_call tw_call;
 typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg);
 
 /* tw_pool_new: a pool on ctx; it holds two timerfds (its call deadlines
- * and idle sweep) until tw_pool_free. Returns 0, TW_ENOMEM, TW_EINVAL, or
- * TW_EIO (the system gave no timerfd: out of descriptors). */
+ * and idle sweep) until tw_pool_free. Loop thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  ctx or out is NULL
+ *   TW_ENOMEM  out of memory
+ *   TW_EIO     the system gave no timerfd (out of descriptors) */
 int tw_pool_new(tw_context *ctx, tw_pool **out);
 
 /* tw_pool_set_limit: comms open (or connecting) per address, at least 1
  * (default 512). tw_pool_set_idle: idle comms kept per address (default
- * 16) and how long one may stay idle, ms (default 60,000). Return 0 or
- * TW_EINVAL. */
+ * 16) and how long one may stay idle, ms (default 60,000). Loop thread.
+ * Return 0, or:
+ *   TW_EINVAL  p NULL, or comms_per_address 0 (tw_pool_set_limit) */
 int tw_pool_set_limit(tw_pool *p, size_t comms_per_address);
 int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_timeout_ms);
 
@@ -70,10 +89,12 @@ int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_time
  * `op`, e.g. from tw_builder) to the server at uri, and call cb with the
  * reply within timeout_ms milliseconds (0: no timeout). The pool takes the
  * request on success; on error the caller keeps it. *out (may be NULL) is
- * a handle for tw_call_cancel, valid until cb runs.
- * Returns 0 (cb will run exactly once), TW_ENOMEM, TW_EINVAL (NULL
- * arguments, a request with no frames, a URI of 256 bytes or more), or
- * TW_ECLOSED (called from a callback that tw_pool_free runs). */
+ * a handle for tw_call_cancel, valid until cb runs. Loop thread.
+ * Returns 0 (cb will run exactly once), or (cb never runs):
+ *   TW_EINVAL   p, uri, request or cb NULL, a request with no frames, or
+ *               a URI of 256 bytes or more
+ *   TW_ECLOSED  called from a callback that tw_pool_free runs
+ *   TW_ENOMEM   out of memory */
 int tw_pool_call(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms, tw_reply_cb cb,
 		 void *arg, tw_call **out);
 
@@ -103,18 +124,19 @@ enum tw_call_flag { TW_CALL_IDEMPOTENT = 1 << 0, TW_CALL_ACK_OK = 1 << 1 };
  * keeps a reference to request until cb runs. Dask: retry_operation
  * (distributed/utils_comm.py), which retries OSError the same way.
  * Loop thread.
- * Returns 0 (cb will run exactly once), or:
- *   TW_ENOMEM   out of memory
+ * Returns 0 (cb will run exactly once), or (cb never runs):
  *   TW_EINVAL   as tw_pool_call, or an unknown flag
- *   TW_ECLOSED  called from a callback that tw_pool_free runs */
+ *   TW_ECLOSED  called from a callback that tw_pool_free runs
+ *   TW_ENOMEM   out of memory */
 int tw_pool_call_flags(tw_pool *p, const char *uri, tw_msg *request, uint32_t timeout_ms,
 		       unsigned flags, tw_reply_cb cb, void *arg, tw_call **out);
 
 /* tw_pool_set_retry: retries of idempotent calls: count (default 0, as
  * Dask's distributed.comm.retry.count: none), delay_min_ms (default
  * 1,000) and delay_max_ms (default 20,000), from the next failure on.
- * Loop thread. Returns 0, or:
- * TW_EINVAL (p NULL, delay_min_ms 0, or delay_max_ms below it) */
+ * Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  p NULL, delay_min_ms 0, or delay_max_ms below it */
 int tw_pool_set_retry(tw_pool *p, unsigned count, uint32_t delay_min_ms, uint32_t delay_max_ms);
 
 /* tw_call_cancel: cb runs now with TW_ECANCELED; the call's comm, if its
@@ -145,7 +167,7 @@ size_t tw_pool_open_comms(const tw_pool *p, const char *uri);
  * from inside tw_pool_free. Dask: the scheduler's remove_worker, after
  * which calls to the worker fail (distributed/scheduler.py).
  * Returns 0, or:
- * TW_EINVAL (p or uri NULL, err not negative, or the pool is being freed) */
+ *   TW_EINVAL  p or uri NULL, err not negative, or the pool is being freed */
 int tw_pool_fail_address(tw_pool *p, const char *uri, int err, const char *why);
 
 /* tw_pool_free: cancel every call (callbacks run with TW_ECANCELED),
@@ -157,14 +179,16 @@ void tw_pool_free(tw_pool *p);
 /* tw_rpc_call_sync: a blocking call for simple programs: runs the
  * context's loop until the reply comes (ctx must be on a base that is not
  * being dispatched, on the calling thread), or, for a context with its own
- * loop thread, waits for it. Same errors as tw_reply_cb; *reply is the
- * reply when the result is 0 or TW_EREMOTE, freed by the caller
- * (tw_decoded_free), and NULL otherwise (reply may be NULL only to get
- * TW_EINVAL). On an error, tw_context_last_error(ctx) holds the
- * call's tw_call_error text (on a context with its own loop thread, until
- * that thread records another failure). The request is taken in every case: it is freed on
- * every error, TW_EINVAL (a NULL argument, a request with no frames, a URI
- * of 256 bytes or more) included, so the caller never frees it. */
+ * loop thread, waits for it. *reply is the reply when the result is 0 or
+ * TW_EREMOTE, freed by the caller (tw_decoded_free), and NULL otherwise.
+ * On an error, tw_context_last_error(ctx) holds the call's tw_call_error
+ * text (on a context with its own loop thread, until that thread records
+ * another failure). The request is taken in every case: it is freed on
+ * every error, TW_EINVAL included, so the caller never frees it.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx, uri, request or reply NULL, a request with no frames,
+ *              or a URI of 256 bytes or more
+ *   (any code) of tw_reply_cb's list above, with the same cause */
 int tw_rpc_call_sync(tw_context *ctx, const char *uri, tw_msg *request, uint32_t timeout_ms,
 		     tw_decoded **reply);
 

@@ -49,7 +49,10 @@ typedef struct tw_decoded tw_decoded;
 /* tw_builder_new: a builder for one message. `compression` is the codec
  * for payload frames ("zstd", "lz4") or NULL for none; frames of 10,000 B
  * to 2 GiB are compressed and kept compressed only if that saves 10%.
- * Returns 0, TW_ENOMEM, or TW_ENOTSUP (unknown or not built codec). */
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL   out is NULL
+ *   TW_ENOTSUP  an unknown codec, or one this build lacks (lz4)
+ *   TW_ENOMEM   out of memory */
 int tw_builder_new(const char *compression, tw_builder **out);
 
 /* tw_builder_packer: the msgpack-c packer that writes frame 0. Pack one
@@ -62,13 +65,18 @@ msgpack_packer *tw_builder_packer(tw_builder *b);
  * placeholder for `data` as raw bytes (serializer "dask", type "bytes";
  * Python receives `bytes`). The frame is referenced, not copied (one more
  * reference on data->block), unless it is compressed.
- * Returns 0, TW_ENOMEM, TW_EINVAL. */
+ * Returns 0, or:
+ *   TW_EINVAL  b or data NULL, or the builder is finished
+ *   TW_ENOMEM  out of memory */
 int tw_builder_pack_bytes(tw_builder *b, const tw_slice *data);
 
 /* tw_builder_pack_msgpack: pack a placeholder for a structured value
  * carried out of band (serializer "msgpack"): `packed` holds len bytes of
- * one msgpack value, copied into the message. Returns 0, TW_ENOMEM,
- * TW_EINVAL. */
+ * one msgpack value, copied into the message.
+ * Returns 0, or:
+ *   TW_EINVAL  b NULL, packed NULL with len > 0, or the builder is
+ *              finished
+ *   TW_ENOMEM  out of memory */
 int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len);
 
 /* tw_builder_pack_object: pack `o`, a value inside the decoded message d
@@ -79,13 +87,17 @@ int tw_builder_pack_msgpack(tw_builder *b, const void *packed, size_t len);
  * fresh num-sub-frames, compression and split keys. d must outlive the
  * finished message only until tw_builder_finish (the message then holds
  * its own references). This is how an echo replies with its argument.
- * Returns 0, TW_ENOMEM, TW_EINVAL. */
+ * Returns 0, or:
+ *   TW_EINVAL  b or o NULL, or the builder is finished
+ *   TW_ENOMEM  out of memory */
 int tw_builder_pack_object(tw_builder *b, const tw_decoded *d, const msgpack_object *o);
 
 /* tw_builder_finish: the message (frame 0, then every payload group in
  * the order packed), owned by the caller. The builder is spent: only
- * tw_builder_free is valid after. Returns 0, TW_ENOMEM, or TW_EINVAL when
- * called twice. */
+ * tw_builder_free is valid after.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  b or out NULL, or called twice
+ *   TW_ENOMEM  out of memory */
 int tw_builder_finish(tw_builder *b, tw_msg **out);
 
 /* tw_builder_free: free the builder and what it holds. Accepts NULL. */
@@ -120,12 +132,17 @@ typedef struct tw_decode_limits {
  * logical frame (a view when adjacent, else one copy). msg is held by the
  * result until tw_decoded_free. `detail` (may be NULL) receives a
  * NUL-terminated reason on failure.
- * Returns 0 and sets *out, or TW_EPROTO (frame 0 empty, truncated, with
- * trailing bytes, invalid UTF-8 in a str, a placeholder or num-sub-frames
- * past the last frame, a bad sub-header, a size mismatch, corrupt
- * compressed data), TW_ENOTSUP (unknown codec), TW_ETOOBIG (a declared
- * size, or frame 0's unpacked objects, above the limit), TW_ENOMEM. Any
- * thread. */
+ * Any thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL   msg or out is NULL
+ *   TW_EPROTO   frame 0 empty, truncated, with trailing bytes, or with
+ *               invalid UTF-8 in a str; a placeholder or num-sub-frames
+ *               past the last frame; a bad sub-header; a size mismatch;
+ *               corrupt compressed data
+ *   TW_ENOTSUP  a codec that is unknown or not built
+ *   TW_ETOOBIG  a declared size, or frame 0's unpacked objects, above the
+ *               limit
+ *   TW_ENOMEM   out of memory */
 int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **out, char *detail,
 	      size_t detail_len);
 
@@ -143,7 +160,8 @@ const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *
  * peers send bytes: a placeholder of one logical frame (out of band), or an
  * inline msgpack bin (a peer that deserialized and re-sent it). *p points
  * into d (valid until tw_decoded_free), *n is the length in bytes.
- * Returns 0, or TW_EINVAL when o is neither (or NULL). */
+ * Returns 0, or:
+ *   TW_EINVAL  o is neither (or NULL) */
 int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n);
 
 /* tw_decoded_free: free the tree and payloads, drop the message. Accepts
@@ -153,17 +171,19 @@ void tw_decoded_free(tw_decoded *d);
 /* msgpack-c helpers (tw_msgpack_*): what msgpack-c lacks for Dask's
  * str-keyed maps. */
 
-/* tw_msgpack_pack_str: pack the NUL-terminated UTF-8 string s as a msgpack str
- * (msgpack-c has no one-call form). Returns msgpack-c's result: 0 or -1
- * when out of memory. */
+/* tw_msgpack_pack_str: pack the NUL-terminated UTF-8 string s as a
+ * msgpack str (msgpack-c has no one-call form). Returns msgpack-c's
+ * result, not a taskwire error code: 0, or -1 when its buffer is out of
+ * memory. */
 int tw_msgpack_pack_str(msgpack_packer *pk, const char *s);
 
-/* tw_msgpack_map_get: the value of str key `key` in map `m`, or NULL when m is not
- * a map or has no such key. Of duplicate keys the last counts, as in the
+/* tw_msgpack_map_get: the value of str key `key` in map `m`, or NULL when
+ * m is not a map or has no such key. Of duplicate keys the last counts, as in the
  * dict Python's msgpack unpacks from the same bytes. */
 const msgpack_object *tw_msgpack_map_get(const msgpack_object *m, const char *key);
 
-/* tw_msgpack_str_eq: 1 when o is a str equal to s. */
+/* tw_msgpack_str_eq: 1 when o is a str equal to s, else 0
+ * (not a taskwire error code). */
 int tw_msgpack_str_eq(const msgpack_object *o, const char *s);
 
 #pragma GCC visibility pop

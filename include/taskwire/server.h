@@ -47,23 +47,32 @@ typedef struct tw_request tw_request;
  * or tw_request_keep_stream. */
 typedef void (*tw_op_fn)(tw_request *req, void *arg);
 
-/* tw_server_new: a server on ctx with the built-in ops. Returns 0,
- * TW_ENOMEM or TW_EINVAL. */
+/* tw_server_new: a server on ctx with the built-in ops. Loop thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  ctx or out is NULL
+ *   TW_ENOMEM  out of memory */
 int tw_server_new(tw_context *ctx, tw_server **out);
 
 /* tw_server_add_op: register (or replace: identity and echo too) the
  * handler of op `name` (copied). `close` and `connection_stream` are the
- * server's own and are never dispatched to a handler. Returns 0,
- * TW_ENOMEM or TW_EINVAL. */
+ * server's own and are never dispatched to a handler. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  s, name or fn is NULL
+ *   TW_ENOMEM  out of memory */
 int tw_server_add_op(tw_server *s, const char *name, tw_op_fn fn, void *arg);
 
 /* tw_server_listen: listen on uri as well (any transport); the comms it
- * accepts do the handshake, then serve requests. Returns as tw_listener_new, or
- * TW_EINVAL when the context got its loop threads after tw_server_new. */
+ * accepts do the handshake, then serve requests. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  s NULL, or the context got its loop threads after
+ *              tw_server_new
+ *   (any code) of tw_listener_new's list, with the same cause */
 int tw_server_listen(tw_server *s, const char *uri);
 
 /* tw_server_address: the bound URI of the i-th listen, into buf of len
- * bytes. Returns 0, TW_ERANGE (buf too small or no such listener). */
+ * bytes.
+ * Returns 0, or:
+ *   TW_ERANGE  buf NULL or too small, s NULL, or no i-th listener */
 int tw_server_address(const tw_server *s, size_t i, char *buf, size_t len);
 
 /* tw_server_free: stop listening and abort every comm, those still in
@@ -80,7 +89,8 @@ void tw_server_free(tw_server *s);
 
 /* The request: its op, its argument `key` (NULL when absent), the whole
  * decoded message (payloads through tw_decoded_payload), and whether the
- * caller wants a reply. Valid until the reply. */
+ * caller wants a reply (1 or 0, not a taskwire error code). Valid until
+ * the reply. */
 const char *tw_request_op(const tw_request *r);
 const msgpack_object *tw_request_arg(const tw_request *r, const char *key);
 const tw_decoded *tw_request_decoded(const tw_request *r);
@@ -144,17 +154,23 @@ tw_builder *tw_request_reply_builder(tw_request *r);
  * unless the caller asked for no reply (a kept request: see
  * tw_request_keep_stream), then read the next request (or
  * close the comm when the request said `close`). Frees r in every case.
- * Returns 0, or TW_ENOMEM / TW_ECLOSED (the comm went away: the reply is
- * dropped), or TW_ETOOBIG (the reply has more frames than the comm's
- * limit, tw_context_set_max_frames: the caller got an uncaught-error reply
- * "reply not sent: ..." instead, at once, and the comm serves on). */
+ * Loop thread.
+ * Returns 0, or:
+ *   TW_ECLOSED  the comm went away: the reply is dropped
+ *   TW_ENOMEM   out of memory: the reply is dropped and the comm closed
+ *   TW_ETOOBIG  the reply has more frames than the comm's limit
+ *               (tw_context_set_max_frames): the caller got an
+ *               uncaught-error reply "reply not sent: ..." instead, at
+ *               once, and the comm serves on */
 int tw_request_reply(tw_request *r);
 
 /* tw_request_reply_error: reply {"status": "uncaught-error", "exception":
  * exception_text, "traceback": nil, "exception_text": ...,
  * "traceback_text": ...} (texts may be NULL: ""), which Python's rpc raises
  * as an Exception; whatever was already packed is discarded. Frees r.
- * Returns as tw_request_reply. */
+ * Loop thread.
+ * Returns 0, or:
+ *   (any code) of tw_request_reply's list, with the same cause */
 int tw_request_reply_error(tw_request *r, const char *exception_text, const char *traceback_text);
 
 #pragma GCC visibility pop

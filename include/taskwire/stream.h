@@ -31,7 +31,10 @@ typedef void (*tw_stream_fn)(tw_comm *comm, const tw_decoded *d, const msgpack_o
 			     void *arg);
 
 /* tw_server_add_stream_op: register the handler of stream op `name`.
- * Maps with an unknown op are skipped. Returns 0, TW_ENOMEM, TW_EINVAL. */
+ * Maps with an unknown op are skipped. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  s, name or fn is NULL
+ *   TW_ENOMEM  out of memory */
 int tw_server_add_stream_op(tw_server *s, const char *name, tw_stream_fn fn, void *arg);
 
 /* Stream op tables usable on any comm: the connecting side of a stream (a
@@ -106,18 +109,23 @@ typedef struct tw_batched tw_batched;
  * a refused sender's drain callback runs); free the sender in any case.
  * When the comm is closed (tw_comm_close, or its server at close-stream),
  * the queued maps are written first, and later sends return TW_ECLOSED.
- * interval_ms 0 means the default. Returns 0, TW_ENOMEM, TW_EINVAL. Loop
- * thread. */
+ * interval_ms 0 means the default. Loop thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  comm or out is NULL, or the comm's codec cannot be used
+ *   TW_ENOMEM  out of memory */
 int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out);
 
 /* tw_batched_send: queue one msgpack map (`packed`, len bytes, copied; it
- * must not hold out-of-band placeholders) for the next batch. Returns 0,
- * TW_ENOMEM, TW_EINVAL (not one well-formed msgpack map, or a map is
- * open: tw_batched_begin), TW_ECLOSED, or
- * TW_EAGAIN when the queued batch and the comm's write queue would pass
- * the comm's write high-water mark (tw_context_set_write_hwm_bytes; one map
- * alone is always taken): send again from the sender's drain callback
- * (tw_batched_set_drain_cb). */
+ * must not hold out-of-band placeholders) for the next batch. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL   b or packed NULL, not one well-formed msgpack map, or a
+ *               map is open (tw_batched_begin)
+ *   TW_ECLOSED  the comm ended, is closing, or was freed
+ *   TW_EAGAIN   the queued batch and the comm's write queue would pass the
+ *               comm's write high-water mark (tw_context_set_write_hwm_bytes;
+ *               one map alone is always taken): send again from the
+ *               sender's drain callback (tw_batched_set_drain_cb)
+ *   TW_ENOMEM   out of memory */
 int tw_batched_send(tw_batched *b, const void *packed, size_t len);
 
 /* tw_batched_begin: a builder positioned to pack exactly ONE map into the
@@ -174,9 +182,13 @@ typedef void (*tw_batched_drain_fn)(tw_batched *b, void *arg);
 void tw_batched_set_drain_cb(tw_batched *b, tw_batched_drain_fn fn, void *arg);
 
 /* tw_batched_flush: write what is queued now, as one array message (with
- * the payload frames of its maps). Returns 0, TW_EINVAL while a map is
- * open (tw_batched_begin), or the tw_comm_write error (the batch is kept
- * on TW_EAGAIN and retried at the next interval). */
+ * the payload frames of its maps). Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL   a map is open (tw_batched_begin)
+ *   TW_ECLOSED  the comm ended, is closing, or was freed
+ *   TW_ENOMEM   out of memory
+ *   (any code) of tw_comm_write's list, with the same cause (the batch is
+ *              kept on TW_EAGAIN and retried at the next interval) */
 int tw_batched_flush(tw_batched *b);
 
 /* tw_batched_free: flush what is queued, then free. Accepts NULL. */

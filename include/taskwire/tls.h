@@ -26,7 +26,10 @@ typedef struct tw_tls_config tw_tls_config;
 #define TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS 10000
 
 /* tw_tls_config_new: an empty configuration (one reference, the
- * caller's). Returns 0, TW_ENOMEM or TW_EINVAL. */
+ * caller's). Any thread.
+ * Returns 0 and sets *out, or:
+ *   TW_EINVAL  out is NULL
+ *   TW_ENOMEM  out of memory (OpenSSL's contexts included) */
 int tw_tls_config_new(tw_tls_config **out);
 /* tw_tls_config_hold: take one more reference to cfg (any thread); returns
  * cfg. Each reference is dropped with tw_tls_config_free. */
@@ -35,14 +38,18 @@ tw_tls_config *tw_tls_config_hold(tw_tls_config *cfg);
 void tw_tls_config_free(tw_tls_config *cfg);
 
 /* tw_tls_config_set_ca_file: the PEM file of the CAs that sign peers'
- * certificates. Returns 0, or TW_EINVAL with tw_tls_config_last_error
- * naming the file and OpenSSL's reason. */
+ * certificates.
+ * Returns 0, or:
+ *   TW_EINVAL  cfg or path NULL, or OpenSSL cannot load the file
+ *              (tw_tls_config_last_error names it and OpenSSL's reason) */
 int tw_tls_config_set_ca_file(tw_tls_config *cfg, const char *path);
 
 /* tw_tls_config_set_cert_files: this side's certificate chain and private
  * key (PEM files), used by listeners and, for mutual TLS, by connectors.
- * Returns 0 or TW_EINVAL (unreadable file, key that does not match; see
- * tw_tls_config_last_error). */
+ * Returns 0, or:
+ *   TW_EINVAL  an argument NULL, an unreadable file, or a key that does
+ *              not match the certificate (tw_tls_config_last_error says
+ *              which) */
 int tw_tls_config_set_cert_files(tw_tls_config *cfg, const char *chain_path, const char *key_path);
 
 /* tw_tls_config_set_require_client_cert: listeners require and verify
@@ -52,8 +59,10 @@ void tw_tls_config_set_require_client_cert(tw_tls_config *cfg, bool on);
  * against the peer's certificate (default true; Dask-compatible mode is
  * false). */
 void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, bool on);
-/* OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites keep OpenSSL's
- * defaults). Returns 0 or TW_EINVAL. */
+/* tw_tls_config_set_ciphers: OpenSSL cipher list for TLS 1.2 (TLS 1.3
+ * suites keep OpenSSL's defaults).
+ * Returns 0, or:
+ *   TW_EINVAL  cfg or list NULL, or OpenSSL refuses the list */
 int tw_tls_config_set_ciphers(tw_tls_config *cfg, const char *list);
 
 /* The last configuration error, "" if none. */
@@ -61,13 +70,17 @@ const char *tw_tls_config_last_error(const tw_tls_config *cfg);
 
 /* tw_context_set_tls: the configuration tls:// comms of this context use
  * (NULL: none, tls:// then fails with TW_EINVAL). Holds a reference.
- * Returns 0 or TW_EINVAL. */
+ * Loop thread (or before the loop runs).
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
 int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg);
 
 /* tw_context_set_tls_handshake_timeout_ms: bound on the TLS handshake
  * (default 10,000 ms); a silent or stalled peer is dropped after it. A
  * connecting side's handshake also ends when the connect timeout, counted
- * from tw_comm_connect, runs out (tw_context_set_connect_timeout_ms). */
+ * from tw_comm_connect, runs out (tw_context_set_connect_timeout_ms).
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
 
 #pragma GCC visibility pop
