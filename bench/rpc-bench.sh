@@ -6,8 +6,8 @@
 # epoll: the same 10 bytes with no protocol at all (send, epoll_wait,
 # recv per side), the floor any epoll-driven peer stays above.
 #   bench/rpc-bench.sh BUILD_DIR [COUNT] [ROUNDS]
-# PIN="taskset -c 0" runs every server and client on one CPU,
-# as DESIGN.md's reference numbers were taken; PIN= lets them spread.
+# PIN="taskset -c 0" runs every server and client on one CPU (numbers
+# that compare across machines of one core's speed); PIN= lets them spread.
 # The peers take turns for ROUNDS rounds (default 3), so a slow spell of
 # the machine hits them all; ratios are of each peer's median round.
 set -euo pipefail

@@ -6,7 +6,7 @@
  * once (glibc would keep a heap chunk), and so that a large frame never
  * shares memory with a small neighbour. Released large mappings go to a
  * bounded cache because touching fresh pages costs more than the copy we
- * avoid (DESIGN.md, Performance notes). */
+ * avoid (docs/design.md, Blocks, slices, messages). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -26,7 +26,7 @@ void tw__block_draft_free(uint8_t *data);
 tw_block *tw__block_seal(uint8_t *data, size_t size);
 
 /* Receiving blocks: memory follows the bytes that arrive, not the size a
- * peer declared (BH-04, BH-24 of bug-cases.md), under every overcommit
+ * peer declared (docs/design.md, Receive path (tcp)), under every overcommit
  * policy and RLIMIT_DATA.
  *
  * tw__block_new_lazy: as tw_block_new, but a block of more than

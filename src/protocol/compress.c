@@ -42,8 +42,8 @@ const char *tw__codec_name(enum tw__codec c)
 	}
 }
 
-/* Windows above 2^27 (zstd's own default decoder limit) are refused:
- * BH-31 (c). */
+/* Windows above 2^27 (zstd's own default decoder limit; RFC 8878 section
+ * 3.1.1.1.2 asks decoders for 8 MB) are refused. */
 #define ZSTD_WINDOW_MAX ((uint64_t)1 << 27)
 /* lz4 never expands one input byte into more than 255 output bytes. */
 #define LZ4_MAX_RATIO 255
@@ -53,7 +53,7 @@ const char *tw__codec_name(enum tw__codec c)
  * compressed one at most the block maximum (RFC 8878, 3.1.1.2). Sets *end
  * past the frame. Nothing is decompressed. Unlike ZSTD_decompressBound,
  * this also bounds frames that declare a content size, so a header that
- * claims more than its blocks hold is refused before allocating (BH-31). */
+ * claims more than its blocks hold is refused before allocating. */
 static int zstd_blocks(const uint8_t *in, size_t n, size_t off, const ZSTD_frameHeader *h,
 		       uint64_t *bound, size_t *end)
 {
@@ -99,9 +99,10 @@ static int zstd_blocks(const uint8_t *in, size_t n, size_t off, const ZSTD_frame
 
 /* The size one zstd frame at in[0..n) decompresses to: its declared
  * content size, which its blocks must be able to produce, or else the bound
- * of its blocks (a streaming frame, BH-32). Sets *used to the frame's
+ * of its blocks (a streaming frame: RFC 8878 section 3.1.1.1.4 lets a
+ * frame omit its content size). Sets *used to the frame's
  * length. Sizes from the header are checked against max_bytes and the
- * blocks before anything is allocated (BH-31). */
+ * blocks before anything is allocated. */
 static int zstd_frame_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *out,
 			   size_t *used)
 {
@@ -132,7 +133,7 @@ static int zstd_frame_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint
 	return *out > max_bytes ? TW_ETOOBIG : 0;
 }
 
-/* Every frame of `in` (zstd allows several back to back, BH-32 (d)). */
+/* Every frame of `in` (several may follow each other: RFC 8878 section 3.1). */
 static int zstd_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *out)
 {
 	uint64_t total = 0, size;
@@ -154,7 +155,7 @@ static int lz4_size(const uint8_t *in, size_t n, uint64_t max_bytes, uint64_t *o
 	uint32_t v;
 	*out = 0;
 	if (n == 0)
-		return 0; /* nothing, as zstd's empty input (BH-32 (c)) */
+		return 0; /* nothing, as zstd's empty input */
 	if (n < 4)
 		return TW_EPROTO;
 	memcpy(&v, in, 4);
@@ -188,7 +189,7 @@ int tw__decompress(enum tw__codec c, const uint8_t *in, size_t n, uint8_t *dst, 
 	size_t r;
 	switch (c) {
 	case TW__CODEC_ZSTD:
-		/* A NULL destination is fine for an empty result (BH-32). */
+		/* A NULL destination is fine for an empty result. */
 		r = ZSTD_decompress(dst_len ? dst : NULL, dst_len, in, n);
 		if (ZSTD_isError(r) || (r != dst_len && zstd_declares_size(in, n)))
 			return TW_EPROTO;

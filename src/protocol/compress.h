@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Per-frame compression as Dask does it (DESIGN.md, Messages:
- * Compression): "zstd" is a standard zstd frame (content size in its
- * header); "lz4" is a u32 little-endian uncompressed size followed by a raw
+/* Per-frame compression as Dask does it (docs/design.md, Messages; Dask's
+ * distributed/protocol/compression.py): "zstd" is a standard zstd frame
+ * (content size in its header); "lz4" is a u32 little-endian uncompressed size followed by a raw
  * LZ4 block. Never applied to frame 0 or sub-headers. */
 #ifndef TW_PROTOCOL_COMPRESS_H
 #define TW_PROTOCOL_COMPRESS_H

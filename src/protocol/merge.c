@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Merging sub-frames into one logical frame (include/taskwire/merge.h;
- * DESIGN.md, Messages: Merge): a view when the parts are adjacent in one
+ * docs/design.md, Messages): a view when the parts are adjacent in one
  * block, else one allocation and one copy. */
 #include <string.h>
 

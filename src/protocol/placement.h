@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Placement of received frames for Dask messages: the shards of one split
  * payload land adjacent in one block, so tw_decode merges them with no
- * copy, while unrelated frames keep blocks of their own (DESIGN.md,
- * Wire protocol; Dask's serialize_and_split). Plugs into the transport's
+ * copy, while unrelated frames keep blocks of their own (docs/design.md,
+ * Messages; Dask's serialize_and_split). Plugs into the transport's
  * placement hook (transport/frame_rx.h): frame 0 and every sub-header
  * arrive before the frames they describe. */
 #ifndef TW_PROTOCOL_PLACEMENT_H

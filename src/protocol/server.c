@@ -480,7 +480,8 @@ tw_builder *tw_request_reply_builder(tw_request *r)
 }
 
 /* {"status": "uncaught-error", ...}: what Python's rpc raises as an
- * Exception (DESIGN.md, RPC conventions). */
+ * Exception (Dask's distributed/core.py error_message; docs/design.md,
+ * Handshake and server). */
 static void pack_error(msgpack_packer *pk, const char *e, const char *tb)
 {
 	msgpack_pack_map(pk, 5);

@@ -79,8 +79,7 @@ static int finish_small(struct tw__rx *rx)
 }
 
 /* The total field is in: check it at once, so a peer that sends an
- * oversized total and then nothing is refused now, not when N arrives
- * (BH-04). */
+ * oversized total and then nothing is refused now, not when N arrives. */
 static int got_head(struct tw__rx *rx);
 
 static int got_total(struct tw__rx *rx)
@@ -573,8 +572,8 @@ static int stash_split(struct tw__rx *rx)
 		tw_block_free(rx->gulp);
 		rx->gulp = b;
 		rx->gulp_prefix = len;
-		/* mirrored in head, so an oversized total is refused now
-		 * (BH-04), not when the rest of the head comes */
+		/* mirrored in head, so an oversized total is refused now,
+		 * not when the rest of the head comes */
 		memcpy(rx->head, tw_block_data(b), len);
 		rx->have = len;
 		return tw__rx_check_head(rx) < 0 ? rx->err : 1;

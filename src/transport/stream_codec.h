@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Stream framing for tcp and tls (DESIGN.md, Wire protocol: TCP and TLS):
+/* Stream framing for tcp and tls (docs/design.md, Receive path (tcp)):
  *
  *   u64 total | u64 N | u64 len_0 .. len_N-1 | frame_0 .. frame_N-1
  *

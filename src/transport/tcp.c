@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* tcp:// comms: connector and listener on libevent, stream framing over a
- * plain socket (DESIGN.md, Wire protocol: TCP and TLS). */
+ * plain socket (docs/design.md, Receive path (tcp); Dask's
+ * distributed/comm/tcp.py). */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>

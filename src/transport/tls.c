@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* tls:// comms: TCP, then an OpenSSL handshake driven by the loop, then
  * stream framing with SSL_read decrypting straight into each frame's block
- * and SSL_write taking pieces of at most INT_MAX bytes (DESIGN.md, Wire
- * protocol: TLS; bug case BH-01). */
+ * and SSL_write taking pieces of at most INT_MAX bytes (docs/design.md,
+ * TLS). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>

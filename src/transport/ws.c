@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* ws:// and wss:// comms (DESIGN.md, Wire protocol: WebSocket): the HTTP
+/* ws:// and wss:// comms (docs/design.md, WebSocket): the HTTP
  * upgrade (ws_upgrade.c), then a message of N frames as N + 1 binary
  * WebSocket messages: 8 bytes holding N, then one message per frame.
  *

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* WebSocket frames (RFC 6455 section 5), sans-I/O, for ws:// and wss://
- * (DESIGN.md, Wire protocol: WebSocket).
+ * (docs/design.md, WebSocket).
  *
  *   byte 0   FIN | RSV1 RSV2 RSV3 | opcode (4 bits)
  *   byte 1   MASK | payload length (7 bits: 0-125, 126 = 16-bit, 127 = 64-bit)
@@ -50,7 +50,8 @@
  *                   handle ev;
  *   }
  *
- * Policy (taskwire is binary-only, no extensions, DESIGN.md):
+ * Policy (taskwire is binary-only, no extensions: docs/design.md,
+ * WebSocket):
  *   - RSV1-3 set: 1002 (no extension is ever negotiated).
  *   - opcodes 3-7 and 11-15: 1002.
  *   - control frame (close, ping, pong) with FIN = 0 or a payload over 125
@@ -120,7 +121,7 @@
 /* Longest control frame: 2-byte header, masking key, 125 bytes. */
 #define TW__WS_MAX_CONTROL_FRAME (2 + 4 + TW__WS_MAX_CONTROL)
 
-/* Default limits (DESIGN.md, Limits): a whole message, and the frames of
+/* Default limits (docs/design.md, Limits and defaults): a whole message, and the frames of
  * one message (8 MiB fragments of a 4 GiB message are 512). */
 #define TW__WS_DEFAULT_MAX_MESSAGE_BYTES ((uint64_t)1 << 32)
 #define TW__WS_DEFAULT_MAX_FRAGMENTS     4096
@@ -347,7 +348,7 @@ void tw__ws_mask(uint8_t *buf, size_t n, const uint8_t key[4], uint64_t offset);
 
 /* tw__ws_mask_key: fill key with 4 bytes from OpenSSL's CSPRNG
  * (RAND_bytes): a client takes a fresh key for every frame it sends
- * (RFC 6455 section 5.3 and 10.3; BH-35: never a fixed or reused key, never
+ * (RFC 6455 section 5.3 and 10.3: never a fixed or reused key, never
  * rand()). Any thread. Returns 0, or TW_EIO when RAND_bytes fails (the
  * reason is on OpenSSL's error queue); key is then zeroed and must not be
  * used. */

@@ -337,7 +337,8 @@ static size_t host_part(const char *s, size_t n)
 	return e != NULL ? (size_t)(e - s) : n;
 }
 
-/* Origin "scheme://host[:port]" names the same host as Host (DESIGN.md). */
+/* Origin "scheme://host[:port]" names the same host as Host (RFC 6455
+ * section 10.2; docs/design.md, WebSocket). */
 static int origin_matches(const char *origin, size_t on, const char *host, size_t hn)
 {
 	const char *sep = NULL, *auth;

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The WebSocket opening handshake (RFC 6455 section 4), sans-I/O, both
- * sides, as DESIGN.md fixes it for ws:// and wss://: path "/", no
- * subprotocol, no extensions, a client sends no Origin, a server accepts a
- * missing Origin or one whose host equals the Host header's.
+ * sides, as docs/design.md (WebSocket) fixes it for ws:// and wss://:
+ * path "/", no subprotocol, no extensions, a client sends no Origin, a
+ * server accepts a missing Origin or one whose host equals the Host
+ * header's.
  *
  * Server: tw__ws_req_feed takes the client's request in any pieces until
  * the header block is complete (or a limit is hit), then judges it; the
@@ -14,7 +15,7 @@
  * HTTP/1.1 101 with Upgrade: websocket, Connection: upgrade and the right
  * Sec-WebSocket-Accept, and no extension or subprotocol. It stops at the
  * end of the header block and says how many bytes that took: the bytes
- * after it (frames a server sent right behind its 101, BH-33) belong to the
+ * after it (frames a server sent right behind its 101) belong to the
  * frame decoder (ws_codec.h), never dropped.
  *
  * Both parsers copy the header block into one buffer that grows to at
@@ -103,9 +104,9 @@ void tw__ws_req_fini(struct tw__ws_req *r);
  *        "==");
  *   403  Origin repeated, or present with a host (scheme, userinfo, port
  *        and path aside, case-insensitive) other than Host's host ("null"
- *        and unparsable origins included): DESIGN.md's policy; ports are
- *        not compared, so a page from the same host on another port may
- *        connect;
+ *        and unparsable origins included): docs/design.md's policy
+ *        (WebSocket); ports are not compared, so a page from the same
+ *        host on another port may connect;
  *   101  upgrade. Sec-WebSocket-Protocol and Sec-WebSocket-Extensions are
  *        ignored: the response names neither, which declines them.
  * RFC 6455 section 4.2.1 and 4.2.2; RFC 7230 section 3 (syntax); RFC 6585
