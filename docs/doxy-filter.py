@@ -10,11 +10,37 @@ filter hands doxygen the same text, line for line, with:
   its leading "tw_name:" (or "tw_a / tw_b:") dropped, as the page names it;
 - declarations that share one comment (no blank line between them) put in
   one member group, so each gets the comment (DISTRIBUTE_GROUP_DOC);
-- a comment after a struct member on its line made a member comment.
+- a comment after a struct member on its line made a member comment;
+- an error list ("Returns 0, or:", then " *   TW_EXXX  cause" lines, as
+  tests/check_docs.sh wants them) made @retval entries, and the line after
+  the list starts a new paragraph (@details), so the man page shows one
+  code a line under "Return values".
 Comments followed by a blank line or by #pragma/#include/#if... stay plain.
 """
 import re
 import sys
+
+RETVAL = re.compile(r"^(\s*\*)   (TW_E[A-Z]+|\(any code\))  +(\S.*)$")
+CONTINUED = re.compile(r"^\s*\*      +\S")
+
+
+def retvals(out, start, end):
+    """Error lists of the doc comment out[start..end] as @retval lines."""
+    inlist = False
+    for k in range(start, end + 1):
+        m = RETVAL.match(out[k])
+        if m:
+            code = "other" if m.group(2) == "(any code)" else m.group(2)
+            out[k] = "%s @retval %s %s" % (m.group(1), code, m.group(3))
+            inlist = True
+        elif inlist and CONTINUED.match(out[k]):
+            pass
+        elif inlist:
+            inlist = False
+            body = out[k].split("*", 1)
+            if body[1].strip() not in ("", "/"):
+                out[k] = body[0] + "* @details" + body[1]
+
 
 NAME_PREFIX = re.compile(r"^(\s*/\*\*)\s*(?:\(?tw_\w+\)?(?:\(\))?(?:\s*(?:/|,|and)\s*tw_\w+(?:\(\))?)*):\s*")
 PLAIN_AFTER = ("#pragma", "#include", "#if", "#endif", "#else", "#elif", "#ifdef", "#ifndef",
@@ -77,6 +103,7 @@ def main():
             nxt = end + 1
             if nxt < len(lines) and is_decl_start(lines[nxt]):
                 out[start] = NAME_PREFIX.sub(r"\1 ", line.replace("/*", "/**", 1), count=1)
+                retvals(out, start, end)
                 # Declarations right below that share the comment.
                 j = nxt
                 last = decl_end(lines, j)
