@@ -10,7 +10,8 @@
  * open: the baseline is read after them, so one-time costs (OpenSSL's
  * lazy tables, libevent's fd arrays) are not charged to the idle comms.
  *
- *   idle-bench [--count N] [--window W] [--warm N] [TLS options] SCHEME...
+ *   idle-bench [--count N] [--window W] [--warm N] [--openssl-sites N]
+ *              [TLS options] SCHEME...
  *
  * Each scheme runs in two fresh processes (client and server).
  * SCHEME: tcp, tls, ws, wss. The TLS options name the PEM files tls and
@@ -23,6 +24,11 @@
  * in part in RSS, until a large message touches it all. On a shared
  * machine the wall time of the connects follows the load: the CPU
  * seconds of each process over the connects and echoes say more.
+ * --openssl-sites N counts OpenSSL's allocations by source line
+ * (bench/openssl-sites.c) and prints, per idle comm, what OpenSSL holds
+ * and its N largest sites, on both sides (docs/tls-memory.md); the
+ * counting adds 16 bytes to each of OpenSSL's allocations, and to the
+ * RSS and heap figures.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -39,6 +45,7 @@
 
 #include <taskwire/taskwire.h>
 
+#include "bench/openssl-sites.h"
 #include "examples/common.h"
 
 /* What a process measures: RSS and heap in use, in bytes, and the CPU
@@ -90,6 +97,10 @@ static tw_msg *small_msg(void)
 	return m;
 }
 
+/* --openssl-sites N: the top N sites of OpenSSL's allocations per comm
+ * (0: not counted). */
+static size_t sites_top;
+
 /* ---- the server process ---- */
 
 struct server {
@@ -98,6 +109,7 @@ struct server {
 	struct event *ctl_ev;
 	tw_comm **comms;
 	size_t n, cap;
+	size_t sites_n; /* comms at the last --openssl-sites report */
 };
 
 static void srv_recv(tw_comm *comm, tw_msg *m, void *arg)
@@ -138,6 +150,8 @@ static void srv_ctl(evutil_socket_t fd, short what, void *arg)
 	}
 	struct mem m = mem_now();
 	uint64_t n = s->n;
+	tw_bench_sites_report(stderr, "server", s->n - s->sites_n, sites_top);
+	s->sites_n = s->n;
 	if (write(s->ctl_out, &m, sizeof(m)) != sizeof(m) ||
 	    write(s->ctl_out, &n, sizeof(n)) != sizeof(n))
 		exit(1);
@@ -302,11 +316,13 @@ static int run(const char *scheme, const struct tw_ex_tls *tls, size_t count, si
 		return 1;
 	s0 = ask_server(to_srv[1], from_srv[0], &sn);
 	c0 = mem_now();
+	tw_bench_sites_report(stderr, "client", 0, sites_top); /* the baseline */
 	t0 = tw_ex_now();
 	if (connect_to(&c, warm + count) != 0)
 		return 1;
 	t1 = tw_ex_now();
 	c1 = mem_now();
+	tw_bench_sites_report(stderr, "client", count, sites_top);
 	s1 = ask_server(to_srv[1], from_srv[0], &sn);
 	if (sn != warm + count)
 		fprintf(stderr, "idle-bench: the server holds %llu comms, not %zu\n",
@@ -334,12 +350,13 @@ static int run(const char *scheme, const struct tw_ex_tls *tls, size_t count, si
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: idle-bench [--count N] [--window W] [--warm N] [TLS options] "
-		   "SCHEME...\n" TW_EX_TLS_USAGE
+	fprintf(f, "usage: idle-bench [--count N] [--window W] [--warm N] [--openssl-sites N] "
+		   "[TLS options] SCHEME...\n" TW_EX_TLS_USAGE
 		   "  SCHEME: tcp tls ws wss. COUNT comms (default 5000) to a forked\n"
 		   "  server on 127.0.0.1, WINDOW connects in flight (default 16), one\n"
 		   "  small echo each, then idle: RSS and heap per idle comm on both sides,\n"
-		   "  and the time to connect them.\n");
+		   "  and the time to connect them. --openssl-sites N: what OpenSSL holds\n"
+		   "  per idle comm, and its N largest allocation sites.\n");
 }
 
 int main(int argc, char **argv)
@@ -347,6 +364,7 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
 					     {"window", required_argument, NULL, 'w'},
 					     {"warm", required_argument, NULL, 'W'},
+					     {"openssl-sites", required_argument, NULL, 'S'},
 					     {"help", no_argument, NULL, 'h'},
 					     TW_EX_TLS_OPTIONS,
 					     {NULL, 0, NULL, 0}};
@@ -358,6 +376,7 @@ int main(int argc, char **argv)
 		case 'c': count = (size_t)tw_ex_parse_size(optarg); break;
 		case 'w': window = (size_t)tw_ex_parse_size(optarg); break;
 		case 'W': warm = (size_t)tw_ex_parse_size(optarg); break;
+		case 'S': sites_top = (size_t)tw_ex_parse_size(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default:
 			if (tw_ex_tls_option(&tls, o, optarg))
@@ -369,6 +388,10 @@ int main(int argc, char **argv)
 	if (optind == argc || count == 0 || window == 0 || warm == 0) {
 		usage(stderr);
 		return 2;
+	}
+	if (sites_top > 0 && tw_bench_sites_start() != 0) {
+		fprintf(stderr, "idle-bench: OpenSSL allocated before --openssl-sites\n");
+		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
