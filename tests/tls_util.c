@@ -124,6 +124,11 @@ tw_context *tt_context(struct tu *h, const char *ca, const char *cert, const cha
 	tw_context *ctx;
 	ck_assert_uint_lt(nextra, MAX_EXTRA);
 	ck_assert_int_eq(tw_context_new(h->base, &ctx), 0);
+	/* the clocks of tu_init's context (tests/tcp_util.c): a TLS handshake
+	 * under valgrind on a loaded machine outlasts the 10 s defaults */
+	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(ctx, TU_WAIT_MS), 0);
+	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(ctx, TU_WAIT_MS), 0);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(ctx, 0), 0);
 	if (ca != NULL || cert != NULL)
 		tt_use_tls(ctx, ca, cert, key);
 	extra[nextra++] = ctx;
