@@ -231,6 +231,7 @@ static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 {
 	const tw_slice *f = tw__msg_frames(rx->msg);
 	size_t placed = tw_msg_nframes(rx->msg), have = rx->cur_have;
+	uint8_t *base;
 	int k = 0;
 	for (size_t i = rx->cur; i < placed && k < max; i++, have = 0) {
 		size_t len = f[i].len - have;
@@ -239,8 +240,16 @@ static int want_frames(struct tw__rx *rx, struct iovec *iov, int max)
 		int rv = tw__block_commit(f[i].block, f[i].offset + have, &len);
 		if (rv < 0)
 			return fail(rx, rv);
-		iov[k].iov_base = tw_slice_data(&f[i]) + have;
-		iov[k++].iov_len = len;
+		base = tw_slice_data(&f[i]) + have;
+		/* Frames adjacent in memory (the slab's small frames, in
+		 * order) share one iovec: a message of 100,000 small frames
+		 * is read in reads of what the socket holds, not 64 frames. */
+		if (k > 0 && (uint8_t *)iov[k - 1].iov_base + iov[k - 1].iov_len == base)
+			iov[k - 1].iov_len += len;
+		else {
+			iov[k].iov_base = base;
+			iov[k++].iov_len = len;
+		}
 		if (rv == 1 || len < f[i].len - have)
 			break; /* one step of new memory per read */
 	}
