@@ -32,6 +32,13 @@ struct tw_decoded {
 	uint64_t budget; /* decompressed and unpacked bytes still allowed */
 	uint8_t *used;   /* frames claimed by frame 0 or a payload group */
 	size_t *order;   /* payload indices sorted by placeholder address */
+	uint8_t *raw;    /* per payload: its frames are its sub-frames (tw__decoded_raw) */
+	/* the last sub-header unpacked: its bytes, object, cost, serializer */
+	const uint8_t *last_sub;
+	size_t last_sub_len;
+	const msgpack_object *last_obj;
+	uint64_t last_cost;
+	const char *last_serializer;
 	char *detail;
 	size_t detail_len;
 	uint8_t used_inline[16]; /* `used` of messages with few frames */
@@ -136,6 +143,19 @@ int tw_msgpack_str_eq(const msgpack_object *o, const char *s)
 	return s[o->via.str.size] == '\0';
 }
 
+/* The zone's chunks start small (ZONE_CHUNK) and double each time an
+ * unpack needed a new one, up to ZONE_CHUNK_MAX: a message of 100,000
+ * sub-headers (a Dask gather of small results) unpacks into some 40 MB,
+ * which took 40,000 mallocs of 1 KiB (10% of tw-mini-scheduler's CPU in
+ * that round, issue 16) and now takes some hundreds. */
+#define ZONE_CHUNK_MAX ((size_t)64 << 10)
+
+static void grow_zone(tw_decoded *d, const msgpack_zone_chunk *head)
+{
+	if (d->zone->chunk_list.head != head && d->zone->chunk_size < ZONE_CHUNK_MAX)
+		d->zone->chunk_size *= 2;
+}
+
 /* Check, then unpack frame i into the zone. Its objects are charged to
  * the message's budget like decompressed bytes: msgpack-c makes a 24-byte
  * object per element, so a frame of one-byte nils would take 24 times
@@ -146,6 +166,7 @@ static int unpack_frame(tw_decoded *d, size_t i, msgpack_object *out)
 	const char *why;
 	uint64_t elems, bytes;
 	size_t off = 0;
+	msgpack_zone_chunk *head;
 	if (tw__mp_check(tw_slice_data(f), f->len, &elems, &why) != 0)
 		return fail(d, TW_EPROTO, "frame %zu: %s", i, why);
 	bytes = elems * sizeof(msgpack_object); /* elems <= f->len: no overflow */
@@ -156,9 +177,11 @@ static int unpack_frame(tw_decoded *d, size_t i, msgpack_object *out)
 			    i, (unsigned long long)elems, (unsigned long long)bytes,
 			    (unsigned long long)d->budget);
 	d->budget -= bytes;
+	head = d->zone->chunk_list.head;
 	if (msgpack_unpack((const char *)tw_slice_data(f), f->len, &off, d->zone, out) !=
 	    MSGPACK_UNPACK_SUCCESS)
 		return fail(d, TW_ENOMEM, "frame %zu: msgpack-c could not unpack it", i);
+	grow_zone(d, head);
 	return 0;
 }
 
@@ -252,13 +275,19 @@ static int get_uint(const msgpack_object *o, uint64_t *v)
 }
 
 /* The codec of each of the num sub-frames ("compression": nil or name). */
+#define LOCAL_CODECS 8
+
+/* Into local (LOCAL_CODECS entries) when they fit, else a new array: the
+ * caller frees *out unless it is local. */
 static int codecs_of(tw_decoded *d, const msgpack_object *sub, uint64_t num, size_t k,
-		     enum tw__codec **out)
+		     enum tw__codec *local, enum tw__codec **out)
 {
 	const msgpack_object *c = tw_msgpack_map_get(sub, "compression");
-	enum tw__codec *codecs = calloc(num ? num : 1, sizeof(*codecs));
+	enum tw__codec *codecs = num <= LOCAL_CODECS ? local : calloc(num, sizeof(*codecs));
 	if (codecs == NULL)
 		return TW_ENOMEM;
+	if (codecs == local)
+		memset(local, 0, LOCAL_CODECS * sizeof(*local));
 	*out = codecs;
 	if (c == NULL || c->type == MSGPACK_OBJECT_NIL)
 		return 0;
@@ -317,23 +346,79 @@ static const char *serializer_of(tw_decoded *d, const msgpack_object *sub)
 {
 	const msgpack_object *s = tw_msgpack_map_get(sub, "serializer");
 	char *copy;
+	if (sub == d->last_obj && d->last_serializer != NULL)
+		return d->last_serializer;
 	if (s == NULL || s->type != MSGPACK_OBJECT_STR ||
 	    (copy = msgpack_zone_malloc(d->zone, s->via.str.size + 1)) == NULL)
 		return "";
 	memcpy(copy, s->via.str.ptr, s->via.str.size);
 	copy[s->via.str.size] = '\0';
+	if (sub == d->last_obj)
+		d->last_serializer = copy;
 	return copy;
+}
+
+/* Whether the logical frames built from group k's num sub-frames (from
+ * slice `first` on) are those sub-frames themselves: none compressed, none
+ * merged with another. */
+static uint8_t is_raw(const tw_decoded *d, size_t k, size_t first, uint64_t num,
+		      const enum tw__codec *codecs)
+{
+	if (d->nslices - first != num)
+		return 0;
+	for (size_t i = 0; i < num; i++) {
+		const tw_slice *f = tw_msg_frame(d->msg, k + 1 + i), *s = &d->slices[first + i];
+		if (codecs[i] != TW__CODEC_NONE || s->block != f->block || s->offset != f->offset ||
+		    s->len != f->len)
+			return 0;
+	}
+	return 1;
+}
+
+/* Sub-header k, unpacked; the same object as the last one when its bytes
+ * are the same. Many small values of one type (a Dask gather of 100,000
+ * ints) come with byte-identical sub-headers: checking and unpacking each
+ * was a quarter of a scheduler's CPU (issue 16); now it is a memcmp. Its
+ * objects are charged to the budget each time, as if unpacked again. */
+static int sub_header(tw_decoded *d, size_t k, const msgpack_object **out)
+{
+	const tw_slice *f = tw_msg_frame(d->msg, k);
+	const uint8_t *p = tw_slice_data(f);
+	uint64_t before = d->budget;
+	msgpack_object *sub;
+	int rv;
+	if (d->last_obj != NULL && f->len == d->last_sub_len &&
+	    memcmp(p, d->last_sub, f->len) == 0) {
+		if (d->last_cost > d->budget)
+			return fail(d, TW_ETOOBIG,
+				    "frame %zu unpacks into %llu bytes of objects, above the "
+				    "message limit left (%llu bytes)",
+				    k, (unsigned long long)d->last_cost,
+				    (unsigned long long)d->budget);
+		d->budget -= d->last_cost;
+		*out = d->last_obj;
+		return 0;
+	}
+	if ((sub = msgpack_zone_malloc(d->zone, sizeof(*sub))) == NULL)
+		return TW_ENOMEM;
+	if ((rv = unpack_frame(d, k, sub)) != 0)
+		return rv;
+	d->last_sub = p;
+	d->last_sub_len = f->len;
+	d->last_obj = sub;
+	d->last_cost = before - d->budget;
+	d->last_serializer = NULL;
+	*out = sub;
+	return 0;
 }
 
 static int load_group(tw_decoded *d, tw_payload *p)
 {
 	size_t nframes = tw_msg_nframes(d->msg), k = (size_t)p->index, first = d->nslices;
-	msgpack_object *sub = msgpack_zone_malloc(d->zone, sizeof(*sub));
-	enum tw__codec *codecs = NULL;
+	const msgpack_object *sub = NULL;
+	enum tw__codec local[LOCAL_CODECS], *codecs = NULL;
 	uint64_t num;
 	int rv;
-	if (sub == NULL)
-		return TW_ENOMEM;
 	if (p->index >= nframes)
 		return fail(d, TW_EPROTO, "placeholder index %llu past the last frame (%zu frames)",
 			    (unsigned long long)p->index, nframes);
@@ -342,7 +427,7 @@ static int load_group(tw_decoded *d, tw_payload *p)
 	if (d->used[k])
 		return fail(d, TW_EPROTO, "frame %zu is claimed by two payload groups", k);
 	d->used[k] = 1;
-	if ((rv = unpack_frame(d, k, sub)) != 0)
+	if ((rv = sub_header(d, k, &sub)) != 0)
 		return rv;
 	if (sub->type != MSGPACK_OBJECT_MAP)
 		return fail(d, TW_EPROTO, "sub-header %zu is not a map", k);
@@ -358,9 +443,12 @@ static int load_group(tw_decoded *d, tw_payload *p)
 				    (size_t)(k + i));
 		d->used[k + i] = 1;
 	}
-	if ((rv = codecs_of(d, sub, num, k, &codecs)) == 0)
+	if ((rv = codecs_of(d, sub, num, k, local, &codecs)) == 0)
 		rv = build_logical(d, sub, k, num, codecs);
-	free(codecs);
+	if (rv == 0)
+		d->raw[p - d->payloads] = is_raw(d, k, first, num, codecs);
+	if (codecs != local)
+		free(codecs);
 	p->sub_header = sub;
 	p->serializer = serializer_of(d, sub);
 	p->nframes = d->nslices - first;
@@ -433,6 +521,8 @@ static int decode(tw_decoded *d)
 	if (tw__may_hold_placeholders(tw_slice_data(f0), f0->len) &&
 	    (rv = tw__walk_placeholders(&d->root, on_holder, d, &why)) != 0)
 		return rv == TW_EPROTO ? fail(d, rv, "frame 0: %s", why) : rv;
+	if (d->n > 0 && (d->raw = msgpack_zone_malloc(d->zone, d->n)) == NULL)
+		return fail(d, TW_ENOMEM, "out of memory");
 	for (size_t i = 0; i < d->n; i++)
 		if ((rv = load_group(d, &d->payloads[i])) != 0)
 			return rv;
@@ -459,7 +549,7 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 {
 	struct cost *c = arg;
 	msgpack_object sub;
-	enum tw__codec *codecs = NULL;
+	enum tw__codec local[LOCAL_CODECS], *codecs = NULL;
 	uint64_t num, size;
 	size_t n = tw_msg_nframes(c->d->msg);
 	(void)holder;
@@ -479,8 +569,9 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 			return 1;
 		c->d->used[k + i] = 1;
 	}
-	if (codecs_of(c->d, &sub, num, (size_t)k, &codecs) != 0) {
-		free(codecs);
+	if (codecs_of(c->d, &sub, num, (size_t)k, local, &codecs) != 0) {
+		if (codecs != local)
+			free(codecs);
 		return 0;
 	}
 	for (uint64_t i = 0; i < num; i++) {
@@ -490,7 +581,8 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 			    0)
 			c->bytes += size < UINT64_MAX - c->bytes ? size : 0;
 	}
-	free(codecs);
+	if (codecs != local)
+		free(codecs);
 	return 0;
 }
 
@@ -545,6 +637,12 @@ int tw_decode(const tw_msg *msg, const tw_decode_limits *limits, tw_decoded **ou
 void *tw__decoded_alloc(tw_decoded *d, size_t size)
 {
 	return msgpack_zone_malloc(d->zone, size);
+}
+
+const tw_slice *tw__decoded_raw(const tw_decoded *d, const tw_payload *p)
+{
+	return d->raw != NULL && d->raw[p - d->payloads] ? tw_msg_frame(d->msg, (size_t)p->index)
+							 : NULL;
 }
 
 const msgpack_object *tw_decoded_root(const tw_decoded *d)

@@ -23,6 +23,13 @@ uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop);
  * per message, like a server's request). NULL when out of memory. */
 void *tw__decoded_alloc(tw_decoded *d, size_t size);
 
+/* tw__decoded_raw: the sub-header frame of payload p (one of d's) when
+ * p's logical frames are exactly the sub-frames that came (none
+ * compressed, none merged), so the group can be sent on as it came: that
+ * sub-header and those frames, by reference. NULL otherwise. The slice
+ * lives as long as d. */
+const tw_slice *tw__decoded_raw(const tw_decoded *d, const tw_payload *p);
+
 /* TW__STR_IS(o, "lit"): whether o is the string lit. The length is
  * compared first, so a key of another length costs no loop: the loops
  * that test every key of every payload against a few names
