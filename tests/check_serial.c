@@ -1368,6 +1368,93 @@ START_TEST(bad_over_comm)
 }
 END_TEST
 
+/* Forwarding (tw_builder_pack_object): a group that came uncompressed and
+ * unsplit goes on as it came, its sub-header and frame by reference; groups
+ * with byte-identical sub-headers share one unpacked sub-header; a
+ * compressed group is re-packed (its logical frame is new). */
+static tw_msg *forward(const tw_decoded *d)
+{
+	tw_builder *b;
+	tw_msg *out;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	msgpack_pack_map(tw_builder_packer(b), 1);
+	pstr(tw_builder_packer(b), "data");
+	ck_assert_int_eq(
+		tw_builder_pack_object(b, d, tw_msgpack_map_get(tw_decoded_root(d), "data")), 0);
+	ck_assert_int_eq(tw_builder_finish(b, &out), 0);
+	tw_builder_free(b);
+	return out;
+}
+
+START_TEST(forward_as_it_came)
+{
+	tw_block *pat = pattern_block(3000, 9);
+	tw_builder *b;
+	tw_msg *m, *fw;
+	tw_decoded *d, *d2;
+	const msgpack_object *arr;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	msgpack_pack_map(tw_builder_packer(b), 1);
+	pstr(tw_builder_packer(b), "data");
+	msgpack_pack_array(tw_builder_packer(b), 3);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 1000 * (size_t)i, 1000}),
+				 0);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	d = decode_ok(m);
+	ck_assert_uint_eq(tw_decoded_npayloads(d), 3);
+	ck_assert_ptr_eq(tw_decoded_payload_at(d, 0)->sub_header,
+			 tw_decoded_payload_at(d, 2)->sub_header);
+	ck_assert_str_eq(tw_decoded_payload_at(d, 1)->serializer, "dask");
+	fw = forward(d);
+	ck_assert_uint_eq(tw_msg_nframes(fw), 7);
+	for (size_t i = 1; i < 7; i++) { /* sub-headers and frames, by reference */
+		ck_assert_ptr_eq(tw_msg_frame(fw, i)->block, tw_msg_frame(m, i)->block);
+		ck_assert_uint_eq(tw_msg_frame(fw, i)->offset, tw_msg_frame(m, i)->offset);
+		ck_assert_uint_eq(tw_msg_frame(fw, i)->len, tw_msg_frame(m, i)->len);
+	}
+	d2 = decode_ok(fw);
+	arr = tw_msgpack_map_get(tw_decoded_root(d2), "data");
+	ck_assert(arr != NULL && arr->type == MSGPACK_OBJECT_ARRAY && arr->via.array.size == 3);
+	for (uint32_t i = 0; i < 3; i++) {
+		const tw_payload *pl = tw_decoded_payload(d2, &arr->via.array.ptr[i]);
+		ck_assert_ptr_nonnull(pl);
+		ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(pl->sub_header, "type"), "bytes"));
+		ck_assert_uint_eq(pl->nframes, 1);
+		ck_assert_mem_eq(tw_slice_data(&pl->frames[0]), tw_block_data(pat) + 1000 * i,
+				 1000);
+	}
+	tw_decoded_free(d2);
+	tw_msg_free(fw);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+}
+END_TEST
+
+START_TEST(forward_compressed_repacked)
+{
+	tw_block *pat = pattern_block(100 * KB, 8);
+	tw_msg *m = build_bytes(codecs[_i], &(tw_slice){pat, 0, 100 * KB}), *fw;
+	tw_decoded *d = decode_ok(m), *d2;
+	char c[16];
+	fw = forward(d);
+	ck_assert_uint_eq(tw_msg_nframes(fw), 3);
+	ck_assert_ptr_ne(tw_msg_frame(fw, 1)->block, tw_msg_frame(m, 1)->block);
+	ck_assert_uint_eq(tw_msg_frame(fw, 2)->len, 100 * KB); /* sent decompressed */
+	d2 = decode_ok(fw);
+	codec0(data_payload(d2), c, sizeof(c));
+	ck_assert_str_eq(c, "");
+	check_pattern(&data_payload(d2)->frames[0], 100 * KB, 8);
+	tw_decoded_free(d2);
+	tw_msg_free(fw);
+	tw_decoded_free(d);
+	tw_msg_free(m);
+	tw_block_free(pat);
+}
+END_TEST
+
 static Suite *serial_suite(void)
 {
 	Suite *s = suite_create("serial");
@@ -1385,6 +1472,8 @@ static Suite *serial_suite(void)
 	tcase_add_test(tc, rt_split_compressed);
 	tcase_add_test(tc, rt_pickled);
 	tcase_add_test(tc, rt_no_sub_frames);
+	tcase_add_test(tc, forward_as_it_came);
+	tcase_add_loop_test(tc, forward_compressed_repacked, 0, NCODECS);
 	tcase_add_test(tc, duplicate_keys_last_wins);
 	tcase_add_test(tc, nesting_32);
 	tcase_add_test(tc, nils_within_limit);

@@ -8,6 +8,7 @@
 #include <taskwire/error.h>
 #include <taskwire/serial.h>
 
+#include "core/block.h"
 #include "core/msg.h"
 #include "core/zalloc.h"
 #include "core/stats.h"
@@ -273,12 +274,39 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 	return rv;
 }
 
+/* Send a group on as it came: its sub-header frame and its frames, by
+ * reference (tw__decoded_raw: they describe each other unchanged). A
+ * scheduler forwarding 100,000 small values packed a new sub-header for
+ * each (a malloc, a msgpack walk, a tw_msg): 16% of its CPU (issue 16). */
+static int pack_raw(tw_builder *b, const tw_payload *p, const tw_slice *sub)
+{
+	size_t n = ngroup_frames(b);
+	if (need_groups(b) != 0 || tw__msg_reserve(b->groups, n + 1 + p->nframes) != 0)
+		return TW_ENOMEM;
+	msgpack_pack_map(&b->pk, 1);
+	tw_msgpack_pack_str(&b->pk,
+			    p->kind == TW_PAYLOAD_SERIALIZED ? "__Serialized__" : "__Pickled__");
+	msgpack_pack_uint64(&b->pk, 1 + n);
+	tw__msg_append_owned(b->groups,
+			     tw__slice(tw_block_hold(sub->block), sub->offset, sub->len));
+	for (size_t i = 0; i < p->nframes; i++) {
+		tw_slice f = p->frames[i];
+		if (f.block != NULL)
+			tw_block_hold(f.block);
+		tw__msg_append_owned(b->groups, f);
+	}
+	return 0;
+}
+
 int tw_builder_pack_object(tw_builder *b, const tw_decoded *d, const msgpack_object *o)
 {
 	const tw_payload *p = d != NULL ? tw_decoded_payload(d, o) : NULL;
+	const tw_slice *raw;
 	int rv = 0;
 	if (b == NULL || o == NULL || b->done)
 		return TW_EINVAL;
+	if (p != NULL && b->codec == TW__CODEC_NONE && (raw = tw__decoded_raw(d, p)) != NULL)
+		return pack_raw(b, p, raw);
 	if (p != NULL)
 		return pack_group(b, p);
 	switch (o->type) {
