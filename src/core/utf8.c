@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* UTF-8 validation (core/utf8.h), after RFC 3629 section 4's table of
  * well-formed byte sequences. */
+#include <string.h>
+
 #include "core/utf8.h"
 
 int tw__utf8_valid(const uint8_t *p, size_t n)
@@ -11,7 +13,15 @@ int tw__utf8_valid(const uint8_t *p, size_t n)
 		size_t k;
 		uint8_t lo = 0x80, hi = 0xbf;
 		if (c < 0x80) {
-			i++;
+			/* ASCII, most strings: eight bytes per step (names and
+			 * Dask keys in every sub-header: 4% of a scheduler's
+			 * CPU forwarding 100,000 small values, issue 16) */
+			uint64_t w;
+			for (i++; n - i >= 8; i += 8) {
+				memcpy(&w, p + i, 8);
+				if (w & UINT64_C(0x8080808080808080))
+					break;
+			}
 			continue;
 		}
 		if (c >= 0xc2 && c <= 0xdf) {
