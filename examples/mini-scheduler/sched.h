@@ -23,10 +23,10 @@
 struct event_base;
 
 /* table.c: name -> pointer; names are copied. */
-struct tentry;
+struct tslot;
 struct table {
-	struct tentry **buckets;
-	size_t nbuckets, n;
+	struct tslot *slots;
+	size_t nslots, n;
 };
 void *table_get(const struct table *t, const char *name, size_t len);
 int table_put(struct table *t, const char *name, size_t len, void *val); /* 0 or -1 (OOM) */
