@@ -500,6 +500,7 @@ static void ra_setup(struct tu *h, struct ra_env *e, int dask)
 	tu_init(h);
 	ra_listen(h, "tcp://127.0.0.1:0", dask);
 	ra_env_init(e, h, ra_open_tcp, 77, 8);
+	e->peeks = 1; /* tcp reads ahead by peeking: nothing is ever copied */
 	if (!dask) {
 		ck_assert_int_eq(tu_connect(h, h->addr, &e->good), 0);
 		ck_assert_ptr_nonnull(e->good_srv = tu_server_peer(h, 0));
@@ -531,6 +532,81 @@ static void drip(struct tu *h, struct ra_peer *p, const struct ra_buf *b, size_t
 		event_base_loop(h->base, EVLOOP_NONBLOCK);
 	}
 }
+
+/* A large frame that arrives in pieces after a small prelude, once
+ * read-ahead is on (a paced run of small messages): tcp reads ahead by
+ * peeking and takes only whole small messages, so the large message is
+ * read into its own blocks from its head on and not one payload byte is
+ * copied (payload_bytes_copied stays put). Each piece is waited for by
+ * the comm's bytes_received, never by a clock. */
+struct got {
+	tw_comm *c;
+	uint64_t want;
+};
+
+static int got_bytes(void *arg)
+{
+	struct got *g = arg;
+	tw_stats st;
+	tw_comm_stats(g->c, &st, sizeof(st));
+	return st.bytes_received >= g->want;
+}
+
+START_TEST(large_in_pieces_no_copy)
+{
+	static const size_t small[] = {40, 3}, big[] = {90, (size_t)3 << 20, 5};
+	static const size_t pieces[] = {1, 15, 8, 700, 4096, 1, 65536, 1000000};
+	uint64_t live0 = blocks_live(), sent = 0;
+	tw_stats g0, g1;
+	struct tu h;
+	struct ra_peer p;
+	struct ra_buf b = {0};
+	struct tu_peer *sp;
+	struct got g;
+	size_t off = 0, prelude;
+	tu_init(&h);
+	ra_listen(&h, "tcp://127.0.0.1:0", 0);
+	ra_open_tcp(&h, &p);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(&h, 0));
+	for (unsigned i = 0; i < 3; i++) { /* paced: read-ahead comes on */
+		ra_put_msg(&b, small, 2, i);
+		ra_send(&p, b.p, b.len);
+		sent += b.len;
+		b.len = 0;
+		ck_assert(tu_wait_count(&h, &sp->nmsgs, i + 1, TU_WAIT_MS));
+	}
+	tw_stats_global(&g0, sizeof(g0));
+	ra_put_msg(&b, big, 3, 3);
+	ra_put_msg(&b, small, 2, 4);
+	/* head, lengths and frame 0, then the large frame's first byte */
+	prelude = 16 + 3 * 8 + big[0] + 1;
+	g.c = sp->comm;
+	for (size_t i = 0; off < b.len; i++) {
+		size_t k = i == 0                                       ? prelude
+			   : i - 1 < sizeof(pieces) / sizeof(pieces[0]) ? pieces[i - 1]
+									: b.len;
+		if (k > b.len - off)
+			k = b.len - off;
+		ra_send(&p, b.p + off, k);
+		off += k;
+		if (off < b.len) { /* the comm took every byte sent so far */
+			g.want = sent + off;
+			ck_assert(tu_run_until(&h, got_bytes, &g, TU_WAIT_MS));
+		}
+	}
+	ck_assert(tu_wait_count(&h, &sp->nmsgs, 5, TU_WAIT_MS));
+	tw_stats_global(&g1, sizeof(g1));
+	ck_assert_uint_eq(g1.payload_bytes_copied - g0.payload_bytes_copied, 0);
+	ck_assert(ts_msg_matches(sp->msgs[3], big, 3, 3));
+	ck_assert(ts_msg_matches(sp->msgs[4], small, 2, 4));
+	ck_assert_uint_eq(tw_block_size(tw_msg_frame(sp->msgs[3], 1)->block), big[1]);
+	ck_assert_uint_eq(tw_msg_frame(sp->msgs[3], 1)->offset, 0);
+	ra_buf_free(&b);
+	ra_close(&p);
+	tu_fini(&h);
+	ck_assert_uint_eq(blocks_live(), live0);
+}
+END_TEST
 
 START_TEST(readahead_drip)
 {
@@ -676,6 +752,7 @@ TCase *tcp_flow_tcase(void)
 	tcase_add_test(tc, context_free_with_open_comms);
 	tcase_add_loop_test(tc, readahead, 0, RA_NCASES);
 	tcase_add_test(tc, readahead_drip);
+	tcase_add_test(tc, large_in_pieces_no_copy);
 	tcase_add_test(tc, writes_inside_read);
 	return tc;
 }

@@ -73,6 +73,7 @@ struct ra_env {
 	struct tu_peer *good, *good_srv;
 	unsigned seed;
 	unsigned soak_rounds; /* of the soak scenario, without TW_TEST_QUICK */
+	int peeks;            /* the transport reads ahead by peeking (tcp): never copies */
 };
 /* Fill e for harness h with the transport's opener; good is left NULL. */
 void ra_env_init(struct ra_env *e, struct tu *h, ra_open_fn open, unsigned seed,

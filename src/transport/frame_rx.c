@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Receiving a stream-framed message into its final blocks
  * (transport/frame_rx.h). */
+#include <endian.h>
 #include <string.h>
 
 #include <taskwire/error.h>
@@ -282,7 +283,7 @@ static int offer_gulp(struct tw__rx *rx, struct iovec *iov)
 {
 	size_t size = gulp_alloc_size(rx);
 	rx->gulping = 0;
-	if (rx->have != rx->gulp_prefix || rx->gulp_size == 0 || rx->carry_len != 0)
+	if (rx->have != rx->gulp_prefix || rx->gulp_size == 0 || rx->carry_len != 0 || rx->plain)
 		return 0;
 	/* The last read-ahead block comes back once the messages made of it
 	 * are freed (a request answered, a reply taken): reuse it then. A
@@ -398,11 +399,24 @@ static void learn(struct tw__rx *rx, size_t filled, int full)
 		rx->gulp_pipe = want < rx->gulp_pipe_max ? want : rx->gulp_pipe_max;
 }
 
+/* Learn from a read-ahead of n bytes (filled: with what came before it
+ * in the block); a peek's (tw__rx_safe) from what the socket held, not
+ * from what was taken of it. */
+static void learn_read(struct tw__rx *rx, size_t filled, size_t n)
+{
+	if (rx->peeked > 0) {
+		filled += rx->peeked - n;
+		n = rx->peeked;
+		rx->peeked = 0;
+	}
+	learn(rx, filled, n == rx->offered);
+}
+
 static int took_gulp(struct tw__rx *rx, size_t n)
 {
 	size_t h;
 	int rv;
-	learn(rx, n + rx->gulp_prefix, n == rx->offered);
+	learn_read(rx, n + rx->gulp_prefix, n);
 	n += rx->gulp_prefix;
 	rx->gulp_prefix = 0;
 	h = n < sizeof(rx->head) ? n : sizeof(rx->head);
@@ -432,7 +446,7 @@ int tw__rx_advance(struct tw__rx *rx, size_t n)
 	case RX_SMALL: {
 		size_t left = rx->body_len - rx->have;
 		if (rx->body_room > 0) {
-			learn(rx, n, n == rx->offered);
+			learn_read(rx, n, n);
 			if (n > left) { /* read ahead into the body's block */
 				rx->carry = tw_block_hold(rx->body);
 				rx->carry_off = rx->body_off + rx->body_len;
@@ -479,6 +493,7 @@ tw_msg *tw__rx_take(struct tw__rx *rx)
 	if (rx->phase != RX_DONE)
 		return NULL;
 	rx->msg = NULL;
+	rx->plain = 0;
 	predict(rx);
 	reset(rx);
 	/* Head bytes read along with the body start the next message; they
@@ -490,6 +505,42 @@ tw_msg *tw__rx_take(struct tw__rx *rx)
 		rx->have = carried;
 	}
 	return m;
+}
+
+int tw__rx_reads_ahead(const struct tw__rx *rx)
+{
+	return rx->gulping || (rx->phase == RX_SMALL && rx->body_room > 0);
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return le64toh(v);
+}
+
+/* The bytes of p[0..n) (seen at the start of the last want's iovec) that
+ * belong to the message in progress, then to whole small messages: a
+ * read-ahead takes nothing of a large message nor of one still arriving,
+ * so it never has bytes to copy to where they belong (frame_rx.h). */
+size_t tw__rx_safe(struct tw__rx *rx, const uint8_t *p, size_t n)
+{
+	size_t off = rx->phase == RX_SMALL ? rx->body_len - rx->have : 0;
+	if (off >= n) {
+		rx->peeked = 0;
+		return n;
+	}
+	while (n - off >= 16) {
+		/* total: the bytes after it (N, the lengths, the frames) */
+		uint64_t total = le64(p + off) - 8;
+		if (total > rx->small_message_bytes || total + 16 > n - off)
+			break; /* large (or below 8: bad, left to the head's checks) */
+		off += (size_t)total + 16;
+	}
+	rx->peeked = off > 0 ? n : 0;
+	if (off == 0)
+		rx->plain = 1; /* read the head alone, then the rest in place */
+	return off;
 }
 
 uint64_t tw__rx_progress(const struct tw__rx *rx)

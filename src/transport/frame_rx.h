@@ -40,7 +40,17 @@
  * a split small body too, the read taking the messages after it along; the
  * bytes moved are counted in payload_bytes_copied (one small message per
  * block at most). A large message is read as before, into its own blocks:
- * only what the read-ahead took of it is copied (at most gulp_pipe_max). */
+ * only what the read-ahead took of it is copied (at most gulp_pipe_max).
+ *
+ * Over tcp none of those copies happen: the reader peeks into the
+ * read-ahead block (tw__rx_reads_ahead, tw__rx_safe) and takes only the
+ * rest of the message in progress and the whole small messages after it;
+ * a large message, or one still arriving, stays in the socket and is read
+ * from its head into its own blocks, and no message is ever cut at a
+ * block's end. The price is a second, copy-free syscall per read-ahead
+ * (MSG_TRUNC discards what was peeked). TLS cannot peek without
+ * decrypting into OpenSSL's buffer and copying, so it keeps the copies
+ * above, counted in payload_bytes_copied. */
 #ifndef TW_TRANSPORT_FRAME_RX_H
 #define TW_TRANSPORT_FRAME_RX_H
 
@@ -98,6 +108,8 @@ struct tw__rx {
 	tw_block *slab;       /* default home of small frames */
 	size_t slab_off;
 	uint64_t copied; /* bytes tw__rx_feed copied */
+	size_t peeked;   /* bytes the last peek saw (tw__rx_safe), 0: none */
+	int plain;       /* no read-ahead for this message's head (a peek found no whole one) */
 };
 
 void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits);
@@ -127,6 +139,16 @@ int tw__rx_pending(const struct tw__rx *rx);
 /* tw__rx_replay: consume read-ahead bytes as if just read, up to the end
  * of a message. Same returns as tw__rx_advance. */
 int tw__rx_replay(struct tw__rx *rx);
+/* Read-ahead by peeking (a layer that can: tcp). tw__rx_reads_ahead: 1
+ * when the last want's iovec (one) reaches past the message in progress.
+ * Then the reader may peek into it instead of reading, and take only
+ * tw__rx_safe's count of the n bytes it saw (the rest of the message in
+ * progress, then whole small messages), then advance by that count: a
+ * large message or one still arriving is left in the socket, and read
+ * into its own blocks. 0 means no whole message was seen: want then
+ * offers the head alone. */
+int tw__rx_reads_ahead(const struct tw__rx *rx);
+size_t tw__rx_safe(struct tw__rx *rx, const uint8_t *p, size_t n);
 /* tw__rx_progress: bytes of the message in progress received so far,
  * prelude included (for error texts: a peer that closed mid-message). */
 uint64_t tw__rx_progress(const struct tw__rx *rx);

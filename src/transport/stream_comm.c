@@ -35,9 +35,16 @@
  * this much. */
 #define GULP_MAX 4096
 /* ... and of a pipelined stream (reads that fill the read-ahead): about
- * 160 messages of 100 B a read, as ZeroMQ's 8 KiB reads take 80. A large
- * message right after such a stream has at most this much copied. */
+ * 160 messages of 100 B a read, as ZeroMQ's 8 KiB reads take 80. Over
+ * TLS a large message right after such a stream has at most this much
+ * copied. */
 #define GULP_PIPE_MAX 16384
+/* ... over tcp, where a read-ahead is two syscalls (peek, then discard
+ * what was taken) and copies nothing: four times as much per read, so a
+ * stream of 1 KiB messages takes fewer syscalls than the 16 KiB reads did
+ * (oneway, 200,000 x 1 KiB: 14,716 recvfrom before peeking, 32,230 with
+ * 16 KiB peeks, 11,380 with these). A message kept holds its block. */
+#define GULP_PIPE_PEEK_MAX 65536
 /* Preludes of up to 6 frames live in the queue entry: no allocation for
  * the messages of small RPCs. */
 #define PRELUDE_INLINE 64
@@ -477,6 +484,22 @@ static void rx_granted(struct tw__claim *claim)
 	read_again(s);
 }
 
+/* A read-ahead over tcp: peek, then take what tw__rx_safe allows (the
+ * kernel discards it, having copied it once, into the peeked place).
+ * *seen gets what the peek saw (a short one drained the socket); returns
+ * the bytes taken, with readv's returns otherwise. */
+static ssize_t read_ahead(struct stream *s, const struct iovec *iov, ssize_t *seen)
+{
+	size_t safe;
+	ssize_t n = *seen = s->io->peek(s->io_arg, s->fd, iov->iov_base, iov->iov_len);
+	if (n <= 0)
+		return n;
+	if ((safe = tw__rx_safe(&s->rx, iov->iov_base, (size_t)n)) == 0)
+		return 0;
+	n = s->io->discard(s->io_arg, s->fd, safe);
+	return n < 0 || (size_t)n == safe ? n : (errno = EIO, -1); /* only we read */
+}
+
 static void read_input(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
@@ -491,7 +514,7 @@ static void read_input(struct stream *s)
 	}
 	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
 		size_t asked = 0;
-		ssize_t n = 0;
+		ssize_t n = 0, seen = 0;
 		int rv;
 		if (tw__rx_pending(&s->rx)) {
 			/* Messages read ahead come before the socket's bytes. */
@@ -506,7 +529,12 @@ static void read_input(struct stream *s)
 				return;
 			for (int i = 0; i < k; i++)
 				asked += iov[i].iov_len;
-			n = s->io->readv(s->io_arg, s->fd, iov, k);
+			if (k == 1 && s->io->peek != NULL && tw__rx_reads_ahead(&s->rx))
+				n = read_ahead(s, iov, &seen);
+			else
+				n = seen = s->io->readv(s->io_arg, s->fd, iov, k);
+			if (n == 0 && seen > 0)
+				continue; /* no whole message seen: read its head */
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -553,8 +581,9 @@ static void read_input(struct stream *s)
 		}
 		/* A short read drained the socket: wait for epoll rather than
 		 * spend a read on EAGAIN (unless TLS holds decrypted bytes, or
-		 * messages were read ahead). */
-		if ((size_t)n < asked && !tw__rx_pending(&s->rx) && !io_more(s)) {
+		 * messages were read ahead, or a peek left a message's first
+		 * bytes in the socket: read them now, not on the next wakeup). */
+		if ((size_t)seen < asked && seen == n && !tw__rx_pending(&s->rx) && !io_more(s)) {
 			ran_dry(s);
 			return;
 		}
@@ -775,7 +804,7 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 	s->base.rx_claim.granted = rx_granted;
 	tw__rx_init(&s->rx, &s->base.limits);
 	s->rx.gulp_max = GULP_MAX;
-	s->rx.gulp_pipe_max = GULP_PIPE_MAX;
+	s->rx.gulp_pipe_max = io->peek != NULL ? GULP_PIPE_PEEK_MAX : GULP_PIPE_MAX;
 	tw__comm_set_addresses(&s->base, fd, scheme);
 	*out = &s->base;
 	return 0;

@@ -45,6 +45,19 @@ static ssize_t tcp_writev(void *io, int fd, const struct iovec *iov, int n)
 	return sendmsg(fd, &mh, MSG_NOSIGNAL);
 }
 
+static ssize_t tcp_peek(void *io, int fd, void *buf, size_t len)
+{
+	(void)io;
+	return recv(fd, buf, len, MSG_PEEK);
+}
+
+/* tcp(7): MSG_TRUNC discards the bytes instead of copying them out. */
+static ssize_t tcp_discard(void *io, int fd, size_t len)
+{
+	(void)io;
+	return recv(fd, NULL, len, MSG_TRUNC);
+}
+
 static void tcp_shutdown(void *io, int fd)
 {
 	(void)io;
@@ -55,6 +68,8 @@ const struct tw__stream_io tw__tcp_io = {
 	.readv = tcp_readv,
 	.writev = tcp_writev,
 	.shutdown = tcp_shutdown,
+	.peek = tcp_peek,
+	.discard = tcp_discard,
 };
 
 /* The kernel's largest keepalive idle time and interval (tcp(7)). */

@@ -322,6 +322,13 @@ struct tw__stream_io {
 	 * it is not a message's bytes, but the socket will not announce it
 	 * either; or NULL. */
 	int (*end_held)(void *io);
+	/* Read ahead without taking (recv MSG_PEEK; same returns as readv),
+	 * then take `len` of the bytes seen, discarding them (recv
+	 * MSG_TRUNC: the kernel copies nothing). NULL when the layer cannot
+	 * look without taking (TLS). Lets a read-ahead stop at a message
+	 * boundary: frame_rx.h. */
+	ssize_t (*peek)(void *io, int fd, void *buf, size_t len);
+	ssize_t (*discard)(void *io, int fd, size_t len);
 };
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
 		   void *io_arg, tw_comm **out);
