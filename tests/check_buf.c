@@ -25,6 +25,7 @@
 #include "protocol/packbuf.h"
 #include "tests/proc_status.h"
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 
 #define DEFAULT_CACHE_BYTES ((size_t)256 << 20)
 
@@ -750,5 +751,5 @@ static Suite *buf_suite(void)
 
 int main(void)
 {
-	return run_suite(buf_suite());
+	return ts_run(buf_suite(), 0);
 }

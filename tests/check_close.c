@@ -19,9 +19,10 @@
 #include <unistd.h>
 #include <event2/event.h>
 
-#include "tests/tcp_util.h"
-#include "tests/tls_util.h"
-#include "tests/ws_util.h"
+#include "tests/support/harness.h"
+#include "tests/support/tls.h"
+#include "tests/support/ws.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 /* What every close test queues: 64 messages of 1 MiB (64 MiB; 16 under
@@ -447,15 +448,6 @@ static TCase *close_tcase(void)
 int main(void)
 {
 	Suite *s = suite_create("close");
-	SRunner *sr;
-	int failed;
-	signal(SIGPIPE, SIG_IGN);
-	ts_certs_make();
 	suite_add_tcase(s, close_tcase());
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ts_certs_remove();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE);
 }

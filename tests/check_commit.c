@@ -26,9 +26,10 @@
 #include "core/block.h"
 #include "core/context.h"
 #include "tests/proc_status.h"
-#include "tests/tcp_util.h"
-#include "tests/ws_util.h"
+#include "tests/support/harness.h"
+#include "tests/support/ws.h"
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 #include "transport/frame_rx.h"
 
 #define KIB ((size_t)1 << 10)
@@ -551,5 +552,5 @@ int main(void)
 	tcase_add_test(tc, rx_commit_refused);
 	tcase_add_test(tc, reserve_cached_prefix);
 	suite_add_tcase(s, tc);
-	return run_suite(s);
+	return ts_run(s, 0);
 }

@@ -24,7 +24,8 @@
 
 #include <check.h>
 
-#include "tests/dask_util.h"
+#include "tests/support/dask.h"
+#include "tests/support/suite.h"
 
 #define BIG   ((size_t)70 << 20)
 #define SHARD ((size_t)64 << 20)
@@ -37,7 +38,7 @@ static const char *peer_codec; /* pinned in Python, offered by taskwire */
 static int peer_is_scheduler;
 
 /* The running test's loop and client. */
-static struct du_loop loop;
+static struct tu loop;
 static struct du_client *cli;
 
 /* Peers. */
@@ -113,7 +114,7 @@ static void open_client(void)
 {
 	int rv;
 	ck_assert_msg(peer_addr[0] != '\0', "the Python peer did not start: %s", peer_error);
-	du_loop_init(&loop);
+	tu_init(&loop);
 	if (peer_codec != NULL)
 		ck_assert_int_eq(tw_context_set_compression(loop.ctx, peer_codec), 0);
 	rv = du_client_open(&loop, peer_addr, &cli);
@@ -125,7 +126,7 @@ static void close_client(void)
 {
 	du_client_free(cli);
 	cli = NULL;
-	du_loop_fini(&loop);
+	tu_fini(&loop);
 }
 
 /* Requests. */
@@ -402,7 +403,7 @@ START_TEST(close_op)
 	tw_decoded *d = call(req_op("close"));
 	check_str(tw_decoded_root(d), "OK");
 	tw_decoded_free(d);
-	ck_assert(du_wait_flag(&loop, &cli->closed, DU_WAIT_MS));
+	ck_assert(tu_wait_flag(&loop, &cli->closed, DU_WAIT_MS));
 	ck_assert_msg(cli->close_err == 0, "close: %s: %s", tw_strerror(cli->close_err),
 		      cli->last_error);
 	ck_assert_uint_eq(cli->nmsgs, 1);
@@ -512,7 +513,7 @@ END_TEST
 /* python_client: a Python comm client against a taskwire echo server. */
 
 struct echo_srv {
-	struct du_loop *loop;
+	struct tu *loop;
 	tw_listener *lis;
 	char addr[128];
 	tw_comm *comms[8];
@@ -628,13 +629,13 @@ static void run_python_client(const char *codec)
 	ts_script("dask_client.py", script, sizeof(script));
 	snprintf(env_codec, sizeof(env_codec), "DASK_DISTRIBUTED__COMM__COMPRESSION=%s",
 		 codec != NULL ? codec : "");
-	du_loop_init(&loop);
+	tu_init(&loop);
 	if (codec != NULL)
 		ck_assert_int_eq(tw_context_set_compression(loop.ctx, codec), 0);
 	ck_assert_int_eq(tw_listener_new(loop.ctx, "tcp://127.0.0.1:0", srv_accept, &s, &s.lis), 0);
 	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
 	ck_assert_int_eq(ts_spawn(&py, argv, env), 0);
-	ok = du_run_until(&loop, proc_exited, &py, 2 * DU_WAIT_MS);
+	ok = tu_run_until(&loop, proc_exited, &py, 2 * DU_WAIT_MS);
 	ts_proc_log_tail(&py, tail, sizeof(tail));
 	ts_proc_stop(&py);
 	ck_assert_msg(ok, "the Python client did not finish: %s", tail);
@@ -657,7 +658,7 @@ static void run_python_client(const char *codec)
 		ck_assert_uint_eq(s.bytes_copied, 0);
 	}
 	srv_fini(&s);
-	du_loop_fini(&loop);
+	tu_fini(&loop);
 }
 
 START_TEST(python_client_plain)
@@ -728,7 +729,7 @@ static void pool_get_data(tw_pool *p, const char *key, const char *status)
 	ck_assert_int_eq(tw_pool_call_flags(p, peer_addr, get_data_req(key), DU_WAIT_MS,
 					    TW_CALL_ACK_OK, on_pool_reply, &pc, NULL),
 			 0);
-	ck_assert_msg(du_wait_flag(&loop, &pc.done, DU_WAIT_MS), "no reply to get_data %s", key);
+	ck_assert_msg(tu_wait_flag(&loop, &pc.done, DU_WAIT_MS), "no reply to get_data %s", key);
 	ck_assert_msg(pc.err == 0, "get_data %s: %s: %s", key, tw_strerror(pc.err), pc.why);
 	root = tw_decoded_root(pc.reply);
 	check_str(tw_msgpack_map_get(root, "status"), status);
@@ -828,10 +829,5 @@ static Suite *dask_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(dask_suite());
-	int failed;
-	srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(dask_suite(), TS_NO_SIGPIPE);
 }

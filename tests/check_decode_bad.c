@@ -22,6 +22,8 @@
 #include "protocol/placeholder.h"
 #include "protocol/placement.h"
 
+#include "tests/support/suite.h"
+
 #define SAY(...)                                                                                   \
 	do {                                                                                       \
 		if (getenv("TU_VERBOSE") != NULL)                                                  \
@@ -462,8 +464,6 @@ int main(void)
 {
 	Suite *s = suite_create("decode_bad");
 	TCase *tc = tcase_create("all");
-	SRunner *sr;
-	int failed;
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, zstd_streaming_lie_allocates_bound);
 	tcase_add_test(tc, zstd_declared_lie_allocates);
@@ -475,9 +475,5 @@ int main(void)
 	tcase_add_test(tc, lz4_zero_length);
 	tcase_add_test(tc, merge_many_tiny);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return ts_run(s, 0);
 }

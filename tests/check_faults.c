@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Faults between a client and a server (issue 17): the fault proxy
- * (tests/fault_proxy.h) between taskwire clients (tw_pool calls, stream
+ * (tests/support/fault_proxy.h) between taskwire clients (tw_pool calls, stream
  * comms, plain comms) and taskwire servers (tw_server, an echo
  * listener), over tcp, tls, ws and wss. For each fault the test asserts
  * the error code the call or comm ends with, that it ends by its own
@@ -20,10 +20,11 @@
 #include <check.h>
 #include <msgpack.h>
 
-#include "tests/fault_proxy.h"
-#include "tests/rpc_util.h"
-#include "tests/tcp_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/fault_proxy.h"
+#include "tests/support/rpc.h"
+#include "tests/support/harness.h"
+#include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
@@ -65,7 +66,7 @@ static int rc_is_done(void *arg)
 	return ((struct rc *)arg)->done;
 }
 
-/* The fixture: a tw_server (tests/rpc_util.h ops) on transport t, a pool,
+/* The fixture: a tw_server (tests/support/rpc.h ops) on transport t, a pool,
  * the proxy in front of the server. */
 struct ff {
 	struct tu h;
@@ -647,13 +648,6 @@ static TCase *tc(const char *name, const TTest *t)
 int main(void)
 {
 	Suite *s = suite_create("faults");
-	SRunner *sr;
-	int failed;
-	/* The proxy writes with libevent (writev) to peers that reset; the
-	 * library itself never raises SIGPIPE (tests/check_tcp.c keeps the
-	 * default action to show it). */
-	signal(SIGPIPE, SIG_IGN);
-	ts_certs_make();
 	suite_add_tcase(s, tc("pool_black_hole", pool_black_hole));
 	suite_add_tcase(s, tc("pool_stall_reply", pool_stall_reply));
 	suite_add_tcase(s, tc("pool_stall_request", pool_stall_request));
@@ -666,10 +660,8 @@ int main(void)
 	suite_add_tcase(s, tc("comm_stall_mid_message", comm_stall_mid_message));
 	suite_add_tcase(s, tc("comm_stall_writer", comm_stall_writer));
 	suite_add_tcase(s, tc("stream_reset", stream_reset));
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ts_certs_remove();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	/* The proxy writes with libevent (writev) to peers that reset; the
+	 * library itself never raises SIGPIPE (tests/check_tcp.c keeps the
+	 * default action to show it). */
+	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE);
 }

@@ -15,6 +15,7 @@
 
 #include "core/context.h"
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 #include "transport/frame_rx.h"
 
 #define KIB      ((size_t)1 << 10)
@@ -1217,5 +1218,5 @@ static Suite *rx_suite(void)
 
 int main(void)
 {
-	return run_suite(rx_suite());
+	return ts_run(rx_suite(), 0);
 }

@@ -18,9 +18,10 @@
 
 #include <check.h>
 
-#include "tests/dask_util.h"
-#include "tests/rpc_util.h"
-#include "tests/tcp_util.h"
+#include "tests/support/dask.h"
+#include "tests/support/rpc.h"
+#include "tests/support/harness.h"
+#include "tests/support/suite.h"
 
 static struct ts_proc peer;
 
@@ -1383,9 +1384,6 @@ int main(void)
 {
 	Suite *s = suite_create("handover");
 	TCase *tc = tcase_create("lifetime");
-	SRunner *sr;
-	int failed;
-	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
 	tcase_add_checked_fixture(tc, NULL, stop_procs);
 	tcase_add_test(tc, held_comm_after_peer_killed);
@@ -1412,9 +1410,5 @@ int main(void)
 	tcase_add_test(tc, atk_unwatch_other_comm);
 	tcase_add_test(tc, unwatch_inside_own_callback);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_NO_SIGPIPE);
 }

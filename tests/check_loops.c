@@ -15,7 +15,7 @@
 
 #include <taskwire/taskwire.h>
 
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
 
 #define MAXLOOPS 4
 #define MAXCOMMS 64

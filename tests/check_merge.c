@@ -11,6 +11,7 @@
 
 #include "core/block.h"
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 
 /* A block of `size` bytes holding pattern(0, j). */
 static tw_block *filled(size_t size)
@@ -248,5 +249,5 @@ static Suite *merge_suite(void)
 
 int main(void)
 {
-	return run_suite(merge_suite());
+	return ts_run(merge_suite(), 0);
 }

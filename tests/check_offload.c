@@ -6,14 +6,15 @@
  * large message is a 64 MiB zstd payload (2 MiB with TW_TEST_QUICK=1, with
  * the threshold lowered to 1 MiB), built once in main. Where a test must
  * know that a message sits in the pool, a gate job holds the pool's only
- * worker (tests/offload_util.h); nothing asserts on time. */
+ * worker (tests/support/offload.h); nothing asserts on time. */
 #include <stdlib.h>
 
 #include <check.h>
 
 #include "core/context.h"
 #include "tests/check_offload.h"
-#include "tests/offload_util.h"
+#include "tests/support/offload.h"
+#include "tests/support/suite.h"
 
 /* A large message then a 10-byte one: the small one is decoded at once,
  * inline, but waits for the large one, which is held in the pool. */
@@ -242,15 +243,8 @@ TCase *offload_order_tcase(void)
 int main(void)
 {
 	Suite *s = suite_create("offload");
-	SRunner *sr;
-	int failed;
 	ox_init();
 	suite_add_tcase(s, offload_order_tcase());
 	suite_add_tcase(s, offload_life_tcase());
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ox_fini();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, 0);
 }

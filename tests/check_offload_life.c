@@ -10,7 +10,7 @@
 #include <event2/event.h>
 
 #include "tests/check_offload.h"
-#include "tests/offload_util.h"
+#include "tests/support/offload.h"
 
 /* Comm 0 gets a large message held in the pool by a gate, and comm 1
  * stays open as a witness. A marker queued behind the message tells when

@@ -28,10 +28,11 @@
 
 #include <check.h>
 
-#include "tests/tcp_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/harness.h"
+#include "tests/support/tls.h"
 #include "tests/proc_status.h"
-#include "tests/ws_util.h"
+#include "tests/support/ws.h"
+#include "tests/support/suite.h"
 
 #define MiB      ((size_t)1 << 20)
 #define GiB      ((uint64_t)1 << 30)
@@ -603,10 +604,6 @@ int main(void)
 {
 	Suite *s = suite_create("rate");
 	TCase *tc = tcase_create("rate");
-	SRunner *sr;
-	int failed;
-	signal(SIGPIPE, SIG_IGN); /* raw TLS peers write to closed sockets */
-	ts_certs_make();
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, setter);
 	tcase_add_loop_test(tc, dripping_peer_cut, 0, 4);
@@ -619,10 +616,5 @@ int main(void)
 	tcase_add_loop_test(tc, many_drippers, 0, 2);
 	tcase_add_loop_test(tc, memory_refused, 0, 2);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ts_certs_remove();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE); /* raw TLS peers write to closed sockets */
 }

@@ -13,25 +13,17 @@
 #include <check.h>
 
 #include "tests/check_rpc.h"
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 int main(void)
 {
 	Suite *s = suite_create("rpc");
-	SRunner *sr;
-	int failed;
-	signal(SIGPIPE, SIG_IGN);
-	ts_certs_make();
 	suite_add_tcase(s, rpc_server_tcase());
 	suite_add_tcase(s, rpc_timeout_tcase());
 	suite_add_tcase(s, rpc_pool_tcase());
 	suite_add_tcase(s, rpc_sync_tcase());
 	suite_add_tcase(s, rpc_stream_tcase());
 	suite_add_tcase(s, rpc_dask_tcase());
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ts_certs_remove();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE);
 }

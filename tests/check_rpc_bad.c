@@ -21,8 +21,9 @@
 #include <event2/event.h>
 #include <msgpack.h>
 
-#include "tests/rpc_util.h"
-#include "tests/tcp_util.h"
+#include "tests/support/rpc.h"
+#include "tests/support/harness.h"
+#include "tests/support/suite.h"
 
 /* Diagnostics, with TU_VERBOSE set. */
 #define SAY(...)                                                                                   \
@@ -1348,9 +1349,6 @@ int main(void)
 {
 	Suite *s = suite_create("rpc_bad");
 	TCase *tc = tcase_create("attack");
-	SRunner *sr;
-	int failed;
-	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, server_free_mid_handshake);
 	tcase_add_test(tc, handshake_zstd_bomb);
@@ -1375,9 +1373,5 @@ int main(void)
 	tcase_add_loop_test(tc, pool_peer_speaks_first, 0, 3);
 	tcase_add_test(tc, reply_before_bad_request_drop);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_NO_SIGPIPE);
 }

@@ -16,9 +16,9 @@
 #include <check.h>
 
 #include "tests/check_rpc.h"
-#include "tests/dask_util.h"
-#include "tests/rpc_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/dask.h"
+#include "tests/support/rpc.h"
+#include "tests/support/tls.h"
 
 #define EXIT_MS 120000
 

@@ -20,10 +20,10 @@
 
 #include "protocol/pool.h"
 #include "tests/check_rpc.h"
-#include "tests/dask_util.h"
+#include "tests/support/dask.h"
 #include "tests/loop_timeouts.h"
-#include "tests/rpc_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/rpc.h"
+#include "tests/support/tls.h"
 
 #define NFAIL 20
 

@@ -13,8 +13,8 @@
 
 #include "core/context.h"
 #include "tests/check_rpc.h"
-#include "tests/rpc_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/rpc.h"
+#include "tests/support/tls.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -224,7 +224,7 @@ START_TEST(server_error_reply)
 	ck_assert(tw_msgpack_str_eq(field(&rc, "status"), "uncaught-error"));
 	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"), "fail: this op always fails"));
 	ck_assert(tw_msgpack_str_eq(field(&rc, "exception"), "fail: this op always fails"));
-	ck_assert(tw_msgpack_str_eq(field(&rc, "traceback_text"), "rpc_util.c op_fail"));
+	ck_assert(tw_msgpack_str_eq(field(&rc, "traceback_text"), "support/rpc.c op_fail"));
 	rc_assert_why(&rc, "'s handler failed: fail: this op always fails");
 	ck_assert_int_eq(field(&rc, "traceback")->type, MSGPACK_OBJECT_NIL);
 	rc_clear(&rc);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Streams: connection_stream to a tw_server with the stream op "item"
- * (tests/rpc_util.c checks each map's fields), batches of 1 and of 1,000
+ * (tests/support/rpc.c checks each map's fields), batches of 1 and of 1,000
  * maps from tw_batched_send, maps after close-stream not dispatched,
  * tw_batched_free flushing what is queued, single maps and bad stream
  * messages. */
@@ -15,7 +15,7 @@
 #include <check.h>
 
 #include "tests/check_rpc.h"
-#include "tests/rpc_util.h"
+#include "tests/support/rpc.h"
 #include "transport/transport.h"
 
 /* {"op": op, "i": i, "name": "m<i>"} packed. */

@@ -9,7 +9,7 @@
 #include <check.h>
 
 #include "tests/check_rpc.h"
-#include "tests/rpc_util.h"
+#include "tests/support/rpc.h"
 
 /* *reply starts as a pointer no call may leave there: every error must
  * set it NULL (a caller's tw_decoded_free of it then does nothing). */

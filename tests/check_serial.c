@@ -15,7 +15,8 @@
 #include <lz4.h>
 #endif
 
-#include "tests/dask_util.h"
+#include "tests/support/dask.h"
+#include "tests/support/suite.h"
 
 #define KB 1000
 
@@ -1302,7 +1303,7 @@ static void echo_ok(struct du_client *cli, size_t k)
 }
 
 /* A raw peer: read the server's handshake, send ours, then `bad`. */
-static int raw_send_bad(struct du_loop *l, const char *addr, const tw_msg *bad)
+static int raw_send_bad(struct tu *l, const char *addr, const tw_msg *bad)
 {
 	tw_msg *theirs = NULL, *ours = new_msg();
 	struct mp hs;
@@ -1325,11 +1326,11 @@ static int raw_send_bad(struct du_loop *l, const char *addr, const tw_msg *bad)
 	msgpack_pack_uint8(pk, 5);
 	mp_append(&hs, ours);
 	wire = du_encode(ours, &len);
-	ck_assert_int_eq(du_raw_send(l, fd, wire, len), 0);
+	ck_assert_uint_eq(tu_raw_send(l, fd, wire, len), len);
 	free(wire);
 	tw_msg_free(ours);
 	wire = du_encode(bad, &len);
-	du_raw_send(l, fd, wire, len); /* the server may close before the end */
+	tu_raw_send(l, fd, wire, len); /* the server may close before the end */
 	free(wire);
 	eof = du_raw_wait_eof(l, fd, DU_WAIT_MS);
 	close(fd);
@@ -1340,14 +1341,14 @@ START_TEST(bad_over_comm)
 {
 	const struct bad *c = &bad_cases[_i];
 	struct dec_srv s = {0};
-	struct du_loop l;
+	struct tu l;
 	struct du_client *cli;
 	tw_msg *bad = make_bad(c);
 	if (c->limit != 0 || tw_msg_nframes(bad) == 0) { /* decode limits only; no wire form */
 		tw_msg_free(bad);
 		return;
 	}
-	du_loop_init(&l);
+	tu_init(&l);
 	ck_assert_int_eq(tw_listener_new(l.ctx, "tcp://127.0.0.1:0", dec_accept, &s, &s.lis), 0);
 	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
 	ck_assert_int_eq(du_client_open(&l, s.addr, &cli), 0);
@@ -1363,7 +1364,7 @@ START_TEST(bad_over_comm)
 	for (size_t i = 0; i < s.ncomms; i++)
 		tw_comm_free(s.comms[i]);
 	tw_listener_free(s.lis);
-	du_loop_fini(&l);
+	tu_fini(&l);
 	tw_msg_free(bad);
 }
 END_TEST
@@ -1498,10 +1499,5 @@ static Suite *serial_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(serial_suite());
-	int failed;
-	srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(serial_suite(), TS_NO_SIGPIPE);
 }

@@ -11,6 +11,7 @@
 #include <taskwire/error.h>
 
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 #include "transport/stream_codec.h"
 
 #define MAX_BYTES  ((uint64_t)1 << 20)
@@ -299,5 +300,5 @@ static Suite *codec_suite(void)
 
 int main(void)
 {
-	return run_suite(codec_suite());
+	return ts_run(codec_suite(), 0);
 }

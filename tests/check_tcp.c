@@ -9,19 +9,14 @@
 #include <check.h>
 
 #include "tests/check_tcp.h"
+#include "tests/support/suite.h"
 
 int main(void)
 {
 	Suite *s = suite_create("tcp");
-	SRunner *sr;
-	int failed;
 	suite_add_tcase(s, tcp_echo_tcase());
 	suite_add_tcase(s, tcp_errors_tcase());
 	suite_add_tcase(s, tcp_flow_tcase());
 	suite_add_tcase(s, tcp_budget_tcase());
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, 0);
 }

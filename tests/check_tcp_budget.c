@@ -13,7 +13,7 @@
 #include <check.h>
 
 #include "tests/check_tcp.h"
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 #include "transport/stream_codec.h"
 
 #define KiB ((size_t)1 << 10)

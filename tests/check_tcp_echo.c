@@ -6,7 +6,7 @@
 
 #include "tests/check_tcp.h"
 #include "tests/echo_shapes.h"
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)

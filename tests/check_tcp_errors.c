@@ -17,7 +17,7 @@
 
 #include "core/context.h"
 #include "tests/check_tcp.h"
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 #define MiB         ((size_t)1 << 20)
 #define GiB         ((uint64_t)1 << 30)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Retention of large frames, backpressure, a context on its own loop
- * thread, read-ahead from a raw peer (tests/readahead_util.h). */
+ * thread, read-ahead from a raw peer (tests/support/readahead.h). */
 #include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
@@ -20,8 +20,8 @@
 #include "core/msg.h"
 #include "core/reclaim.h"
 #include "tests/check_tcp.h"
-#include "tests/readahead_util.h"
-#include "tests/tcp_util.h"
+#include "tests/support/readahead.h"
+#include "tests/support/harness.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)

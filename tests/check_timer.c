@@ -8,6 +8,7 @@
 #include "core/timer.h"
 #include "tests/loop_timeouts.h"
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 
 #define GUARD_MS 10000 /* a hang guard, not a measure */
 
@@ -162,5 +163,5 @@ static Suite *timer_suite(void)
 
 int main(void)
 {
-	return run_suite(timer_suite());
+	return ts_run(timer_suite(), 0);
 }

@@ -9,14 +9,12 @@
 #include <check.h>
 
 #include "tests/check_tls.h"
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 int main(void)
 {
 	Suite *s = suite_create("tls");
-	SRunner *sr;
-	int failed;
-	ts_certs_make();
 	suite_add_tcase(s, tls_echo_tcase());
 	if (!ts_quick())
 		suite_add_tcase(s, tls_big_tcase());
@@ -24,10 +22,5 @@ int main(void)
 	suite_add_tcase(s, tls_config_tcase());
 	suite_add_tcase(s, tls_close_tcase());
 	suite_add_tcase(s, tls_dask_tcase());
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ts_certs_remove();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_CERTS);
 }

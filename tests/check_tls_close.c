@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Closing tls comms without losing data, partial writes of referenced
  * frames (BH-11), no leaks over many connections (BH-14), read-ahead
- * over tls (tests/readahead_util.h), where SSL_read_ex is the readv, and
+ * over tls (tests/support/readahead.h), where SSL_read_ex is the readv, and
  * TLS 1.3 KeyUpdates that arrive while a send side is full. */
 #include <endian.h>
 #include <signal.h>
@@ -21,8 +21,8 @@
 #include <event2/event.h>
 
 #include "tests/check_tls.h"
-#include "tests/readahead_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/readahead.h"
+#include "tests/support/tls.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -13,7 +13,7 @@
 #include <check.h>
 
 #include "tests/check_tls.h"
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
 
 #define MiB      ((size_t)1 << 20)
 #define START_MS 60000

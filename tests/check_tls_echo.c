@@ -11,7 +11,7 @@
 
 #include "tests/check_tls.h"
 #include "tests/echo_shapes.h"
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)

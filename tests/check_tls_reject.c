@@ -17,7 +17,7 @@
 #include <event2/event.h>
 
 #include "tests/check_tls.h"
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
 
 #define BAD_WAIT_MS 10000
 

@@ -11,6 +11,7 @@
 #include <taskwire/error.h>
 
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 #include "transport/uri.h"
 
 struct good {
@@ -198,5 +199,5 @@ static Suite *uri_suite(void)
 
 int main(void)
 {
-	return run_suite(uri_suite());
+	return ts_run(uri_suite(), 0);
 }

@@ -13,15 +13,12 @@
 #include <check.h>
 
 #include "tests/check_ws.h"
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 int main(void)
 {
 	Suite *s = suite_create("ws");
-	SRunner *sr;
-	int failed;
-	signal(SIGPIPE, SIG_IGN); /* raw TLS clients write to closed sockets */
-	ts_certs_make();
 	suite_add_tcase(s, ws_echo_tcase());
 	suite_add_tcase(s, ws_wire_tcase());
 	suite_add_tcase(s, ws_upgrade_tcase());
@@ -29,10 +26,5 @@ int main(void)
 		suite_add_tcase(s, ws_peers_tcase());
 		suite_add_tcase(s, ws_dask_tcase());
 	}
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	ts_certs_remove();
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE); /* raw TLS clients write to closed sockets */
 }

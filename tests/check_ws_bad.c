@@ -22,7 +22,7 @@
 #include <event2/event.h>
 
 #include "tests/check_ws.h"
-#include "tests/ws_util.h"
+#include "tests/support/ws.h"
 
 #define MiB ((size_t)1 << 20)
 

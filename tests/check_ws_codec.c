@@ -22,6 +22,7 @@
 
 #include "tests/fuzz/ws_drive.h"
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 #include "transport/ws_codec.h"
 
 #define MIB ((uint64_t)1 << 20)
@@ -1223,5 +1224,5 @@ static Suite *ws_codec_suite(void)
 
 int main(void)
 {
-	return run_suite(ws_codec_suite());
+	return ts_run(ws_codec_suite(), 0);
 }

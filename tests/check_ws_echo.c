@@ -13,7 +13,7 @@
 #include <check.h>
 
 #include "tests/check_ws.h"
-#include "tests/ws_util.h"
+#include "tests/support/ws.h"
 
 #define MiB ((size_t)1 << 20)
 

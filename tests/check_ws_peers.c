@@ -4,7 +4,7 @@
  * echo server, and real Dask (Debian's python3-distributed) as scheduler
  * and as client. The scripts are in $TW_TOP_SRCDIR/tests/interop. Every
  * process started is stopped, also when an assertion fails (the fixture's
- * teardown and tls_util's atexit handler). */
+ * teardown and tests/support/proc.c's atexit handler). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +16,7 @@
 #include <check.h>
 
 #include "tests/check_ws.h"
-#include "tests/ws_util.h"
+#include "tests/support/ws.h"
 
 #define MiB      ((size_t)1 << 20)
 #define START_MS 60000

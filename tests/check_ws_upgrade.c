@@ -21,6 +21,7 @@
 #include <taskwire/error.h>
 
 #include "tests/unit.h"
+#include "tests/support/suite.h"
 #include "transport/ws_codec.h"
 #include "transport/ws_upgrade.h"
 
@@ -844,5 +845,5 @@ static Suite *ws_upgrade_suite(void)
 
 int main(void)
 {
-	return run_suite(ws_upgrade_suite());
+	return ts_run(ws_upgrade_suite(), 0);
 }

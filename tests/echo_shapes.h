@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 /* A frame of 0 bytes, then a message of three empty frames. */
 void es_empty_frames(struct tu_peer *cli);

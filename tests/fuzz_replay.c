@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "tests/fuzz_replay.h"
+#include "tests/support/suite.h"
 #include "tests/unit.h"
 
 #define MAX_CORPORA 4
@@ -142,7 +143,7 @@ int fr_main(int argc, char **argv, const char *suite, const struct fr_corpus *co
 	tcase_add_test(tc, corpora_present);
 	tcase_add_loop_test(tc, replay, 0, total);
 	suite_add_tcase(s, tc);
-	rv = run_suite(s);
+	rv = ts_run(s, 0);
 	for (int k = 0; k < nsets; k++)
 		for (int i = 0; i < sets[k].n; i++)
 			free(sets[k].path[i]);

@@ -6,7 +6,7 @@
 # offload off (every packet on the link is at most one MTU), and the fault
 # proxy (tests/check_faults) in between. The test binaries run in
 # namespace A (10.200.0.1); their servers and the proxy listen in
-# namespace B (10.200.0.2): tests/tcp_util.h, TW_TEST_HOST and
+# namespace B (10.200.0.2): tests/support/harness.h, TW_TEST_HOST and
 # TW_TEST_LISTEN_NETNS. The addresses exist only inside the namespaces.
 #
 # Usage: tests/netns-check.sh [BUILD_DIR]   (default: the current directory)

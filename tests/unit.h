@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers shared by the unit suites: a seeded PRNG, wire messages built
- * from frame lengths, little-endian words, and a Check main. Header-only,
- * so each suite stays one program. */
+ * from frame lengths, little-endian words. Header-only; the suites' main
+ * is tests/support/suite.h's ts_run. */
 #ifndef TW_TESTS_UNIT_H
 #define TW_TESTS_UNIT_H
 
@@ -121,17 +121,6 @@ static inline tw_stats stats_now(void)
 	tw_stats st;
 	tw_stats_global(&st, sizeof(st));
 	return st;
-}
-
-/* Run one suite; exit status for the test driver. */
-static inline int run_suite(Suite *s)
-{
-	SRunner *sr = srunner_create(s);
-	int failed;
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
 #endif

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Helpers for the RPC suites (tests/rpc_util.h). */
+/* Helpers for the RPC suites (tests/support/rpc.h). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -16,7 +16,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
-#include "tests/rpc_util.h"
+#include "tests/support/rpc.h"
 
 /* Requests. */
 
@@ -254,7 +254,7 @@ static void op_nbytes(tw_request *r, void *arg)
 static void op_fail(tw_request *r, void *arg)
 {
 	(void)arg;
-	tw_request_reply_error(r, "fail: this op always fails", "rpc_util.c op_fail");
+	tw_request_reply_error(r, "fail: this op always fails", "support/rpc.c op_fail");
 }
 
 /* Starts a reply, then fails: the error reply replaces what was packed. */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Helpers for the tls:// suites (tests/tls_util.h). */
+/* Helpers for the tls:// suites (tests/support/tls.h). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 #include <event2/event.h>
 #include <openssl/evp.h>
 
-#include "tests/tls_util.h"
+#include "tests/support/tls.h"
 
 #define MAX_EXTRA 8
 

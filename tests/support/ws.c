@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Helpers for the ws:// and wss:// suites (tests/ws_util.h). */
+/* Helpers for the ws:// and wss:// suites (tests/support/ws.h). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
 
-#include "tests/ws_util.h"
+#include "tests/support/ws.h"
 
 static const uint8_t KEY[4] = {0x37, 0xfa, 0x21, 0x3d};
 

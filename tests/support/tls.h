@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the tls:// suites (tests/check_tls*.c), on top of the TCP
- * harness (tests/tcp_util.h): TLS configurations from the test
+ * harness (tests/support/harness.h): TLS configurations from the test
  * certificates (tests/support/certs.h), extra contexts on the harness's
  * loop (a client with another certificate), connects that report why they
  * failed, fd counting, SHA-256. Real Dask peers: tests/support/proc.h. */
-#ifndef TW_TESTS_TLS_UTIL_H
-#define TW_TESTS_TLS_UTIL_H
+#ifndef TW_TESTS_SUPPORT_TLS_H
+#define TW_TESTS_SUPPORT_TLS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -15,7 +15,7 @@
 
 #include "tests/support/certs.h"
 #include "tests/support/proc.h"
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 /* A configuration from certificate names (NULL: not set). Asserts that
  * loading works. */

@@ -4,9 +4,9 @@
  * that record each decoded delivery (order, thread, bytes), and jobs that
  * hold or mark the offload pool's queue, so a test knows for certain
  * that a message sits in the pool. Everything but ox_init runs on the
- * test's thread, which drives the loop of a tests/tcp_util.h harness. */
-#ifndef TW_TESTS_OFFLOAD_UTIL_H
-#define TW_TESTS_OFFLOAD_UTIL_H
+ * test's thread, which drives the loop of a tests/support/harness.h harness. */
+#ifndef TW_TESTS_SUPPORT_OFFLOAD_H
+#define TW_TESTS_SUPPORT_OFFLOAD_H
 
 #include <pthread.h>
 #include <stddef.h>
@@ -15,7 +15,7 @@
 #include <taskwire/taskwire.h>
 
 #include "protocol/offload.h"
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 #define OX_MAX_MSGS    64
 #define OX_MAX_COMMS   4

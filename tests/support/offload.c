@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Helpers for the offload suite (tests/offload_util.h). */
+/* Helpers for the offload suite (tests/support/offload.h). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
-#include "tests/offload_util.h"
+#include "tests/support/offload.h"
 
 #define MiB ((size_t)1 << 20)
 

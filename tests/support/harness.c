@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The TCP test harness (tests/tcp_util.h). */
+/* The TCP test harness (tests/support/harness.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -14,7 +14,7 @@
 #include <check.h>
 #include <event2/event.h>
 
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 #include "tests/proc_status.h"
 
 #define TICK_MS 20

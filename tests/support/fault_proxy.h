@@ -21,8 +21,8 @@
  * parses the bytes. Otherwise it is faithful: a FIN from one side goes
  * on to the other after the bytes before it, a reset goes on as a reset.
  * Everything runs on the loop's thread; test setup failures assert. */
-#ifndef TW_TESTS_FAULT_PROXY_H
-#define TW_TESTS_FAULT_PROXY_H
+#ifndef TW_TESTS_SUPPORT_FAULT_PROXY_H
+#define TW_TESTS_SUPPORT_FAULT_PROXY_H
 
 #include <stddef.h>
 #include <stdint.h>

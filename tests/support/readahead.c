@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Read-ahead against real sockets (tests/readahead_util.h). */
+/* Read-ahead against real sockets (tests/support/readahead.h). */
 #include <endian.h>
 #include <errno.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include <event2/event.h>
 #include <openssl/err.h>
 
-#include "tests/readahead_util.h"
+#include "tests/support/readahead.h"
 
 /* A message that should come at once but does not: the receiver stalls,
  * and nothing moves. Only a hang guard (tu_run_until restarts it on

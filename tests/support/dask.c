@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The real-peer test harness (tests/dask_util.h). */
+/* The real-peer test harness (tests/support/dask.h). */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,39 +17,7 @@
 #include <check.h>
 #include <event2/event.h>
 
-#include "tests/dask_util.h"
-
-#define TICK_MS 10
-
-/* The loop. */
-
-void du_loop_init(struct du_loop *l)
-{
-	memset(l, 0, sizeof(*l));
-	signal(SIGPIPE, SIG_IGN); /* the raw client writes to closed sockets */
-	l->base = event_base_new();
-	ck_assert_ptr_nonnull(l->base);
-	ck_assert_int_eq(tw_context_new(l->base, &l->ctx), 0);
-	l->tick = ts_tick_new(l->base, TICK_MS);
-}
-
-void du_loop_fini(struct du_loop *l)
-{
-	tw_context_free(l->ctx);
-	event_free(l->tick);
-	event_base_free(l->base);
-	memset(l, 0, sizeof(*l));
-}
-
-int du_run_until(struct du_loop *l, int (*pred)(void *arg), void *arg, int ms)
-{
-	return ts_run_until(l->base, pred, arg, ms);
-}
-
-int du_wait_flag(struct du_loop *l, const int *flag, int ms)
-{
-	return ts_wait_flag(l->base, flag, ms);
-}
+#include "tests/support/dask.h"
 
 /* The client comm. */
 
@@ -105,7 +73,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 	c->done = 1;
 }
 
-int du_client_open(struct du_loop *l, const char *uri, struct du_client **out)
+int du_client_open(struct tu *l, const char *uri, struct du_client **out)
 {
 	struct du_client *c = calloc(1, sizeof(*c));
 	int rv;
@@ -114,7 +82,7 @@ int du_client_open(struct du_loop *l, const char *uri, struct du_client **out)
 	*out = c;
 	if ((rv = tw_comm_connect(l->ctx, uri, on_connect, c)) != 0)
 		return rv;
-	if (!du_wait_flag(l, &c->done, DU_WAIT_MS))
+	if (!tu_wait_flag(l, &c->done, DU_WAIT_MS))
 		return TW_ETIMEDOUT;
 	return c->err;
 }
@@ -141,7 +109,7 @@ static int has_msg(void *arg)
 tw_msg *du_client_msg(struct du_client *c, size_t i, int ms)
 {
 	struct msg_wait w = {c, i + 1};
-	du_run_until(c->loop, has_msg, &w, ms);
+	tu_run_until(c->loop, has_msg, &w, ms);
 	return i < c->nmsgs ? c->msgs[i] : NULL;
 }
 
@@ -158,14 +126,9 @@ void du_client_free(struct du_client *c)
 
 /* Raw client. */
 
-int du_raw_send(struct du_loop *l, int fd, const void *p, size_t n)
-{
-	return ts_raw_send(l->base, fd, p, n, DU_WAIT_MS) == n ? 0 : -1;
-}
-
 /* Read exactly n bytes into p, driving the loop while none are there;
  * -1 after ms without a byte. */
-static int raw_read(struct du_loop *l, int fd, void *p, size_t n, int ms)
+static int raw_read(struct tu *l, int fd, void *p, size_t n, int ms)
 {
 	uint8_t *b = p;
 	long long deadline = ts_now_ms() + ms;
@@ -192,7 +155,7 @@ static uint64_t le64(const uint8_t *p)
 	return le64toh(v);
 }
 
-static int raw_frames(struct du_loop *l, int fd, uint64_t n, tw_msg *m, int ms)
+static int raw_frames(struct tu *l, int fd, uint64_t n, tw_msg *m, int ms)
 {
 	uint8_t word[8];
 	uint64_t *lens = calloc(n, sizeof(*lens));
@@ -211,7 +174,7 @@ static int raw_frames(struct du_loop *l, int fd, uint64_t n, tw_msg *m, int ms)
 	return rv;
 }
 
-int du_raw_recv_msg(struct du_loop *l, int fd, tw_msg **out, int ms)
+int du_raw_recv_msg(struct tu *l, int fd, tw_msg **out, int ms)
 {
 	uint8_t head[16];
 	tw_msg *m;
@@ -229,7 +192,7 @@ int du_raw_recv_msg(struct du_loop *l, int fd, tw_msg **out, int ms)
 	return 0;
 }
 
-int du_raw_wait_eof(struct du_loop *l, int fd, int ms)
+int du_raw_wait_eof(struct tu *l, int fd, int ms)
 {
 	long long deadline = ts_now_ms() + ms;
 	uint8_t b;

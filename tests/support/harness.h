@@ -7,8 +7,8 @@
  * bad peers, and a byte pattern that is cheap to fill and check.
  * Everything runs on the test's thread. Deadlines only bound waits; no
  * test asserts on time. */
-#ifndef TW_TESTS_TCP_UTIL_H
-#define TW_TESTS_TCP_UTIL_H
+#ifndef TW_TESTS_SUPPORT_HARNESS_H
+#define TW_TESTS_SUPPORT_HARNESS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -11,15 +11,15 @@
  * handshake), and that read-ahead bytes left in the receiver are
  * delivered after tw_comm_resume, at the peer's EOF, and freed when the
  * comm goes away mid-message. */
-#ifndef TW_TESTS_READAHEAD_UTIL_H
-#define TW_TESTS_READAHEAD_UTIL_H
+#ifndef TW_TESTS_SUPPORT_READAHEAD_H
+#define TW_TESTS_SUPPORT_READAHEAD_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include <openssl/ssl.h>
 
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 /* Largest read-ahead (stream_comm.c GULP_MAX): the copy bound a message. */
 #define RA_GULP_MAX 4096

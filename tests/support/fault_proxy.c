@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The fault-injection proxy (tests/fault_proxy.h).
+/* The fault-injection proxy (tests/support/fault_proxy.h).
  *
  * A connection is two bufferevents: bev[0] faces the client, bev[1] the
  * server. Direction d (0 up, 1 down) reads bev[d] and writes bev[1 - d].
@@ -20,8 +20,8 @@
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 
-#include "tests/fault_proxy.h"
-#include "tests/tcp_util.h"
+#include "tests/support/fault_proxy.h"
+#include "tests/support/harness.h"
 
 #define HIGH ((size_t)1 << 20)
 

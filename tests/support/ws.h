@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the ws:// and wss:// suites (tests/check_ws*.c), on top of
- * the TCP and TLS harnesses (tests/tcp_util.h, tests/tls_util.h).
+ * the TCP and TLS harnesses (tests/support/harness.h, tests/support/tls.h).
  *
  * - wu_init: a harness whose context listens on ws:// or wss:// (mutual
  *   TLS with the test certificates) and connects with the same settings.
@@ -14,8 +14,8 @@
  * - A fake server on a thread of its own (blocking sockets), which answers
  *   an upgrade with bytes the test chooses: bad servers for the client.
  * - A Dask listener whose comms run a hook on each received message. */
-#ifndef TW_TESTS_WS_UTIL_H
-#define TW_TESTS_WS_UTIL_H
+#ifndef TW_TESTS_SUPPORT_WS_H
+#define TW_TESTS_SUPPORT_WS_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -24,8 +24,8 @@
 
 #include <taskwire/taskwire.h>
 
-#include "tests/tcp_util.h"
-#include "tests/tls_util.h"
+#include "tests/support/harness.h"
+#include "tests/support/tls.h"
 
 #define WU_WAIT_MS 30000
 /* The upgrade request of bug-cases.md (Autobahn section) uses this key;

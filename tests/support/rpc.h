@@ -1,19 +1,19 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Helpers for the RPC suites (tests/check_rpc*.c), on top of the TCP
- * harness (tests/tcp_util.h): requests, calls through a tw_pool that
+ * harness (tests/support/harness.h): requests, calls through a tw_pool that
  * record their result, a tw_server with test ops, a raw Dask client comm,
  * a black-hole listener, and a TCP relay that counts connections.
  * Everything runs on the harness's loop (the test's thread); deadlines
  * only bound waits, no test asserts on time. */
-#ifndef TW_TESTS_RPC_UTIL_H
-#define TW_TESTS_RPC_UTIL_H
+#ifndef TW_TESTS_SUPPORT_RPC_H
+#define TW_TESTS_SUPPORT_RPC_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include <taskwire/taskwire.h>
 
-#include "tests/tcp_util.h"
+#include "tests/support/harness.h"
 
 /* Requests: a map {"op": op, <nargs more pairs>}. */
 tw_builder *rq_begin(const char *op, uint32_t nargs);
