@@ -1,68 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Echo over loopback, many clients, stats. */
+/* What only tcp has of echo: a 1 GiB frame, 200 clients at once, small
+ * pieces gathered (the shapes every transport carries are in
+ * tests/check_conformance.c). */
 #include <stdlib.h>
 
 #include <check.h>
 
 #include "tests/check_tcp.h"
-#include "tests/echo_shapes.h"
 #include "tests/support/harness.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
-
-/* Sizes around the placement thresholds: tiny, up to and past the 64 KiB
- * small-frame limit and the 256 KiB mapped-block limit. */
-static const size_t edges[10] = {0, 1, 7, 8, 65535, 65536, 65537, 262143, 262144, 262145};
-
-START_TEST(echo_empty_frame)
-{
-	struct tu h;
-	es_empty_frames(tu_setup_echo(&h));
-	tu_fini(&h);
-}
-END_TEST
-
-START_TEST(echo_one_byte)
-{
-	struct tu h;
-	es_one_byte(tu_setup_echo(&h));
-	tu_fini(&h);
-}
-END_TEST
-
-START_TEST(echo_1000_frames_one_message)
-{
-	struct tu h;
-	es_1000_frames(tu_setup_echo(&h), edges);
-	tu_fini(&h);
-}
-END_TEST
-
-START_TEST(echo_1000_messages_pipelined)
-{
-	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h);
-	es_1000_pipelined(&h, cli, edges);
-	tu_fini(&h);
-}
-END_TEST
-
-START_TEST(echo_64mib_frame)
-{
-	struct tu h;
-	es_one_frame(tu_setup_echo(&h), 64 * MiB, TU_WAIT_MS);
-	tu_fini(&h);
-}
-END_TEST
-
-START_TEST(echo_mixed_frames)
-{
-	struct tu h;
-	es_mixed(tu_setup_echo(&h), 65536);
-	tu_fini(&h);
-}
-END_TEST
 
 /* 1 GiB in one frame, out and back, every byte compared with the pattern
  * (64 MiB with TW_TEST_QUICK). */
@@ -112,78 +60,7 @@ START_TEST(many_clients)
 }
 END_TEST
 
-/* Stats: per comm and global, each way; nothing copied for messages built
- * from references. */
-#define NSTAT 10
 static uint8_t small_buf[100];
-static int released;
-static void count_release(void *data, void *arg)
-{
-	(void)data;
-	(void)arg;
-	released++;
-}
-
-static tw_msg *ref_msg(const uint8_t *big, size_t big_len)
-{
-	tw_msg *m;
-	ck_assert_int_eq(tw_msg_new(&m), 0);
-	ck_assert_int_eq(tw_msg_append_ref(m, small_buf, sizeof(small_buf), count_release, NULL),
-			 0);
-	ck_assert_int_eq(tw_msg_append_ref(m, big, big_len, count_release, NULL), 0);
-	return m;
-}
-
-static void check_comm_stats(tw_comm *c, uint64_t msgs, uint64_t wire)
-{
-	tw_stats st;
-	tw_comm_stats(c, &st, sizeof(st));
-	ck_assert_uint_eq(st.msgs_sent, msgs);
-	ck_assert_uint_eq(st.msgs_received, msgs);
-	ck_assert_uint_eq(st.bytes_sent, msgs * wire);
-	ck_assert_uint_eq(st.bytes_received, msgs * wire);
-	ck_assert_uint_eq(st.payload_bytes_copied, 0);
-	ck_assert_uint_eq(st.blocks_allocated, 0);
-}
-
-START_TEST(stats_each_way)
-{
-	struct tu h;
-	struct tu_peer *cli = tu_setup_echo(&h), *srv = tu_server_peer(&h, 0);
-	size_t big_len = 300000, large_len = 64 * MiB;
-	uint8_t *big = malloc(big_len), *large = malloc(large_len);
-	uint64_t wire = 8 * (2 + 2) + sizeof(small_buf) + big_len;
-	tw_stats g0, g1;
-	ts_fill(small_buf, sizeof(small_buf), 1);
-	ts_fill(big, big_len, 2);
-	ts_fill(large, large_len, 2);
-	tw_stats_global(&g0, sizeof(g0));
-	for (int i = 0; i < NSTAT; i++)
-		ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(big, big_len)), 0);
-	ck_assert(tu_wait_count(&h, &cli->nmsgs, NSTAT, TU_WAIT_MS));
-	check_comm_stats(cli->comm, NSTAT, wire);
-	check_comm_stats(srv->comm, NSTAT, wire);
-	/* one large message: the receive path and the echo copy nothing */
-	ck_assert_int_eq(tw_comm_write(cli->comm, ref_msg(large, large_len)), 0);
-	ck_assert(tu_wait_count(&h, &cli->nmsgs, NSTAT + 1, TU_WAIT_MS));
-	tw_stats_global(&g1, sizeof(g1));
-	wire = NSTAT * wire + 8 * 4 + sizeof(small_buf) + large_len;
-	ck_assert_uint_eq(g1.msgs_sent - g0.msgs_sent, 2 * (NSTAT + 1));
-	ck_assert_uint_eq(g1.msgs_received - g0.msgs_received, 2 * (NSTAT + 1));
-	ck_assert_uint_eq(g1.bytes_sent - g0.bytes_sent, 2 * wire);
-	ck_assert_uint_eq(g1.bytes_received - g0.bytes_received, 2 * wire);
-	ck_assert_uint_eq(g1.payload_bytes_copied - g0.payload_bytes_copied, 0);
-	/* each reference released once, after it was written */
-	ck_assert_int_eq(released, 2 * (NSTAT + 1));
-	for (int i = 0; i <= NSTAT; i++) {
-		size_t lens[] = {sizeof(small_buf), i < NSTAT ? big_len : large_len};
-		ck_assert_msg(ts_msg_matches(cli->msgs[i], lens, 2, 1), "message %d", i);
-	}
-	tu_fini(&h);
-	free(big);
-	free(large);
-}
-END_TEST
 
 /* Small pieces leave as one buffer: a small message's prelude and frames
  * are gathered (write_bytes_gathered, not payload_bytes_copied), and of a
@@ -228,15 +105,8 @@ TCase *tcp_echo_tcase(void)
 {
 	TCase *tc = tcase_create("echo");
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, echo_empty_frame);
-	tcase_add_test(tc, echo_one_byte);
-	tcase_add_test(tc, echo_1000_frames_one_message);
-	tcase_add_test(tc, echo_1000_messages_pipelined);
-	tcase_add_test(tc, echo_64mib_frame);
-	tcase_add_test(tc, echo_mixed_frames);
 	tcase_add_test(tc, echo_1gib_frame);
 	tcase_add_test(tc, many_clients);
-	tcase_add_test(tc, stats_each_way);
 	tcase_add_test(tc, gather_small_pieces);
 	return tc;
 }

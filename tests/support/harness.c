@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "tests/support/harness.h"
+#include "tests/support/tran.h"
 #include "tests/proc_status.h"
 
 #define TICK_MS 20
@@ -349,12 +350,7 @@ int tu_connect(struct tu *h, const char *uri, struct tu_peer **out)
 
 struct tu_peer *tu_setup_echo(struct tu *h)
 {
-	struct tu_peer *cli;
-	tu_init(h);
-	ck_assert_int_eq(tu_listen(h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_eq(tu_connect(h, h->addr, &cli), 0);
-	cli->keep = 1;
-	return cli;
+	return ts_tran_setup_echo(h, TS_TCP);
 }
 
 void tu_echo_check(struct tu_peer *cli, const size_t *lens, size_t nf, unsigned seed, int ms)

@@ -18,6 +18,7 @@
 #include <openssl/evp.h>
 
 #include "tests/support/tls.h"
+#include "tests/support/tran.h"
 
 #define MAX_EXTRA 8
 
@@ -59,21 +60,12 @@ void tt_use_tls(tw_context *ctx, const char *ca, const char *cert, const char *k
 
 void tt_init(struct tu *h)
 {
-	tu_init(h);
-	tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+	ts_tran_init(h, TS_TLS);
 }
 
 struct tu_peer *tt_setup_echo(struct tu *h)
 {
-	struct tu_peer *cli;
-	char why[512] = "";
-	int rv;
-	tt_init(h);
-	ck_assert_int_eq(tu_listen(h, "tls://127.0.0.1:0"), 0);
-	rv = tt_connect(h, h->ctx, h->addr, &cli, why, sizeof(why));
-	ck_assert_msg(rv == 0, "tls connect: %s: %s", tw_strerror(rv), why);
-	cli->keep = 1;
-	return cli;
+	return ts_tran_setup_echo(h, TS_TLS);
 }
 
 static struct tu_peer *my_peer(struct tu *h)

@@ -18,35 +18,29 @@
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
 
+#include "tests/support/tran.h"
 #include "tests/support/ws.h"
 
 static const uint8_t KEY[4] = {0x37, 0xfa, 0x21, 0x3d};
 
 const char *wu_scheme(int i)
 {
-	return i == 0 ? "ws" : "wss";
+	return ts_tran_scheme(TS_WS + i);
+}
+
+static int ws_tran(const char *scheme)
+{
+	return strcmp(scheme, "wss") == 0 ? TS_WSS : TS_WS;
 }
 
 void wu_init(struct tu *h, const char *scheme)
 {
-	tu_init(h);
-	if (strcmp(scheme, "wss") == 0)
-		tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+	ts_tran_init(h, ws_tran(scheme));
 }
 
 struct tu_peer *wu_setup_echo(struct tu *h, const char *scheme)
 {
-	struct tu_peer *cli;
-	char uri[64];
-	int rv;
-	wu_init(h, scheme);
-	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", scheme);
-	ck_assert_int_eq(tu_listen(h, uri), 0);
-	rv = tu_connect(h, h->addr, &cli);
-	ck_assert_msg(rv == 0, "connect %s: %s: %s", h->addr, tw_strerror(rv),
-		      tw_context_last_error(h->ctx));
-	cli->keep = 1;
-	return cli;
+	return ts_tran_setup_echo(h, ws_tran(scheme));
 }
 
 /* Bytes. */
