@@ -558,6 +558,7 @@ static void wk_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 	struct worker *w = arg;
 	tw_builder *b;
 	(void)info;
+	w->comm = comm;
 	if (err == 0)
 		err = tw_comm_set_decoded_callbacks(comm, wk_reply, wk_old_close, NULL, w);
 	if (err == 0) {
@@ -567,17 +568,6 @@ static void wk_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 		rq_int(b, "nthreads", 1);
 		err = tw_comm_write(comm, rq_end(b));
 	}
-	w->err = err;
-	w->done = 1;
-}
-
-static void wk_connected(tw_comm *comm, int err, void *arg)
-{
-	struct worker *w = arg;
-	w->comm = comm;
-	if (err == 0 &&
-	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, wk_handshake, w)) == 0)
-		return;
 	w->err = err;
 	w->done = 1;
 }
@@ -595,7 +585,7 @@ START_TEST(worker_side_dispatches_by_op)
 	ck_assert_int_eq(tw_stream_ops_add(w.ops, "compute-task", wk_compute, &w), 0);
 	ck_assert_int_eq(tw_stream_ops_add(w.ops, "free-keys", wk_free_keys, &w), 0);
 	ck_assert_int_eq(tw_stream_ops_add(w.ops, "free-keys", NULL, &w), TW_EINVAL);
-	ck_assert_int_eq(tw_comm_connect(h.ctx, addr, wk_connected, &w), 0);
+	ck_assert_int_eq(tu_connect_handshake(h.ctx, addr, wk_handshake, &w), 0);
 	ck_assert(tu_wait_flag(&h, &w.done, TU_WAIT_MS));
 	ck_assert_int_eq(w.err, 0);
 	ck_assert(tu_wait_flag(&h, &w.ended, TU_WAIT_MS));
@@ -1116,35 +1106,11 @@ static void cl_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 {
 	struct cl *c = arg;
 	(void)info;
+	c->comm = comm;
 	if (err == 0)
 		err = c->dispatch_rv = tw_comm_dispatch_stream(comm, c->ops, cl_ended, c);
 	c->err = err;
 	c->done = 1;
-}
-
-static void cl_connected(tw_comm *comm, int err, void *arg)
-{
-	struct cl *c = arg;
-	c->comm = comm;
-	if (err == 0 &&
-	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, cl_handshake, c)) == 0)
-		return;
-	c->err = err;
-	c->done = 1;
-}
-
-static int raw_listen(char *uri, size_t len)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	socklen_t sl = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(fd, 4), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(uri, len, "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
-	return fd;
 }
 
 struct acc {
@@ -1164,10 +1130,10 @@ static int cl_start(struct tu *h, struct cl *c)
 {
 	struct acc acc;
 	char uri[64];
-	int lfd = raw_listen(uri, sizeof(uri)), fd;
+	int lfd = ts_raw_listen("tcp", 4, SOCK_NONBLOCK, uri, sizeof(uri)), fd;
 	ck_assert_int_eq(tw_stream_ops_new(&c->ops), 0);
 	ck_assert_int_eq(tw_stream_ops_add(c->ops, "hello", cl_hello, c), 0);
-	ck_assert_int_eq(tw_comm_connect(h->ctx, uri, cl_connected, c), 0);
+	ck_assert_int_eq(tu_connect_handshake(h->ctx, uri, cl_handshake, c), 0);
 	acc.lfd = lfd;
 	acc.fd = -1;
 	ck_assert(tu_run_until(h, raw_accepted, &acc, TU_WAIT_MS));

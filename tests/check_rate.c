@@ -392,16 +392,9 @@ START_TEST(slow_server_cut)
 	tu_init(&h);
 	ck_assert_int_eq(tw_context_set_min_receive_rate(h.ctx, RATE, GRACE_MS), 0);
 	if (_i == 0) {
-		struct sockaddr_in sa = {.sin_family = AF_INET};
-		socklen_t sl = sizeof(sa);
-		int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), afd, err;
-		size_t n = msg_head(TCP, MiB, head) + 5;
 		char uri[64];
-		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-		ck_assert_int_eq(listen(lfd, 1), 0);
-		ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
-		snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+		int lfd = ts_raw_listen("tcp", 1, 0, uri, sizeof(uri)), afd, err;
+		size_t n = msg_head(TCP, MiB, head) + 5;
 		ck_assert_int_eq(tu_connect_async(&h, uri, &cli, &err), 0);
 		ck_assert(tu_wait_connected(&h, &err, WAIT_MS) && err == 0);
 		ck_assert_int_ge(afd = accept(lfd, NULL, NULL), 0);

@@ -912,20 +912,12 @@ START_TEST(pool_reset_mid_reply)
 {
 	struct tu h;
 	struct rst_srv r;
-	struct sockaddr_in sa = {0};
-	socklen_t sl = sizeof(sa);
 	pthread_t th;
 	tw_pool *pool;
 	struct rc rc;
 	char uri[64];
 	tu_init(&h);
-	r.lfd = socket(AF_INET, SOCK_STREAM, 0);
-	sa.sin_family = AF_INET;
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(r.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(r.lfd, 4), 0);
-	getsockname(r.lfd, (struct sockaddr *)&sa, &sl);
-	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+	r.lfd = ts_raw_listen("tcp", 4, 0, uri, sizeof(uri));
 	pthread_create(&th, NULL, rst_thread, &r);
 	ck_assert_int_eq(tw_pool_new(h.ctx, &pool), 0);
 	rc_call(&h, pool, uri, rq_op("x"), 5000, &rc);
@@ -1097,18 +1089,8 @@ struct raw_srv {
 
 static void raw_srv_start(struct raw_srv *s)
 {
-	struct sockaddr_in a;
-	socklen_t al = sizeof(a);
 	memset(s, 0, sizeof(*s));
-	s->lfd = socket(AF_INET, SOCK_STREAM, 0);
-	memset(&a, 0, sizeof(a));
-	a.sin_family = AF_INET;
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(s->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-	ck_assert_int_eq(listen(s->lfd, 8), 0);
-	getsockname(s->lfd, (struct sockaddr *)&a, &al);
-	fcntl(s->lfd, F_SETFL, O_NONBLOCK);
-	snprintf(s->addr, sizeof(s->addr), "tcp://127.0.0.1:%u", ntohs(a.sin_port));
+	s->lfd = ts_raw_listen("tcp", 8, SOCK_NONBLOCK, s->addr, sizeof(s->addr));
 }
 
 /* Accept a connection within ms, send our handshake; return its fd. */

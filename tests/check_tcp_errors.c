@@ -347,16 +347,10 @@ START_TEST(connect_refused)
 {
 	struct tu h;
 	struct tu_peer *p = NULL;
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	socklen_t sl = sizeof(sa);
 	char uri[64];
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	tu_init(&h);
 	/* a bound port with no listener refuses, and nobody else can take it */
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	int fd = ts_raw_listen("tcp", -1, 0, uri, sizeof(uri));
+	tu_init(&h);
 	ck_assert_int_eq(tu_connect(&h, uri, &p), TW_ECONNREFUSED);
 	ck_assert_ptr_null(p);
 	close(fd);
@@ -412,20 +406,14 @@ START_TEST(listen_in_use)
 {
 	struct tu h;
 	tw_listener *l = NULL;
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	socklen_t sl = sizeof(sa);
 	char uri[64];
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int fd;
 	tu_init(&h);
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	ck_assert_int_eq(tw_listener_new(h.ctx, h.addr, noop_accept, NULL, &l), TW_EADDRINUSE);
 	ck_assert_ptr_null(l);
 	/* a port held by a plain listening socket */
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(fd, 1), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	fd = ts_raw_listen("tcp", 1, 0, uri, sizeof(uri));
 	ck_assert_int_eq(tw_listener_new(h.ctx, uri, noop_accept, NULL, &l), TW_EADDRINUSE);
 	ck_assert_ptr_null(l);
 	close(fd);
@@ -645,13 +633,8 @@ START_TEST(connect_failures_own_text)
 	struct fake_dns f;
 	struct named n[4];
 	char refused[64], want[64];
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	socklen_t sl = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0); /* bound, not listening: refuses */
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(refused, sizeof(refused), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	/* bound, not listening: refuses */
+	int fd = ts_raw_listen("tcp", -1, 0, refused, sizeof(refused));
 	tu_init(&h);
 	fake_dns_start(&h, &f, 1);
 	memset(n, 0, sizeof(n));
@@ -682,19 +665,15 @@ START_TEST(tcp_timeout_spares_connect)
 {
 	struct tu h;
 	struct tu_peer *p;
-	struct sockaddr_in sa = {.sin_family = AF_INET};
+	struct sockaddr_in sa;
 	socklen_t sl = sizeof(sa);
-	int lfd = socket(AF_INET, SOCK_STREAM, 0), fill[4], err;
 	char uri[64];
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(lfd, 0), 0); /* never accepted */
+	int lfd = ts_raw_listen("tcp", 0, 0, uri, sizeof(uri)), fill[4], err; /* never accepted */
 	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
 	for (int i = 0; i < 4; i++) { /* fill the accept queue */
 		fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
 		connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
 	}
-	snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
 	tu_init(&h);
 	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h.ctx, UINT32_MAX), TW_EINVAL);
 	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h.ctx, INT32_MAX), 0);

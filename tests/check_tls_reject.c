@@ -256,18 +256,10 @@ END_TEST
 START_TEST(silent_server)
 {
 	struct tu h;
-	struct sockaddr_in sa = {.sin_family = AF_INET};
-	socklen_t sl = sizeof(sa);
-	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct tu_peer *p = NULL;
 	char uri[128], why[512];
-	int rv;
+	int lfd = ts_raw_listen("tls", 4, 0, uri, sizeof(uri)), rv;
 	tt_init(&h);
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(lfd, 4), 0);
-	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(uri, sizeof(uri), "tls://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
 	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(h.ctx, 300), 0);
 	rv = tt_connect(&h, h.ctx, uri, &p, why, sizeof(why));
 	ck_assert_msg(rv == TW_ETIMEDOUT, "got %s: %s", tw_strerror(rv), why);

@@ -992,16 +992,9 @@ struct hand_srv {
 
 static void hand_listen(struct hand_srv *s)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t sl = sizeof(sa);
 	memset(s, 0, sizeof(*s));
 	s->fd = -1;
-	s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	ck_assert_int_ge(s->lfd, 0);
-	ck_assert_int_eq(bind(s->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(s->lfd, 1), 0);
-	ck_assert_int_eq(getsockname(s->lfd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(s->uri, sizeof(s->uri), "ws://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	s->lfd = ts_raw_listen("ws", 1, SOCK_NONBLOCK, s->uri, sizeof(s->uri));
 }
 
 /* The client's request has arrived, header block whole. */

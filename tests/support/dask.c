@@ -50,25 +50,15 @@ static void copy_name(char *dst, size_t len, const char *s)
 static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
 {
 	struct du_client *c = arg;
+	c->comm = comm;
 	if (err == 0) {
 		copy_name(c->compression, sizeof(c->compression), info->compression);
 		copy_name(c->peer_compression, sizeof(c->peer_compression), info->peer_compression);
 		c->pickle_protocol = info->pickle_protocol;
 		err = tw_comm_set_callbacks(comm, on_recv, on_close, NULL, c);
-	} else {
+	} else if (comm != NULL) {
 		snprintf(c->last_error, sizeof(c->last_error), "%s", tw_comm_last_error(comm));
 	}
-	c->err = err;
-	c->done = 1;
-}
-
-static void on_connect(tw_comm *comm, int err, void *arg)
-{
-	struct du_client *c = arg;
-	c->comm = comm;
-	if (err == 0 &&
-	    (err = tw_comm_handshake(comm, TW_HANDSHAKE_CONNECTOR, on_handshake, c)) == 0)
-		return;
 	c->err = err;
 	c->done = 1;
 }
@@ -80,7 +70,7 @@ int du_client_open(struct tu *l, const char *uri, struct du_client **out)
 	ck_assert_ptr_nonnull(c);
 	c->loop = l;
 	*out = c;
-	if ((rv = tw_comm_connect(l->ctx, uri, on_connect, c)) != 0)
+	if ((rv = tu_connect_handshake(l->ctx, uri, on_handshake, c)) != 0)
 		return rv;
 	if (!tu_wait_flag(l, &c->done, DU_WAIT_MS))
 		return TW_ETIMEDOUT;

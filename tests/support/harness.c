@@ -329,6 +329,37 @@ int tu_connect_async(struct tu *h, const char *uri, struct tu_peer **out, int *e
 	return rv;
 }
 
+struct connect_hs {
+	tw_handshake_cb cb;
+	void *arg;
+};
+
+static void handshake_done(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	struct connect_hs w = *(struct connect_hs *)arg;
+	free(arg);
+	w.cb(c, err, info, w.arg);
+}
+
+static void connected_then_handshake(tw_comm *c, int err, void *arg)
+{
+	if (err == 0 &&
+	    (err = tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, handshake_done, arg)) == 0)
+		return;
+	handshake_done(c, err, NULL, arg);
+}
+
+int tu_connect_handshake(tw_context *ctx, const char *uri, tw_handshake_cb cb, void *arg)
+{
+	struct connect_hs *w = malloc(sizeof(*w));
+	int rv;
+	ck_assert_ptr_nonnull(w);
+	*w = (struct connect_hs){cb, arg};
+	if ((rv = tw_comm_connect(ctx, uri, connected_then_handshake, w)) != 0)
+		free(w);
+	return rv;
+}
+
 static int connect_done(void *arg)
 {
 	return *(const int *)arg != 1;

@@ -118,6 +118,13 @@ int tu_connect(struct tu *h, const char *uri, struct tu_peer **out);
  * and stores the error in *err (left at 1 until then). */
 int tu_connect_async(struct tu *h, const char *uri, struct tu_peer **out, int *err);
 
+/* Connect from ctx to uri and do the Dask handshake (the connecting
+ * side); cb runs once with the outcome: cb(NULL, err, NULL, arg) when the
+ * connect failed, else the handshake's (comm, err, info, arg). The comm is
+ * the caller's either way. Returns tw_comm_connect's code (cb never runs when
+ * it fails). */
+int tu_connect_handshake(tw_context *ctx, const char *uri, tw_handshake_cb cb, void *arg);
+
 /* Wait until a tu_connect_async finished (*err != 1); returns 1 then. */
 int tu_wait_connected(struct tu *h, const int *err, int ms);
 

@@ -475,18 +475,9 @@ static void rw_handshake(tw_comm *c, int err, const tw_handshake_info *info, voi
 {
 	struct rw *w = arg;
 	(void)info;
+	w->comm = c;
 	if (err == 0)
 		err = tw_comm_set_callbacks(c, rw_recv, rw_close, NULL, w);
-	w->err = err;
-	w->done = 1;
-}
-
-static void rw_connected(tw_comm *c, int err, void *arg)
-{
-	struct rw *w = arg;
-	w->comm = c;
-	if (err == 0 && (err = tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, rw_handshake, w)) == 0)
-		return;
 	w->err = err;
 	w->done = 1;
 }
@@ -495,7 +486,7 @@ int rw_open(struct tu *h, tw_context *ctx, const char *uri, struct rw *w)
 {
 	memset(w, 0, sizeof(*w));
 	w->h = h;
-	ck_assert_int_eq(tw_comm_connect(ctx, uri, rw_connected, w), 0);
+	ck_assert_int_eq(tu_connect_handshake(ctx, uri, rw_handshake, w), 0);
 	ck_assert_msg(tu_wait_flag(h, &w->done, TU_WAIT_MS), "connect to %s hung", uri);
 	return w->err;
 }
@@ -534,19 +525,6 @@ void rw_free(struct rw *w)
 
 /* Sockets. */
 
-static int listen_any(struct sockaddr_in *sa)
-{
-	socklen_t sl = sizeof(*sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	ck_assert_int_ge(fd, 0);
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)sa, sizeof(*sa)), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)sa, &sl), 0);
-	return fd;
-}
-
 void ru_refused_uri(char *buf, size_t len)
 {
 	snprintf(buf, len, "tcp://127.0.0.1:%u", ts_free_port());
@@ -568,13 +546,10 @@ static void bh_accept(evutil_socket_t lfd, short what, void *arg)
 
 void bh_start(struct bh *b, struct event_base *base, const void *greet, size_t len)
 {
-	struct sockaddr_in sa;
 	memset(b, 0, sizeof(*b));
-	b->lfd = listen_any(&sa);
-	ck_assert_int_eq(listen(b->lfd, 256), 0);
+	b->lfd = ts_raw_listen("tcp", 256, SOCK_NONBLOCK, b->addr, sizeof(b->addr));
 	b->greet = greet;
 	b->greet_len = len;
-	snprintf(b->addr, sizeof(b->addr), "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
 	b->ev = event_new(base, b->lfd, EV_READ | EV_PERSIST, bh_accept, b);
 	ck_assert_ptr_nonnull(b->ev);
 	event_add(b->ev, NULL);

@@ -470,17 +470,7 @@ static void *fake_main(void *arg)
 
 void wu_fake_start(struct wu_fake *f)
 {
-	struct sockaddr_in sa;
-	socklen_t sl = sizeof(sa);
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	ck_assert_int_ge(f->lfd, 0);
-	ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	ck_assert_int_eq(listen(f->lfd, 4), 0);
-	ck_assert_int_eq(getsockname(f->lfd, (struct sockaddr *)&sa, &sl), 0);
-	snprintf(f->uri, sizeof(f->uri), "ws://127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	f->lfd = ts_raw_listen("ws", 4, 0, f->uri, sizeof(f->uri));
 	ck_assert_int_eq(pthread_create(&f->th, NULL, fake_main, f), 0);
 }
 
