@@ -21,6 +21,7 @@
 
 #include "tests/support/harness.h"
 #include "tests/support/tls.h"
+#include "tests/support/tran.h"
 #include "tests/support/ws.h"
 #include "tests/support/suite.h"
 
@@ -32,20 +33,14 @@ static unsigned nmsgs(void)
 	return ts_quick() ? 16 : 64;
 }
 
-static const char *const schemes[] = {"tcp", "tls", "ws", "wss"};
-
 /* A harness for scheme i whose listener's comms do what `opts` says. */
 static void setup(struct tu *h, int i, struct tu_server_opts opts, uint32_t linger_ms)
 {
-	char uri[64];
-	tu_init(h);
-	if (i == 1 || i == 3)
-		tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+	ts_tran_init(h, i);
 	if (linger_ms != 0)
 		ck_assert_int_eq(tw_context_set_close_linger_ms(h->ctx, linger_ms), 0);
 	h->sopts = opts;
-	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[i]);
-	ck_assert_int_eq(tu_listen(h, uri), 0);
+	ts_tran_listen(h, i);
 }
 
 static struct tu_peer *connect_client(struct tu *h)
@@ -116,7 +111,7 @@ START_TEST(slow_reader_gets_everything)
 	tw_comm_close(cli->comm);
 	ck_assert_msg(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS), "close never ended");
 	ck_assert_msg(cli->close_err == 0, "%s: close: %s (%s); reader got %llu of %llu bytes",
-		      schemes[_i], tw_strerror(cli->close_err), cli->last_error,
+		      ts_tran_scheme(_i), tw_strerror(cli->close_err), cli->last_error,
 		      (unsigned long long)sp->bytes, (unsigned long long)queued);
 	/* The reader goes on until our end. */
 	ck_assert_msg(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS), "reader never saw the end");
@@ -158,7 +153,7 @@ START_TEST(stopped_reader_times_out)
 	queued = queue_all(cli);
 	tw_comm_close(cli->comm);
 	ck_assert_msg(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS), "close never ended");
-	ck_assert_msg(cli->close_err == TW_ETIMEDOUT, "%s: close: %s (%s)", schemes[_i],
+	ck_assert_msg(cli->close_err == TW_ETIMEDOUT, "%s: close: %s (%s)", ts_tran_scheme(_i),
 		      tw_strerror(cli->close_err), cli->last_error);
 	lost = undelivered(cli->last_error);
 	ck_assert_msg(lost > 0, "no count in \"%s\"", cli->last_error);

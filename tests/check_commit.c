@@ -88,17 +88,6 @@ static size_t sim_read(struct tw__rx *rx, const uint8_t *p, size_t len, uint64_t
 	return got;
 }
 
-static void check_msg(const tw_msg *m, const struct wire *w)
-{
-	ck_assert_uint_eq(tw_msg_nframes(m), w->n);
-	for (size_t i = 0; i < w->n; i++) {
-		const tw_slice *f = tw_msg_frame(m, i);
-		REQUIRE(f->len == w->lens[i]);
-		if (f->len > 0)
-			REQUIRE(memcmp(tw_slice_data(f), w->bytes + w->offsets[i], f->len) == 0);
-	}
-}
-
 /* Every mapped block of a complete message is writable over its frames. */
 static void check_writable(const tw_msg *m)
 {
@@ -261,12 +250,12 @@ static void shapes_case(const size_t *lens, size_t n, size_t small, uint64_t *se
 	rx.gulp_max = gulp ? 4096 : 0;
 	got = sim_read(&rx, stream, slen, seed, piece, m, 8);
 	ck_assert_uint_eq(got, 5);
-	check_msg(m[0], &s);
-	check_msg(m[1], &s);
-	check_msg(m[2], &w);
+	wire_check_msg(m[0], &s);
+	wire_check_msg(m[1], &s);
+	wire_check_msg(m[2], &w);
 	check_writable(m[2]);
-	check_msg(m[3], &s);
-	check_msg(m[4], &w);
+	wire_check_msg(m[3], &s);
+	wire_check_msg(m[4], &w);
 	check_writable(m[4]);
 	for (size_t i = 0; i < got; i++)
 		tw_msg_free(m[i]);
@@ -330,7 +319,7 @@ START_TEST(hook_spans)
 		tw__rx_init(&rx, &l);
 		tw__rx_set_place(&rx, span_hook, NULL);
 		ck_assert_uint_eq(sim_read(&rx, w.bytes, w.len, NULL, pieces[p], m, 2), 1);
-		check_msg(m[0], &w);
+		wire_check_msg(m[0], &w);
 		check_writable(m[0]);
 		ck_assert_ptr_eq(tw_msg_frame(m[0], 2)->block, tw_msg_frame(m[0], 4)->block);
 		ck_assert_ptr_eq(tw_msg_frame(m[0], 5)->block, tw_msg_frame(m[0], 2)->block);

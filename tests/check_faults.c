@@ -24,6 +24,7 @@
 #include "tests/support/rpc.h"
 #include "tests/support/harness.h"
 #include "tests/support/tls.h"
+#include "tests/support/tran.h"
 #include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
@@ -37,8 +38,7 @@
  * (tls certificates, the ws upgrade), inside a 1 MiB message. */
 #define AFTER (256 * KiB)
 
-enum { TCP, TLS, WS, WSS };
-static const char *const schemes[] = {"tcp", "tls", "ws", "wss"};
+enum { TCP = TS_TCP, TLS = TS_TLS, WS = TS_WS, WSS = TS_WSS };
 
 static long long now_ms(void)
 {
@@ -101,11 +101,9 @@ static void ff_init(struct ff *f, int t, const struct fp_opts *o)
 	char uri[64];
 	memset(f, 0, sizeof(*f));
 	f->t = t;
-	tu_init(&f->h);
-	if (t == TLS || t == WSS)
-		tt_use_tls(f->h.ctx, "ca.pem", "cert.pem", "key.pem");
+	ts_tran_init(&f->h, t);
 	far_clocks(f->h.ctx);
-	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[t]);
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", ts_tran_scheme(t));
 	rs_start(&f->s, f->h.ctx, f->h.base, uri);
 	f->pool_fds = tt_fd_count();
 	ck_assert_int_eq(tw_pool_new(f->h.ctx, &f->pool), 0);
@@ -113,7 +111,7 @@ static void ff_init(struct ff *f, int t, const struct fp_opts *o)
 	f->pool_fds = f->fds - f->pool_fds;
 	f->blocks = stats_now().blocks_live;
 	fp_start(&f->px, f->h.base, f->s.addr, o);
-	fp_uri(&f->px, schemes[t], f->via, sizeof(f->via));
+	fp_uri(&f->px, ts_tran_scheme(t), f->via, sizeof(f->via));
 }
 
 /* A call straight to the server, on a pool of its own: the server keeps
@@ -125,7 +123,7 @@ static void canary(struct ff *f)
 	ck_assert_int_eq(tw_pool_new(f->h.ctx, &p), 0);
 	rc_start(p, f->s.addr, rq_echo_str("canary"), WAIT_MS, &rc);
 	ck_assert_msg(run_until_abs(&f->h, rc_is_done, &rc, WAIT_MS + 1000), "%s: canary hung",
-		      schemes[f->t]);
+		      ts_tran_scheme(f->t));
 	rc_assert_str(&rc, "canary");
 	rc_clear(&rc);
 	tw_pool_free(p);
@@ -150,7 +148,7 @@ static void assert_nothing_left(struct ff *f)
 	fp_stop(&f->px);
 	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
 		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
-		      schemes[f->t], tt_fd_count(), f->fds,
+		      ts_tran_scheme(f->t), tt_fd_count(), f->fds,
 		      (unsigned long long)stats_now().blocks_live, (unsigned long long)f->blocks);
 }
 
@@ -229,8 +227,9 @@ static void call_fails_in(struct ff *f, tw_msg *req, uint32_t ms, int want, cons
 	struct rc rc;
 	rc_start(f->pool, f->via, req, ms, &rc);
 	ck_assert_msg(run_until_abs(&f->h, rc_is_done, &rc, WAIT_MS),
-		      "%s over %s: the call outlived its %u ms deadline", what, schemes[f->t], ms);
-	ck_assert_msg(rc.err == want, "%s over %s: %s (%s), wanted %s", what, schemes[f->t],
+		      "%s over %s: the call outlived its %u ms deadline", what,
+		      ts_tran_scheme(f->t), ms);
+	ck_assert_msg(rc.err == want, "%s over %s: %s (%s), wanted %s", what, ts_tran_scheme(f->t),
 		      tw_strerror(rc.err), rc.why, tw_strerror(want));
 	rc_assert_why(&rc, f->via);
 	rc_clear(&rc);
@@ -391,7 +390,7 @@ START_TEST(pool_free_black_hole)
 	ck_assert(rc.done);
 	ck_assert_int_eq(rc.err, TW_ECANCELED);
 	ck_assert_msg(run_until_abs(&f.h, fp_idle, &f.px, WAIT_MS),
-		      "%s: tw_pool_free left its comm open in the handshake", schemes[_i]);
+		      "%s: tw_pool_free left its comm open in the handshake", ts_tran_scheme(_i));
 	assert_nothing_left(&f);
 	ff_fini(&f);
 }
@@ -409,18 +408,14 @@ struct pf {
 
 static void pf_init(struct pf *f, int t, const struct fp_opts *o)
 {
-	char uri[64];
 	memset(f, 0, sizeof(*f));
-	tu_init(&f->h);
-	if (t == TLS || t == WSS)
-		tt_use_tls(f->h.ctx, "ca.pem", "cert.pem", "key.pem");
+	ts_tran_init(&f->h, t);
 	far_clocks(f->h.ctx);
-	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[t]);
-	ck_assert_int_eq(tu_listen(&f->h, uri), 0);
+	ts_tran_listen(&f->h, t);
 	f->fds = tt_fd_count();
 	f->blocks = stats_now().blocks_live;
 	fp_start(&f->px, f->h.base, f->h.addr, o);
-	fp_uri(&f->px, schemes[t], f->via, sizeof(f->via));
+	fp_uri(&f->px, ts_tran_scheme(t), f->via, sizeof(f->via));
 }
 
 static void pf_nothing_left(struct pf *f, int t)
@@ -429,7 +424,7 @@ static void pf_nothing_left(struct pf *f, int t)
 	fp_stop(&f->px);
 	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
 		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
-		      schemes[t], tt_fd_count(), f->fds,
+		      ts_tran_scheme(t), tt_fd_count(), f->fds,
 		      (unsigned long long)stats_now().blocks_live, (unsigned long long)f->blocks);
 }
 
@@ -479,13 +474,13 @@ START_TEST(comm_connect_black_hole)
 	ck_assert_int_eq(tw_context_set_connect_timeout_ms(f.h.ctx, 300), 0);
 	ck_assert_int_eq(tu_connect_async(&f.h, f.via, &c, &err), 0);
 	ck_assert_msg(run_until_abs(&f.h, connect_ended, &err, WAIT_MS),
-		      "%s: the connect outlived its 300 ms timeout", schemes[_i]);
+		      "%s: the connect outlived its 300 ms timeout", ts_tran_scheme(_i));
 	if (_i == TCP) {
 		ck_assert_int_eq(err, 0);
 		tu_peer_free(c);
 	} else {
-		ck_assert_msg(err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i], tw_strerror(err),
-			      tw_context_last_error(f.h.ctx));
+		ck_assert_msg(err == TW_ETIMEDOUT, "%s: %s (%s)", ts_tran_scheme(_i),
+			      tw_strerror(err), tw_context_last_error(f.h.ctx));
 	}
 	/* the canary's own wss handshake takes longer than 300 ms under
 	 * valgrind (CI failed so): it gets the default deadline back */
@@ -513,7 +508,7 @@ START_TEST(comm_stall_mid_message)
 	/* the client's own context: the server must not be held to the rate
 	 * (under valgrind it receives slower than that) */
 	ck_assert_int_eq(tw_context_new(f.h.base, &cc), 0);
-	if (_i == TLS || _i == WSS)
+	if (ts_tran_tls(_i))
 		tt_use_tls(cc, "ca.pem", "cert.pem", "key.pem");
 	far_clocks(cc);
 	ck_assert_int_eq(tw_context_set_min_receive_rate(cc, ts_quick() ? MiB / 10 : MiB, 300), 0);
@@ -527,8 +522,9 @@ START_TEST(comm_stall_mid_message)
 	ck_assert(tu_run_until(&f.h, px_fired, &f.px, TU_WAIT_MS));
 	tw_comm_resume(c->comm);
 	ck_assert_msg(run_until_abs(&f.h, peer_closed, c, WAIT_MS),
-		      "%s: a stalled message outlived the minimum receive rate", schemes[_i]);
-	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i],
+		      "%s: a stalled message outlived the minimum receive rate",
+		      ts_tran_scheme(_i));
+	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", ts_tran_scheme(_i),
 		      tw_strerror(c->close_err), c->last_error);
 	ck_assert_uint_eq(c->nmsgs, 0);
 	ck_assert_uint_eq(f.px.faults, 1);
@@ -554,8 +550,8 @@ START_TEST(comm_stall_writer)
 	ck_assert_int_eq(tu_connect(&f.h, f.via, &c), 0);
 	ck_assert_int_eq(tw_comm_write(c->comm, ts_msg_pattern(&len, 1, 13)), 0);
 	ck_assert_msg(run_until_abs(&f.h, peer_closed, c, WAIT_MS),
-		      "%s: a write to a stalled peer outlived the TCP timeout", schemes[_i]);
-	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", schemes[_i],
+		      "%s: a write to a stalled peer outlived the TCP timeout", ts_tran_scheme(_i));
+	ck_assert_msg(c->close_err == TW_ETIMEDOUT, "%s: %s (%s)", ts_tran_scheme(_i),
 		      tw_strerror(c->close_err), c->last_error);
 	ck_assert_uint_eq(tw_comm_queued_bytes(c->comm), 0);
 	tu_peer_free(c);
@@ -568,30 +564,6 @@ END_TEST
 /* Streams (connection_stream and tw_batched) through a reset: the client
  * comm ends with TW_EIO, the server got a prefix of the maps, in order
  * and intact, and keeps serving. */
-static void send_item(tw_batched *b, int64_t i)
-{
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	char name[32];
-	int len = snprintf(name, sizeof(name), "m%lld", (long long)i);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 3);
-	msgpack_pack_str(&pk, 2);
-	msgpack_pack_str_body(&pk, "op", 2);
-	msgpack_pack_str(&pk, 4);
-	msgpack_pack_str_body(&pk, "item", 4);
-	msgpack_pack_str(&pk, 1);
-	msgpack_pack_str_body(&pk, "i", 1);
-	msgpack_pack_int64(&pk, i);
-	msgpack_pack_str(&pk, 4);
-	msgpack_pack_str_body(&pk, "name", 4);
-	msgpack_pack_str(&pk, (size_t)len);
-	msgpack_pack_str_body(&pk, name, (size_t)len);
-	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
-	msgpack_sbuffer_destroy(&sb);
-}
-
 static int rw_is_closed(void *arg)
 {
 	return ((const struct rw *)arg)->closed;
@@ -612,14 +584,14 @@ START_TEST(stream_reset)
 	rw_send(&w, rq_end(start));
 	ck_assert_int_eq(tw_batched_new(w.comm, 2, &b), 0);
 	for (i = 0; i < 20000 && !w.closed; i++) {
-		send_item(b, i);
+		ru_send_item(b, "item", i);
 		if (i % 500 == 499)
 			tu_run_for(&f.h, 1);
 	}
 	ck_assert_msg(run_until_abs(&f.h, rw_is_closed, &w, WAIT_MS),
-		      "%s: the stream outlived a reset", schemes[_i]);
-	ck_assert_msg(w.close_err == TW_EIO, "%s: %s (%s)", schemes[_i], tw_strerror(w.close_err),
-		      tw_comm_last_error(w.comm));
+		      "%s: the stream outlived a reset", ts_tran_scheme(_i));
+	ck_assert_msg(w.close_err == TW_EIO, "%s: %s (%s)", ts_tran_scheme(_i),
+		      tw_strerror(w.close_err), tw_comm_last_error(w.comm));
 	ck_assert_uint_eq(f.px.faults, 1);
 	ck_assert_uint_gt(f.s.items, 0);
 	ck_assert_uint_lt(f.s.items, (size_t)i);

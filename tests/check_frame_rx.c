@@ -71,18 +71,6 @@ static tw_msg *recv_one(const struct tw__limits *l, const struct wire *w, uint64
 	return m[0];
 }
 
-/* The frames of m are those of w, byte for byte. */
-static void check_msg(const tw_msg *m, const struct wire *w)
-{
-	ck_assert_uint_eq(tw_msg_nframes(m), w->n);
-	for (size_t i = 0; i < w->n; i++) {
-		const tw_slice *f = tw_msg_frame(m, i);
-		REQUIRE(f->len == w->lens[i]);
-		if (f->len > 0)
-			REQUIRE(memcmp(tw_slice_data(f), w->bytes + w->offsets[i], f->len) == 0);
-	}
-}
-
 /* Message shapes; returns the frame count. */
 static size_t shape(int k, size_t *lens)
 {
@@ -122,7 +110,7 @@ START_TEST(bytewise)
 	tw_msg *m;
 	loop_case(_i, &w, &l);
 	m = recv_one(&l, &w, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	st = stats_now();
 	ck_assert_uint_eq(st.payload_bytes_copied, before.payload_bytes_copied);
 	tw_msg_free(m);
@@ -142,7 +130,7 @@ START_TEST(random_splits)
 	loop_case(_i, &w, &l);
 	for (int iter = 0; iter < 40; iter++) {
 		tw_msg *m = recv_one(&l, &w, &seed, max_piece[iter % 4]);
-		check_msg(m, &w);
+		wire_check_msg(m, &w);
 		tw_msg_free(m);
 	}
 	wire_free(&w);
@@ -189,7 +177,7 @@ START_TEST(want_advance)
 	rx.gulp_max = _i % 3 ? 4096 : 0; /* with and without read-ahead */
 	for (int iter = 0; iter < 20; iter++) {
 		tw_msg *m = recv_readv(&rx, &w, &seed);
-		check_msg(m, &w);
+		wire_check_msg(m, &w);
 		tw_msg_free(m);
 	}
 	tw__rx_fini(&rx);
@@ -208,7 +196,7 @@ START_TEST(placement_small_message)
 	tw_msg *m;
 	wire_make(&w, lens, 3);
 	m = recv_one(&l, &w, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	b = tw_msg_frame(m, 0)->block;
 	ck_assert_ptr_nonnull(b);
 	ck_assert_uint_eq(tw_block_size(b), 24 + 60);
@@ -232,14 +220,14 @@ START_TEST(placement_small_boundary)
 	tw_msg *m;
 	wire_make(&w, at, 1);
 	m = recv_one(&l, &w, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	ck_assert_uint_eq(tw_msg_frame(m, 0)->offset, 8);
 	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 64 * KIB);
 	tw_msg_free(m);
 	wire_free(&w);
 	wire_make(&w, past, 1);
 	m = recv_one(&l, &w, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	ck_assert_uint_eq(tw_msg_frame(m, 0)->offset, 0);
 	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 64 * KIB - 7);
 	tw_msg_free(m);
@@ -260,7 +248,7 @@ START_TEST(placement_large_message)
 	tw_msg *m;
 	wire_make(&w, lens, 7);
 	m = recv_one(&l, &w, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	for (size_t i = 0; i < 7; i++)
 		f[i] = tw_msg_frame(m, i);
 	ck_assert_ptr_nonnull(f[0]->block);
@@ -300,7 +288,7 @@ START_TEST(placement_mixed)
 	tw_msg *m;
 	wire_make(&w, lens, 7);
 	m = recv_one(&l, &w, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	for (size_t i = 0; i < 7; i++)
 		f[i] = tw_msg_frame(m, i);
 	ck_assert_ptr_eq(f[4]->block, f[0]->block);
@@ -395,7 +383,7 @@ static void check_span(uint64_t *seed, size_t max_piece)
 	tw_msg *m;
 	wire_make(&w, lens, 5);
 	m = recv_hooked(&h, seed, max_piece);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	ck_assert_uint_eq(h.calls, 2); /* frame 4 is small: never asked */
 	ck_assert_uint_eq(h.at[0], 0);
 	ck_assert_uint_eq(h.at[1], 1);
@@ -440,7 +428,7 @@ START_TEST(hook_whole_and_small)
 	tw_msg *m;
 	wire_make(&w, big, 4);
 	m = recv_hooked(&h, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	ck_assert_uint_eq(h.calls, 1);
 	ck_assert_ptr_eq(tw_msg_frame(m, 1)->block, tw_msg_frame(m, 0)->block);
 	ck_assert_ptr_eq(tw_msg_frame(m, 2)->block, tw_msg_frame(m, 0)->block);
@@ -452,7 +440,7 @@ START_TEST(hook_whole_and_small)
 	wire_make(&w, small, 2);
 	h = (struct hook){&w, 0, {0}, 0, 2};
 	m = recv_hooked(&h, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	ck_assert_uint_eq(h.calls, 0);
 	tw_msg_free(m);
 	wire_free(&w);
@@ -508,7 +496,7 @@ START_TEST(hook_small_never_asked)
 	tw_msg *m;
 	wire_make(&w, lens, 4);
 	m = recv_hooked(&h, NULL, 1);
-	check_msg(m, &w);
+	wire_check_msg(m, &w);
 	ck_assert_uint_eq(h.calls, 3);
 	ck_assert_uint_eq(h.at[2], 2);
 	ck_assert_ptr_eq(tw_msg_frame(m, 3)->block, tw_msg_frame(m, 0)->block);
@@ -541,18 +529,18 @@ START_TEST(back_to_back)
 	ck_assert_uint_eq(used, a.len);
 	ck_assert(!tw__rx_idle(&rx));
 	m = tw__rx_take(&rx);
-	check_msg(m, &a);
+	wire_check_msg(m, &a);
 	tw_msg_free(m);
 	ck_assert(tw__rx_idle(&rx));
 	ck_assert_int_eq(tw__rx_feed(&rx, buf + a.len, len - a.len, &used), 1);
 	ck_assert_uint_eq(used, b.len);
 	m = tw__rx_take(&rx);
-	check_msg(m, &b);
+	wire_check_msg(m, &b);
 	tw_msg_free(m);
 	ck_assert_int_eq(tw__rx_feed(&rx, buf + a.len + b.len, c.len, &used), 1);
 	ck_assert_uint_eq(used, c.len);
 	m = tw__rx_take(&rx);
-	check_msg(m, &c);
+	wire_check_msg(m, &c);
 	tw_msg_free(m);
 	ck_assert(tw__rx_idle(&rx));
 	tw__rx_fini(&rx);
@@ -619,7 +607,7 @@ START_TEST(gulp_one_read)
 		size_t reads = 0;
 		tw_msg *m;
 		ck_assert_uint_eq(recv_gulping(&rx, w.bytes, w.len, NULL, &m, 1, &reads), 1);
-		check_msg(m, &w);
+		wire_check_msg(m, &w);
 		ck_assert_uint_eq(reads, i < 2 ? 2 : 1);
 		if (i >= 2) /* sliced from the read-ahead block: head + 64 */
 			ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 0)->block), 16 + 64);
@@ -653,7 +641,7 @@ START_TEST(gulp_block_reused_when_free)
 		wire_make(&w[i], lens, 1);
 		memset(w[i].bytes + 24, 'a' + i, 28);
 		ck_assert_uint_eq(recv_gulping(&rx, w[i].bytes, w[i].len, NULL, &m, 1, &reads), 1);
-		check_msg(m, &w[i]);
+		wire_check_msg(m, &w[i]);
 		f = tw_msg_frame(m, 0);
 		if (i == 4) /* held while 5 comes: 5 cannot use its block */
 			ck_assert_ptr_eq(f->block, last);
@@ -667,7 +655,7 @@ START_TEST(gulp_block_reused_when_free)
 		else
 			tw_msg_free(m);
 		if (i == 5) { /* the held message's bytes are its own still */
-			check_msg(held, &w[4]);
+			wire_check_msg(held, &w[4]);
 			tw_msg_free(held);
 		}
 	}
@@ -701,7 +689,7 @@ START_TEST(gulp_mispredict_large)
 	}
 	before = stats_now();
 	ck_assert_uint_eq(recv_gulping(&rx, b.bytes, b.len, NULL, &m, 1, &reads), 1);
-	check_msg(m, &b);
+	wire_check_msg(m, &b);
 	ck_assert_uint_le(stats_now().payload_bytes_copied - before.payload_bytes_copied, 64);
 	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m, 1)->block), 300 * KIB);
 	ck_assert_uint_eq(tw_msg_frame(m, 1)->offset, 0);
@@ -710,7 +698,7 @@ START_TEST(gulp_mispredict_large)
 	reads = 0;
 	ck_assert_uint_eq(recv_gulping(&rx, s.bytes, s.len, NULL, &m, 1, &reads), 1);
 	ck_assert_uint_eq(reads, 2);
-	check_msg(m, &s);
+	wire_check_msg(m, &s);
 	tw_msg_free(m);
 	ck_assert(tw__rx_idle(&rx));
 	tw__rx_fini(&rx);
@@ -757,7 +745,7 @@ START_TEST(gulp_stream_random)
 	got = recv_gulping(&rx, buf, len, _i % 2 ? &seed : NULL, m, 24, &reads);
 	ck_assert_uint_eq(got, 24);
 	for (size_t i = 0; i < 24; i++) {
-		check_msg(m[i], &w[i]);
+		wire_check_msg(m[i], &w[i]);
 		tw_msg_free(m[i]);
 		wire_free(&w[i]);
 	}
@@ -875,7 +863,7 @@ START_TEST(gulp_pipelined)
 		ck_assert_uint_le(mid.blocks_allocated - before.blocks_allocated, reads);
 	/* the large message after it: own block, bounded copy */
 	ck_assert_uint_eq(recv_gulping(&rx, b.bytes, b.len, NULL, &m[k], 1, &reads), 1);
-	check_msg(m[k], &b);
+	wire_check_msg(m[k], &b);
 	ck_assert_uint_eq(tw_block_size(tw_msg_frame(m[k], 1)->block), 300 * KIB);
 	ck_assert_uint_eq(tw_msg_frame(m[k], 1)->offset, 0);
 	ck_assert_uint_le(stats_now().payload_bytes_copied - mid.payload_bytes_copied, 16384);
@@ -952,11 +940,11 @@ START_TEST(gulp_slices_outlive_rx)
 	for (int i = 5; i >= 0; i--) {
 		if (i == 2)
 			continue;
-		check_msg(m[i], &w[i]);
+		wire_check_msg(m[i], &w[i]);
 		ck_assert_uint_eq(tw_slice_data(tw_msg_frame(m[i], 0))[0], 'a' + i);
 		tw_msg_free(m[i]);
 	}
-	check_msg(m[2], &w[2]);
+	wire_check_msg(m[2], &w[2]);
 	tw_msg_free(m[2]);
 	ck_assert_uint_eq(stats_now().blocks_live, before.blocks_live);
 	for (int i = 0; i < 6; i++)
@@ -1038,7 +1026,7 @@ START_TEST(gulp_bad_head_in_carry)
 		gulp_warm_up(&rx, 28);
 		ck_assert_int_eq(gulp_read(&rx, buf, a.len + 16 + 10, &used), 1);
 		m = tw__rx_take(&rx);
-		check_msg(m, &a);
+		wire_check_msg(m, &a);
 		tw_msg_free(m);
 		ck_assert_int_eq(tw__rx_check_head(&rx), 0);
 		ck_assert(tw__rx_pending(&rx));
@@ -1078,9 +1066,9 @@ START_TEST(stream_random_splits)
 		tw_msg *m[MAX_MSGS];
 		tw__rx_init(&rx, &l);
 		ck_assert_uint_eq(recv_stream(&rx, buf, len, &seed, iter % 2 ? 40 : 20000, m), 3);
-		check_msg(m[0], &a);
-		check_msg(m[1], &b);
-		check_msg(m[2], &c);
+		wire_check_msg(m[0], &a);
+		wire_check_msg(m[1], &b);
+		wire_check_msg(m[2], &c);
 		for (int i = 0; i < 3; i++)
 			tw_msg_free(m[i]);
 		tw__rx_fini(&rx);

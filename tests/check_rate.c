@@ -30,6 +30,7 @@
 
 #include "tests/support/harness.h"
 #include "tests/support/tls.h"
+#include "tests/support/tran.h"
 #include "tests/proc_status.h"
 #include "tests/support/ws.h"
 #include "tests/support/suite.h"
@@ -42,14 +43,8 @@
 /* How long "well past the grace period" is. */
 #define LONG_MS 1000
 
-enum { TCP, TLS, WS, WSS };
-static const char *const schemes[] = {"tcp", "tls", "ws", "wss"};
+enum { TCP = TS_TCP, TLS = TS_TLS, WS = TS_WS, WSS = TS_WSS };
 static const uint8_t KEY[4] = {0x37, 0xfa, 0x21, 0x3d};
-
-static int is_ws(int t)
-{
-	return t == WS || t == WSS;
-}
 
 static long long now_ms(void)
 {
@@ -64,19 +59,11 @@ static long long now_ms(void)
 static struct tu_peer *setup(struct tu *h, int t, uint32_t grace_ms)
 {
 	struct tu_peer *cli;
-	char uri[64];
-	int rv;
-	tu_init(h);
-	if (t == TLS || t == WSS)
-		tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
+	ts_tran_init(h, t);
 	ck_assert_int_eq(tw_context_set_min_receive_rate(h->ctx, RATE, grace_ms), 0);
 	h->sopts.keep = 1;
-	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", schemes[t]);
-	ck_assert_int_eq(tu_listen(h, uri), 0);
-	rv = tu_connect(h, h->addr, &cli);
-	ck_assert_msg(rv == 0, "connect %s: %s: %s", h->addr, tw_strerror(rv),
-		      tw_context_last_error(h->ctx));
-	cli->keep = 1;
+	ts_tran_listen(h, t);
+	cli = ts_tran_connect(h);
 	ck_assert_ptr_nonnull(tu_server_peer(h, 0));
 	return cli;
 }
@@ -88,7 +75,7 @@ static void raw_open(struct tu *h, int t, struct wu_raw *r, struct tu_peer **sp)
 {
 	size_t idx = h->nsrv;
 	char uri[128];
-	if (is_ws(t))
+	if (ts_tran_ws(t))
 		ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, r), 101);
 	else
 		wu_raw_connect(h, t == TLS ? tt_uri_as(h->addr, "wss", uri, sizeof(uri)) : h->addr,
@@ -136,7 +123,7 @@ static size_t ws_head(uint64_t len, int masked, uint8_t *out)
 static size_t msg_head(int t, uint64_t len, uint8_t *out)
 {
 	size_t n = 0;
-	if (is_ws(t))
+	if (ts_tran_ws(t))
 		return ws_head(len, 1, out);
 	put_u64(out, &n, 16 + len);
 	put_u64(out, &n, 1);
@@ -153,7 +140,7 @@ static uint8_t *msg_wire(int t, size_t len, unsigned seed, size_t *n)
 	ck_assert_ptr_nonnull(b);
 	h = msg_head(t, len, b);
 	ts_fill(b + h, len, seed);
-	for (size_t i = 0; is_ws(t) && i < len; i++)
+	for (size_t i = 0; ts_tran_ws(t) && i < len; i++)
 		b[h + i] ^= KEY[i % 4];
 	*n = h + len;
 	return b;
@@ -208,7 +195,7 @@ static void expect_cut(struct tu *h, int t, struct wu_raw *r, struct tu_peer *sp
 	snprintf(want, sizeof(want), "below the minimum of %d bytes/s", RATE);
 	ck_assert_msg(strstr(sp->last_error, want) != NULL, "%s", sp->last_error);
 	ck_assert_msg(wu_raw_read_eof(r, WAIT_MS), "connection left open");
-	if (!is_ws(t))
+	if (!ts_tran_ws(t))
 		return;
 	ck_assert_int_eq(wu_close_code(r->in, r->nin, reason, sizeof(reason)), 1008);
 	ck_assert_str_eq(reason, "message arriving too slowly");
@@ -229,15 +216,15 @@ START_TEST(dripping_peer_cut)
 	int fds = tt_fd_count();
 	long long t0, took;
 	raw_open(&h, _i, &r, &sp);
-	n = msg_head(_i, is_ws(_i) ? GiB : MiB, head);
-	if (is_ws(_i)) {
+	n = msg_head(_i, ts_tran_ws(_i) ? GiB : MiB, head);
+	if (ts_tran_ws(_i)) {
 		size_t k = wu_hex("82 ff 00 00 00 00 40 00 00 00 37 fa 21 3d", bh24, sizeof(bh24));
 		ck_assert(n > k && memcmp(head + n - k, bh24, k) == 0);
 	}
 	t0 = now_ms();
 	wu_raw_send(&r, head, n);
 	for (size_t i = 0; !sp->closed && now_ms() - t0 < WAIT_MS; i++) {
-		uint8_t b = is_ws(_i) ? KEY[i % 4] : 0; /* a zero byte, masked */
+		uint8_t b = ts_tran_ws(_i) ? KEY[i % 4] : 0; /* a zero byte, masked */
 		tu_run_for(&h, 100);
 		if (!sp->closed)
 			wu_raw_send(&r, &b, 1); /* short once the server closed */
@@ -247,7 +234,8 @@ START_TEST(dripping_peer_cut)
 	ck_assert_uint_eq(sp->nmsgs, 0);
 	ck_assert_msg(took >= GRACE_MS - 20, "cut after %lld ms", took);
 	if (getenv("TU_VERBOSE") != NULL)
-		fprintf(stderr, "%s: after %lld ms: %s\n", schemes[_i], took, sp->last_error);
+		fprintf(stderr, "%s: after %lld ms: %s\n", ts_tran_scheme(_i), took,
+			sp->last_error);
 	wu_raw_close(&r);
 	tu_run_for(&h, 50);
 	ck_assert_int_eq(tt_fd_count(), fds);
@@ -272,7 +260,7 @@ START_TEST(stalled_peer_cut)
 	expect_cut(&h, _i, &r, sp);
 	wu_raw_close(&r);
 	raw_open(&h, _i, &r, &sp);
-	wu_raw_send(&r, head, is_ws(_i) ? 1 : 7);
+	wu_raw_send(&r, head, ts_tran_ws(_i) ? 1 : 7);
 	expect_cut(&h, _i, &r, sp);
 	wu_raw_close(&r);
 	tt_canary(cli, 2);
@@ -452,7 +440,8 @@ START_TEST(many_drippers)
 	if (getenv("TU_VERBOSE") != NULL)
 		fprintf(stderr,
 			"%s: %zu connections opened: RSS grew by %llu KiB, VmData by %llu KiB\n",
-			schemes[t], nconn, (unsigned long long)((tu_rss_bytes() - rss0) >> 10),
+			ts_tran_scheme(t), nconn,
+			(unsigned long long)((tu_rss_bytes() - rss0) >> 10),
 			(unsigned long long)((status_bytes("VmData") - data0) >> 10));
 	for (size_t i = 0; i < nconn; i++)
 		ck_assert_uint_eq(wu_raw_send(&r[i], head, n), n);
@@ -491,7 +480,7 @@ START_TEST(many_drippers)
 	if (getenv("TU_VERBOSE") != NULL)
 		fprintf(stderr,
 			"%s: %zu drippers: RSS grew by at most %llu KiB, VmData by %llu KiB\n",
-			schemes[t], nconn, (unsigned long long)((rss_max - rss0) >> 10),
+			ts_tran_scheme(t), nconn, (unsigned long long)((rss_max - rss0) >> 10),
 			(unsigned long long)((data_max - data0) >> 10));
 	tu_run_for(&h, 50);
 	ck_assert_int_eq(tt_fd_count(), fds);
@@ -550,7 +539,7 @@ START_TEST(memory_refused)
 		ck_assert_uint_eq(sp->nmsgs, 0);
 	}
 	if (getenv("TU_VERBOSE") != NULL)
-		fprintf(stderr, "%s: %s after %zu bytes sent: %s\n", schemes[t],
+		fprintf(stderr, "%s: %s after %zu bytes sent: %s\n", ts_tran_scheme(t),
 			probe == MAP_FAILED ? "refused" : "RLIMIT_DATA not enforced, skipped", sent,
 			sp->last_error);
 	tt_canary(cli, 15);

@@ -21,6 +21,7 @@
 #include "protocol/pool.h"
 #include "tests/check_rpc.h"
 #include "tests/support/dask.h"
+#include "tests/support/fault_proxy.h"
 #include "tests/loop_timeouts.h"
 #include "tests/support/rpc.h"
 #include "tests/support/tls.h"
@@ -333,15 +334,18 @@ START_TEST(pool_call_invalid)
 }
 END_TEST
 
+/* A relay that counts connections: the fault proxy without a fault. */
+static const struct fp_opts pass = {.fault = FP_PASS};
+
 /* Call A times out before its (slow) reply; call B to the same address
  * right after gets its own reply, never A's, on a new comm. */
 START_TEST(late_reply_not_taken)
 {
 	struct rf f;
-	struct rp relay;
+	struct fp relay;
 	struct rc a, b;
 	rf_init(&f);
-	rp_start(&relay, f.h.base, f.s.addr);
+	fp_start(&relay, f.h.base, f.s.addr, &pass);
 	/* an idle comm first, to carry A: A's 100 ms then cover its request,
 	 * not the connect (else B could take the comm A was still making) */
 	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_echo_str("warm"), 0, &a), 0);
@@ -362,7 +366,7 @@ START_TEST(late_reply_not_taken)
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, relay.addr), 1);
 	tw_pool_free(f.pool);
 	f.pool = NULL;
-	rp_stop(&relay);
+	fp_stop(&relay);
 	rf_fini(&f);
 }
 END_TEST
@@ -772,7 +776,7 @@ END_TEST
 struct batch {
 	struct rc rc[BATCH];
 	struct rf *f;
-	struct rp *relay;
+	struct fp *relay;
 	size_t peak_open; /* tw_pool_open_comms seen while waiting */
 };
 
@@ -801,7 +805,7 @@ static void run_batch(struct batch *b)
 
 struct open_wait {
 	struct rf *f;
-	struct rp *relay;
+	struct fp *relay;
 	size_t n;
 };
 
@@ -815,10 +819,10 @@ START_TEST(pool_limit_and_idle)
 {
 	static struct batch b;
 	struct rf f;
-	struct rp relay;
+	struct fp relay;
 	struct open_wait w = {&f, &relay, 1};
 	rf_init(&f);
-	rp_start(&relay, f.h.base, f.s.addr);
+	fp_start(&relay, f.h.base, f.s.addr, &pass);
 	ck_assert_int_eq(tw_pool_set_limit(f.pool, 0), TW_EINVAL);
 	ck_assert_int_eq(tw_pool_set_limit(f.pool, 4), 0);
 	memset(&b, 0, sizeof(b));
@@ -845,7 +849,7 @@ START_TEST(pool_limit_and_idle)
 	ck_assert_uint_eq(relay.accepts, accepts);
 	tw_pool_free(f.pool);
 	f.pool = NULL;
-	rp_stop(&relay);
+	fp_stop(&relay);
 	rf_fini(&f);
 }
 END_TEST

@@ -18,31 +18,6 @@
 #include "tests/support/rpc.h"
 #include "transport/transport.h"
 
-/* {"op": op, "i": i, "name": "m<i>"} packed. */
-static void send_item(tw_batched *b, const char *op, int64_t i)
-{
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	char name[32];
-	int len = snprintf(name, sizeof(name), "m%lld", (long long)i);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 3);
-	msgpack_pack_str(&pk, 2);
-	msgpack_pack_str_body(&pk, "op", 2);
-	msgpack_pack_str(&pk, strlen(op));
-	msgpack_pack_str_body(&pk, op, strlen(op));
-	msgpack_pack_str(&pk, 1);
-	msgpack_pack_str_body(&pk, "i", 1);
-	msgpack_pack_int64(&pk, i);
-	msgpack_pack_str(&pk, 4);
-	msgpack_pack_str_body(&pk, "name", 4);
-	msgpack_pack_str(&pk, (size_t)len);
-	msgpack_pack_str_body(&pk, name, (size_t)len);
-	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
-	msgpack_sbuffer_destroy(&sb);
-}
-
 static tw_msg *stream_start(void)
 {
 	tw_builder *b = rq_begin("connection_stream", 1);
@@ -75,23 +50,23 @@ START_TEST(stream_batches)
 	uint64_t before;
 	rf_init(&f);
 	open_stream(&f, &w, 0, &b);
-	send_item(b, "item", 0);
+	ru_send_item(b, "item", 0);
 	ck_assert(tu_wait_count(&f.h, &f.s.items, 1, TU_WAIT_MS));
 	ck_assert_uint_eq(f.s.item_msgs, 1);
 	ck_assert_uint_eq(f.s.last_batch, 1);
 	before = sent(&w);
 	for (int64_t i = 1; i <= 1000; i++)
-		send_item(b, "item", i);
+		ru_send_item(b, "item", i);
 	ck_assert(tu_wait_count(&f.h, &f.s.items, 1001, TU_WAIT_MS));
 	ck_assert_uint_eq(f.s.item_msgs, 2);
 	ck_assert_uint_eq(f.s.last_batch, 1000);
 	ck_assert_uint_eq(sent(&w) - before, 1);
 	ck_assert_uint_eq(f.s.item_errors, 0);
 	/* unknown ops are skipped; maps after close-stream are not run */
-	send_item(b, "item", 1001);
-	send_item(b, "no-such-stream-op", 5);
+	ru_send_item(b, "item", 1001);
+	ru_send_item(b, "no-such-stream-op", 5);
 	ck_assert_int_eq(tw_batched_send(b, close_stream, sizeof(close_stream)), 0);
-	send_item(b, "item", 1002);
+	ru_send_item(b, "item", 1002);
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	ck_assert_uint_eq(f.s.items, 1002);
@@ -114,7 +89,7 @@ START_TEST(stream_free_flushes)
 	rf_init(&f);
 	open_stream(&f, &w, 60000, &b);
 	for (int64_t i = 0; i < 5; i++)
-		send_item(b, "item", i);
+		ru_send_item(b, "item", i);
 	tu_run_for(&f.h, 50);
 	ck_assert_uint_eq(f.s.items, 0); /* the interval is a minute */
 	tw_batched_free(b);
@@ -124,7 +99,7 @@ START_TEST(stream_free_flushes)
 	ck_assert_uint_eq(f.s.item_errors, 0);
 	/* an explicit flush, then an empty one */
 	ck_assert_int_eq(tw_batched_new(w.comm, 60000, &b), 0);
-	send_item(b, "item", 5);
+	ru_send_item(b, "item", 5);
 	ck_assert_int_eq(tw_batched_flush(b), 0);
 	ck_assert_int_eq(tw_batched_flush(b), 0);
 	ck_assert(tu_wait_count(&f.h, &f.s.items, 6, TU_WAIT_MS));
@@ -149,7 +124,7 @@ START_TEST(stream_send_after_close)
 	tw_batched *b;
 	rf_init(&f);
 	open_stream(&f, &w, 60000, &b);
-	send_item(b, "item", 0);
+	ru_send_item(b, "item", 0);
 	tw_comm_close(w.comm);
 	ck_assert_int_eq(tw_batched_send(b, map, sizeof(map)), TW_ECLOSED);
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
@@ -226,7 +201,7 @@ START_TEST(stream_free_above_hwm)
 	ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, 1 << 20), 0);
 	open_stream(&f, &w, 60000, &b);
 	for (int64_t i = 0; i < 3; i++) /* queued in the batch, under the mark */
-		send_item(b, "item", i);
+		ru_send_item(b, "item", i);
 	pad = rq_begin("pad", 1); /* an op with no stream handler: skipped */
 	rq_bin(pad, "data", zeros, n);
 	free(zeros);

@@ -281,19 +281,12 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	struct tu h;
 	static struct ts_proc sched;
 	struct tu_peer *p;
-	char addr[128], why[512];
+	char addr[128];
 	tw_block *data;
 	tw_decoded *d;
-	tw_comm *c;
-	int rv;
 	wu_init(&h, wu_scheme(_i));
 	start_scheduler(&h, _i, &sched, addr, sizeof(addr));
-	rv = tt_connect_bare(&h, h.ctx, addr, &c, why, sizeof(why));
-	ck_assert_msg(rv == 0, "connect %s: %s: %s", addr, tw_strerror(rv), why);
-	rv = tt_handshake(&h, c, 0, why, sizeof(why));
-	ck_assert_msg(rv == 0, "handshake: %s: %s", tw_strerror(rv), why);
-	p = tt_peer(&h, c);
-	p->keep = 1;
+	p = tt_dask_client(&h, addr);
 	d = tu_call(&h, p, tu_request("identity", NULL), RUN_MS);
 	ck_assert_msg(
 		tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "type"), "Scheduler"),

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <taskwire/buf.h>
+#include <taskwire/msg.h>
 #include <taskwire/stats.h>
 
 #include "transport/stream_codec.h"
@@ -89,6 +90,18 @@ static inline void wire_make(struct wire *w, const size_t *lens, size_t n)
 		off += lens[i];
 	}
 	free(f);
+}
+
+/* The frames of m are those of w, byte for byte. */
+static inline void wire_check_msg(const tw_msg *m, const struct wire *w)
+{
+	ck_assert_uint_eq(tw_msg_nframes(m), w->n);
+	for (size_t i = 0; i < w->n; i++) {
+		const tw_slice *f = tw_msg_frame(m, i);
+		REQUIRE(f->len == w->lens[i]);
+		if (f->len > 0)
+			REQUIRE(memcmp(tw_slice_data(f), w->bytes + w->offsets[i], f->len) == 0);
+	}
 }
 
 static inline void wire_free(struct wire *w)

@@ -292,7 +292,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	c->next = p->conns;
 	p->conns = c;
 	p->accepts++;
-	p->live++;
+	if (++p->live > p->peak)
+		p->peak = p->live;
 	if (p->o.fault == FP_BLACK_HOLE) {
 		bufferevent_setcb(c->bev[0], bh_read, NULL, bh_event, c);
 	} else {
@@ -335,6 +336,7 @@ void fp_start(struct fp *p, struct event_base *base, const char *target, const s
 	ck_assert_ptr_nonnull(p->l);
 	ck_assert_int_eq(getsockname(evconnlistener_get_fd(p->l), (struct sockaddr *)&sa, &sl), 0);
 	p->port = ntohs(sa.sin_port);
+	fp_uri(p, "tcp", p->addr, sizeof(p->addr));
 }
 
 void fp_stop(struct fp *p)

@@ -3,6 +3,7 @@
  * (libevent bufferevents): it sits between a client and a server and
  * forwards bytes both ways, or injects one fault into one or both
  * directions:
+ * - FP_PASS:       no fault: a relay that counts connections;
  * - FP_DELAY:      hold each burst of bytes delay_ms before forwarding it;
  * - FP_THROTTLE:   forward at most rate bytes per second (libevent's
  *                  token buckets, 100 ms ticks);
@@ -61,9 +62,11 @@ struct fp {
 	struct fp_opts o;
 	char host[64];     /* where the proxy listens and the server is */
 	unsigned port;     /* the proxy's port */
+	char addr[80];     /* "tcp://host:port" of the proxy */
 	unsigned tport;    /* the server's port */
 	size_t accepts;    /* connections accepted */
 	size_t live;       /* connections open now (client side) */
+	size_t peak;       /* most connections open at once */
 	size_t faults;     /* faults injected (once per connection and direction) */
 	uint64_t moved[2]; /* bytes forwarded up, down (all connections) */
 	struct fp_conn *conns;

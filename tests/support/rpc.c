@@ -11,10 +11,7 @@
 #include <unistd.h>
 
 #include <check.h>
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/listener.h>
 
 #include "tests/support/rpc.h"
 
@@ -566,119 +563,27 @@ void bh_stop(struct bh *b)
 	memset(b, 0, sizeof(*b));
 }
 
-/* The relay: each accepted connection gets one to the target; bytes are
- * copied both ways; when one side ends, the other is flushed and closed. */
-
-struct rp_pair {
-	struct rp_pair *next;
-	struct rp *p;
-	struct bufferevent *a, *b;
-	int ending;
-};
-
-static void pair_close(struct rp_pair *pr)
+/* {"op": op, "i": i, "name": "m<i>"} packed. */
+void ru_send_item(tw_batched *b, const char *op, int64_t i)
 {
-	struct rp_pair **pp = &pr->p->pairs;
-	while (*pp != pr)
-		pp = &(*pp)->next;
-	*pp = pr->next;
-	bufferevent_free(pr->a);
-	bufferevent_free(pr->b);
-	pr->p->live--;
-	free(pr);
-}
-
-static struct bufferevent *other(struct rp_pair *pr, struct bufferevent *x)
-{
-	return x == pr->a ? pr->b : pr->a;
-}
-
-static void pair_read(struct bufferevent *x, void *arg)
-{
-	struct rp_pair *pr = arg;
-	bufferevent_write_buffer(other(pr, x), bufferevent_get_input(x));
-}
-
-static void pair_write(struct bufferevent *x, void *arg)
-{
-	struct rp_pair *pr = arg;
-	if (pr->ending && evbuffer_get_length(bufferevent_get_output(x)) == 0)
-		pair_close(pr);
-}
-
-static void pair_event(struct bufferevent *x, short what, void *arg)
-{
-	struct rp_pair *pr = arg;
-	struct bufferevent *y = other(pr, x);
-	if (what & BEV_EVENT_CONNECTED) {
-		int one = 1;
-		setsockopt(bufferevent_getfd(x), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		return;
-	}
-	if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)))
-		return;
-	pair_read(x, pr);
-	bufferevent_disable(x, EV_READ);
-	pr->ending = 1;
-	if ((what & BEV_EVENT_ERROR) || evbuffer_get_length(bufferevent_get_output(y)) == 0)
-		pair_close(pr);
-}
-
-static void rp_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len,
-		      void *arg)
-{
-	struct rp *p = arg;
-	struct rp_pair *pr = calloc(1, sizeof(*pr));
-	struct sockaddr_in to;
-	int one = 1;
-	(void)l;
-	(void)sa;
-	(void)len;
-	ck_assert_ptr_nonnull(pr);
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	pr->p = p;
-	pr->a = bufferevent_socket_new(p->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	pr->b = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
-	ck_assert(pr->a != NULL && pr->b != NULL);
-	memset(&to, 0, sizeof(to));
-	to.sin_family = AF_INET;
-	to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	to.sin_port = htons((uint16_t)strtoul(strrchr(p->target, ':') + 1, NULL, 10));
-	bufferevent_setcb(pr->a, pair_read, pair_write, pair_event, pr);
-	bufferevent_setcb(pr->b, pair_read, pair_write, pair_event, pr);
-	ck_assert_int_eq(bufferevent_socket_connect(pr->b, (struct sockaddr *)&to, sizeof(to)), 0);
-	bufferevent_enable(pr->a, EV_READ | EV_WRITE);
-	bufferevent_enable(pr->b, EV_READ | EV_WRITE);
-	pr->next = p->pairs;
-	p->pairs = pr;
-	p->accepts++;
-	if (++p->live > p->peak)
-		p->peak = p->live;
-}
-
-void rp_start(struct rp *p, struct event_base *base, const char *target)
-{
-	struct sockaddr_in sa;
-	socklen_t sl = sizeof(sa);
-	memset(p, 0, sizeof(*p));
-	p->base = base;
-	snprintf(p->target, sizeof(p->target), "%s", target);
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	p->l = evconnlistener_new_bind(base, rp_accept, p,
-				       LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1,
-				       (struct sockaddr *)&sa, sizeof(sa));
-	ck_assert_ptr_nonnull(p->l);
-	ck_assert_int_eq(getsockname(evconnlistener_get_fd(p->l), (struct sockaddr *)&sa, &sl), 0);
-	snprintf(p->addr, sizeof(p->addr), "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
-}
-
-void rp_stop(struct rp *p)
-{
-	while (p->pairs != NULL)
-		pair_close(p->pairs);
-	if (p->l != NULL)
-		evconnlistener_free(p->l);
-	memset(p, 0, sizeof(*p));
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	char name[32];
+	int len = snprintf(name, sizeof(name), "m%lld", (long long)i);
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	msgpack_pack_str(&pk, 2);
+	msgpack_pack_str_body(&pk, "op", 2);
+	msgpack_pack_str(&pk, strlen(op));
+	msgpack_pack_str_body(&pk, op, strlen(op));
+	msgpack_pack_str(&pk, 1);
+	msgpack_pack_str_body(&pk, "i", 1);
+	msgpack_pack_int64(&pk, i);
+	msgpack_pack_str(&pk, 4);
+	msgpack_pack_str_body(&pk, "name", 4);
+	msgpack_pack_str(&pk, (size_t)len);
+	msgpack_pack_str_body(&pk, name, (size_t)len);
+	ck_assert_int_eq(tw_batched_send(b, sb.data, sb.size), 0);
+	msgpack_sbuffer_destroy(&sb);
 }

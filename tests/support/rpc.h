@@ -2,7 +2,8 @@
 /* Helpers for the RPC suites (tests/check_rpc*.c), on top of the TCP
  * harness (tests/support/harness.h): requests, calls through a tw_pool that
  * record their result, a tw_server with test ops, a raw Dask client comm,
- * a black-hole listener, and a TCP relay that counts connections.
+ * and a black-hole listener. A relay that counts connections is the fault
+ * proxy without a fault (FP_PASS, tests/support/fault_proxy.h).
  * Everything runs on the harness's loop (the test's thread); deadlines
  * only bound waits, no test asserts on time. */
 #ifndef TW_TESTS_SUPPORT_RPC_H
@@ -139,20 +140,11 @@ struct bh {
 void bh_start(struct bh *b, struct event_base *base, const void *greet, size_t len);
 void bh_stop(struct bh *b);
 
+/* Send {"op": op, "i": i, "name": "m<i>"} on b. Asserts. */
+void ru_send_item(tw_batched *b, const char *op, int64_t i);
+
 /* A tcp:// address where nothing listens. */
 void ru_refused_uri(char *buf, size_t len);
-/* A TCP relay in front of `target`: counts accepted and live connections. */
-struct rp {
-	struct evconnlistener *l;
-	struct event_base *base;
-	char target[64];
-	char addr[64];
-	size_t accepts, live, peak;
-	struct rp_pair *pairs;
-};
-void rp_start(struct rp *p, struct event_base *base, const char *target);
-void rp_stop(struct rp *p);
-
 /* The bytes of a decoded value: an out-of-band payload of one frame or
  * inline bin. Returns 0 or -1. */
 int ru_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n);

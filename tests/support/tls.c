@@ -116,7 +116,7 @@ tw_context *tt_context(struct tu *h, const char *ca, const char *cert, const cha
 	tw_context *ctx;
 	ck_assert_uint_lt(nextra, MAX_EXTRA);
 	ck_assert_int_eq(tw_context_new(h->base, &ctx), 0);
-	/* the clocks of tu_init's context (tests/tcp_util.c): a TLS handshake
+	/* the clocks of tu_init's context (tests/support/harness.c): a TLS handshake
 	 * under valgrind on a loaded machine outlasts the 10 s defaults */
 	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(ctx, TU_WAIT_MS), 0);
 	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(ctx, TU_WAIT_MS), 0);
@@ -246,6 +246,20 @@ int tt_handshake(struct tu *h, tw_comm *c, int listener_side, char *why, size_t 
 	if (why != NULL)
 		snprintf(why, why_len, "%s", w.why);
 	return w.err;
+}
+
+struct tu_peer *tt_dask_client(struct tu *h, const char *uri)
+{
+	char why[512] = "";
+	struct tu_peer *p;
+	tw_comm *c;
+	int rv = tt_connect_bare(h, h->ctx, uri, &c, why, sizeof(why));
+	ck_assert_msg(rv == 0, "connect %s: %s: %s", uri, tw_strerror(rv), why);
+	rv = tt_handshake(h, c, 0, why, sizeof(why));
+	ck_assert_msg(rv == 0, "handshake: %s: %s", tw_strerror(rv), why);
+	p = tt_peer(h, c);
+	p->keep = 1;
+	return p;
 }
 
 /* Listeners. */

@@ -60,6 +60,11 @@ void tt_peer_free(struct tu_peer *p);
 int tt_connect_bare(struct tu *h, tw_context *ctx, const char *uri, tw_comm **out, char *why,
 		    size_t why_len);
 
+/* A client peer connected from h->ctx to uri and through the Dask
+ * handshake (connecting side); it keeps what it receives. Asserts, with
+ * the reason. */
+struct tu_peer *tt_dask_client(struct tu *h, const char *uri);
+
 /* The Dask handshake on a comm of h's loop, waited for. Returns its err;
  * on failure why gets tw_comm_last_error and the comm is freed. */
 int tt_handshake(struct tu *h, tw_comm *c, int listener_side, char *why, size_t why_len);
