@@ -17,6 +17,7 @@
 #include <taskwire/error.h>
 
 #include "core/block.h"
+#include "core/pass.h"
 #include "core/reclaim.h"
 #include "core/stats.h"
 
@@ -30,10 +31,22 @@ struct tw_block {
 	size_t committed; /* KIND_MAP: bytes usable from the start; the rest PROT_NONE */
 	enum kind kind;
 	int uncached; /* trimmed reservations: odd sizes the cache would never reuse */
-	void (*release)(void *data, void *arg);
-	void *arg;
+	union {       /* 64 bytes in all: the header of every small message */
+		struct {
+			void (*release)(void *data, void *arg);
+			void *arg;
+		} wrap; /* KIND_WRAP */
+		/* KIND_MAP receivers (tw__block_commit): bytes from the
+		 * start known faulted in; in pages, the furthest write seen
+		 * and the end of what was handed to the prefaulter. */
+		struct {
+			size_t hot;
+			uint32_t wpos, warm;
+		} map;
+	} u;
 };
 
+_Static_assert(sizeof(struct tw_block) <= 64, "a small block's header is one cache line");
 #define HDR_BYTES   ((sizeof(struct tw_block) + 63) & ~(size_t)63)
 #define CACHE_SLOTS 16
 
@@ -180,8 +193,7 @@ static tw_block *init(struct tw_block *b, uint8_t *data, size_t size, size_t map
 	b->committed = map_len;
 	b->kind = kind;
 	b->uncached = 0;
-	b->release = NULL;
-	b->arg = NULL;
+	memset(&b->u, 0, sizeof(b->u));
 	if (kind != KIND_WRAP)
 		count_new(size);
 	return b;
@@ -243,31 +255,141 @@ int tw__block_new_lazy(size_t size, tw_block **out)
 	return rv;
 }
 
+/* Make usable a step past off (a quarter of what is usable, at least
+ * TW__COMMIT_MIN_BYTES): few mprotect calls for a large frame, and a peer
+ * that stops early holds at most a step more than it sent. */
+static int commit_step(tw_block *b, size_t off)
+{
+	size_t step =
+		b->committed / 4 > TW__COMMIT_MIN_BYTES ? b->committed / 4 : TW__COMMIT_MIN_BYTES;
+	size_t end = page_round(off + step);
+	if (end > b->map_len)
+		end = b->map_len;
+	if (mprotect(b->data + b->committed, end - b->committed, PROT_READ | PROT_WRITE) != 0)
+		return TW_ENOMEM;
+	b->committed = end;
+	return 0;
+}
+
+/* Receivers' pages are faulted in off the loop (issue 17: the page faults
+ * of fresh 100 MiB blocks were most of the loop's longest passes): the
+ * reclaimer prefaults up to WARM_AHEAD bytes past the writer, topped up
+ * in halves, in blocks of at least WARM_MIN_BYTES, within what is usable
+ * (so memory still follows the bytes: a step ahead at most). Those bytes
+ * count in the receive budgets (tw__block_warm_ahead): resident memory
+ * as much as the bytes that arrived. */
+#define WARM_MIN_BYTES ((size_t)1 << 20)
+#define WARM_AHEAD     ((size_t)1 << 20)
+
+/* Bytes prefaulted (or asked to be) past their blocks' writers. */
+static _Atomic uint64_t ahead;
+
+uint64_t tw__block_warm_ahead(void)
+{
+	return atomic_load_explicit(&ahead, memory_order_relaxed);
+}
+
+static unsigned pg_shift(void)
+{
+	return (unsigned)__builtin_ctzl((unsigned long)sysconf(_SC_PAGESIZE));
+}
+
+static size_t wpos_of(const tw_block *b)
+{
+	return (size_t)b->u.map.wpos << pg_shift();
+}
+
+static size_t warm_of(const tw_block *b)
+{
+	return (size_t)b->u.map.warm << pg_shift();
+}
+
+static size_t ahead_of(const tw_block *b)
+{
+	return warm_of(b) > wpos_of(b) ? warm_of(b) - wpos_of(b) : 0;
+}
+
+/* Set the window (page multiples, or off for wpos: its page counts). */
+static void set_window(tw_block *b, size_t wpos, size_t warm)
+{
+	size_t was = ahead_of(b);
+	b->u.map.wpos = (uint32_t)(wpos >> pg_shift());
+	b->u.map.warm = (uint32_t)(warm >> pg_shift());
+	atomic_fetch_add_explicit(&ahead, ahead_of(b) - was, memory_order_relaxed);
+}
+
+/* The writer is at off: move the window, prefault its new end. */
+static void warm_up(tw_block *b, size_t off)
+{
+	size_t wpos = off > wpos_of(b) ? off : wpos_of(b), warm = warm_of(b), to;
+	if (warm < wpos)
+		warm = wpos & ~(((size_t)1 << pg_shift()) - 1); /* written meanwhile */
+	to = wpos + WARM_AHEAD < b->committed ? wpos + WARM_AHEAD : b->committed;
+	to &= ~(((size_t)1 << pg_shift()) - 1);
+	if (to > warm && (to - warm >= WARM_AHEAD / 2 || to == b->committed)) {
+		if (to > b->u.map.hot) /* a cached block's pages are in already */
+			tw__prefault(b->data + warm, to - warm);
+		warm = to;
+	}
+	set_window(b, wpos, warm);
+}
+
+/* Of len bytes at off, how many lead up to the first page not faulted in
+ * (mincore), at least up to the known hot bytes; looks at most 4 MiB
+ * ahead (a comm's pass moves no more). */
+static size_t hot_bytes(tw_block *b, size_t off, size_t len)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE), first = off & ~(pg - 1), end, i = 0;
+	size_t *hot = &b->u.map.hot;
+	unsigned char vec[256];
+	if (off + len <= *hot)
+		return len;
+	if (off < *hot)
+		first = *hot;
+	end = page_round(off + len);
+	if (end - first > ((size_t)4 << 20))
+		end = first + ((size_t)4 << 20);
+	while (first < end) {
+		size_t n = (end - first) / pg < sizeof(vec) ? (end - first) / pg : sizeof(vec);
+		if (mincore(b->data + first, n * pg, vec) != 0)
+			break;
+		for (i = 0; i < n && (vec[i] & 1); i++)
+			;
+		first += i * pg;
+		if (i < n)
+			break;
+	}
+	*hot = first;
+	return *hot > off ? (*hot - off < len ? *hot - off : len) : 0;
+}
+
 int tw__block_commit(tw_block *b, size_t off, size_t *len)
 {
-	size_t step, end;
-	if (b->kind != KIND_MAP || off + *len <= b->committed)
+	int rv = 0;
+	size_t hot;
+	if (b->kind != KIND_MAP)
 		return 0;
-	/* Once the bytes reach the end of what is usable, make the next
-	 * quarter of it usable (at least TW__COMMIT_MIN_BYTES): few mprotect
-	 * calls for a large frame, and a peer that stops early holds at most
-	 * a step more than it sent. */
-	if (off >= b->committed) {
-		step = b->committed / 4 > TW__COMMIT_MIN_BYTES ? b->committed / 4
-							       : TW__COMMIT_MIN_BYTES;
-		end = page_round(off + step);
-		if (end > b->map_len)
-			end = b->map_len;
-		if (mprotect(b->data + b->committed, end - b->committed, PROT_READ | PROT_WRITE) !=
-		    0)
-			return TW_ENOMEM;
-		b->committed = end;
-		if (*len > end - off)
-			*len = end - off;
-		return 1;
+	if (off + *len > b->committed) {
+		if (off >= b->committed) {
+			if (commit_step(b, off) != 0)
+				return TW_ENOMEM;
+			rv = 1;
+		}
+		if (*len > b->committed - off)
+			*len = b->committed - off;
 	}
-	*len = b->committed - off;
-	return 0;
+	if (b->map_len >= WARM_MIN_BYTES)
+		warm_up(b, off);
+	/* Pages not faulted in yet are the pass's to fault in, a few per
+	 * pass (core/pass.h); the prefaulter does the rest. */
+	hot = hot_bytes(b, off, *len);
+	if (hot < *len)
+		*len = hot + tw__pass_cold(*len - hot);
+	/* The last bytes asked for: the window is written, or never will be
+	 * (it counts no more). */
+	if (b->map_len >= WARM_MIN_BYTES && off + *len >= b->size)
+		set_window(b, warm_of(b), warm_of(b));
+	return rv;
 }
 
 /* Drafts: a heap block's bytes, filled and grown (realloc) by their only
@@ -331,6 +453,10 @@ void tw__block_trim(tw_block *b, size_t size)
 	}
 	if (b->committed > keep)
 		b->committed = keep;
+	if (warm_of(b) > keep) /* the window past the end is gone */
+		set_window(b, wpos_of(b) < keep ? wpos_of(b) : keep, keep);
+	if (b->u.map.hot > keep)
+		b->u.map.hot = keep;
 	TW__SUB(&tw__global_stats, block_bytes_live, b->size - size);
 	TW__SUB(&tw__global_stats, block_bytes_allocated, b->size - size);
 	b->size = size;
@@ -346,8 +472,8 @@ int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void
 	if ((b = malloc(sizeof(*b))) == NULL)
 		return TW_ENOMEM;
 	*out = init(b, data, size, 0, KIND_WRAP);
-	b->release = release;
-	b->arg = arg;
+	b->u.wrap.release = release;
+	b->u.wrap.arg = arg;
 	return 0;
 }
 
@@ -363,15 +489,17 @@ void tw_block_free(tw_block *b)
 		return;
 	switch (b->kind) {
 	case KIND_WRAP:
-		if (b->release != NULL)
-			b->release(b->data, b->arg);
+		if (b->u.wrap.release != NULL)
+			b->u.wrap.release(b->data, b->u.wrap.arg);
 		free(b);
 		return;
 	case KIND_MAP:
+		atomic_fetch_sub_explicit(&ahead, ahead_of(b), memory_order_relaxed);
 		/* The cache hands out usable pages only. Large unmaps run on
-		 * the reclaimer: this may be the loop thread (issue 17). */
+		 * the reclaimer: this may be the loop thread (issue 17); so do
+		 * those of prefaulted blocks, after their prefaults. */
 		if (b->uncached || b->committed < b->map_len)
-			tw__unmap(b->data, b->map_len, b->committed);
+			tw__unmap(b->data, b->map_len, b->u.map.warm > 0 ? SIZE_MAX : b->committed);
 		else
 			cache_put(b->data, b->map_len);
 		break;

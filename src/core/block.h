@@ -46,6 +46,13 @@ tw_block *tw__block_seal(uint8_t *data, size_t size);
  * when the system refuses the memory. A no-op (0) for blocks made
  * otherwise. Both ENOMEM cases fail a message, never the process. */
 #define TW__COMMIT_MIN_BYTES ((size_t)64 << 10)
+/* tw__block_commit also has the pages of a large block faulted in ahead
+ * of the writer, off the caller's thread (tw__prefault), and cuts *len so
+ * that the caller itself writes to few pages not faulted in yet
+ * (tw__pass_cold). tw__block_warm_ahead: the bytes so prefaulted and not
+ * written yet, in all blocks (resident memory the receive budgets
+ * count). Any thread. */
+uint64_t tw__block_warm_ahead(void);
 int tw__block_new_lazy(size_t size, tw_block **out);
 int tw__block_reserve(size_t capacity, tw_block **out);
 int tw__block_commit(tw_block *b, size_t off, size_t *len);

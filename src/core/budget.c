@@ -60,11 +60,13 @@ static void make_room(const struct tw__budget *b, uint64_t need)
 }
 
 /* Reserved, queued for writing (`also`), still being unmapped by the
- * reclaimer (freed messages' pages, resident until it gets to them), and
- * `bytes` more. */
+ * reclaimer (freed messages' pages, resident until it gets to them),
+ * prefaulted ahead of the bytes (tw__block_warm_ahead), and `bytes`
+ * more. */
 static uint64_t need_for(const struct tw__budget *b, uint64_t bytes)
 {
-	uint64_t need = b->used + (b->also != NULL ? *b->also : 0) + tw__reclaim_pending() + bytes;
+	uint64_t need = b->used + (b->also != NULL ? *b->also : 0) + tw__reclaim_pending() +
+			tw__block_warm_ahead() + bytes;
 	return need < bytes ? UINT64_MAX : need;
 }
 

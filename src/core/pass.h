@@ -7,7 +7,9 @@
  * whose bytes arrived meanwhile. Alone that still lets 50 busy comms move
  * 50 x 4 MiB in one pass; so the pass has a budget too, shared by every
  * comm of the loop's thread: once it is spent a comm moves only a small
- * minimum, enough for small messages to keep flowing. A pass is told
+ * minimum, enough for small messages to keep flowing. The pass's budget
+ * is also spent once the pass has run 2 ms: on a busy machine copying is
+ * several times slower. A pass is told
  * apart by libevent's cached time, which the loop refreshes once a pass
  * (event_base_gettimeofday_cached); two passes in one microsecond count
  * as one, which only makes the bound tighter. */
@@ -15,12 +17,35 @@
 #define TW_CORE_PASS_H
 
 #include <stddef.h>
+#include <sys/uio.h>
 
 struct event_base;
 
 /* Bytes a comm of base may move now, at most want. Loop thread. */
 size_t tw__pass_allow(struct event_base *base, size_t want);
-/* Count n bytes moved in this pass. Loop thread. */
-void tw__pass_spent(size_t n);
+/* tw__pass_allow for a comm's read, which its read callback ends with
+ * tw__pass_close: pages it writes are counted (tw__pass_cold). */
+size_t tw__pass_read(struct event_base *base, size_t want);
+/* Count n bytes moved in this pass by a comm allowed `left` more: what
+ * it may still move in this pass; 0 also when the pass's budget is spent
+ * (bytes or time) and the comm had more than the minimum, or when
+ * tw__pass_cold cut its last read short (it goes on next pass, once more
+ * pages are faulted in off the loop). Loop thread. */
+size_t tw__pass_spent(size_t left, size_t n);
+/* Of want bytes about to be written to pages not faulted in yet (the
+ * writer takes the page faults), how many this pass allows: the pass's
+ * share of such bytes, and once that is spent one page (a reader always
+ * moves on). Counts what it returns. Outside a comm's read (between
+ * tw__pass_read and tw__pass_close: a reader not driven by the loop),
+ * all of want. Loop thread. */
+size_t tw__pass_cold(size_t want);
+/* A comm's read ends (its read callback returns). */
+void tw__pass_close(void);
+/* Keep the first iovecs of iov[0..k-1] that hold at most cap bytes (cap >
+ * 0): the count left. A comm asks the kernel for no more than its
+ * allowance: one recv or writev of a socket buffer moves megabytes, and
+ * budget-bench's passes moved 40-200 MB when only the calls were
+ * counted. Any thread. */
+int tw__iov_cap(struct iovec *iov, int k, size_t cap);
 
 #endif

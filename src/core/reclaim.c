@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The reclaimer: one thread that unmaps large mappings for the others
- * (core/reclaim.h). Freeing a decoded message of 2 GiB ran munmap on the
- * loop thread for 0.25 s, and no other comm was served meanwhile (issue
- * 17); the zstd bomb that inflates 65 KB to 2 GiB cost the loop 192 ms per
- * message the same way. The thread starts with the first large unmap and
+/* The reclaimer: one thread that unmaps large mappings for the others,
+ * and faults in the pages receivers are about to fill (core/reclaim.h).
+ * Freeing a decoded message of 2 GiB ran munmap on the loop thread for
+ * 0.25 s, and no other comm was served meanwhile (issue 17); the zstd
+ * bomb that inflates 65 KB to 2 GiB cost the loop 192 ms per message the
+ * same way. The thread starts with the first large unmap or prefault and
  * lives as long as the process, as glibc's own helper threads do. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,6 +19,7 @@ struct job {
 	struct job *next;
 	void *p;
 	size_t len;
+	int populate; /* tw__prefault's, else an unmap */
 };
 
 static struct {
@@ -39,8 +41,12 @@ static struct {
 /* munmap holds the process's mmap lock while it frees the pages, and the
  * loop's mprotect (tw__block_commit), mmap and page faults wait for it:
  * one munmap of 2 GiB, even here, stalled the loop 0.3-0.6 s. In steps
- * of 16 MiB (about 2 ms each) the loop gets the lock in between. */
-#define STEP_BYTES ((size_t)16 << 20)
+ * of 4 MiB (about 0.5 ms each, more on a busy machine) the loop gets the
+ * lock in between. */
+#define STEP_BYTES ((size_t)4 << 20)
+/* Prefaulting holds the lock for reading: the loop's mprotect waits for
+ * one step of it. */
+#define POPULATE_STEP ((size_t)256 << 10)
 
 /* Bytes handed to the reclaimer and not unmapped yet: still resident,
  * so the receive budgets count them (tw__reclaim_pending). */
@@ -52,6 +58,19 @@ static void unmap_in_steps(uint8_t *p, size_t len)
 		size_t n = len - off < STEP_BYTES ? len - off : STEP_BYTES;
 		munmap(p + off, n);
 		atomic_fetch_sub_explicit(&pending, n, memory_order_relaxed);
+	}
+}
+
+/* Fault the pages in, writable, without touching their bytes; a page
+ * already there is left as it is, so a writer racing us loses nothing.
+ * Errors (the range unmapped or made inaccessible meanwhile) only mean
+ * the writer faults the pages in itself. */
+static void populate_in_steps(uint8_t *p, size_t len)
+{
+	for (size_t off = 0; off < len; off += POPULATE_STEP) {
+		size_t n = len - off < POPULATE_STEP ? len - off : POPULATE_STEP;
+		if (madvise(p + off, n, MADV_POPULATE_WRITE) != 0)
+			return;
 	}
 }
 
@@ -78,7 +97,10 @@ static void *reclaimer(void *arg)
 		pthread_mutex_unlock(&r.lock);
 		while (j != NULL) {
 			struct job *next = j->next;
-			unmap_in_steps(j->p, j->len);
+			if (j->populate)
+				populate_in_steps(j->p, j->len);
+			else
+				unmap_in_steps(j->p, j->len);
 			free(j);
 			j = next;
 		}
@@ -102,8 +124,10 @@ static void after_fork_child(void)
 	r.busy = 0;
 	while (j != NULL) {
 		struct job *next = j->next;
-		munmap(j->p, j->len);
-		atomic_fetch_sub_explicit(&pending, j->len, memory_order_relaxed);
+		if (!j->populate) {
+			munmap(j->p, j->len);
+			atomic_fetch_sub_explicit(&pending, j->len, memory_order_relaxed);
+		}
 		free(j);
 		j = next;
 	}
@@ -131,30 +155,43 @@ static void start(void)
 		pthread_setname_np(t, "tw-reclaim");
 }
 
-void tw__unmap(void *p, size_t len, size_t used)
+/* Queue a job for the thread (started on first use): 0, or -1 when it
+ * cannot run (no memory, no thread): the caller does the work itself. */
+static int queue(void *p, size_t len, int populate)
 {
-	struct job *j;
-	if (used < TW__RECLAIM_MIN_BYTES || (j = malloc(sizeof(*j))) == NULL) {
-		munmap(p, len);
-		return;
-	}
+	struct job *j = malloc(sizeof(*j));
+	if (j == NULL)
+		return -1;
 	j->next = NULL;
 	j->p = p;
 	j->len = len;
+	j->populate = populate;
 	pthread_mutex_lock(&r.lock);
 	if (r.state == 0)
 		start();
 	if (r.state < 0) {
 		pthread_mutex_unlock(&r.lock);
 		free(j);
-		munmap(p, len);
-		return;
+		return -1;
 	}
-	atomic_fetch_add_explicit(&pending, len, memory_order_relaxed);
+	if (!populate)
+		atomic_fetch_add_explicit(&pending, len, memory_order_relaxed);
 	*r.tail = j;
 	r.tail = &j->next;
 	pthread_cond_signal(&r.work);
 	pthread_mutex_unlock(&r.lock);
+	return 0;
+}
+
+void tw__unmap(void *p, size_t len, size_t used)
+{
+	if (used < TW__RECLAIM_MIN_BYTES || queue(p, len, 0) != 0)
+		munmap(p, len);
+}
+
+void tw__prefault(void *p, size_t len)
+{
+	(void)queue(p, len, 1);
 }
 
 void tw__reclaim_wait(void)

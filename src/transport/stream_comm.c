@@ -222,7 +222,12 @@ static int flush(struct stream *s)
 			return 0;
 		}
 		int k = tw__gather_small(iov, gather(s, iov, IOV_BATCH), buf);
-		ssize_t n = s->io->writev(s->io_arg, s->fd, iov, k);
+		ssize_t n;
+		/* At most the budget, unless TLS holds a record of the last
+		 * write: its retry must offer at least as many bytes. */
+		if (s->io->write_held == NULL || !s->io->write_held(s->io_arg))
+			k = tw__iov_cap(iov, k, budget);
+		n = s->io->writev(s->io_arg, s->fd, iov, k);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -236,8 +241,7 @@ static int flush(struct stream *s)
 			return err;
 		}
 		consume(s, (uint64_t)n);
-		tw__pass_spent((size_t)n);
-		budget = (size_t)n < budget ? budget - (size_t)n : 0;
+		budget = tw__pass_spent(budget, (size_t)n);
 	}
 	event_del(s->wev);
 	if (s->closing) {
@@ -429,19 +433,6 @@ static void read_again(struct stream *s)
 	event_active(s->rev, EV_READ, 0);
 }
 
-/* Keep the first iovecs of iov[0..k-1] that hold at most cap bytes. */
-static int cap_iov(struct iovec *iov, int k, size_t cap)
-{
-	for (int i = 0; i < k; i++) {
-		if (iov[i].iov_len >= cap) {
-			iov[i].iov_len = cap;
-			return i + 1;
-		}
-		cap -= iov[i].iov_len;
-	}
-	return k;
-}
-
 /* A large message (its head is in; small ones reserve nothing) takes its
  * bytes out of the context's receive budget as they arrive, a step ahead
  * of them (tw__comm_rx_budget), so the budget follows memory, and a peer
@@ -462,7 +453,7 @@ static int within_budget(struct stream *s, struct iovec *iov, int k)
 		event_del(s->rev);
 		return 0;
 	}
-	return cap_iov(iov, k, cap);
+	return tw__iov_cap(iov, k, cap);
 }
 
 static void unreserve(struct stream *s)
@@ -503,7 +494,7 @@ static ssize_t read_ahead(struct stream *s, const struct iovec *iov, ssize_t *se
 static void read_input(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
-	size_t budget = tw__pass_allow(event_get_base(s->rev), READ_BUDGET);
+	size_t budget = tw__pass_read(event_get_base(s->rev), READ_BUDGET);
 	if (s->closing) {
 		drain_input(s);
 		return;
@@ -527,6 +518,7 @@ static void read_input(struct stream *s)
 			}
 			if ((k = within_budget(s, iov, k)) == 0)
 				return;
+			k = tw__iov_cap(iov, k, budget);
 			for (int i = 0; i < k; i++)
 				asked += iov[i].iov_len;
 			if (k == 1 && s->io->peek != NULL && tw__rx_reads_ahead(&s->rx))
@@ -546,8 +538,7 @@ static void read_input(struct stream *s)
 				return;
 			}
 			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
-			tw__pass_spent((size_t)n);
-			budget = (size_t)n < budget ? budget - (size_t)n : 0;
+			budget = tw__pass_spent(budget, (size_t)n);
 			s->rx_got += (uint64_t)n;
 			rv = tw__rx_advance(&s->rx, (size_t)n);
 		}
@@ -607,6 +598,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 	tw__comm_hold(&s->base);
 	s->in_read = 1;
 	read_input(s);
+	tw__pass_close();
 	s->in_read = 0;
 	if (s->write_held) {
 		s->write_held = 0;

@@ -32,13 +32,14 @@
 
 #include "core/block.h"
 #include "core/msg.h"
+#include "core/pass.h"
 #include "transport/transport.h"
 #include "transport/ws_codec.h"
 #include "transport/ws_upgrade.h"
 
 #define IOV_BATCH     64
 #define SCRATCH_BYTES ((size_t)512 << 10) /* a client's scratch buffer, at most */
-#define IO_BUDGET     ((size_t)4 << 20)
+#define IO_BUDGET     ((size_t)4 << 20)   /* a comm's per pass, of the pass's (core/pass.h) */
 #define COUNT_RULE    "a message must start with 8 bytes of frame count"
 #define RX_WAIT       (-2) /* reading waits for the receive budget */
 /* A server reads masked payload at most this much at a time, so the
@@ -369,8 +370,10 @@ static int read_rest(struct ws *w)
 {
 	size_t budget = SIZE_MAX;
 	tw__comm_hold(&w->base);
+	/* no pass budget here: the socket is ending (tw__pass_spent may say
+	 * 0, and a read of 0 bytes would come back here for ever) */
 	while (w->state == WS_OPEN && w->reading && read_once(w, &budget) > 0)
-		;
+		budget = SIZE_MAX;
 	return tw__comm_release(&w->base);
 }
 
@@ -422,14 +425,19 @@ static int refill_scratch(struct ws *w)
 	return 0;
 }
 
-/* Write segments until the socket is full or the budget is spent. */
-static ssize_t write_some(struct ws *w)
+/* Write segments until the socket is full, at most budget bytes unless
+ * TLS holds a record of the last write (its retry must offer at least as
+ * many bytes: OpenSSL fails it with "bad length"); a client's come from
+ * its masking buffer. */
+static ssize_t write_some(struct ws *w, size_t budget)
 {
 	struct iovec iov[IOV_BATCH];
 	uint8_t buf[TW__GATHER_MAX];
 	int k;
 	if (!w->client) {
 		k = tw__gather_small(iov, gather(w, iov, IOV_BATCH), buf);
+		if (!write_held(w))
+			k = tw__iov_cap(iov, k, budget);
 		return w->io->writev(w->io_arg, w->fd, iov, k);
 	}
 	if (w->scratch_sent == w->scratch_len && refill_scratch(w) != 0) {
@@ -438,12 +446,14 @@ static ssize_t write_some(struct ws *w)
 	}
 	iov[0].iov_base = w->scratch + w->scratch_sent;
 	iov[0].iov_len = w->scratch_len - w->scratch_sent;
+	if (!write_held(w) && iov[0].iov_len > budget)
+		iov[0].iov_len = budget;
 	return w->io->writev(w->io_arg, w->fd, iov, 1);
 }
 
 static void flush(struct ws *w)
 {
-	size_t budget = IO_BUDGET;
+	size_t budget = tw__pass_allow(event_get_base(w->wev), IO_BUDGET);
 	for (;;) {
 		ssize_t n;
 		if (w->ctrl_len > 0 && at_boundary(w)) {
@@ -467,10 +477,13 @@ static void flush(struct ws *w)
 		if (w->qn == 0)
 			break;
 		if (budget == 0) {
-			event_active(w->wev, EV_WRITE, 0);
+			/* The loop's other comms first: epoll reports the socket
+			 * writable again next pass (core/pass.h). */
+			if (!event_pending(w->wev, EV_WRITE, NULL))
+				event_add(w->wev, NULL);
 			return;
 		}
-		n = write_some(w);
+		n = write_some(w, budget);
 		w->data_owed = write_held(w);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			goto wait;
@@ -481,7 +494,7 @@ static void flush(struct ws *w)
 		if (w->client)
 			w->scratch_sent += (size_t)n;
 		consume(w, (uint64_t)n);
-		budget = (size_t)n < budget ? budget - (size_t)n : 0;
+		budget = tw__pass_spent(budget, (size_t)n);
 	}
 	event_del(w->wev);
 	free(w->scratch); /* all sent: nothing in it is owed to TLS */
@@ -983,7 +996,7 @@ static int read_once(struct ws *w, size_t *budget)
 		return 0;
 	}
 	TW__COUNT(&w->base.stats, bytes_received, (uint64_t)n);
-	*budget = (size_t)n < *budget ? *budget - (size_t)n : 0;
+	*budget = tw__pass_spent(*budget, (size_t)n);
 	if (rv < 0) {
 		decode_error(w, rv);
 		return -1;
@@ -1028,9 +1041,17 @@ static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
 	tw__comm_end(&w->base, TW_ETIMEDOUT);
 }
 
+/* Bytes already in memory (read with the upgrade, decrypted by TLS), or
+ * an end that came with them: epoll does not report them. */
+static int io_more(const struct ws *w)
+{
+	return w->pre_off < w->pre_len || (w->io->pending != NULL && w->io->pending(w->io_arg)) ||
+	       (w->io->end_held != NULL && w->io->end_held(w->io_arg));
+}
+
 static void read_frames(struct ws *w)
 {
-	size_t budget = IO_BUDGET;
+	size_t budget = tw__pass_read(event_get_base(w->rev), IO_BUDGET);
 	while (budget > 0 && w->reading && !w->base.ended) {
 		int r = read_once(w, &budget);
 		if (r == 0)
@@ -1038,7 +1059,10 @@ static void read_frames(struct ws *w)
 		if (r <= 0)
 			return;
 	}
-	if (budget == 0)
+	/* Budget spent: the socket's bytes wait for the next pass (rev
+	 * persists), behind the comms whose bytes arrived meanwhile
+	 * (core/pass.h); what is in memory already epoll cannot report. */
+	if (w->reading && !w->base.ended && io_more(w))
 		event_active(w->rev, EV_READ, 0);
 }
 
@@ -1120,7 +1144,7 @@ static void read_failing(struct ws *w)
 /* Closing: drop data, look only for the peer's close frame or EOF. */
 static void read_closing(struct ws *w)
 {
-	size_t budget = IO_BUDGET;
+	size_t budget = tw__pass_read(event_get_base(w->rev), IO_BUDGET);
 	ssize_t n = -1;
 	while (!w->base.ended) {
 		struct tw__ws_event ev = {0};
@@ -1158,7 +1182,7 @@ static void read_closing(struct ws *w)
 				end_after_close(w);
 			return;
 		}
-		if ((budget -= budget < (size_t)n ? budget : (size_t)n) == 0)
+		if ((budget = tw__pass_spent(budget, (size_t)n)) == 0)
 			return;
 	}
 	if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
@@ -1167,11 +1191,8 @@ static void read_closing(struct ws *w)
 
 static void upgrade_read(struct ws *w);
 
-static void on_readable(evutil_socket_t fd, short what, void *arg)
+static void read_ready(struct ws *w)
 {
-	struct ws *w = arg;
-	(void)fd;
-	(void)what;
 	if (w->state == WS_UPGRADE) {
 		upgrade_read(w);
 		return;
@@ -1189,6 +1210,14 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	read_frames(w);
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	read_ready(arg);
+	tw__pass_close(); /* the comm's turn ends (core/pass.h) */
 }
 
 /* Comm operations. */
