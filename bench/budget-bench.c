@@ -4,7 +4,7 @@
  *
  *   budget-bench [--peers N] [--size BYTES] [--budget BYTES]
  *                [--big BYTES[,BYTES...]|none] [--bombs N] [--bomb-size BYTES]
- *                [--cache BYTES]
+ *                [--cache BYTES] [--gaps MS]
  *
  * Forks a taskwire echo server (one loop, receive budget --budget,
  * default 1 GiB; 0 leaves the library's default) and measures, in three
@@ -24,7 +24,10 @@
  * whose longest gap is the longest stall of its loop (wall clock, and the
  * loop thread's CPU time between two ticks: on a loaded machine the wall
  * gap counts preemption, the CPU gap only the loop's own work). The server's peak
- * RSS (VmHWM) is read after phase 1. Prints one line per phase.
+ * RSS (VmHWM) is read after phase 1. Prints one line per phase. --gaps MS
+ * logs (stderr) every gap between ticks of more than MS ms of loop CPU,
+ * with its CLOCK_MONOTONIC bounds, to find its work in `perf record -k
+ * mono -p PID` samples.
  * Built with -DBUDGET_BENCH_NO_BUDGETS it runs against a library that has
  * no budgets (the numbers before issue 17). */
 #include <pthread.h>
@@ -52,7 +55,9 @@ struct srv {
 	tw_context *ctx;
 	struct event *tick, *ctl;
 	double last, max_gap;
-	double last_cpu, max_cpu; /* the loop thread's CPU time between ticks */
+	double last_cpu, max_cpu;  /* the loop thread's CPU time between ticks */
+	double log_ms;             /* --gaps: log gaps of more loop CPU than this */
+	unsigned long ticks, over; /* gaps, and those of more than 5 ms loop CPU */
 	int ctl_fd;
 };
 
@@ -80,6 +85,14 @@ static void srv_tick(evutil_socket_t fd, short what, void *arg)
 		s->max_gap = now - s->last;
 	if (s->last > 0 && cpu - s->last_cpu > s->max_cpu)
 		s->max_cpu = cpu - s->last_cpu;
+	if (s->last > 0) {
+		s->ticks++;
+		s->over += cpu - s->last_cpu > 5e-3;
+	}
+	/* CLOCK_MONOTONIC, as `perf record -k mono` stamps its samples */
+	if (s->last > 0 && s->log_ms > 0 && (cpu - s->last_cpu) * 1e3 > s->log_ms)
+		fprintf(stderr, "server: gap %.6f-%.6f: %.1f ms (%.1f ms CPU)\n", s->last, now,
+			(now - s->last) * 1e3, (cpu - s->last_cpu) * 1e3);
 	s->last = now;
 	s->last_cpu = cpu;
 }
@@ -165,7 +178,8 @@ static void bomb_accept(tw_listener *l, tw_comm *comm, void *arg)
 	tw_comm_set_decoded_callbacks(comm, bomb_decoded, bomb_close, NULL, NULL);
 }
 
-/* Control: 'r' resets the longest gap, 'q' answers "HWM GAP_MS CPU_MS". */
+/* Control: 'r' resets the longest gap, 'q' answers "HWM GAP_MS CPU_MS
+ * TICKS OVER" (OVER: gaps of more than 5 ms loop CPU). */
 static void srv_ctl(evutil_socket_t fd, short what, void *arg)
 {
 	struct srv *s = arg;
@@ -178,15 +192,16 @@ static void srv_ctl(evutil_socket_t fd, short what, void *arg)
 	if (c == 'r') {
 		s->max_gap = s->max_cpu = 0;
 		s->last = 0;
+		s->ticks = s->over = 0;
 		return;
 	}
-	snprintf(out, sizeof(out), "%llu %.3f %.3f\n", (unsigned long long)tw_ex_peak_rss(),
-		 s->max_gap * 1e3, s->max_cpu * 1e3);
+	snprintf(out, sizeof(out), "%llu %.3f %.3f %lu %lu\n", (unsigned long long)tw_ex_peak_rss(),
+		 s->max_gap * 1e3, s->max_cpu * 1e3, s->ticks, s->over);
 	if (write(fd, out, strlen(out)) < 0)
 		event_base_loopbreak(s->base);
 }
 
-static int server_main(int ctl_fd, int out_fd, uint64_t budget, long long cache)
+static int server_main(int ctl_fd, int out_fd, uint64_t budget, long long cache, double log_ms)
 {
 	struct srv s = {0};
 	struct timeval ms = {0, 1000};
@@ -194,6 +209,7 @@ static int server_main(int ctl_fd, int out_fd, uint64_t budget, long long cache)
 	char a1[128], a2[128], line[300];
 	if (cache >= 0)
 		tw_block_cache_set_limit((size_t)cache);
+	s.log_ms = log_ms;
 	s.base = event_base_new();
 	if (s.base == NULL || tw_context_new(s.base, &s.ctx) != 0)
 		return 1;
@@ -438,6 +454,7 @@ static void bomb_connected(tw_comm *comm, int err, void *arg)
  * time its loop thread spent between two ticks (the work one pass did,
  * which is what the library controls): stored in gap[0] and gap[1], ms. */
 static double stall_cpu_ms;
+static unsigned long stall_ticks, stall_over;
 
 static void query(int ctl, uint64_t *hwm, double *gap)
 {
@@ -447,7 +464,7 @@ static void query(int ctl, uint64_t *hwm, double *gap)
 	if (write(ctl, "q", 1) != 1 || (n = read(ctl, buf, sizeof(buf) - 1)) <= 0)
 		exit(1);
 	buf[n] = 0;
-	sscanf(buf, "%llu %lf %lf", &h, gap, &stall_cpu_ms);
+	sscanf(buf, "%llu %lf %lf %lu %lu", &h, gap, &stall_cpu_ms, &stall_ticks, &stall_over);
 	*hwm = h;
 }
 
@@ -463,6 +480,7 @@ int main(int argc, char **argv)
 		 bomb_size = (uint64_t)2047 << 20, hwm0, hwm;
 	size_t peers = 50, nbig = 2, bombs_n = 3;
 	long long cache = -1;
+	double log_ms = 0;
 	uint64_t big[8] = {(uint64_t)1 << 30, (uint64_t)2 << 30};
 	int ctl[2], out[2];
 	char a1[128], a2[128], line[300];
@@ -471,10 +489,10 @@ int main(int argc, char **argv)
 	double gap;
 	pid_t pid;
 	FILE *f;
-	static const struct option opts[] = {{"peers", 1, 0, 'n'},  {"size", 1, 0, 's'},
-					     {"budget", 1, 0, 'b'}, {"big", 1, 0, 'g'},
-					     {"bombs", 1, 0, 'z'},  {"bomb-size", 1, 0, 'Z'},
-					     {"cache", 1, 0, 'c'},  {0, 0, 0, 0}};
+	static const struct option opts[] = {
+		{"peers", 1, 0, 'n'}, {"size", 1, 0, 's'},  {"budget", 1, 0, 'b'},
+		{"big", 1, 0, 'g'},   {"bombs", 1, 0, 'z'}, {"bomb-size", 1, 0, 'Z'},
+		{"cache", 1, 0, 'c'}, {"gaps", 1, 0, 'G'},  {0, 0, 0, 0}};
 	for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
 		char *tok, *save = NULL;
 		switch (c) {
@@ -484,6 +502,7 @@ int main(int argc, char **argv)
 		case 'z': bombs_n = (size_t)strtoull(optarg, NULL, 10); break;
 		case 'Z': bomb_size = tw_ex_parse_size(optarg); break;
 		case 'c': cache = (long long)tw_ex_parse_size(optarg); break;
+		case 'G': log_ms = strtod(optarg, NULL); break;
 		case 'g':
 			nbig = 0;
 			if (strcmp(optarg, "none") == 0)
@@ -501,7 +520,7 @@ int main(int argc, char **argv)
 	if ((pid = fork()) == 0) {
 		close(ctl[0]);
 		close(out[0]);
-		_exit(server_main(ctl[1], out[1], budget, cache));
+		_exit(server_main(ctl[1], out[1], budget, cache, log_ms));
 	}
 	close(ctl[1]);
 	close(out[1]);
@@ -514,6 +533,7 @@ int main(int argc, char **argv)
 	printf("server pid %d, echo %s, decode %s, receive budget %llu MiB, idle RSS %llu MiB\n",
 	       (int)pid, a1, a2, (unsigned long long)(budget >> 20),
 	       (unsigned long long)(hwm0 >> 20));
+	fflush(stdout); /* the pid, for perf and strace, before the load */
 
 	/* the canary, on a loop thread of its own */
 	k.base = event_base_new();
@@ -543,11 +563,13 @@ int main(int argc, char **argv)
 		canary_line(&k, 0, k.n, line, sizeof(line));
 		printf("load: %zu peers x %llu MiB echoed (%zu bad) in %.2f s | server VmHWM %llu "
 		       "MiB "
-		       "(budget + %.1f%%) | server loop longest gap %.1f ms (%.1f ms CPU) | %s\n",
+		       "(budget + %.1f%%) | server loop longest gap %.1f ms (%.1f ms CPU), %lu of "
+		       "%lu "
+		       "over 5 ms CPU | %s\n",
 		       peers, (unsigned long long)(size >> 20), l.bad, tw_ex_now() - t0,
 		       (unsigned long long)(hwm >> 20),
 		       budget ? 100.0 * ((double)hwm - (double)budget) / (double)budget : 0.0, gap,
-		       stall_cpu_ms, line);
+		       stall_cpu_ms, stall_over, stall_ticks, line);
 		fflush(stdout);
 	}
 	munmap((void *)l.data, size);
@@ -567,8 +589,9 @@ int main(int argc, char **argv)
 		query(ctl[0], &hwm, &gap);
 		canary_line(&k, from, k.n, line, sizeof(line));
 		printf("free: one %llu MiB message echoed (%zu bad) | server loop longest gap %.1f "
-		       "ms (%.1f ms CPU) | %s\n",
-		       (unsigned long long)(big[i] >> 20), l.bad, gap, stall_cpu_ms, line);
+		       "ms (%.1f ms CPU), %lu of %lu over 5 ms CPU | %s\n",
+		       (unsigned long long)(big[i] >> 20), l.bad, gap, stall_cpu_ms, stall_over,
+		       stall_ticks, line);
 		fflush(stdout);
 		munmap((void *)l.data, big[i]);
 	}
@@ -587,9 +610,10 @@ int main(int argc, char **argv)
 		query(ctl[0], &hwm, &gap);
 		canary_line(&k, from, k.n, line, sizeof(line));
 		printf("bombs: %zu x %llu bytes inflating to %llu MiB, decoded and freed | server "
-		       "loop longest gap %.1f ms (%.1f ms CPU) | %s\n",
+		       "loop longest gap %.1f ms (%.1f ms CPU), %lu of %lu over 5 ms CPU | %s\n",
 		       bombs_n, (unsigned long long)tw_msg_bytes(b.m),
-		       (unsigned long long)(bomb_size >> 20), gap, stall_cpu_ms, line);
+		       (unsigned long long)(bomb_size >> 20), gap, stall_cpu_ms, stall_over,
+		       stall_ticks, line);
 		tw_comm_free(b.comm);
 		tw_msg_free(b.m);
 	}
