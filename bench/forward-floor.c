@@ -8,7 +8,7 @@
  * alone (getrusage), the kernel's copies in and out being what any
  * forwarder pays.
  *
- *   forward-floor [--mib 1024] [--chunk-mib 32] [--fresh] [--populate] [--huge]
+ *   forward-floor [--mib 1024] [--chunk-mib 32] [--fresh] [--populate] [--huge] [--splice]
  *
  * Default: one buffer, touched once, reused (the floor). --fresh maps a
  * new buffer per chunk and unmaps it after sending (every page faulted
@@ -18,9 +18,12 @@
  * Dec 2026) --huge cost less than --fresh in this loop, but huge-page
  * blocks made tw-mini-scheduler's 512 MiB round dearer (1.7-2.0 s against
  * 1.05-1.4 s): zeroing 2 MiB pages goes to memory ahead of the receive's
- * copy, where a 4 KiB page is zeroed in cache just before it. Timing, not
- * a test.
+ * copy, where a 4 KiB page is zeroed in cache just before it. --splice
+ * moves the bytes socket -> pipe -> socket with splice(2) instead, never
+ * through user space (the relay's floor, docs/design.md "Relay"). Timing,
+ * not a test.
  */
+#include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdint.h>
@@ -90,6 +93,29 @@ static void child(const struct sockaddr_in *sa, int role, size_t total, size_t c
 	exit(0);
 }
 
+/* in -> pipe -> out with splice(2), total bytes. */
+static void splice_all(int in, int out, size_t total)
+{
+	int p[2];
+	if (pipe(p) != 0)
+		die("pipe");
+	fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
+	while (total > 0) {
+		ssize_t r = splice(in, NULL, p[1], NULL, total, SPLICE_F_MOVE);
+		if (r <= 0)
+			die("splice in");
+		total -= (size_t)r;
+		while (r > 0) {
+			ssize_t w = splice(p[0], NULL, out, NULL, (size_t)r, SPLICE_F_MOVE);
+			if (w <= 0)
+				die("splice out");
+			r -= w;
+		}
+	}
+	close(p[0]);
+	close(p[1]);
+}
+
 static double secs(struct timeval tv)
 {
 	return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
@@ -109,7 +135,7 @@ static uint8_t *get_buf(size_t chunk, int flags, int huge)
 int main(int argc, char **argv)
 {
 	size_t mib = 1024, chunk = (size_t)32 << 20;
-	int fresh = 0, populate = 0, huge = 0, lfd, in = -1, out = -1, one = 1;
+	int fresh = 0, populate = 0, huge = 0, use_splice = 0, lfd, in = -1, out = -1, one = 1;
 	struct sockaddr_in sa;
 	socklen_t sl = sizeof(sa);
 	struct rusage r0, r1;
@@ -127,10 +153,12 @@ int main(int argc, char **argv)
 			fresh = populate = 1;
 		else if (strcmp(argv[i], "--huge") == 0)
 			fresh = huge = 1;
+		else if (strcmp(argv[i], "--splice") == 0)
+			use_splice = 1;
 		else {
 			fprintf(stderr,
 				"usage: %s [--mib N] [--chunk-mib N] [--fresh] [--populate] "
-				"[--huge]\n",
+				"[--huge] [--splice]\n",
 				argv[0]);
 			return 2;
 		}
@@ -154,14 +182,20 @@ int main(int argc, char **argv)
 		read_full(fd, &role, 1);
 		*(role == 0 ? &in : &out) = fd;
 	}
-	if (!fresh) {
+	if (!fresh && !use_splice) {
 		buf = get_buf(chunk, 0, 0);
 		memset(buf, 0, chunk); /* touched once, outside the measurement */
 	}
-	mode = huge ? "fresh huge-page" : populate ? "populated" : fresh ? "fresh" : "reused";
+	mode = use_splice ? "spliced (no)"
+	       : huge     ? "fresh huge-page"
+	       : populate ? "populated"
+	       : fresh    ? "fresh"
+			  : "reused";
 	getrusage(RUSAGE_SELF, &r0);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (size_t done = 0; done < mib << 20; done += chunk) {
+	if (use_splice)
+		splice_all(in, out, mib << 20);
+	for (size_t done = 0; !use_splice && done < mib << 20; done += chunk) {
 		if (fresh)
 			buf = get_buf(chunk, populate ? MAP_POPULATE : 0, huge);
 		read_full(in, buf, chunk);
