@@ -7,11 +7,13 @@
 # write dask-worker-space there):
 #   bench/mini-scheduler-bench.sh BUILD_DIR [--mib 512] [--keys 100000]
 #       [--only dask|tw] [--profile 'perf record -g -o /tmp/r{round}.data -p {pid}']
+#       [--relay BYTES]   (tw-mini-scheduler --relay: splice payloads, tcp)
 # Then, when BUILD_DIR has bench/forward-floor (make bench/forward-floor),
 # the CPU floor of the 512 MiB round: 1 GiB read from one loopback socket
 # and written to another through one reused buffer (the kernel's copies
 # alone), and the same through fresh buffers (page faults and zeroing
-# added, as a process pays for memory it has not touched before).
+# added, as a process pays for memory it has not touched before), and
+# socket -> pipe -> socket with splice(2) (the relay's floor).
 set -e
 build=${1:?build dir}
 shift
@@ -23,4 +25,5 @@ nice /usr/bin/python3 "$here/mini_scheduler_bench.py" "$build/examples/tw-mini-s
 if [ -x "$build/bench/forward-floor" ]; then
 	nice "$build/bench/forward-floor" --mib 1024
 	nice "$build/bench/forward-floor" --mib 1024 --fresh
+	nice "$build/bench/forward-floor" --mib 1024 --splice
 fi

@@ -2,7 +2,7 @@
 """tw-mini-scheduler beside `dask scheduler` (issue 16), in one run.
 
     python3 mini_scheduler_bench.py TW_MINI_SCHEDULER [--mib 512] [--keys 100000]
-        [--only dask|tw] [--profile 'CMD {pid} {round}']
+        [--only dask|tw] [--profile 'CMD {pid} {round}'] [--relay BYTES]
 
 For each scheduler in turn: the scheduler, 4 `dask worker` processes
 (1 thread, no nanny, no memory limit) and one distributed.Client over tcp;
@@ -18,6 +18,8 @@ copied (tw_stats, printed when it stops: both rounds together).
 0 or 1) around each round of tw-mini-scheduler and stops it with SIGINT
 at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data -p {pid}'
 or 'strace -c -f -o /tmp/s{round}.txt -p {pid}'.
+--relay BYTES runs tw-mini-scheduler with --relay BYTES: payload frames of
+that size or more go socket to socket with splice(2), never read (tcp).
 Timing, not a test: run it niced on a quiet machine.
 """
 import argparse
@@ -70,12 +72,13 @@ def free_port():
     return port
 
 
-def run(kind, tw_binary, mib, nkeys, profile=None):
+def run(kind, tw_binary, mib, nkeys, profile=None, relay=None):
     import numpy as np
     from distributed import Client
 
     if kind == "tw":
-        sched = start([tw_binary, "tcp://127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+        extra = ["--relay", str(relay)] if relay is not None else []
+        sched = start([tw_binary, "tcp://127.0.0.1:0"] + extra, stdout=subprocess.PIPE, text=True)
         addr = sched.stdout.readline().split()[2]
     else:
         port = free_port()
@@ -147,11 +150,12 @@ def main():
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--only", choices=("dask", "tw"))
     ap.add_argument("--profile")
+    ap.add_argument("--relay", type=int)
     a = ap.parse_args()
     rows = []
     for kind in ("dask", "tw"):
         if a.only in (None, kind):
-            rows += run(kind, a.tw_binary, a.mib, a.keys, a.profile)
+            rows += run(kind, a.tw_binary, a.mib, a.keys, a.profile, a.relay)
     print("%-6s %-20s %8s %12s %22s %20s" % ("sched", "round", "wall s", "sched CPU s",
                                             "peak RSS > idle MiB", "payload B copied"))
     for kind, label, wall, cpu, peak, copied in rows:

@@ -315,14 +315,31 @@ void client_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *
 
 /* --- scatter --- */
 
+/* Copies a worker fetches from the first holder (broadcast of relayed
+ * payloads: Dask's scatter, then replicate, which asks each worker to
+ * `gather` from the holders, so the scheduler never carries the copies). */
+struct replica {
+	struct scatter_op *op;
+	char *address;         /* the worker that fetches */
+	msgpack_sbuffer who;   /* who_has entries: {key: [holder]} */
+	msgpack_sbuffer names; /* the keys, packed, to record the new holder */
+	uint32_t n;
+};
+
 struct scatter_op {
 	tw_request *r; /* replied when every part is done */
 	int pending;
 	int failed;
 	char why[400];
 	char *client;
-	msgpack_sbuffer keys; /* the reply: an array of the keys, in order */
+	msgpack_sbuffer keys;  /* the reply: an array of the keys, in order */
+	struct replica **reps; /* per worker of the scatter, or NULL */
+	size_t nreps;
+	int replicating;
 };
+
+static void replicate(struct scatter_op *op);
+static void replica_free(struct replica *rp);
 
 struct scatter_part {
 	struct scatter_op *op;
@@ -331,6 +348,14 @@ struct scatter_part {
 
 static void scatter_done(struct scatter_op *op)
 {
+	if (!op->failed && op->reps != NULL && !op->replicating) {
+		replicate(op); /* scatter_done again when the copies are made */
+		return;
+	}
+	for (size_t j = 0; j < op->nreps; j++) /* a failed scatter copies nothing */
+		if (op->reps[j] != NULL)
+			replica_free(op->reps[j]);
+	free(op->reps);
 	if (op->failed) {
 		reply_error(op->r, op->why);
 	} else {
@@ -398,6 +423,117 @@ static int in_list(const msgpack_object *list, const struct worker *w)
 		if (worker_is(w, &list->via.array.ptr[i]))
 			return 1;
 	return 0;
+}
+
+static void replica_free(struct replica *rp)
+{
+	msgpack_sbuffer_destroy(&rp->who);
+	msgpack_sbuffer_destroy(&rp->names);
+	free(rp->address);
+	free(rp);
+}
+
+/* A worker's `gather` reply ({"status": "OK"} or "partial-fail"): it
+ * holds the copies now (Dask's gather_on_worker; the worker stores them
+ * with report=False, so the scheduler records them itself). */
+static void on_replicated(tw_call *call, int err, tw_decoded *reply, void *arg)
+{
+	struct replica *rp = arg;
+	struct scatter_op *op = rp->op;
+	struct worker *w = worker_find(rp->address, strlen(rp->address));
+	const msgpack_object *root = reply ? tw_decoded_root(reply) : NULL;
+	if (err != 0 || w == NULL || !tw_msgpack_str_eq(tw_msgpack_map_get(root, "status"), "OK")) {
+		say("replicate to %s failed: %s\n", rp->address,
+		    err ? tw_call_error(call) : "the worker did not get every copy");
+	} else {
+		msgpack_unpacked k;
+		size_t off = 0;
+		msgpack_unpacked_init(&k);
+		while (msgpack_unpack_next(&k, rp->names.data, rp->names.size, &off) ==
+		       MSGPACK_UNPACK_SUCCESS) {
+			const char *s;
+			size_t n;
+			if (obj_str(&k.data, &s, &n) == 0)
+				keys_add_holder(s, n, w, 0);
+		}
+		msgpack_unpacked_destroy(&k);
+	}
+	tw_decoded_free(reply);
+	replica_free(rp);
+	if (--op->pending == 0)
+		scatter_done(op);
+}
+
+static void replicate(struct scatter_op *op)
+{
+	op->replicating = 1;
+	op->pending = 1; /* until every call is out */
+	for (size_t j = 0; j < op->nreps; j++) {
+		struct replica *rp = op->reps[j];
+		tw_builder *b;
+		msgpack_packer *pk;
+		tw_msg *m;
+		int rv;
+		if (rp == NULL)
+			continue;
+		op->reps[j] = NULL;
+		if (rp->n == 0) {
+			replica_free(rp);
+			continue;
+		}
+		b = builder_new();
+		pk = tw_builder_packer(b);
+		msgpack_pack_map(pk, 3);
+		tw_msgpack_pack_str(pk, "op");
+		tw_msgpack_pack_str(pk, "gather");
+		tw_msgpack_pack_str(pk, "who_has");
+		msgpack_pack_map(pk, rp->n);
+		pk->callback(pk->data, rp->who.data, rp->who.size);
+		tw_msgpack_pack_str(pk, "reply");
+		msgpack_pack_true(pk);
+		op->pending++;
+		m = builder_done(b);
+		if ((rv = tw_pool_call(S.pool, rp->address, m, 0, on_replicated, rp, NULL)) != 0) {
+			tw_msg_free(m);
+			say("replicate to %s not sent: %s\n", rp->address, tw_strerror(rv));
+			replica_free(rp);
+			op->pending--;
+		}
+	}
+	if (--op->pending == 0)
+		scatter_done(op);
+}
+
+/* Whether a payload of d is still in its source's socket (relay). */
+static int has_relay(const tw_decoded *d)
+{
+	for (size_t i = 0; i < tw_decoded_npayloads(d); i++)
+		if (tw_decoded_payload_at(d, i)->relay_sub_header != NULL)
+			return 1;
+	return 0;
+}
+
+/* Key kv->key to worker wl[to] as a copy fetched from wl[from]. */
+static void add_replica(struct scatter_op *op, struct worker **wl, size_t to, size_t from,
+			const msgpack_object *key)
+{
+	struct replica *rp = op->reps[to];
+	msgpack_packer pk;
+	if (rp == NULL) {
+		if ((rp = op->reps[to] = calloc(1, sizeof(*rp))) == NULL ||
+		    (rp->address = strdup(wl[to]->address)) == NULL)
+			abort();
+		rp->op = op;
+		msgpack_sbuffer_init(&rp->who);
+		msgpack_sbuffer_init(&rp->names);
+	}
+	msgpack_packer_init(&pk, &rp->who, msgpack_sbuffer_write);
+	msgpack_pack_object(&pk, *key);
+	msgpack_pack_array(&pk, 1);
+	tw_msgpack_pack_str(&pk, wl[from]->address);
+	msgpack_packer_init(&pk, &rp->names, msgpack_sbuffer_write);
+	msgpack_pack_object(&pk, *key);
+	rp->n++;
 }
 
 /* update_data's request header; the data map of n pairs follows. */
@@ -469,7 +605,7 @@ void op_scatter(tw_request *r, void *arg)
 	const msgpack_object *data = tw_request_arg(r, "data");
 	const msgpack_object *only = tw_request_arg(r, "workers");
 	struct worker **wl, **slots = NULL;
-	size_t nw = 0, nslots = 0, ncopies;
+	size_t nw = 0, nslots = 0, ncopies, sent = 0;
 	uint32_t *counts;
 	tw_builder **builders;
 	struct scatter_op *op;
@@ -504,11 +640,21 @@ void op_scatter(tw_request *r, void *arg)
 	    (builders = calloc(nw, sizeof(*builders))) == NULL ||
 	    (op = calloc(1, sizeof(*op))) == NULL)
 		abort();
-		/* Count per worker (index j in wl), then pack: key i goes to worker
-		 * first(i) and the ncopies - 1 after it in wl. */
+	/* Relayed payloads go out once (a relay frame is written once):
+	 * the other copies are fetched by the workers from the first. */
+	if (ncopies > 1 && has_relay(d)) {
+		if ((op->reps = calloc(nw, sizeof(*op->reps))) == NULL)
+			abort();
+		op->nreps = nw;
+		sent = 1;
+	}
+	/* Count per worker (index j in wl), then pack: key i goes to worker
+	 * first(i) and the ncopies - 1 after it in wl. */
 #define FIRST(i) ((size_t)((struct worker **)slots[(round_robin + (i)) % nslots]->tmp - wl))
+	if (sent == 0)
+		sent = ncopies;
 	for (uint32_t i = 0; i < data->via.map.size; i++)
-		for (size_t c = 0; c < ncopies; c++)
+		for (size_t c = 0; c < sent; c++)
 			counts[(FIRST(i) + c) % nw]++;
 	for (size_t j = 0; j < nw; j++)
 		if (counts[j] > 0)
@@ -518,12 +664,14 @@ void op_scatter(tw_request *r, void *arg)
 	msgpack_pack_array(&kp, data->via.map.size);
 	for (uint32_t i = 0; i < data->via.map.size; i++) {
 		const msgpack_object_kv *kv = &data->via.map.ptr[i];
-		for (size_t c = 0; c < ncopies; c++) {
+		for (size_t c = 0; c < sent; c++) {
 			tw_builder *b = builders[(FIRST(i) + c) % nw];
 			msgpack_pack_object(tw_builder_packer(b), kv->key);
 			if (tw_builder_pack_object(b, d, &kv->val) != 0)
 				abort();
 		}
+		for (size_t c = sent; c < ncopies; c++)
+			add_replica(op, wl, (FIRST(i) + c) % nw, FIRST(i), &kv->key);
 		msgpack_pack_object(&kp, kv->key);
 	}
 #undef FIRST

@@ -66,9 +66,11 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
 
 static void usage(FILE *f)
 {
-	fputs("usage: tw-mini-scheduler URI [--worker-ttl SECONDS] [TLS options]\n"
+	fputs("usage: tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES] [TLS options]\n"
 	      "  --worker-ttl SECONDS   remove a worker whose heartbeats stop this long "
-	      "(default 300, Dask's distributed.scheduler.worker-ttl)\n",
+	      "(default 300, Dask's distributed.scheduler.worker-ttl)\n"
+	      "  --relay BYTES          over tcp, forward payload frames of BYTES or more "
+	      "socket to socket (splice), never reading them (default 65536; 0: off)\n",
 	      f);
 	fputs(TW_EX_TLS_USAGE, f);
 }
@@ -131,6 +133,7 @@ static void stop_all(void)
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"worker-ttl", required_argument, NULL, 't'},
+					     {"relay", required_argument, NULL, 'r'},
 					     {"help", no_argument, NULL, 'h'},
 					     TW_EX_TLS_OPTIONS,
 					     {NULL, 0, NULL, 0}};
@@ -140,6 +143,7 @@ int main(int argc, char **argv)
 	tw_stats st;
 	uint64_t idle_rss;
 	int o, rv;
+	unsigned long long relay = 65536;
 	S.worker_ttl = 300;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		if (o == 't') {
@@ -147,6 +151,14 @@ int main(int argc, char **argv)
 			S.worker_ttl = strtod(optarg, &end);
 			if (*end != '\0' || S.worker_ttl <= 0) {
 				fprintf(stderr, "bad --worker-ttl: %s\n", optarg);
+				return 2;
+			}
+		} else if (o == 'r') {
+			char *end;
+			relay = strtoull(optarg, &end, 10);
+			if (*end != '\0' || (relay != 0 && relay < 65536)) {
+				fprintf(stderr, "bad --relay: %s (0, or 65536 bytes or more)\n",
+					optarg);
 				return 2;
 			}
 		} else if (o == 'h') {
@@ -178,6 +190,10 @@ int main(int argc, char **argv)
 	tw_context_set_handshake_timeout_ms(S.ctx, 30000);
 	/* Replies and forwarded scatters are single large messages. */
 	tw_context_set_write_hwm_bytes(S.ctx, (size_t)16 << 30);
+	/* Payloads the scheduler only forwards go socket to socket (tcp;
+	 * include/taskwire/relay.h): scatter's to workers, get_data's to the
+	 * client. */
+	tw_context_set_relay_bytes(S.ctx, relay);
 	if (tw_server_new(S.ctx, &S.server) != 0 || tw_pool_new(S.ctx, &S.pool) != 0 ||
 	    add_ops() != 0)
 		return 1;

@@ -114,6 +114,16 @@ typedef struct tw_payload {
 	const char *serializer;           /* NUL-terminated; "" when absent */
 	size_t nframes;                   /* logical frames */
 	const tw_slice *frames;           /* merged and decompressed */
+	/* A relay group (include/taskwire/relay.h): some of its frames are
+	 * still in the source's socket, so nothing was merged or
+	 * decompressed: `frames` are the group's frames as they came (its
+	 * num-sub-frames), and this is its sub-header frame as it came
+	 * (unread when it is a relay frame too: sub_header is then an empty
+	 * map, serializer "", and the group's size is inferred from where the
+	 * next group starts, as Dask's serialize lays groups out one after
+	 * another). tw_builder_pack_object forwards such a group verbatim.
+	 * NULL for every other group. */
+	const tw_slice *relay_sub_header;
 } tw_payload;
 
 typedef struct tw_decode_limits {

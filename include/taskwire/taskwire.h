@@ -18,5 +18,6 @@
 #include <taskwire/stream.h>
 #include <taskwire/offload.h>
 #include <taskwire/tls.h>
+#include <taskwire/relay.h>
 
 #endif

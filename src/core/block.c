@@ -477,6 +477,12 @@ int tw_block_wrap(void *data, size_t size, void (*release)(void *, void *), void
 	return 0;
 }
 
+void *tw__block_wrap_arg(const tw_block *b, void (*release)(void *, void *))
+{
+	return b != NULL && b->kind == KIND_WRAP && b->u.wrap.release == release ? b->u.wrap.arg
+										 : NULL;
+}
+
 tw_block *tw_block_hold(tw_block *b)
 {
 	atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);

@@ -63,6 +63,11 @@ void tw__block_trim(tw_block *b, size_t size);
  * seeing them change. */
 int tw__block_sole(const tw_block *b);
 
+/* tw__block_wrap_arg: the `arg` of a block made by tw_block_wrap with
+ * this `release` function, or NULL for any other block: how the relay
+ * (transport/relay.h) knows its frames from ordinary ones. */
+void *tw__block_wrap_arg(const tw_block *b, void (*release)(void *data, void *arg));
+
 /* tw__block_overhead: bytes a block costs beyond its data (its header and
  * the allocator's), for counting what queued messages hold. */
 size_t tw__block_overhead(void);

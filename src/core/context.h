@@ -30,6 +30,7 @@ struct tw__limits {
 	uint32_t min_rate_bytes;          /* per second, while a message arrives; 0: off */
 	uint32_t min_rate_grace_ms;       /* before it applies */
 	const char *compression;          /* codec offered in handshakes (static), or NULL */
+	uint64_t relay_min_bytes; /* tcp: relay frames this large (transport/relay.h); 0: off */
 };
 
 /* An object the context frees at teardown (comms, listeners, connects). */

@@ -305,6 +305,11 @@ int tw_builder_pack_object(tw_builder *b, const tw_decoded *d, const msgpack_obj
 	int rv = 0;
 	if (b == NULL || o == NULL || b->done)
 		return TW_EINVAL;
+	/* a relay group (include/taskwire/relay.h) goes on as it came too,
+	 * whatever the codec: its frames cannot be read, as Dask's scheduler
+	 * forwards Serialized values */
+	if (p != NULL && p->relay_sub_header != NULL)
+		return pack_raw(b, p, p->relay_sub_header);
 	if (p != NULL && b->codec == TW__CODEC_NONE && (raw = tw__decoded_raw(d, p)) != NULL)
 		return pack_raw(b, p, raw);
 	if (p != NULL)

@@ -10,6 +10,7 @@
 
 #include <taskwire/error.h>
 #include <taskwire/merge.h>
+#include <taskwire/relay.h>
 #include <taskwire/serial.h>
 
 #include "core/block.h"
@@ -42,6 +43,8 @@ struct tw_decoded {
 	char *detail;
 	size_t detail_len;
 	uint8_t used_inline[16]; /* `used` of messages with few frames */
+	size_t relay_from;       /* first relay frame (they are the tail), or the count */
+	uint64_t *starts;        /* relay messages: the groups' indices, sorted */
 };
 
 /* Claim flags for the message's frames, zeroed. */
@@ -412,6 +415,66 @@ static int sub_header(tw_decoded *d, size_t k, const msgpack_object **out)
 	return 0;
 }
 
+static int by_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Where the group after the one at k starts (the message's end if none). */
+static uint64_t next_start(const tw_decoded *d, uint64_t k)
+{
+	size_t lo = 0, hi = d->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (d->starts[mid] <= k)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < d->n ? d->starts[lo] : tw_msg_nframes(d->msg);
+}
+
+/* A group with frames still in the source's socket: its frames as they
+ * came, never merged nor decompressed (include/taskwire/relay.h). */
+static int relay_group(tw_decoded *d, tw_payload *p, uint64_t num, size_t first)
+{
+	size_t k = (size_t)p->index;
+	int rv = 0;
+	for (uint64_t i = 1; i <= num && rv == 0; i++) {
+		tw_slice f = *tw_msg_frame(d->msg, k + (size_t)i);
+		if (f.block != NULL)
+			tw_block_hold(f.block);
+		rv = add_slice(d, f);
+	}
+	if (p->sub_header == NULL) {
+		msgpack_object *empty = msgpack_zone_malloc(d->zone, sizeof(*empty));
+		if (empty == NULL)
+			return TW_ENOMEM;
+		memset(empty, 0, sizeof(*empty));
+		empty->type = MSGPACK_OBJECT_MAP;
+		p->sub_header = empty;
+		p->serializer = "";
+	}
+	p->relay_sub_header = tw_msg_frame(d->msg, k);
+	d->raw[p - d->payloads] = 0; /* forwarded by relay_sub_header instead */
+	p->nframes = d->nslices - first;
+	p->frames = (const tw_slice *)(uintptr_t)first; /* index until all are built */
+	return rv;
+}
+
+/* Claim frames k+1..k+num for one group. */
+static int claim(tw_decoded *d, size_t k, uint64_t num)
+{
+	for (uint64_t i = 1; i <= num; i++) {
+		if (d->used[k + i])
+			return fail(d, TW_EPROTO, "frame %zu is claimed by two payload groups",
+				    (size_t)(k + i));
+		d->used[k + i] = 1;
+	}
+	return 0;
+}
+
 static int load_group(tw_decoded *d, tw_payload *p)
 {
 	size_t nframes = tw_msg_nframes(d->msg), k = (size_t)p->index, first = d->nslices;
@@ -427,6 +490,10 @@ static int load_group(tw_decoded *d, tw_payload *p)
 	if (d->used[k])
 		return fail(d, TW_EPROTO, "frame %zu is claimed by two payload groups", k);
 	d->used[k] = 1;
+	if (k >= d->relay_from) { /* the sub-header itself is in the socket */
+		num = next_start(d, k) - k - 1;
+		return (rv = claim(d, k, num)) != 0 ? rv : relay_group(d, p, num, first);
+	}
 	if ((rv = sub_header(d, k, &sub)) != 0)
 		return rv;
 	if (sub->type != MSGPACK_OBJECT_MAP)
@@ -437,11 +504,12 @@ static int load_group(tw_decoded *d, tw_payload *p)
 		return fail(d, TW_EPROTO,
 			    "sub-header %zu: num-sub-frames %llu overflows the %zu frames", k,
 			    (unsigned long long)num, nframes);
-	for (uint64_t i = 1; i <= num; i++) {
-		if (d->used[k + i])
-			return fail(d, TW_EPROTO, "frame %zu is claimed by two payload groups",
-				    (size_t)(k + i));
-		d->used[k + i] = 1;
+	if ((rv = claim(d, k, num)) != 0)
+		return rv;
+	if (k + num >= d->relay_from) {
+		p->sub_header = sub;
+		p->serializer = serializer_of(d, sub);
+		return relay_group(d, p, num, first);
 	}
 	if ((rv = codecs_of(d, sub, num, k, local, &codecs)) == 0)
 		rv = build_logical(d, sub, k, num, codecs);
@@ -505,6 +573,25 @@ static int index_holders(tw_decoded *d)
 	return 0;
 }
 
+/* Relay frames are a message's tail (include/taskwire/relay.h): find
+ * where it starts, and sort the groups' starts to size the groups whose
+ * sub-header is unread. */
+static int find_relay(tw_decoded *d)
+{
+	size_t n = tw_msg_nframes(d->msg);
+	d->relay_from = n;
+	while (d->relay_from > 1 && tw_msg_frame_is_relay(d->msg, d->relay_from - 1))
+		d->relay_from--;
+	if (d->relay_from == n || d->n == 0)
+		return 0;
+	if ((d->starts = malloc(d->n * sizeof(*d->starts))) == NULL)
+		return fail(d, TW_ENOMEM, "out of memory");
+	for (size_t i = 0; i < d->n; i++)
+		d->starts[i] = d->payloads[i].index;
+	qsort(d->starts, d->n, sizeof(*d->starts), by_u64);
+	return 0;
+}
+
 static int decode(tw_decoded *d)
 {
 	const tw_slice *f0;
@@ -523,9 +610,13 @@ static int decode(tw_decoded *d)
 		return rv == TW_EPROTO ? fail(d, rv, "frame 0: %s", why) : rv;
 	if (d->n > 0 && (d->raw = msgpack_zone_malloc(d->zone, d->n)) == NULL)
 		return fail(d, TW_ENOMEM, "out of memory");
+	if ((rv = find_relay(d)) != 0)
+		return rv;
 	for (size_t i = 0; i < d->n; i++)
 		if ((rv = load_group(d, &d->payloads[i])) != 0)
 			return rv;
+	free(d->starts);
+	d->starts = NULL;
 	/* indices become pointers; no slices at all (every group empty) leaves
 	 * d->slices NULL, and NULL + 0 is undefined */
 	for (size_t i = 0; i < d->n; i++)
@@ -554,8 +645,9 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	size_t n = tw_msg_nframes(c->d->msg);
 	(void)holder;
 	(void)kind;
-	if (k >= n || c->d->used[k] || c->bytes >= c->stop)
-		return 0; /* repeated: counted once; or the answer is known */
+	if (k >= n || c->d->used[k] || c->bytes >= c->stop ||
+	    tw_msg_frame_is_relay(c->d->msg, (size_t)k))
+		return 0; /* repeated: counted once; or the answer is known; or unread */
 	c->d->used[k] = 1;
 	/* parsing the sub-header is work too, as frame 0's is */
 	c->bytes += (uint64_t)tw_msg_frame(c->d->msg, (size_t)k)->len * (FRAME0_WEIGHT - 1);
@@ -577,6 +669,7 @@ static int cost_of_group(void *arg, const msgpack_object *holder, enum tw_payloa
 	for (uint64_t i = 0; i < num; i++) {
 		const tw_slice *f = tw_msg_frame(c->d->msg, (size_t)(k + 1 + i));
 		if (codecs[i] != TW__CODEC_NONE &&
+		    !tw_msg_frame_is_relay(c->d->msg, (size_t)(k + 1 + i)) &&
 		    tw__decompressed_size(codecs[i], tw_slice_data(f), f->len, UINT64_MAX, &size) ==
 			    0)
 			c->bytes += size < UINT64_MAX - c->bytes ? size : 0;
@@ -591,6 +684,9 @@ uint64_t tw__decode_cost(const tw_msg *msg, uint64_t stop)
 	const tw_slice *f0 = tw_msg_frame(msg, 0);
 	tw_decoded d;
 	struct cost c = {&d, tw_msg_bytes(msg), stop};
+	/* relay frames are forwarded, never touched here */
+	for (size_t i = tw_msg_nframes(msg); i > 1 && tw_msg_frame_is_relay(msg, i - 1); i--)
+		c.bytes -= tw_msg_frame(msg, i - 1)->len;
 	msgpack_object root;
 	const char *why;
 	if (f0 != NULL)
@@ -679,6 +775,8 @@ const tw_payload *tw_decoded_payload(const tw_decoded *d, const msgpack_object *
 int tw_decoded_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n)
 {
 	const tw_payload *pl = o != NULL ? tw_decoded_payload(d, o) : NULL;
+	if (pl != NULL && pl->relay_sub_header != NULL)
+		return TW_EINVAL; /* its bytes are in a socket, not here */
 	if (pl != NULL && pl->nframes == 1) {
 		*p = tw_slice_data(&pl->frames[0]);
 		*n = pl->frames[0].len;
@@ -703,6 +801,7 @@ void tw_decoded_free(tw_decoded *d)
 	free(d->payloads);
 	free(d->holders);
 	free(d->order);
+	free(d->starts);
 	free_used(d);
 	tw_msg_free(d->msg);
 	zone = d->zone_mem; /* d is in the zone: move it out, then free */

@@ -776,7 +776,10 @@ static void on_sweep(void *arg)
 		dnext = d->next;
 		for (; pc != NULL; pc = next) {
 			next = pc->next;
-			if (pc->node.next != NULL || pc->comm == NULL || pc->busy != NULL)
+			/* a comm whose reply is still being relayed is not idle:
+			 * freeing it would cut the message its frames went into */
+			if (pc->node.next != NULL || pc->comm == NULL || pc->busy != NULL ||
+			    pc->comm->relaying)
 				continue;
 			evutil_timersub(&now, &pc->idle_since, &age);
 			if (++idle > p->max_idle ||

@@ -15,6 +15,7 @@
 
 #include <taskwire/error.h>
 
+#include "transport/relay.h"
 #include "transport/transport.h"
 
 /* Free what every comm has, then the transport's part. */
@@ -735,6 +736,10 @@ int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m)
 		return TW_ETOOBIG;
 	if (c->ended)
 		return TW_ECLOSED;
+	/* relay frames have no bytes in memory: only a stream comm's writer
+	 * (which refuses them over tls) can splice them (transport/relay.h) */
+	if (!tw__stream_is(c) && tw__relay_in_msg(m))
+		return TW_EINVAL;
 	return c->ops->write(c, m);
 }
 

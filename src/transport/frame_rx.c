@@ -2,6 +2,7 @@
 /* Receiving a stream-framed message into its final blocks
  * (transport/frame_rx.h). */
 #include <endian.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <taskwire/error.h>
@@ -37,6 +38,8 @@ static void reset(struct tw__rx *rx)
 
 void tw__rx_fini(struct tw__rx *rx)
 {
+	free(rx->relay_lens);
+	rx->relay_lens = NULL;
 	reset(rx);
 	tw__sdec_fini(&rx->dec);
 	tw_block_free(rx->gulp);
@@ -167,7 +170,21 @@ static int place_block(struct tw__rx *rx, size_t i, size_t span)
  * starts its message). */
 static int place_early(const struct tw__rx *rx, size_t i)
 {
+	if (rx->relay_min > 0 && i > 0 && rx->dec.lens[i] >= rx->relay_min)
+		return 0; /* it may start the relay: wait for the frames before it */
 	return rx->place == NULL || (i > 0 && rx->dec.lens[i] <= rx->small_frame_bytes);
+}
+
+/* The message stops at frame i (relay_min): frames i.. stay in the socket. */
+static int relay_cut(struct tw__rx *rx, size_t i)
+{
+	size_t n = rx->dec.n - i;
+	if ((rx->relay_lens = malloc(n * sizeof(*rx->relay_lens))) == NULL)
+		return fail(rx, TW_ENOMEM);
+	memcpy(rx->relay_lens, rx->dec.lens + i, n * sizeof(*rx->relay_lens));
+	rx->relay_n = n;
+	rx->phase = RX_DONE;
+	return 1;
 }
 
 /* Place frame i (and the frames the hook groups with it; the hook is
@@ -204,6 +221,9 @@ static int settle(struct tw__rx *rx)
 	while (rx->cur < rx->dec.n) {
 		size_t placed = tw_msg_nframes(rx->msg);
 		if (rx->cur == placed || (placed < rx->dec.n && place_early(rx, placed))) {
+			if (rx->cur == placed && placed > 0 && rx->relay_min > 0 &&
+			    rx->dec.lens[placed] >= rx->relay_min)
+				return relay_cut(rx, placed);
 			if ((rv = place_one(rx, placed)) != 0)
 				return fail(rx, rv);
 			continue;
@@ -651,6 +671,12 @@ static int stash_split(struct tw__rx *rx)
 		return 1;
 	}
 	return 0;
+}
+
+void tw__rx_drop_carry(struct tw__rx *rx)
+{
+	if (rx->carry_len > 0)
+		use_carry(rx, rx->carry_len);
 }
 
 int tw__rx_replay(struct tw__rx *rx)

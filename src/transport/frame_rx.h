@@ -110,7 +110,19 @@ struct tw__rx {
 	uint64_t copied; /* bytes tw__rx_feed copied */
 	size_t peeked;   /* bytes the last peek saw (tw__rx_safe), 0: none */
 	int plain;       /* no read-ahead for this message's head (a peek found no whole one) */
+	/* Relay (transport/relay.h): with relay_min set, a message stops at
+	 * its first frame i >= 1 of relay_min bytes or more, once frames
+	 * 0..i-1 are complete: it is complete then (tw__rx_take gives frames
+	 * 0..i-1), and relay_lens (the caller frees it) holds the lengths of
+	 * the relay_n frames left in the socket; carry bytes, if any, are
+	 * their first bytes (tw__rx_drop_carry once they are copied). */
+	uint64_t relay_min;
+	uint64_t *relay_lens;
+	size_t relay_n;
 };
+
+/* tw__rx_drop_carry: forget the bytes read ahead (a relay took them). */
+void tw__rx_drop_carry(struct tw__rx *rx);
 
 void tw__rx_init(struct tw__rx *rx, const struct tw__limits *limits);
 void tw__rx_fini(struct tw__rx *rx);

@@ -17,6 +17,7 @@
 
 #include "core/msg.h"
 #include "core/pass.h"
+#include "transport/relay.h"
 #include "transport/transport.h"
 
 #define IOV_BATCH 64
@@ -90,7 +91,24 @@ struct stream {
 	int rx_large;    /* the message in progress is large: it holds receive budget */
 	uint64_t rx_got; /* ... and this many of its bytes were read after its head */
 	int write_held;  /* a write came meanwhile: on_readable flushes */
+	/* The relay of the last message's tail: the socket's next bytes are
+	 * its frames, so nothing is read until it is done. */
+	struct tw__relay *relay;
 };
+
+extern const struct tw__stream_io tw__tcp_io;
+
+/* Claims of e's relay frames dropped: what was not written is drained. */
+static void unclaim_entry(struct wq_entry *e)
+{
+	const tw_slice *f = tw__msg_frames(e->msg);
+	for (size_t j = 0; j < tw_msg_nframes(e->msg); j++) {
+		size_t i;
+		struct tw__relay *r = tw__relay_of(&f[j], &i);
+		if (r != NULL)
+			tw__relay_unclaim(r, i);
+	}
+}
 
 static int grow_queue(struct stream *s)
 {
@@ -112,6 +130,7 @@ static void release_queue(struct stream *s)
 	for (size_t i = 0; i < s->qn; i++) {
 		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
 		uint64_t mb = tw_msg_bytes(e->msg);
+		unclaim_entry(e);
 		tw_msg_free(e->msg);
 		free(e->prelude);
 		tw__comm_wq_unhold(&s->base, mb);
@@ -146,7 +165,9 @@ static int gather(struct stream *s, struct iovec *iov, int max)
 		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
 		size_t nparts = tw_msg_nframes(e->msg) + 1;
 		for (size_t j = j0; j < nparts && k < max; j++) {
-			size_t len = part_len(e, j);
+			size_t len = part_len(e, j), ri;
+			if (j > 0 && off < len && tw__relay_of(&tw__msg_frames(e->msg)[j - 1], &ri))
+				return k; /* spliced by pump_head, in its turn */
 			if (off < len) {
 				iov[k].iov_base = part_data(e, j) + off;
 				iov[k].iov_len = len - off;
@@ -206,6 +227,72 @@ static void consume(struct stream *s, uint64_t n)
 static void finish_close(struct stream *s);
 static const char *io_error(struct stream *s);
 
+/* Splice the head's relay frame from its source (transport/relay.h).
+ * Returns 0 with *n bytes moved (0: wait, for the socket or the relay's
+ * wake), or an error after which the comm has ended. */
+static int pump_head(struct stream *s, size_t budget, ssize_t *n)
+{
+	struct wq_entry *e = &s->q[s->qhead];
+	size_t i, moved;
+	struct tw__relay *r;
+	int rv, err;
+	while (s->head_off == part_len(e, s->head_part)) { /* empty frames before it */
+		s->head_part++;
+		s->head_off = 0;
+	}
+	r = tw__relay_of(&tw__msg_frames(e->msg)[s->head_part - 1], &i);
+	rv = tw__relay_pump(r, i, s->fd, budget, &moved);
+	*n = (ssize_t)moved;
+	if (rv == 0 && moved == 0)
+		event_del(s->wev); /* the relay wakes us in the frame's turn */
+	else if (rv == TW_EAGAIN)
+		event_add(s->wev, NULL);
+	if (rv == 0 || rv == TW_EAGAIN) {
+		if (rv == TW_EAGAIN)
+			*n = 0;
+		return 0;
+	}
+	if (rv == TW_EIO) {
+		err = tw__io_err(errno);
+		tw__comm_seterr(&s->base, "write failed: %s", io_error(s));
+	} else {
+		/* the message is cut short on the wire: the peer cannot use it */
+		err = rv;
+		tw__comm_seterr(&s->base, "a relayed frame was lost, its message is corrupt: %s",
+				tw__relay_error(r));
+	}
+	tw__comm_end(&s->base, err);
+	return err;
+}
+
+static void relay_wake(void *arg)
+{
+	struct stream *s = arg;
+	if (s->fd >= 0 && !s->base.ended)
+		event_active(s->wev, EV_WRITE, 0);
+}
+
+/* Claim m's relay frames for this comm (tcp only): 0, or TW_EINVAL with
+ * nothing claimed. */
+static int claim_relay(struct stream *s, tw_msg *m)
+{
+	const tw_slice *f = tw__msg_frames(m);
+	size_t nf = tw_msg_nframes(m);
+	for (size_t j = 0; j < nf; j++) {
+		size_t i;
+		struct tw__relay *r = tw__relay_of(&f[j], &i);
+		if (r == NULL)
+			continue;
+		if (s->io != &tw__tcp_io || tw__relay_claim(r, i, relay_wake, s) != 0) {
+			while (j-- > 0)
+				if ((r = tw__relay_of(&f[j], &i)) != NULL)
+					tw__relay_unclaim(r, i);
+			return TW_EINVAL;
+		}
+	}
+	return 0;
+}
+
 /* Write as much of the queue as the socket takes. Returns 0, or an error
  * after which the comm has ended. */
 static int flush(struct stream *s)
@@ -214,6 +301,13 @@ static int flush(struct stream *s)
 	uint8_t buf[TW__GATHER_MAX];
 	size_t budget = tw__pass_allow(event_get_base(s->wev), WRITE_BUDGET);
 	int calls = 0;
+	if (s->relay != NULL && s->qn > 0) {
+		/* What we write to a relay's source waits until its message is
+		 * consumed: the pool's "OK" after a relayed get_data reply says
+		 * the reply was taken, as Dask's does (relay_check flushes). */
+		event_del(s->wev);
+		return 0;
+	}
 	while (s->qn > 0) {
 		if (budget == 0 || ++calls > READ_CALLS) {
 			/* Let the loop's other comms run: epoll reports the
@@ -221,8 +315,19 @@ static int flush(struct stream *s)
 			event_add(s->wev, NULL);
 			return 0;
 		}
-		int k = tw__gather_small(iov, gather(s, iov, IOV_BATCH), buf);
+		int k = gather(s, iov, IOV_BATCH);
 		ssize_t n;
+		if (k == 0) { /* the head is at a relay frame */
+			int rv = pump_head(s, budget, &n);
+			if (rv != 0)
+				return rv;
+			if (n == 0)
+				return 0;
+			consume(s, (uint64_t)n);
+			budget = tw__pass_spent(budget, (size_t)n);
+			continue;
+		}
+		k = tw__gather_small(iov, k, buf);
 		/* At most the budget, unless TLS holds a record of the last
 		 * write: its retry must offer at least as many bytes. */
 		if (s->io->write_held == NULL || !s->io->write_held(s->io_arg))
@@ -274,6 +379,10 @@ static int s_write(tw_comm *c, tw_msg *m)
 	e->prelude = NULL;
 	if (e->prelude_len > PRELUDE_INLINE && (e->prelude = malloc(e->prelude_len)) == NULL)
 		return TW_ENOMEM;
+	if (claim_relay(s, m) != 0) {
+		free(e->prelude);
+		return TW_EINVAL;
+	}
 	tw__stream_encode_prelude(tw__msg_frames(m), nf, prelude_of(e));
 	e->msg = m;
 	e->wire_len = e->prelude_len + tw_msg_bytes(m);
@@ -491,10 +600,67 @@ static ssize_t read_ahead(struct stream *s, const struct iovec *iov, ssize_t *se
 	return n < 0 || (size_t)n == safe ? n : (errno = EIO, -1); /* only we read */
 }
 
+/* The relay kicks the source when it is done or failed. */
+static void relay_kick(void *arg)
+{
+	struct stream *s = arg;
+	event_active(s->rev, EV_READ, 0);
+}
+
+/* m stopped at a relay frame: append the frames left in the socket (and
+ * the bytes of them read ahead) as relay frames; nothing is read until
+ * they are consumed. 0 or a TW_E* code. */
+static int relay_start(struct stream *s, tw_msg *m)
+{
+	struct tw__rx *rx = &s->rx;
+	const uint8_t *pre = rx->carry_len ? tw_block_data(rx->carry) + rx->carry_off : NULL;
+	int rv = tw__relay_new(event_get_base(s->rev), s->fd, rx->relay_lens, rx->relay_n,
+			       rx->carry, pre, rx->carry_len, relay_kick, s, m, &s->relay);
+	if (rv == 0)
+		tw__rx_drop_carry(rx);
+	free(rx->relay_lens);
+	rx->relay_lens = NULL;
+	rx->relay_n = 0;
+	event_del(s->rev);
+	tw__comm_rate_stop(&s->base); /* the wait is for our destinations */
+	s->base.relaying = s->relay != NULL;
+	return rv;
+}
+
+/* While a relay runs, the socket is its. Returns 1 to stop reading (it
+ * runs, or it failed and the comm ended), 0 when it is over. */
+static int relay_check(struct stream *s)
+{
+	struct tw__relay *r = s->relay;
+	int st = tw__relay_state(r);
+	if (st == 0) {
+		event_del(s->rev);
+		return 1;
+	}
+	s->relay = NULL;
+	s->base.relaying = 0;
+	if (st < 0) {
+		tw__comm_seterr(&s->base, "%s", tw__relay_error(r));
+		tw__relay_detach(r, 0, NULL);
+		tw__comm_end(&s->base, st);
+		return 1;
+	}
+	tw__relay_detach(r, 0, NULL);
+	if (s->reading || s->closing)
+		event_add(s->rev, NULL);
+	if (s->qn > 0 && !event_pending(s->wev, EV_WRITE, NULL))
+		event_active(s->wev, EV_WRITE, 0); /* writes held while it ran */
+	return 0;
+}
+
 static void read_input(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
 	size_t budget = tw__pass_read(event_get_base(s->rev), READ_BUDGET);
+	if (s->relay != NULL && relay_check(s))
+		return;
+	/* relay bytes count from the comm's limits at each message */
+	s->rx.relay_min = s->io == &tw__tcp_io ? s->base.limits.relay_min_bytes : 0;
 	if (s->closing) {
 		drain_input(s);
 		return;
@@ -549,6 +715,11 @@ static void read_input(struct stream *s)
 		if (rv == 1) {
 			tw_msg *m = tw__rx_take(&s->rx);
 			int alive;
+			if (s->rx.relay_lens != NULL && (rv = relay_start(s, m)) != 0) {
+				tw_msg_free(m);
+				protocol_error(s, rv);
+				return;
+			}
 			TW__COUNT(&s->base.stats, msgs_received, 1);
 			alive = tw__comm_deliver(&s->base, m);
 			tw_msg_free(m);
@@ -562,7 +733,7 @@ static void read_input(struct stream *s)
 				unreserve(s);
 			/* tw_comm_close in the callback stops reading: the
 			 * next wakeup drains input instead of delivering. */
-			if (!alive || s->closing || !s->reading)
+			if (!alive || s->closing || !s->reading || s->relay != NULL)
 				return;
 		}
 		/* A head read along with the last message may already be bad. */
@@ -728,6 +899,11 @@ static void s_stop(tw_comm *c)
 	tw__comm_rate_stop(c);
 	release_queue(s);
 	unreserve(s);
+	if (s->relay != NULL) {
+		tw__relay_detach(s->relay, TW_ECLOSED, "the comm was closed or freed");
+		s->relay = NULL;
+		s->base.relaying = 0;
+	}
 	/* A message cut short is dropped now, not when the comm is freed:
 	 * an ended comm holds no memory for its peer's bytes. */
 	tw__rx_fini(&s->rx);
@@ -758,6 +934,9 @@ static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 static int s_rx_pending(const tw_comm *c)
 {
 	const struct stream *s = (const struct stream *)c;
+	/* A running relay is not a next message: it holds the socket's
+	 * bytes for its destinations, and what is written to c meanwhile
+	 * waits for it (flush), so c may carry the next call. */
 	return !tw__rx_idle(&s->rx) || (s->io->pending != NULL && s->io->pending(s->io_arg));
 }
 
@@ -765,6 +944,11 @@ static const struct tw__comm_ops stream_ops = {
 	s_start,   s_write,     s_queued, s_close,      s_stop,
 	s_destroy, s_set_place, s_pause,  s_rx_pending, s_fail,
 };
+
+int tw__stream_is(const tw_comm *c)
+{
+	return c->ops == &stream_ops;
+}
 
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
 		   void *io_arg, tw_comm **out)

@@ -137,6 +137,9 @@ struct tw_comm {
 	 * (the transport sets rx_claim.granted), and a place among the
 	 * writers the write budget refused. */
 	struct tw__claim rx_claim, wq_claim;
+	/* A relay of its input runs (transport/relay.h): the comm must not
+	 * be freed for being idle, or its relay frames' messages break. */
+	int relaying;
 };
 
 struct tw__stream_io;
@@ -330,6 +333,8 @@ struct tw__stream_io {
 	ssize_t (*peek)(void *io, int fd, void *buf, size_t len);
 	ssize_t (*discard)(void *io, int fd, size_t len);
 };
+/* 1 when c is a stream comm (tcp, tls). */
+int tw__stream_is(const tw_comm *c);
 int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw__stream_io *io,
 		   void *io_arg, tw_comm **out);
 

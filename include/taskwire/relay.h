@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* taskwire: relay (cut-through) of large frames between tcp comms.
+ *
+ * A process that only forwards payloads (a scheduler: a client's scatter
+ * to workers, workers' get_data replies to a client's gather) need not
+ * read them: with relay on, a received message is delivered as soon as
+ * the frames before its first large frame are in, and that frame and
+ * every one after it stay in the socket as *relay frames*. A message
+ * written to another tcp comm may carry them; that comm's writer moves
+ * their bytes socket -> pipe -> socket with splice(2) when their turn
+ * comes, so they never enter user space (docs/design.md, Relay).
+ *
+ * Rules a user must keep:
+ * - The source comm reads nothing more until every relay frame of the
+ *   message is consumed (written) or dropped, in the source's order.
+ *   Frames of one source may go to several comms (scatter), each comm
+ *   taking them in increasing order; a comm waits for its frame's turn.
+ * - A relay frame is written at most once, to a tcp comm on the same loop
+ *   (tw_comm_write refuses it otherwise: TW_EINVAL).
+ * - Its bytes cannot be read: tw_slice_data of a relay frame points at
+ *   address space that faults. tw_msg_frame_is_relay tells them apart.
+ * - A relay frame nobody writes is drained (read and dropped) once every
+ *   reference to it is gone; one whose write is dropped (that comm ended)
+ *   too, so the source goes on. Free relay frames on the loop thread.
+ * - If the source's bytes end early, every comm that claimed one of its
+ *   frames ends with the relay's error (its message is cut short on the
+ *   wire), and the source ends with TW_ETRUNCATED.
+ * tls, ws and wss comms ignore the setting (their bytes are decrypted or
+ * unframed in user space anyway). */
+#ifndef TASKWIRE_RELAY_H
+#define TASKWIRE_RELAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <taskwire/comm.h>
+#include <taskwire/context.h>
+#include <taskwire/msg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* tw_context_set_relay_bytes: relay frames of at least min_frame_bytes
+ * (frame 1 or later of a message) on the tcp comms the context makes from
+ * now on (accepted and connected); 0 (the default) turns it off.
+ * Thread: the context's loop thread, or before it runs.
+ * Source of the rule: Dask's scheduler forwards payloads as opaque
+ * Serialized frames (scheduler.py scatter / gather, deserialize=False).
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL, or min_frame_bytes is not 0 and below 64 KiB
+ *              (bytes read ahead, at most 16 KiB, must lie inside the
+ *              first relay frame) */
+int tw_context_set_relay_bytes(tw_context *ctx, uint64_t min_frame_bytes);
+
+/* tw_comm_set_relay_bytes: the same for one comm, from its next message
+ * on (a tls, ws or wss comm takes it and relays nothing). Thread: the
+ * comm's loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  comm is NULL, or min_frame_bytes below 64 KiB and not 0 */
+int tw_comm_set_relay_bytes(tw_comm *comm, uint64_t min_frame_bytes);
+
+/* tw_msg_frame_is_relay: 1 when frame i of m is a relay frame (its bytes
+ * still in its source's socket), 0 when it is an ordinary frame, m is
+ * NULL or i is out of range (a flag, not a taskwire error code). Any
+ * thread. */
+int tw_msg_frame_is_relay(const tw_msg *m, size_t i);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,435 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Relay of large frames, socket -> pipe -> socket (transport/relay.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <taskwire/error.h>
+
+#include "core/block.h"
+#include "core/stats.h"
+#include "transport/relay.h"
+#include "transport/transport.h"
+
+/* The pipe between the sockets; Linux's default is 64 KiB, 1 MiB (the
+ * unprivileged maximum) takes a quarter of the splice calls. */
+#define PIPE_BYTES  (1 << 20)
+#define DRAIN_CHUNK 65536
+
+enum fstate { F_FREE, F_CLAIMED, F_DEAD };
+
+struct frame {
+	struct tw__relay *r;
+	uint64_t off, len;
+	enum fstate state;
+	int gone; /* its placeholder block was freed: no claim can come */
+	void (*wake)(void *warg);
+	void *warg;
+};
+
+struct tw__relay {
+	int fd;      /* the source's socket; -1 once detached */
+	int pipe[2]; /* holds bytes of frame `cursor` only */
+	uint64_t pipe_bytes;
+	struct event *src_ev;   /* one-shot: the source became readable */
+	struct event *kick_ev;  /* progress from the loop */
+	tw_block *prefix_block; /* bytes of the first frame read ahead: in it */
+	const uint8_t *prefix;
+	size_t prefix_len, prefix_off;
+	size_t n, cursor;
+	uint64_t cur_off; /* bytes of frame `cursor` gone out (or dropped) */
+	struct frame *f;
+	void *map;
+	size_t map_len;
+	int err;
+	int done;
+	int refs; /* one per frame's block, the source's */
+	void (*kick)(void *arg);
+	void *kick_arg;
+	char error[200];
+};
+
+static void unref(struct tw__relay *r)
+{
+	if (--r->refs > 0)
+		return;
+	munmap(r->map, r->map_len);
+	tw_block_free(r->prefix_block);
+	free(r->f);
+	free(r);
+}
+
+static void relay_release(void *data, void *arg)
+{
+	struct frame *f = arg;
+	struct tw__relay *r = f->r;
+	(void)data;
+	f->gone = 1;
+	if (r->fd >= 0 && (size_t)(f - r->f) == r->cursor)
+		event_active(r->kick_ev, 0, 0);
+	unref(r);
+}
+
+static void fail(struct tw__relay *r, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void fail(struct tw__relay *r, int err, const char *fmt, ...)
+{
+	va_list ap;
+	if (r->err != 0 || r->done)
+		return;
+	r->err = err;
+	va_start(ap, fmt);
+	vsnprintf(r->error, sizeof(r->error), fmt, ap);
+	va_end(ap);
+	event_del(r->src_ev);
+	for (size_t i = r->cursor; i < r->n; i++)
+		if (r->f[i].state == F_CLAIMED)
+			r->f[i].wake(r->f[i].warg);
+	if (r->kick != NULL)
+		r->kick(r->kick_arg);
+}
+
+static void lost(struct tw__relay *r, ssize_t n)
+{
+	if (n == 0)
+		fail(r, TW_ETRUNCATED,
+		     "peer closed in the middle of a relayed frame: frame %zu of %zu, after "
+		     "%llu of its %llu bytes",
+		     r->cursor + 1, r->n, (unsigned long long)(r->cur_off + r->pipe_bytes),
+		     (unsigned long long)r->f[r->cursor].len);
+	else
+		fail(r, tw__io_err(errno), "read of a relayed frame failed: %s", strerror(errno));
+}
+
+/* Drop the rest of frame `cursor`. 1: done, 0: wait (src_ev armed), -1:
+ * failed. */
+static int drain(struct tw__relay *r)
+{
+	static uint8_t scratch[DRAIN_CHUNK]; /* never read: loop thread only */
+	struct frame *f = &r->f[r->cursor];
+	while (r->cur_off < f->len) {
+		uint64_t left = f->len - r->cur_off;
+		size_t want = left < DRAIN_CHUNK ? (size_t)left : DRAIN_CHUNK;
+		ssize_t n;
+		if (r->pipe_bytes > 0) {
+			n = read(r->pipe[0], scratch, r->pipe_bytes < want ? r->pipe_bytes : want);
+			if (n <= 0)
+				return fail(r, TW_EIO, "relay pipe: %s", strerror(errno)), -1;
+			r->pipe_bytes -= (uint64_t)n;
+		} else if (r->prefix_off < r->prefix_len) {
+			n = (ssize_t)(r->prefix_len - r->prefix_off < want
+					      ? r->prefix_len - r->prefix_off
+					      : want);
+			r->prefix_off += (size_t)n;
+		} else {
+			n = recv(r->fd, scratch, want, MSG_DONTWAIT);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+				event_add(r->src_ev, NULL);
+				return 0;
+			}
+			if (n <= 0)
+				return lost(r, n), -1;
+		}
+		r->cur_off += (uint64_t)n;
+	}
+	return 1;
+}
+
+static void next_frame(struct tw__relay *r)
+{
+	r->cursor++;
+	r->cur_off = 0;
+}
+
+/* Move on: wake the claimant of the cursor's frame, drain frames nobody
+ * will take, or finish. */
+static void progress(struct tw__relay *r)
+{
+	while (r->err == 0 && !r->done && r->fd >= 0) {
+		struct frame *f;
+		if (r->cursor == r->n) {
+			r->done = 1;
+			r->kick(r->kick_arg);
+			return;
+		}
+		f = &r->f[r->cursor];
+		if (f->len == 0) { /* nothing to move: no writer ever pumps it */
+			next_frame(r);
+			continue;
+		}
+		if (f->state == F_CLAIMED) {
+			f->wake(f->warg);
+			return;
+		}
+		if (f->state == F_FREE && !f->gone)
+			return; /* someone may still claim it */
+		if (drain(r) != 1)
+			return;
+		next_frame(r);
+	}
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	progress(arg);
+}
+
+/* Frame i's placeholder, appended to m: its own block, so a frame
+ * nobody holds any more is known to be dropped. */
+static int append_frame(struct tw__relay *r, size_t i, tw_msg *m)
+{
+	tw_block *b;
+	int rv = tw_block_wrap((uint8_t *)r->map + r->f[i].off, (size_t)r->f[i].len, relay_release,
+			       &r->f[i], &b);
+	if (rv != 0)
+		return rv;
+	r->refs++;
+	rv = tw_msg_append(m, &(tw_slice){b, 0, (size_t)r->f[i].len});
+	tw_block_free(b); /* m holds it, or it is released (and r's ref with it) */
+	return rv;
+}
+
+int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
+		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
+		  void (*kick)(void *arg), void *kick_arg, tw_msg *m, struct tw__relay **out)
+{
+	int rv = 0;
+	struct tw__relay *r = calloc(1, sizeof(*r));
+	uint64_t total = 0;
+	if (r == NULL)
+		return TW_ENOMEM;
+	r->pipe[0] = r->pipe[1] = -1;
+	r->fd = fd;
+	r->n = n;
+	r->kick = kick;
+	r->kick_arg = kick_arg;
+	if ((r->f = calloc(n, sizeof(*r->f))) == NULL)
+		goto nomem;
+	for (size_t i = 0; i < n; i++) {
+		r->f[i].r = r;
+		r->f[i].off = total;
+		r->f[i].len = lens[i];
+		total += lens[i];
+	}
+	if (prefix_len > 0) { /* sent from where the read put it: no copy */
+		r->prefix_block = tw_block_hold(prefix_block);
+		r->prefix = prefix;
+		r->prefix_len = prefix_len;
+	}
+	r->src_ev = event_new(base, fd, EV_READ, on_kick, r);
+	r->kick_ev = event_new(base, -1, 0, on_kick, r);
+	if (r->src_ev == NULL || r->kick_ev == NULL)
+		goto nomem;
+	/* Address space only: a frame's bytes never land here. */
+	r->map_len = total > 0 ? (size_t)total : 1;
+	r->map = mmap(NULL, r->map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+		      0);
+	if (r->map == MAP_FAILED)
+		goto nomem;
+	r->refs = 1; /* the source's */
+	if (pipe2(r->pipe, O_NONBLOCK | O_CLOEXEC) != 0)
+		rv = TW_EIO;
+	else
+		(void)fcntl(r->pipe[1], F_SETPIPE_SZ, PIPE_BYTES); /* a smaller one works too */
+	for (size_t i = 0; i < n && rv == 0; i++)
+		rv = append_frame(r, i, m);
+	if (rv != 0) { /* m (the caller frees it) holds what was appended */
+		r->kick = NULL;
+		r->err = rv;
+		tw__relay_detach(r, 0, NULL);
+		return rv;
+	}
+	*out = r;
+	return 0;
+nomem:
+	if (r->pipe[0] >= 0) {
+		close(r->pipe[0]);
+		close(r->pipe[1]);
+	}
+	if (r->src_ev)
+		event_free(r->src_ev);
+	if (r->kick_ev)
+		event_free(r->kick_ev);
+	free(r->f);
+	free(r);
+	return TW_ENOMEM;
+}
+
+int tw__relay_state(const struct tw__relay *r)
+{
+	return r->err != 0 ? r->err : r->done;
+}
+
+const char *tw__relay_error(const struct tw__relay *r)
+{
+	return r->error;
+}
+
+void tw__relay_detach(struct tw__relay *r, int err, const char *why)
+{
+	r->kick = NULL; /* the source knows */
+	if (err != 0)
+		fail(r, err, "the relay's source ended: %s", why != NULL ? why : tw_strerror(err));
+	/* the events go now: frames may outlive the loop (freed after it) */
+	event_free(r->src_ev);
+	event_free(r->kick_ev);
+	r->src_ev = r->kick_ev = NULL;
+	close(r->pipe[0]);
+	close(r->pipe[1]);
+	r->pipe[0] = r->pipe[1] = -1;
+	r->fd = -1;
+	unref(r);
+}
+
+struct tw__relay *tw__relay_of(const tw_slice *s, size_t *i)
+{
+	struct frame *f = s->block ? tw__block_wrap_arg(s->block, relay_release) : NULL;
+	if (f == NULL)
+		return NULL;
+	*i = s->offset == 0 && s->len == f->len ? (size_t)(f - f->r->f) : SIZE_MAX;
+	return f->r;
+}
+
+int tw__relay_in_msg(const tw_msg *m)
+{
+	size_t n = tw_msg_nframes(m), i;
+	for (size_t j = 0; j < n; j++)
+		if (tw__relay_of(tw_msg_frame(m, j), &i) != NULL)
+			return 1;
+	return 0;
+}
+
+int tw__relay_claim(struct tw__relay *r, size_t i, void (*wake)(void *warg), void *warg)
+{
+	if (i >= r->n || i < r->cursor || r->f[i].state != F_FREE)
+		return TW_EINVAL;
+	r->f[i].state = F_CLAIMED;
+	r->f[i].wake = wake;
+	r->f[i].warg = warg;
+	if (i == r->cursor && r->fd >= 0)
+		event_active(r->kick_ev, 0, 0);
+	return 0;
+}
+
+void tw__relay_unclaim(struct tw__relay *r, size_t i)
+{
+	if (i < r->cursor || i >= r->n || r->f[i].state != F_CLAIMED)
+		return; /* consumed */
+	r->f[i].state = F_DEAD;
+	if (i == r->cursor && r->fd >= 0)
+		event_active(r->kick_ev, 0, 0);
+}
+
+/* Bytes of frame i into the pipe, from the prefix or the socket: > 0
+ * there are some, 0 wait, < 0 failed. */
+static int fill(struct tw__relay *r, uint64_t left)
+{
+	size_t want = left < PIPE_BYTES ? (size_t)left : PIPE_BYTES;
+	for (;;) {
+		ssize_t n = splice(r->fd, NULL, r->pipe[1], NULL, want,
+				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+		if (n > 0) {
+			r->pipe_bytes += (uint64_t)n;
+			return 1;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			event_add(r->src_ev, NULL);
+			return 0;
+		}
+		lost(r, n);
+		return -1;
+	}
+}
+
+/* splice(2) into a socket has no MSG_NOSIGNAL: a write to a connection
+ * the peer has reset raises SIGPIPE (EPIPE), and the library never
+ * raises it (stream_comm.c sends with MSG_NOSIGNAL). So SIGPIPE is
+ * blocked around the call, and one it raised is taken before unblocking. */
+static ssize_t splice_out(int pfd, int dfd, size_t n)
+{
+	sigset_t pipe_set, old, pending;
+	ssize_t r;
+	int e, had;
+	sigemptyset(&pipe_set);
+	sigaddset(&pipe_set, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+	had = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+	r = splice(pfd, NULL, dfd, NULL, n, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+	e = errno;
+	if (r < 0 && e == EPIPE && !had) {
+		struct timespec zero = {0, 0};
+		(void)sigtimedwait(&pipe_set, NULL, &zero);
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	errno = e;
+	return r;
+}
+
+static int dest_busy(size_t moved)
+{
+	return moved > 0 ? 0 : TW_EAGAIN;
+}
+
+int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *moved)
+{
+	*moved = 0;
+	if (r->err != 0)
+		return r->err;
+	if (r->fd < 0 || i != r->cursor)
+		return 0; /* its turn has not come: woken when it does */
+	while (*moved < max && r->cursor == i) {
+		struct frame *f = &r->f[i];
+		uint64_t left = f->len - r->cur_off;
+		ssize_t n;
+		if (left == 0) { /* an empty frame */
+			next_frame(r);
+			break;
+		}
+		if (r->pipe_bytes == 0 && r->prefix_off < r->prefix_len) {
+			size_t k = r->prefix_len - r->prefix_off;
+			n = send(dfd, r->prefix + r->prefix_off, k < left ? k : (size_t)left,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return dest_busy(*moved);
+			if (n < 0)
+				return TW_EIO;
+			r->prefix_off += (size_t)n;
+		} else {
+			int rv = r->pipe_bytes > 0 ? 1 : fill(r, left);
+			if (rv <= 0)
+				return rv < 0 ? r->err : 0;
+			n = splice_out(r->pipe[0], dfd, (size_t)r->pipe_bytes);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return dest_busy(*moved);
+			if (n <= 0)
+				return TW_EIO;
+			r->pipe_bytes -= (uint64_t)n;
+		}
+		r->cur_off += (uint64_t)n;
+		*moved += (size_t)n;
+		if (r->cur_off == f->len)
+			next_frame(r);
+	}
+	if (r->cursor != i) /* the next frame's claimant, a drain, or the end */
+		event_active(r->kick_ev, 0, 0);
+	return 0;
+}

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Relay (cut-through) of large frames over tcp (docs/design.md, Relay).
+ *
+ * A tcp comm with relay on stops reading a message at its first frame of
+ * at least the relay threshold (frame 1 or later): the message is
+ * delivered with the frames before it in memory and every frame from it
+ * on as a *relay frame*, a slice of one placeholder block (address space
+ * only, PROT_NONE: a stray read faults instead of reading garbage) whose
+ * bytes are still in the source's socket. The source reads nothing more
+ * until each relay frame is consumed, in order.
+ *
+ * A relay frame is single-use: a message written to another tcp comm may
+ * carry it (one claim); that comm's writer moves its bytes socket -> pipe
+ * -> socket with splice(2) when the source's cursor reaches it, so they
+ * never enter user space. A frame whose claim is dropped unwritten (the
+ * destination ended), or that nobody claimed by the time the placeholder
+ * block is freed, is drained (read and dropped). When the source's bytes
+ * end early, every claimant is woken and fails with the relay's error.
+ *
+ * Everything here runs on the loop thread of the source comm; the
+ * destination comms must be on the same loop, and relay frames must be
+ * freed there. */
+#ifndef TW_TRANSPORT_RELAY_H
+#define TW_TRANSPORT_RELAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include <taskwire/buf.h>
+#include <taskwire/msg.h>
+
+struct tw__relay;
+
+/* Smallest relay threshold: above the largest read-ahead (16 KiB), so
+ * bytes already read ahead lie within the first relay frame. */
+#define TW__RELAY_MIN_BYTES ((uint64_t)64 << 10)
+
+/* tw__relay_new: the relay of the n frames (lengths lens) that follow in
+ * socket fd, of which the first prefix_len bytes were already read, to
+ * prefix in prefix_block (held, not copied). Appends the n relay frames to m: each a placeholder
+ * block of its own (address space in one PROT_NONE mapping). kick(kick_arg) runs (from a libevent
+ * callback) when the relay is done or failed. Sets *r (the source's reference). 0, TW_ENOMEM or
+ * TW_EIO (no pipe): then nothing is set and m may hold some frames (free it). */
+int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
+		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
+		  void (*kick)(void *arg), void *kick_arg, tw_msg *m, struct tw__relay **r);
+
+/* tw__relay_state: 0 while frames remain, 1 when every frame was
+ * consumed or drained, or the negative TW_E* code it failed with. */
+int tw__relay_state(const struct tw__relay *r);
+/* tw__relay_error: the failure's text ("" while it has not failed). */
+const char *tw__relay_error(const struct tw__relay *r);
+
+/* tw__relay_detach: the source is done with r (err 0), or stops while
+ * frames remain (err < 0: every claimant fails with it). The socket is
+ * the source's again; drops the source's reference. */
+void tw__relay_detach(struct tw__relay *r, int err, const char *why);
+
+/* tw__relay_of: the relay whose frame s is, and its index in *i (SIZE_MAX
+ * when s is not the whole frame), or NULL when s is no relay frame. */
+struct tw__relay *tw__relay_of(const tw_slice *s, size_t *i);
+
+/* tw__relay_in_msg: 1 when some frame of m is a relay frame. */
+int tw__relay_in_msg(const tw_msg *m);
+
+/* tw__relay_claim: a destination takes frame i; wake(warg) runs (never
+ * inside a call of the destination's) whenever it should pump again. 0,
+ * or TW_EINVAL when the frame was claimed, consumed or drained before. */
+int tw__relay_claim(struct tw__relay *r, size_t i, void (*wake)(void *warg), void *warg);
+/* tw__relay_unclaim: the claimant gives frame i up (its write queue is
+ * dropped); what it did not consume is drained. */
+void tw__relay_unclaim(struct tw__relay *r, size_t i);
+
+/* tw__relay_pump: move up to max bytes of frame i into socket dfd. Sets
+ * *moved. Returns 0 (with *moved 0: wait for wake), TW_EAGAIN (dfd is
+ * full and nothing moved: wait until it is writable), TW_EIO (writing dfd
+ * failed: errno says why), or the relay's failure code. */
+int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *moved);
+
+#endif

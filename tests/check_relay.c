@@ -1,0 +1,518 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Relay (include/taskwire/relay.h): large frames forwarded socket -> pipe
+ * -> socket over real loopback sockets. A raw source writes stream-framed
+ * messages to a listener with relay on; its comm there (the "hub")
+ * forwards frames to other accepted comms, whose tw clients check every
+ * byte against a pattern. Waits are on progress, never on a clock (the
+ * run_until bound is the hang guard only). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <event2/event.h>
+
+#include <taskwire/taskwire.h>
+
+#include "tests/support/loop.h"
+#include "tests/support/pattern.h"
+#include "tests/support/sock.h"
+#include "tests/support/suite.h"
+#include "tests/unit.h"
+
+#define KiB      ((size_t)1 << 10)
+#define MiB      ((size_t)1 << 20)
+#define GUARD_MS 120000
+#define MAXC     8
+
+struct peer { /* a tw client: what it received, how it ended */
+	tw_comm *c;
+	tw_msg *got;
+	int ended, err;
+};
+
+struct fx {
+	struct event_base *base;
+	tw_context *ctx;
+	tw_listener *l;
+	char addr[128];
+	tw_comm *acc[MAXC]; /* accepted comms, in order */
+	int nacc, acc_ended[MAXC], acc_err[MAXC];
+	tw_msg *hub_msgs[16]; /* what the hub (acc[0]) received, kept */
+	int nhub;
+	void (*on_hub)(struct fx *f, tw_msg *m);
+	struct peer peers[MAXC];
+	int src; /* the raw source's socket */
+};
+
+static struct fx F;
+
+static void acc_recv(tw_comm *c, tw_msg *m, void *arg)
+{
+	struct fx *f = arg;
+	if (c != f->acc[0])
+		return;
+	if (f->on_hub != NULL)
+		f->on_hub(f, m);
+	if (f->nhub < 16)
+		f->hub_msgs[f->nhub++] = NULL;
+}
+
+static void acc_close(tw_comm *c, int err, void *arg)
+{
+	struct fx *f = arg;
+	for (int i = 0; i < f->nacc; i++)
+		if (f->acc[i] == c) {
+			f->acc_ended[i] = 1;
+			f->acc_err[i] = err;
+		}
+}
+
+static void on_accept(tw_listener *l, tw_comm *c, void *arg)
+{
+	struct fx *f = arg;
+	(void)l;
+	ck_assert_int_lt(f->nacc, MAXC);
+	f->acc[f->nacc++] = c;
+	/* relay on the listener's side only: the clients read what they get */
+	ck_assert_int_eq(tw_comm_set_relay_bytes(c, 1000), TW_EINVAL);
+	ck_assert_int_eq(tw_comm_set_relay_bytes(c, 64 * KiB), 0);
+	ck_assert_int_eq(tw_comm_set_callbacks(c, acc_recv, acc_close, NULL, f), 0);
+}
+
+static void peer_recv(tw_comm *c, tw_msg *m, void *arg)
+{
+	struct peer *p = arg;
+	(void)c;
+	ck_assert_ptr_null(p->got);
+	p->got = m;
+	tw_msg_hold(m);
+}
+
+static void peer_close(tw_comm *c, int err, void *arg)
+{
+	struct peer *p = arg;
+	(void)c;
+	p->ended = 1;
+	p->err = err;
+}
+
+static void on_connect(tw_comm *c, int err, void *arg)
+{
+	struct peer *p = arg;
+	ck_assert_int_eq(err, 0);
+	p->c = c;
+	ck_assert_int_eq(tw_comm_set_callbacks(c, peer_recv, peer_close, NULL, p), 0);
+}
+
+static int n_accepted(void *arg)
+{
+	return F.nacc >= *(int *)arg;
+}
+
+static int peer_up(void *arg)
+{
+	return ((struct peer *)arg)->c != NULL;
+}
+
+static void setup(void)
+{
+	int one = 1;
+	memset(&F, 0, sizeof(F));
+	F.base = event_base_new();
+	ck_assert_int_eq(tw_context_new(F.base, &F.ctx), 0);
+	ck_assert_int_eq(tw_context_set_relay_bytes(F.ctx, 1000), TW_EINVAL);
+	ck_assert_int_eq(tw_context_set_relay_bytes(F.ctx, 0), 0);
+	ck_assert_int_eq(tw_listener_new(F.ctx, "tcp://127.0.0.1:0", on_accept, &F, &F.l), 0);
+	ck_assert_int_eq(tw_listener_address(F.l, F.addr, sizeof(F.addr)), 0);
+	F.src = ts_raw_connect(F.addr);
+	ck_assert_int_ge(F.src, 0);
+	ck_assert_int_eq(ts_run_until(F.base, n_accepted, &one, GUARD_MS), 1);
+}
+
+/* n more tw clients, accepted as acc[1..n] (relay is off on clients). */
+static void add_peers(int n)
+{
+	for (int i = 1; i <= n; i++) {
+		int want = i + 1;
+		ck_assert_int_eq(tw_comm_connect(F.ctx, F.addr, on_connect, &F.peers[i]), 0);
+		ck_assert_int_eq(ts_run_until(F.base, peer_up, &F.peers[i], GUARD_MS), 1);
+		ck_assert_int_eq(ts_run_until(F.base, n_accepted, &want, GUARD_MS), 1);
+	}
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < MAXC; i++) {
+		tw_msg_free(F.peers[i].got);
+		if (F.peers[i].c != NULL && !F.peers[i].ended)
+			tw_comm_free(F.peers[i].c);
+	}
+	for (int i = 0; i < F.nacc; i++)
+		tw_comm_free(F.acc[i]);
+	if (F.src >= 0)
+		close(F.src);
+	tw_listener_free(F.l);
+	tw_context_free(F.ctx);
+	event_base_free(F.base);
+}
+
+/* The wire bytes of a message of nf frames, lengths lens, frame i filled
+ * with the pattern of seed + i. */
+static uint8_t *wire(const size_t *lens, size_t nf, size_t *len)
+{
+	size_t total = 8 + 8 * nf, off;
+	uint8_t *p;
+	for (size_t i = 0; i < nf; i++)
+		total += lens[i];
+	*len = total + 8;
+	ck_assert_ptr_nonnull(p = malloc(*len));
+	memcpy(p, &total, 8);
+	memcpy(p + 8, &nf, 8);
+	off = 16;
+	for (size_t i = 0; i < nf; i++, off += 8)
+		memcpy(p + off, &lens[i], 8);
+	for (size_t i = 0; i < nf; i++) {
+		ts_fill(p + off, lens[i], 7 + (unsigned)i);
+		off += lens[i];
+	}
+	return p;
+}
+
+static void send_msg(const size_t *lens, size_t nf)
+{
+	size_t n;
+	uint8_t *p = wire(lens, nf, &n);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, n, GUARD_MS), n);
+	free(p);
+}
+
+/* A message to destination comm d: a small header frame of its own, then
+ * frames `which` of m (relay or not). */
+static void forward(tw_comm *d, tw_msg *m, const size_t *which, size_t k)
+{
+	tw_msg *out;
+	ck_assert_int_eq(tw_msg_new(&out), 0);
+	ck_assert_int_eq(tw_msg_append_copy(out, "hdr", 3), 0);
+	for (size_t i = 0; i < k; i++)
+		ck_assert_int_eq(tw_msg_append(out, tw_msg_frame(m, which[i])), 0);
+	ck_assert_int_eq(tw_comm_write(d, out), 0);
+}
+
+/* Peer i got "hdr" then frames `which` of the source's message. */
+static void check_got(int i, const size_t *lens, const size_t *which, size_t k)
+{
+	tw_msg *m = F.peers[i].got;
+	ck_assert_ptr_nonnull(m);
+	ck_assert_uint_eq(tw_msg_nframes(m), k + 1);
+	ck_assert_int_eq(memcmp(tw_slice_data(tw_msg_frame(m, 0)), "hdr", 3), 0);
+	for (size_t j = 0; j < k; j++) {
+		const tw_slice *s = tw_msg_frame(m, j + 1);
+		ck_assert_uint_eq(s->len, lens[which[j]]);
+		ck_assert_int_eq(ts_check(tw_slice_data(s), s->len, 7 + (unsigned)which[j]), -1);
+	}
+}
+
+static int got(void *arg)
+{
+	return F.peers[*(int *)arg].got != NULL;
+}
+
+static int hub_got(void *arg)
+{
+	return F.nhub >= *(int *)arg;
+}
+
+static void wait_peer(int i)
+{
+	ck_assert_int_eq(ts_run_until(F.base, got, &i, GUARD_MS), 1);
+}
+
+static void wait_hub(int n)
+{
+	ck_assert_int_eq(ts_run_until(F.base, hub_got, &n, GUARD_MS), 1);
+}
+
+/* The source goes on after a relay: a small message arrives whole. */
+static size_t small_lens[] = {5, 300};
+static int small_ok;
+static void hub_small(struct fx *f, tw_msg *m)
+{
+	(void)f;
+	small_ok = tw_msg_nframes(m) == 2 && !tw_msg_frame_is_relay(m, 1) &&
+		   ts_msg_matches(m, small_lens, 2, 7);
+}
+
+static void then_small(int n_before)
+{
+	small_ok = 0;
+	F.on_hub = hub_small;
+	send_msg(small_lens, 2);
+	wait_hub(n_before + 1);
+	ck_assert_int_eq(small_ok, 1);
+}
+
+/* --- one source frame to one destination --- */
+static size_t one_lens[2];
+static void hub_one(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1};
+	ck_assert_uint_eq(tw_msg_nframes(m), 2);
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 0), 0);
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 1), 1);
+	forward(f->acc[1], m, w, 1);
+}
+
+START_TEST(relay_64mib_intact)
+{
+	static const size_t w[] = {1};
+	tw_stats s0, s1;
+	setup();
+	add_peers(1);
+	one_lens[0] = 100;
+	one_lens[1] = 64 * MiB;
+	F.on_hub = hub_one;
+	tw_stats_global(&s0, sizeof(s0));
+	send_msg(one_lens, 2);
+	wait_peer(1);
+	tw_stats_global(&s1, sizeof(s1));
+	check_got(1, one_lens, w, 1);
+	/* the hub read frame 0 and the prelude, never the 64 MiB (the
+	 * client copied nothing either: it reads into its blocks) */
+	ck_assert_uint_lt(s1.payload_bytes_copied - s0.payload_bytes_copied, 64 * KiB);
+	then_small(1);
+	teardown();
+}
+END_TEST
+
+/* --- one source, several destinations, in the source's order --- */
+static size_t many_lens[7];
+static void hub_many(struct fx *f, tw_msg *m)
+{
+	static const size_t b[] = {1, 3, 5}, c[] = {2, 4, 6};
+	/* the later frames are written first: each waits for its turn */
+	forward(f->acc[2], m, c, 3);
+	forward(f->acc[1], m, b, 3);
+}
+
+START_TEST(relay_one_source_many_destinations)
+{
+	static const size_t b[] = {1, 3, 5}, c[] = {2, 4, 6};
+	setup();
+	add_peers(2);
+	many_lens[0] = 50;
+	for (int i = 1; i < 7; i++)
+		many_lens[i] = (size_t)i * MiB + 13;
+	F.on_hub = hub_many;
+	send_msg(many_lens, 7);
+	wait_peer(1);
+	wait_peer(2);
+	check_got(1, many_lens, b, 3);
+	check_got(2, many_lens, c, 3);
+	then_small(1);
+	teardown();
+}
+END_TEST
+
+/* --- small and large frames mixed: the relay starts at the first large
+ * one; small and empty frames after it are relayed too --- */
+static size_t mix_lens[] = {40, 100, 1 * MiB, 10, 0, 200 * KiB, 7};
+static void hub_mix(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1, 2, 3, 4, 5, 6};
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 1), 0);
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 2), 1);
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 6), 1);
+	forward(f->acc[1], m, w, 6);
+}
+
+START_TEST(relay_small_and_large)
+{
+	static const size_t w[] = {1, 2, 3, 4, 5, 6};
+	setup();
+	add_peers(1);
+	F.on_hub = hub_mix;
+	send_msg(mix_lens, 7);
+	wait_peer(1);
+	check_got(1, mix_lens, w, 6);
+	then_small(1);
+	teardown();
+}
+END_TEST
+
+/* --- relay frames nobody writes are drained; one written, one not --- */
+static size_t drop_lens[] = {20, 2 * MiB, 3 * MiB, 70 * KiB};
+static void hub_drop_all(struct fx *f, tw_msg *m)
+{
+	(void)f;
+	(void)m; /* the message is freed after the callback: all drained */
+}
+
+static void hub_drop_some(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {2};
+	forward(f->acc[1], m, w, 1); /* frames 1 and 3 dropped */
+}
+
+START_TEST(relay_unconsumed_drained)
+{
+	static const size_t w[] = {2};
+	setup();
+	add_peers(1);
+	F.on_hub = hub_drop_all;
+	send_msg(drop_lens, 4);
+	wait_hub(1);
+	then_small(1);
+	F.on_hub = hub_drop_some;
+	send_msg(drop_lens, 4);
+	wait_hub(3);
+	wait_peer(1);
+	check_got(1, drop_lens, w, 1);
+	then_small(3);
+	teardown();
+}
+END_TEST
+
+/* A frame written twice, or to a non-tcp comm's writer, is refused. */
+static void hub_twice(struct fx *f, tw_msg *m)
+{
+	tw_msg *out;
+	static const size_t w[] = {1};
+	forward(f->acc[1], m, w, 1);
+	ck_assert_int_eq(tw_msg_new(&out), 0);
+	ck_assert_int_eq(tw_msg_append(out, tw_msg_frame(m, 1)), 0);
+	ck_assert_int_eq(tw_comm_write(f->acc[2], out), TW_EINVAL);
+	tw_msg_free(out);
+}
+
+START_TEST(relay_frame_single_use)
+{
+	static const size_t w[] = {1};
+	setup();
+	add_peers(2);
+	one_lens[0] = 10;
+	one_lens[1] = 1 * MiB;
+	F.on_hub = hub_twice;
+	send_msg(one_lens, 2);
+	wait_peer(1);
+	check_got(1, one_lens, w, 1);
+	then_small(1);
+	teardown();
+}
+END_TEST
+
+/* --- the destination dies mid-frame: the source drains the rest --- */
+static void hub_to_paused(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1};
+	forward(f->acc[1], m, w, 1);
+}
+
+/* Feed the source without blocking until the destination has taken
+ * some of the relayed frame. */
+static const uint8_t *feed_p;
+static size_t feed_n, feed_done;
+static int feed_until_moving(void *arg)
+{
+	tw_stats st;
+	(void)arg;
+	while (feed_done < feed_n) {
+		ssize_t k = send(F.src, feed_p + feed_done, feed_n - feed_done, MSG_DONTWAIT);
+		if (k <= 0)
+			break;
+		feed_done += (size_t)k;
+	}
+	tw_comm_stats(F.acc[1], &st, sizeof(st));
+	return st.bytes_sent > 1 * MiB;
+}
+
+static int acc_ended(void *arg)
+{
+	return F.acc_ended[*(int *)arg];
+}
+
+START_TEST(relay_destination_killed)
+{
+	static const size_t big[] = {10, 256 * MiB};
+	int one = 1;
+	size_t n;
+	uint8_t *p;
+	setup();
+	add_peers(1);
+	F.on_hub = hub_to_paused;
+	/* the source's bytes go in as the socket takes them, while the
+	 * destination stalls */
+	p = wire(big, 2, &n);
+	tw_comm_pause(F.peers[1].c); /* reads nothing: the relay stalls */
+	feed_p = p;
+	feed_n = n;
+	feed_done = 0;
+	ck_assert_int_eq(ts_run_until(F.base, feed_until_moving, NULL, GUARD_MS), 1);
+	tw_comm_abort(F.peers[1].c); /* reset: the hub's splice fails */
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &one, GUARD_MS), 1);
+	ck_assert_int_ne(F.acc_err[1], 0);
+	/* the rest of the frame is drained, then the next message comes */
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + feed_done, n - feed_done, GUARD_MS),
+			  n - feed_done);
+	free(p);
+	then_small(1);
+	ck_assert_int_eq(F.acc_ended[0], 0);
+	teardown();
+}
+END_TEST
+
+/* --- the source dies mid-frame: the destination that got part of it is
+ * closed with an error that says so, and the hub's comm too --- */
+START_TEST(relay_source_killed)
+{
+	static const size_t big[] = {10, 4 * MiB};
+	static const size_t w[] = {1};
+	int zero = 0;
+	size_t n;
+	uint8_t *p;
+	setup();
+	add_peers(1);
+	one_lens[0] = big[0];
+	one_lens[1] = big[1];
+	F.on_hub = hub_one;
+	p = wire(big, 2, &n);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, n / 2, GUARD_MS), n / 2);
+	free(p);
+	close(F.src); /* the source is gone mid-frame */
+	F.src = -1;
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_err[0], TW_ETRUNCATED);
+	ck_assert_ptr_nonnull(strstr(tw_comm_last_error(F.acc[0]), "relayed frame"));
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, (int[]){1}, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_err[1], TW_ETRUNCATED);
+	ck_assert_ptr_nonnull(strstr(tw_comm_last_error(F.acc[1]), "corrupt"));
+	ck_assert_int_eq(ts_wait_flag(F.base, &F.peers[1].ended, GUARD_MS), 1);
+	ck_assert_int_eq(F.peers[1].err, TW_ETRUNCATED); /* cut short on its wire */
+	ck_assert_ptr_null(F.peers[1].got);
+	(void)w;
+	teardown();
+}
+END_TEST
+
+static Suite *relay_suite(void)
+{
+	Suite *s = suite_create("relay");
+	TCase *tc = tcase_create("relay");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, relay_64mib_intact);
+	tcase_add_test(tc, relay_one_source_many_destinations);
+	tcase_add_test(tc, relay_small_and_large);
+	tcase_add_test(tc, relay_unconsumed_drained);
+	tcase_add_test(tc, relay_frame_single_use);
+	tcase_add_test(tc, relay_destination_killed);
+	tcase_add_test(tc, relay_source_killed);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return ts_run(relay_suite(), 0); /* SIGPIPE kept: splice must not raise it */
+}
