@@ -596,7 +596,7 @@ static ssize_t read_ahead(struct stream *s, const struct iovec *iov, ssize_t *se
 		return n;
 	if ((safe = tw__rx_safe(&s->rx, iov->iov_base, (size_t)n)) == 0)
 		return 0;
-	n = s->io->discard(s->io_arg, s->fd, safe);
+	n = s->io->discard(s->io_arg, s->fd, iov->iov_base, safe);
 	return n < 0 || (size_t)n == safe ? n : (errno = EIO, -1); /* only we read */
 }
 

@@ -51,11 +51,12 @@ static ssize_t tcp_peek(void *io, int fd, void *buf, size_t len)
 	return recv(fd, buf, len, MSG_PEEK);
 }
 
-/* tcp(7): MSG_TRUNC discards the bytes instead of copying them out. */
-static ssize_t tcp_discard(void *io, int fd, size_t len)
+/* tcp(7): MSG_TRUNC discards the bytes instead of copying them out.
+ * peeked holds them already (valgrind checks recv's buffer even then). */
+static ssize_t tcp_discard(void *io, int fd, void *peeked, size_t len)
 {
 	(void)io;
-	return recv(fd, NULL, len, MSG_TRUNC);
+	return recv(fd, peeked, len, MSG_TRUNC);
 }
 
 static void tcp_shutdown(void *io, int fd)

@@ -327,11 +327,13 @@ struct tw__stream_io {
 	int (*end_held)(void *io);
 	/* Read ahead without taking (recv MSG_PEEK; same returns as readv),
 	 * then take `len` of the bytes seen, discarding them (recv
-	 * MSG_TRUNC: the kernel copies nothing). NULL when the layer cannot
-	 * look without taking (TLS). Lets a read-ahead stop at a message
-	 * boundary: frame_rx.h. */
+	 * MSG_TRUNC: the kernel copies nothing). discard gets the buffer the
+	 * peek filled: nothing is written there, but a checker (valgrind)
+	 * wants an addressable one. NULL when the layer cannot look without
+	 * taking (TLS). Lets a read-ahead stop at a message boundary:
+	 * frame_rx.h. */
 	ssize_t (*peek)(void *io, int fd, void *buf, size_t len);
-	ssize_t (*discard)(void *io, int fd, size_t len);
+	ssize_t (*discard)(void *io, int fd, void *peeked, size_t len);
 };
 /* 1 when c is a stream comm (tcp, tls). */
 int tw__stream_is(const tw_comm *c);
