@@ -471,8 +471,10 @@ START_TEST(many_drippers)
 	}
 	ck_assert_msg(rss_max - rss0 < 64 * MiB, "RSS grew by %llu KiB",
 		      (unsigned long long)((rss_max - rss0) >> 10));
-	ck_assert_msg(data_max - data0 < 64 * MiB, "VmData grew by %llu KiB",
-		      (unsigned long long)((data_max - data0) >> 10));
+	/* ASan's allocator maps about 1.4x what it hands out here (200 ws
+	 * drippers: VmData +47 MiB plain, +67 MiB under ASan) */
+	ck_assert_msg(data_max - data0 < (ts_sanitized() ? 128 : 64) * MiB,
+		      "VmData grew by %llu KiB", (unsigned long long)((data_max - data0) >> 10));
 	/* Ended, not yet freed: their partial messages are gone already. */
 	tw_stats_global(&st, sizeof(st));
 	ck_assert_msg(st.block_bytes_live < live0 + 64 * 1024, "%llu block bytes live, %llu before",

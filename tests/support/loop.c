@@ -36,6 +36,15 @@ int ts_quick(void)
 #endif
 #endif
 
+int ts_sanitized(void)
+{
+#ifdef TS_SANITIZED
+	return 1;
+#else
+	return 0;
+#endif
+}
+
 int ts_data_timeout_s(int s)
 {
 #ifdef TS_SANITIZED

@@ -26,6 +26,11 @@ int ts_quick(void);
  * on progress; this is only the guard against a test stuck elsewhere. */
 int ts_data_timeout_s(int s);
 
+/* 1 under AddressSanitizer or ThreadSanitizer: their allocators map
+ * more address space than they hand out (size classes, quarantine), so
+ * bounds on VmData scale with this. */
+int ts_sanitized(void);
+
 /* Bytes and messages moved by every comm of the process so far: while
  * this changes, a wait is slow, not stuck. */
 uint64_t ts_progress(void);
