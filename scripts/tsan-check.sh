@@ -20,7 +20,8 @@ cd "$build"
 make -s -j"$(nproc)" $tests >/dev/null
 TW_TOP_SRCDIR=$top TW_TOP_BUILDDIR=$(pwd)
 export TW_TOP_SRCDIR TW_TOP_BUILDDIR
-TSAN_OPTIONS=${TSAN_OPTIONS:-second_deadlock_stack=1}
+# scripts/tsan.supp: races inside OpenSSL, each with its upstream report.
+TSAN_OPTIONS=${TSAN_OPTIONS:-second_deadlock_stack=1 suppressions=$top/scripts/tsan.supp}
 export TSAN_OPTIONS
 # TSan's fixed memory layout can collide with high ASLR entropy
 # ("unexpected memory mapping"): run without address randomization.
