@@ -6,18 +6,24 @@
  * puts on the wire: message shapes (empty frames, 1,000 frames, 1,000
  * messages in flight, a 64 MiB frame, sizes around each transport's
  * thresholds), messages built from references crossing without a payload
- * byte copied, small writes gathered, and idle comms holding no buffers.
+ * byte copied, small writes gathered, idle comms holding no buffers, and
+ * the same over IPv6 loopback (::1).
  * What only one transport has stays in its own suite (check_tcp_echo.c,
  * check_tls_echo.c, check_ws_echo.c). TW_TEST_QUICK=1 (valgrind runs)
  * shrinks the large frames. SIGPIPE keeps its default action: no
  * transport may raise it. */
 #include <malloc.h>
+#include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <check.h>
 
+#include "tests/support/sock.h"
 #include "tests/support/suite.h"
 #include "tests/support/tls.h"
 #include "tests/support/tran.h"
@@ -353,6 +359,53 @@ START_TEST(idle_comms_keep_no_buffers)
 }
 END_TEST
 
+/* The same comms over IPv6 loopback: ::1 in brackets in every URI (RFC
+ * 3986 section 3.2.2), the listener's, the connect's and the addresses
+ * both comms report; the raw helpers too (ts_raw_listen_at, then
+ * ts_raw_connect to "[::1]:PORT"). Skips, saying so, where ::1 cannot be
+ * bound. */
+START_TEST(ipv6_echo)
+{
+	struct tu h;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {0, 33, 300000};
+	char a[128], prefix[16], raw[128];
+	struct sockaddr_in6 sa;
+	socklen_t sl = sizeof(sa);
+	int lfd, fd, afd;
+	if (!ts_have_ipv6()) {
+		fprintf(stderr, "ipv6_echo (%s): skipped, ::1 unavailable\n", ts_tran_scheme(_i));
+		return;
+	}
+	ts_tran_init(&h, _i);
+	ck_assert_msg(ts_tran_listen_at(&h, _i, "::1") == 0, "%s", tw_context_last_error(h.ctx));
+	snprintf(prefix, sizeof(prefix), "%s://[::1]:", ts_tran_scheme(_i));
+	ck_assert_msg(strncmp(h.addr, prefix, strlen(prefix)) == 0, "%s", h.addr);
+	cli = ts_tran_connect(&h);
+	tu_echo_check(cli, lens, 3, 9, WAIT_MS);
+	ck_assert_int_eq(tw_comm_peer_address(cli->comm, a, sizeof(a)), 0);
+	ck_assert_str_eq(a, h.addr);
+	ck_assert_int_eq(tw_comm_local_address(cli->comm, a, sizeof(a)), 0);
+	ck_assert_msg(strncmp(a, prefix, strlen(prefix)) == 0, "%s", a);
+	srv = tu_server_peer(&h, 0);
+	ck_assert_int_eq(tw_comm_peer_address(srv->comm, h.addr, sizeof(h.addr)), 0);
+	ck_assert_str_eq(h.addr, a);
+	ck_assert_int_eq(tw_comm_peer_address(srv->comm, a, 8), TW_ERANGE);
+	tt_fini(&h);
+
+	lfd = ts_raw_listen_at("::1", ts_tran_scheme(_i), 1, 0, raw, sizeof(raw));
+	ck_assert_msg(strncmp(raw, prefix, strlen(prefix)) == 0, "%s", raw);
+	fd = ts_raw_connect(raw);
+	afd = accept(lfd, (struct sockaddr *)&sa, &sl);
+	ck_assert_int_ge(afd, 0);
+	ck_assert_int_eq(sa.sin6_family, AF_INET6);
+	ck_assert(IN6_IS_ADDR_LOOPBACK(&sa.sin6_addr));
+	close(afd);
+	close(fd);
+	close(lfd);
+}
+END_TEST
+
 static TCase *conformance_tcase(int t)
 {
 	const TTest *const tests[] = {echo_empty_and_one_byte,
@@ -364,6 +417,7 @@ static TCase *conformance_tcase(int t)
 				      server_send_not_copied,
 				      server_small_writes_gathered,
 				      idle_comms_keep_no_buffers,
+				      ipv6_echo,
 				      NULL};
 	return ts_tran_tcase(t, tests, 120);
 }

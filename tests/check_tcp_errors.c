@@ -421,35 +421,6 @@ START_TEST(listen_in_use)
 }
 END_TEST
 
-START_TEST(ipv6_echo)
-{
-	struct tu h;
-	struct tu_peer *cli, *srv;
-	size_t lens[] = {0, 33, 300000};
-	char a[128];
-	int rv;
-	tu_init(&h);
-	if ((rv = tu_listen(&h, "tcp://[::1]:0")) != 0) {
-		fprintf(stderr, "ipv6_echo: skipped, ::1 unavailable (%s)\n", tw_strerror(rv));
-		tu_fini(&h);
-		return;
-	}
-	ck_assert_msg(strncmp(h.addr, "tcp://[::1]:", 12) == 0, "%s", h.addr);
-	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
-	cli->keep = 1;
-	tu_echo_check(cli, lens, 3, 9, TU_WAIT_MS);
-	ck_assert_int_eq(tw_comm_peer_address(cli->comm, a, sizeof(a)), 0);
-	ck_assert_str_eq(a, h.addr);
-	ck_assert_int_eq(tw_comm_local_address(cli->comm, a, sizeof(a)), 0);
-	ck_assert_msg(strncmp(a, "tcp://[::1]:", 12) == 0, "%s", a);
-	srv = tu_server_peer(&h, 0);
-	ck_assert_int_eq(tw_comm_peer_address(srv->comm, h.addr, sizeof(h.addr)), 0);
-	ck_assert_str_eq(h.addr, a);
-	ck_assert_int_eq(tw_comm_peer_address(srv->comm, a, 8), TW_ERANGE);
-	tu_fini(&h);
-}
-END_TEST
-
 /* A DNS server on 127.0.0.1 that answers every query with NXDOMAIN
  * (nxdomain = 1) or never (0). */
 struct fake_dns {
@@ -879,7 +850,6 @@ TCase *tcp_errors_tcase(void)
 	tcase_add_test(tc, connect_refused);
 	tcase_add_test(tc, bad_uris);
 	tcase_add_test(tc, listen_in_use);
-	tcase_add_test(tc, ipv6_echo);
 	tcase_add_loop_test(tc, connect_each_address, 0, 2);
 	tcase_add_test(tc, connect_dns_never_answers);
 	tcase_add_test(tc, connect_dns_nxdomain);

@@ -45,19 +45,47 @@ int ts_raw_connect(const char *uri)
 	return fd;
 }
 
-int ts_raw_listen(const char *scheme, int backlog, int flags, char *uri, size_t len)
+int ts_raw_listen_at(const char *host, const char *scheme, int backlog, int flags, char *uri,
+		     size_t len)
 {
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t sl = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
+	struct sockaddr_storage ss;
+	struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+	int v6 = strchr(host, ':') != NULL;
+	socklen_t sl = v6 ? sizeof(*in6) : sizeof(*in);
+	int fd;
+	memset(&ss, 0, sizeof(ss));
+	ss.ss_family = v6 ? AF_INET6 : AF_INET;
+	ck_assert_msg(inet_pton(ss.ss_family, host,
+				v6 ? (void *)&in6->sin6_addr : (void *)&in->sin_addr) == 1,
+		      "not a numeric address: %s", host);
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
 	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_msg(bind(fd, (struct sockaddr *)&ss, sl) == 0, "bind %s: %s", host,
+		      strerror(errno));
 	if (backlog >= 0)
 		ck_assert_int_eq(listen(fd, backlog), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&ss, &sl), 0);
 	if (uri != NULL)
-		snprintf(uri, len, "%s://127.0.0.1:%u", scheme, (unsigned)ntohs(sa.sin_port));
+		snprintf(uri, len, v6 ? "%s://[%s]:%u" : "%s://%s:%u", scheme, host,
+			 (unsigned)ntohs(v6 ? in6->sin6_port : in->sin_port));
 	return fd;
+}
+
+int ts_raw_listen(const char *scheme, int backlog, int flags, char *uri, size_t len)
+{
+	return ts_raw_listen_at("127.0.0.1", scheme, backlog, flags, uri, len);
+}
+
+int ts_have_ipv6(void)
+{
+	struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+	if (fd < 0)
+		return 0;
+	ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
 }
 
 unsigned ts_free_port(void)

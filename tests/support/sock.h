@@ -19,6 +19,15 @@ int ts_raw_connect(const char *uri);
  * "scheme://127.0.0.1:PORT". flags: SOCK_NONBLOCK and the like, besides
  * SOCK_CLOEXEC. Asserts on failure; returns the fd. */
 int ts_raw_listen(const char *scheme, int backlog, int flags, char *uri, size_t len);
+/* ts_raw_listen on host, a numeric address: "127.0.0.1" or "::1" (uri
+ * then gets "scheme://[::1]:PORT", brackets as RFC 3986 section 3.2.2
+ * writes an IPv6 host). */
+int ts_raw_listen_at(const char *host, const char *scheme, int backlog, int flags, char *uri,
+		     size_t len);
+
+/* 1 when a socket can bind ::1 (IPv6 loopback), else 0 (a kernel or a
+ * network namespace without IPv6): tests on ::1 skip then, saying so. */
+int ts_have_ipv6(void);
 
 /* A free TCP port on 127.0.0.1 (bound, then released). */
 unsigned ts_free_port(void);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The transports of the conformance suite (tests/support/tran.h). */
 #include <stdio.h>
+#include <string.h>
 
 #include "tests/support/tls.h"
 #include "tests/support/tran.h"
@@ -30,11 +31,17 @@ void ts_tran_init(struct tu *h, int t)
 		tt_use_tls(h->ctx, "ca.pem", "cert.pem", "key.pem");
 }
 
+int ts_tran_listen_at(struct tu *h, int t, const char *host)
+{
+	char uri[128];
+	snprintf(uri, sizeof(uri), strchr(host, ':') ? "%s://[%s]:0" : "%s://%s:0",
+		 ts_tran_scheme(t), host);
+	return tu_listen(h, uri);
+}
+
 void ts_tran_listen(struct tu *h, int t)
 {
-	char uri[64];
-	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", ts_tran_scheme(t));
-	ck_assert_int_eq(tu_listen(h, uri), 0);
+	ck_assert_int_eq(ts_tran_listen_at(h, t, "127.0.0.1"), 0);
 }
 
 struct tu_peer *ts_tran_connect(struct tu *h)

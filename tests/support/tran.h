@@ -31,6 +31,9 @@ void ts_tran_init(struct tu *h, int t);
 /* Listen on scheme://127.0.0.1:0 with h->sopts (h->addr: the bound
  * address). Asserts. */
 void ts_tran_listen(struct tu *h, int t);
+/* Listen on scheme://host:0, host numeric ("::1" gets its brackets).
+ * Returns the tu_listen code. */
+int ts_tran_listen_at(struct tu *h, int t, const char *host);
 /* A client peer connected to h->addr, keeping what it receives. Asserts,
  * with the context's last error. */
 struct tu_peer *ts_tran_connect(struct tu *h);
