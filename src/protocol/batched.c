@@ -18,7 +18,7 @@
 #include "protocol/builder.h"
 #include "protocol/packbuf.h"
 #include "protocol/mpcheck.h"
-#include "transport/transport.h"
+#include "transport/upper.h"
 
 struct tw_batched {
 	tw_comm *comm; /* NULL once freed (by its server, say) */
@@ -84,12 +84,18 @@ static void comm_gone(struct tw__watch *w)
 		evtimer_del(b->timer);
 }
 
+/* The comm takes no more writes (ended or closing). */
+static int no_writes(const tw_comm *c)
+{
+	return (tw__comm_state(c) & (TW__COMM_ENDED | TW__COMM_CLOSING)) != 0;
+}
+
 /* The batch and the comm's write queue leave room for len more bytes
  * (one map alone always goes). */
 static int room(const tw_batched *b, uint64_t batch_bytes, size_t len)
 {
 	uint64_t queued = batch_bytes + tw_comm_queued_bytes(b->comm);
-	return queued == 0 || queued + len <= b->comm->limits.write_hwm_bytes;
+	return queued == 0 || queued + len <= tw__comm_limits(b->comm)->write_hwm_bytes;
 }
 
 static uint64_t batch_bytes(const tw_batched *b)
@@ -108,7 +114,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	tw_batched_flush(b);
 	if (!b->refused)
 		return;
-	if (b->comm != NULL && !b->comm->ended && (b->n > 0 || tw_comm_queued_bytes(b->comm) > 0)) {
+	if (b->comm != NULL && !(tw__comm_state(b->comm) & TW__COMM_ENDED) &&
+	    (b->n > 0 || tw_comm_queued_bytes(b->comm) > 0)) {
 		if (!evtimer_pending(b->timer, NULL))
 			evtimer_add(b->timer, &b->interval);
 		return;
@@ -127,7 +134,7 @@ int tw_batched_new(tw_comm *comm, uint32_t interval_ms, tw_batched **out)
 		interval_ms = TW_DEFAULT_BATCH_INTERVAL_MS;
 	if ((b = calloc(1, sizeof(*b))) == NULL)
 		return TW_ENOMEM;
-	if ((b->timer = evtimer_new(comm->ctx->base, on_timer, b)) == NULL) {
+	if ((b->timer = evtimer_new(tw_context_base(tw_comm_context(comm)), on_timer, b)) == NULL) {
 		free(b);
 		return TW_ENOMEM;
 	}
@@ -183,7 +190,7 @@ int tw_batched_send(tw_batched *b, const void *packed, size_t len)
 	    !is_map(packed))
 		return TW_EINVAL;
 	/* a closing comm writes nothing more: the map could never go out */
-	if (b->comm == NULL || b->comm->ended || b->comm->closing)
+	if (b->comm == NULL || no_writes(b->comm))
 		return TW_ECLOSED;
 	if (!room(b, batch_bytes(b), len))
 		return refuse(b);
@@ -243,11 +250,11 @@ int tw_batched_commit(tw_batched *b)
 		roll_back(b);
 		return TW_EINVAL;
 	}
-	if (b->comm == NULL || b->comm->ended || b->comm->closing) {
+	if (b->comm == NULL || no_writes(b->comm)) {
 		roll_back(b);
 		return TW_ECLOSED;
 	}
-	if (1 + ngroups(b) > b->comm->limits.max_frames) {
+	if (1 + ngroups(b) > tw__comm_limits(b->comm)->max_frames) {
 		roll_back(b); /* flush, then commit it alone */
 		return TW_ETOOBIG;
 	}
@@ -272,6 +279,7 @@ static int flush(tw_batched *b, int force)
 	struct tw__packbuf head;
 	msgpack_packer pk;
 	tw_msg *m;
+	struct tw__limits *lim;
 	size_t hwm, ng;
 	int rv;
 	if (b->comm == NULL)
@@ -301,11 +309,12 @@ static int flush(tw_batched *b, int force)
 	}
 	for (size_t i = 0; i < ng; i++)
 		tw_msg_append(m, tw_msg_frame(b->bld.groups, i)); /* room reserved */
-	hwm = b->comm->limits.write_hwm_bytes;
+	lim = tw__comm_limits(b->comm);
+	hwm = lim->write_hwm_bytes;
 	if (force)
-		b->comm->limits.write_hwm_bytes = SIZE_MAX;
+		lim->write_hwm_bytes = SIZE_MAX;
 	rv = force ? tw__comm_write_unbudgeted(b->comm, m) : tw_comm_write(b->comm, m);
-	b->comm->limits.write_hwm_bytes = hwm;
+	lim->write_hwm_bytes = hwm;
 	if (rv != 0) {
 		tw_msg_free(m);
 		if (rv == TW_EAGAIN)
@@ -328,7 +337,7 @@ void tw_batched_free(tw_batched *b)
 	if (b == NULL)
 		return;
 	tw_batched_abandon(b);
-	if (b->comm != NULL && !b->comm->ended)
+	if (b->comm != NULL && !(tw__comm_state(b->comm) & TW__COMM_ENDED))
 		flush(b, 1);
 	tw__comm_unwatch(&b->watch);
 	event_free(b->timer);

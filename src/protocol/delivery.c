@@ -10,16 +10,16 @@
 #include "protocol/decode.h"
 #include "protocol/delivery.h"
 #include "protocol/offload.h"
-#include "transport/transport.h"
+#include "protocol/pcomm.h"
 
 /* Reading pauses while this many messages of a comm wait for delivery. */
 #define MAX_WAITING 8
 
-struct queue;
+struct tw__deliver_q;
 
 struct item {
 	struct item *next;
-	struct queue *q;
+	struct tw__deliver_q *q;
 	tw_msg *msg;
 	tw_decoded *d;
 	int err;
@@ -32,7 +32,7 @@ struct item {
 
 /* Per comm. Touched only on the loop thread; items in a worker keep it
  * alive through refs after the comm is gone. */
-struct queue {
+struct tw__deliver_q {
 	tw_comm *comm; /* NULL once the comm is gone */
 	int refs;      /* the comm's, plus one per item in a worker */
 	struct item *head, **tail;
@@ -56,7 +56,7 @@ static void item_free(struct item *it)
 		free(it);
 }
 
-static void queue_unref(struct queue *q)
+static void queue_unref(struct tw__deliver_q *q)
 {
 	if (--q->refs > 0)
 		return;
@@ -76,15 +76,20 @@ static void decode(struct item *it)
 	it->msg = NULL;
 }
 
-static int may_read(const struct queue *q)
+static int app_paused(const tw_comm *comm)
 {
-	return !q->comm->app_paused && q->n < MAX_WAITING;
+	return (tw__comm_state(comm) & TW__COMM_APP_PAUSED) != 0;
+}
+
+static int may_read(const struct tw__deliver_q *q)
+{
+	return !app_paused(q->comm) && q->n < MAX_WAITING;
 }
 
 static void deliver_one(tw_comm *comm, void *arg)
 {
 	struct item *it = arg;
-	struct queue *q = it->q;
+	struct tw__deliver_q *q = it->q;
 	tw_decoded *d = it->d;
 	it->d = NULL;
 	q->cb(comm, d, it->err, it->err ? it->detail : NULL, q->arg);
@@ -92,14 +97,15 @@ static void deliver_one(tw_comm *comm, void *arg)
 
 /* The comm is there (not freed), not paused by the application, and
  * open or owing messages received before it ended. */
-static int can_deliver(const struct queue *q)
+static int can_deliver(const struct tw__deliver_q *q)
 {
-	return q->comm != NULL && !q->comm->app_paused && (!q->comm->ended || q->close_pending);
+	return q->comm != NULL && !app_paused(q->comm) &&
+	       (!(tw__comm_state(q->comm) & TW__COMM_ENDED) || q->close_pending);
 }
 
 static void run_close(tw_comm *comm, void *arg)
 {
-	struct queue *q = arg;
+	struct tw__deliver_q *q = arg;
 	q->close_cb(comm, q->close_err, q->arg);
 }
 
@@ -107,7 +113,7 @@ static void run_close(tw_comm *comm, void *arg)
  * close callback once nothing is owed, or at once when the application
  * paused the ended comm (tw_comm_resume cannot restart an ended comm, so
  * the rest is dropped). */
-static void deliver(struct queue *q)
+static void deliver(struct tw__deliver_q *q)
 {
 	q->refs++; /* a callback may free the comm, and with it its ref */
 	while (can_deliver(q) && q->head != NULL && q->head->done) {
@@ -118,23 +124,24 @@ static void deliver(struct queue *q)
 		tw__comm_call(q->comm, deliver_one, it);
 		item_free(it);
 	}
-	if (q->comm != NULL && q->close_pending && (q->head == NULL || q->comm->app_paused)) {
+	if (q->comm != NULL && q->close_pending && (q->head == NULL || app_paused(q->comm))) {
 		q->close_pending = 0;
 		tw__comm_call(q->comm, run_close, q);
 		if (q->comm != NULL) /* else its owner freed it, which told */
 			tw__comm_end_known(q->comm);
-	} else if (q->paused && q->comm != NULL && !q->comm->ended && may_read(q)) {
+	} else if (q->paused && q->comm != NULL && !(tw__comm_state(q->comm) & TW__COMM_ENDED) &&
+		   may_read(q)) {
 		q->paused = 0;
-		q->comm->ops->start(q->comm);
+		(void)tw__comm_start(q->comm);
 	}
 	queue_unref(q);
 }
 
-static void pause_if_full(struct queue *q)
+static void pause_if_full(struct tw__deliver_q *q)
 {
 	if (!may_read(q) && !q->paused) {
 		q->paused = 1;
-		q->comm->ops->pause(q->comm);
+		tw__comm_pause_reading(q->comm);
 	}
 }
 
@@ -146,7 +153,7 @@ static void job_run(struct tw__job *job)
 static void job_done(struct tw__job *job)
 {
 	struct item *it = (struct item *)((char *)job - offsetof(struct item, job));
-	struct queue *q = it->q;
+	struct tw__deliver_q *q = it->q;
 	if (job->canceled) {
 		it->err = TW_ECANCELED;
 		strcpy(it->detail, "offload pool stopped");
@@ -161,7 +168,7 @@ static void job_done(struct tw__job *job)
  * it now, with no allocation for the item (the common small RPC). The
  * item leaves the queue before its callback runs, so nothing can keep a
  * pointer to it after this returns. */
-static void deliver_now(struct queue *q, tw_msg *msg)
+static void deliver_now(struct tw__deliver_q *q, tw_msg *msg)
 {
 	struct item it;
 	it.next = NULL;
@@ -169,7 +176,7 @@ static void deliver_now(struct queue *q, tw_msg *msg)
 	it.msg = tw_msg_hold(msg);
 	it.d = NULL;
 	it.on_stack = 1;
-	it.max_bytes = q->comm->limits.max_message_bytes;
+	it.max_bytes = tw__comm_limits(q->comm)->max_message_bytes;
 	decode(&it);
 	it.done = 1;
 	*q->tail = &it;
@@ -180,9 +187,9 @@ static void deliver_now(struct queue *q, tw_msg *msg)
 
 static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 {
-	struct queue *q = arg;
+	struct tw__deliver_q *q = arg;
 	struct item *it;
-	uint64_t threshold = comm->ctx->offload_threshold;
+	uint64_t threshold = tw_comm_context(comm)->offload_threshold;
 	uint64_t cost = tw__decode_cost(msg, threshold);
 	if (q->head == NULL && can_deliver(q) && cost < threshold) {
 		deliver_now(q, msg);
@@ -195,7 +202,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 	}
 	it->q = q;
 	it->msg = tw_msg_hold(msg);
-	it->max_bytes = comm->limits.max_message_bytes;
+	it->max_bytes = tw__comm_limits(comm)->max_message_bytes;
 	*q->tail = it;
 	q->tail = &it->next;
 	q->n++;
@@ -203,7 +210,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 		it->job.run = job_run;
 		it->job.done = job_done;
 		q->refs++;
-		if (tw__offload_submit(comm->ctx, &it->job) == 0) {
+		if (tw__offload_submit(tw_comm_context(comm), &it->job) == 0) {
 			pause_if_full(q);
 			return;
 		}
@@ -219,47 +226,44 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
  * before are delivered first (some may still be in the pool), then the
  * close callback runs. After tw_comm_abort (TW_ECANCELED), or while the
  * application has the comm paused, they are dropped and the close
- * callback runs now. Nothing is delivered after it (comm->ended). */
+ * callback runs now. Nothing is delivered after it (the comm ended). */
 static void on_close(tw_comm *comm, int err, void *arg)
 {
-	struct queue *q = arg;
-	if (err == TW_ECANCELED || comm->app_paused) {
+	struct tw__deliver_q *q = arg;
+	if (err == TW_ECANCELED || app_paused(comm)) {
 		q->close_cb(comm, err, q->arg);
 		return;
 	}
 	q->close_pending = 1;
 	q->close_err = err;
-	comm->close_owed = 1; /* the end watches wait for the close callback */
+	tw__comm_end_owed(comm); /* the end watches wait for the close callback */
 	deliver(q);
 }
 
 static void on_drain(tw_comm *comm, void *arg)
 {
-	struct queue *q = arg;
+	struct tw__deliver_q *q = arg;
 	if (q->drain_cb != NULL)
 		q->drain_cb(comm, q->arg);
 }
 
 /* Messages received and not yet delivered (the one being delivered has
  * left the queue). */
-static int backlog(const tw_comm *comm)
+int tw__deliver_backlog(const struct tw__deliver_q *q)
 {
-	const struct queue *q = comm->deliver;
 	return q->head != NULL;
 }
 
-static void on_resume(tw_comm *comm)
+void tw__deliver_resume(struct tw__deliver_q *q)
 {
-	struct queue *q = comm->deliver;
 	q->paused = 1; /* tw_comm_pause stopped reading */
 	deliver(q);
 }
 
-/* The comm is being freed: forget it; workers still holding items keep
- * the queue until their results come back. */
-static void detach(void *arg)
+/* The comm is being freed, or its owner freed it: forget it; workers
+ * still holding items keep the queue until their results come back. */
+void tw__deliver_detach(struct tw__deliver_q *q)
 {
-	struct queue *q = arg;
 	q->comm = NULL;
 	queue_unref(q);
 }
@@ -267,11 +271,13 @@ static void detach(void *arg)
 int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_close_cb close_cb,
 				  tw_drain_cb drain_cb, void *arg)
 {
-	struct queue *q;
+	struct tw__deliver_q *q;
+	struct tw__pcomm *p;
 	int rv;
-	if (comm == NULL || decoded_cb == NULL || close_cb == NULL || comm->recv_cb != NULL)
+	if (comm == NULL || decoded_cb == NULL || close_cb == NULL ||
+	    (tw__comm_state(comm) & TW__COMM_HAS_CALLBACKS))
 		return TW_EINVAL;
-	if ((q = calloc(1, sizeof(*q))) == NULL)
+	if ((p = tw__pcomm_get(comm)) == NULL || (q = calloc(1, sizeof(*q))) == NULL)
 		return TW_ENOMEM;
 	q->comm = comm;
 	q->refs = 1;
@@ -280,16 +286,10 @@ int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_cl
 	q->close_cb = close_cb;
 	q->drain_cb = drain_cb;
 	q->arg = arg;
-	comm->deliver = q;
-	comm->deliver_free = detach;
-	comm->deliver_resume = on_resume;
-	comm->deliver_backlog = backlog;
+	p->deliver = q;
 	rv = tw_comm_set_callbacks(comm, on_recv, on_close, on_drain, q);
 	if (rv != 0) {
-		comm->deliver = NULL;
-		comm->deliver_free = NULL;
-		comm->deliver_resume = NULL;
-		comm->deliver_backlog = NULL;
+		p->deliver = NULL;
 		free(q);
 	}
 	return rv;
@@ -297,15 +297,16 @@ int tw_comm_set_decoded_callbacks(tw_comm *comm, tw_decoded_cb decoded_cb, tw_cl
 
 tw_decoded_cb tw__deliver_cb(const tw_comm *comm)
 {
-	const struct queue *q = comm->deliver;
-	return q != NULL && comm->deliver_free == detach ? q->cb : NULL;
+	const struct tw__pcomm *p = tw__pcomm_find(comm);
+	return p != NULL && p->deliver != NULL ? p->deliver->cb : NULL;
 }
 
 int tw__deliver_rebind(tw_comm *comm, tw_decoded_cb cb, tw_close_cb close_cb, void *arg)
 {
-	struct queue *q = comm->deliver;
+	struct tw__deliver_q *q;
 	if (tw__deliver_cb(comm) == NULL)
 		return TW_EINVAL;
+	q = tw__pcomm_find(comm)->deliver;
 	q->cb = cb;
 	q->close_cb = close_cb;
 	q->drain_cb = NULL;

@@ -8,8 +8,8 @@
 #include <taskwire/serial.h>
 
 #include "protocol/compress.h"
+#include "protocol/pcomm.h"
 #include "protocol/placement.h"
-#include "transport/transport.h"
 
 /* A handshake is a small map: its message may not be larger, so a peer
  * cannot make us buffer a gigabyte before it said who it is. */
@@ -47,13 +47,14 @@ int tw_context_set_handshake_timeout_ms(tw_context *ctx, uint32_t ms)
 
 const char *tw_comm_compression(const tw_comm *comm)
 {
-	return comm->compression;
+	const struct tw__pcomm *p = tw__pcomm_find(comm);
+	return p != NULL ? p->compression : NULL;
 }
 
 /* {"compression": ..., "python": [3, 11, 2], "pickle-protocol": 5} */
 static int write_info(tw_comm *comm)
 {
-	const char *codec = comm->limits.compression;
+	const char *codec = tw__comm_limits(comm)->compression;
 	tw_builder *b;
 	msgpack_packer *pk;
 	tw_msg *m;
@@ -81,25 +82,26 @@ static int write_info(tw_comm *comm)
 	return rv;
 }
 
-/* The handshake's state is the comm's protocol state while it runs, so a
- * comm freed mid-handshake frees it too; `place` (NULL on failure) takes
- * its slot afterwards. */
+/* The handshake's state is part of the comm's protocol state while it
+ * runs, so a comm freed mid-handshake frees it too; `place` (NULL on
+ * failure) is kept there afterwards. */
 static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info *info,
 		   struct tw__dask_place *place)
 {
+	struct tw__pcomm *p = tw__pcomm_find(comm);
 	tw_handshake_cb cb = h->cb;
 	void *arg = h->arg;
-	comm->proto = NULL;
-	comm->proto_free = NULL;
-	comm->limits.max_message_bytes = h->max_message_bytes;
+	p->handshake = NULL;
+	tw__comm_limits(comm)->max_message_bytes = h->max_message_bytes;
 	free(h);
 	tw__comm_disarm_timeout(comm);
 	tw__comm_detach(comm);
 	if (err != 0) {
 		tw__comm_end(comm, err); /* no callback: detached */
 	} else {
-		tw__comm_set_proto(comm, place, tw__dask_place_free);
-		comm->ops->set_place(comm, tw__dask_place, place);
+		p->compression = info->compression;
+		p->place = place;
+		tw__comm_set_place(comm, tw__dask_place, place);
 	}
 	cb(comm, err, info, arg);
 }
@@ -109,15 +111,19 @@ static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info
 static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
 {
 	const msgpack_object *root, *c, *p;
+	const char *offered = tw__comm_limits(comm)->compression;
 	tw_decoded *d;
 	enum tw__codec peer;
 	/* the handshake's bound (HANDSHAKE_MAX_BYTES, set while it runs)
 	 * covers what decoding allocates too: payloads the info map may
 	 * reference are decompressed within it, not within 4 GiB */
-	tw_decode_limits lim = {comm->limits.max_message_bytes};
-	int rv = tw_decode(msg, &lim, &d, comm->error, sizeof(comm->error));
-	if (rv != 0)
+	tw_decode_limits lim = {tw__comm_limits(comm)->max_message_bytes};
+	char why[200];
+	int rv = tw_decode(msg, &lim, &d, why, sizeof(why));
+	if (rv != 0) {
+		tw__comm_seterr(comm, "%s", why);
 		return TW_EPROTO;
+	}
 	root = tw_decoded_root(d);
 	c = tw_msgpack_map_get(root, "compression");
 	p = tw_msgpack_map_get(root, "pickle-protocol");
@@ -141,10 +147,9 @@ static int parse_info(tw_comm *comm, const tw_msg *msg, tw_handshake_info *info)
 		if (c->type == MSGPACK_OBJECT_STR &&
 		    tw__codec_parse(c->via.str.ptr, c->via.str.size, &peer) == 0) {
 			info->peer_compression = tw__codec_name(peer);
-			same = comm->limits.compression != NULL &&
-			       strcmp(comm->limits.compression, info->peer_compression) == 0;
+			same = offered != NULL && strcmp(offered, info->peer_compression) == 0;
 		}
-		info->compression = same ? comm->limits.compression : NULL;
+		info->compression = same ? offered : NULL;
 	}
 	tw_decoded_free(d);
 	return rv;
@@ -164,7 +169,6 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 		finish(comm, h, rv, NULL, NULL);
 		return;
 	}
-	comm->compression = info.compression;
 	finish(comm, h, 0, &info, place);
 }
 
@@ -180,7 +184,7 @@ static void on_close(tw_comm *comm, int err, void *arg)
 		tw__comm_seterr(
 			comm, "handshake: %s within %u ms%s",
 			st.bytes_received ? "no complete handshake" : "not a byte from the peer",
-			(unsigned)comm->limits.handshake_timeout_ms,
+			(unsigned)tw__comm_limits(comm)->handshake_timeout_ms,
 			st.bytes_received ? "" : " (a tls:// listener, or not a Dask peer?)");
 	}
 	finish(comm, h, err, NULL, NULL);
@@ -188,29 +192,32 @@ static void on_close(tw_comm *comm, int err, void *arg)
 
 int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_cb cb, void *arg)
 {
+	struct tw__limits *lim;
+	struct tw__pcomm *p;
 	struct hs *h;
 	int rv;
-	/* once per comm: a second one would free the placement state the
-	 * transport holds from the first (comm->proto) */
-	if (comm == NULL || cb == NULL || comm->recv_cb != NULL || comm->proto != NULL ||
+	/* once per comm: the placement state of the first stays with it */
+	if (comm == NULL || cb == NULL || (tw__comm_state(comm) & TW__COMM_HAS_CALLBACKS) ||
 	    (side != TW_HANDSHAKE_CONNECTOR && side != TW_HANDSHAKE_LISTENER))
 		return TW_EINVAL;
-	if ((h = calloc(1, sizeof(*h))) == NULL)
+	if ((p = tw__pcomm_find(comm)) != NULL && (p->handshake != NULL || p->place != NULL))
+		return TW_EINVAL;
+	if ((p = tw__pcomm_get(comm)) == NULL || (h = calloc(1, sizeof(*h))) == NULL)
 		return TW_ENOMEM;
+	lim = tw__comm_limits(comm);
 	h->side = side;
 	h->cb = cb;
 	h->arg = arg;
-	h->max_message_bytes = comm->limits.max_message_bytes;
-	if (comm->limits.max_message_bytes > HANDSHAKE_MAX_BYTES)
-		comm->limits.max_message_bytes = HANDSHAKE_MAX_BYTES;
-	tw__comm_set_proto(comm, h, free);
+	h->max_message_bytes = lim->max_message_bytes;
+	if (lim->max_message_bytes > HANDSHAKE_MAX_BYTES)
+		lim->max_message_bytes = HANDSHAKE_MAX_BYTES;
+	p->handshake = h;
 	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
-	    (rv = tw__comm_arm_timeout(comm, comm->limits.handshake_timeout_ms)) != 0 ||
+	    (rv = tw__comm_arm_timeout(comm, lim->handshake_timeout_ms)) != 0 ||
 	    (side == TW_HANDSHAKE_LISTENER && (rv = write_info(comm)) != 0)) {
 		tw__comm_detach(comm);
-		comm->proto = NULL;
-		comm->proto_free = NULL;
-		comm->limits.max_message_bytes = h->max_message_bytes;
+		p->handshake = NULL;
+		lim->max_message_bytes = h->max_message_bytes;
 		free(h);
 		return rv;
 	}

@@ -16,7 +16,7 @@
 
 #include "core/timer.h"
 #include "protocol/pool.h"
-#include "transport/transport.h"
+#include "transport/upper.h"
 
 /* How often idle comms past their age or count are closed. */
 #define SWEEP_MS 1000
@@ -554,7 +554,7 @@ static int connect_one(struct dest *d)
 static int unbusy(const struct pcomm *pc)
 {
 	return pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
-	       pc->comm->recv_cb != NULL;
+	       (tw__comm_state(pc->comm) & TW__COMM_HAS_CALLBACKS);
 }
 
 /* A comm ready for a call. Not one that already took in bytes of a next
@@ -779,7 +779,7 @@ static void on_sweep(void *arg)
 			/* a comm whose reply is still being relayed is not idle:
 			 * freeing it would cut the message its frames went into */
 			if (pc->node.next != NULL || pc->comm == NULL || pc->busy != NULL ||
-			    pc->comm->relaying)
+			    (tw__comm_state(pc->comm) & TW__COMM_RELAYING))
 				continue;
 			evutil_timersub(&now, &pc->idle_since, &age);
 			if (++idle > p->max_idle ||

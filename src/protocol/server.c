@@ -16,7 +16,8 @@
 #include "protocol/builder.h"
 #include "protocol/decode.h"
 #include "protocol/optable.h"
-#include "transport/transport.h"
+#include "protocol/pcomm.h"
+#include "transport/upper.h"
 
 /* One served comm. */
 struct sconn {
@@ -330,11 +331,13 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	tw_server *s = arg;
-	unsigned loop = tw_context_loop_index(comm->ctx); /* this thread's */
+	unsigned loop = tw_context_loop_index(tw_comm_context(comm)); /* this thread's */
 	struct sconn *sc = loop < s->nshards ? calloc(1, sizeof(*sc)) : NULL;
+	struct tw__pcomm *p = NULL;
 	struct shard *sh;
 	(void)l;
-	if (sc == NULL) {
+	if (sc == NULL || (p = tw__pcomm_get(comm)) == NULL) {
+		free(sc);
 		tw_comm_free(comm);
 		return;
 	}
@@ -342,7 +345,7 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 	sc->srv = s;
 	sc->sh = sh;
 	sc->comm = comm;
-	comm->served = 1; /* never dispatched by anyone else */
+	p->served = 1; /* never dispatched by anyone else */
 	sc->next = sh->conns.next;
 	sc->prev = &sh->conns;
 	sh->conns.next->prev = sc;
@@ -463,7 +466,8 @@ int tw_request_keep_stream(tw_request *r, tw_comm **out)
 	struct sconn *sc = r != NULL ? r->conn : NULL;
 	if (r == NULL || out == NULL || r->keep)
 		return TW_EINVAL;
-	if (sc == NULL || sc->closing || sc->comm->ended || sc->comm->closing)
+	if (sc == NULL || sc->closing ||
+	    (tw__comm_state(sc->comm) & (TW__COMM_ENDED | TW__COMM_CLOSING)))
 		return TW_ECLOSED;
 	r->keep = 1;
 	tw_comm_hold(sc->comm);

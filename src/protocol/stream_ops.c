@@ -10,7 +10,8 @@
 
 #include "protocol/delivery.h"
 #include "protocol/optable.h"
-#include "transport/transport.h"
+#include "protocol/pcomm.h"
+#include "transport/upper.h"
 
 int tw_stream_ops_new(tw_stream_ops **out)
 {
@@ -50,7 +51,14 @@ static void dispatch_gone(struct tw__watch *w)
 static int comm_stops(void *arg)
 {
 	tw_comm *c = arg;
-	return c->ended || c->closing || c->owner_gone;
+	return (tw__comm_state(c) & (TW__COMM_ENDED | TW__COMM_CLOSING | TW__COMM_OWNER_GONE)) != 0;
+}
+
+/* A tw_server's comm: its stream ops are the server's. */
+static int served(const tw_comm *comm)
+{
+	const struct tw__pcomm *p = tw__pcomm_find(comm);
+	return p != NULL && p->served;
 }
 
 static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail, void *arg)
@@ -62,7 +70,8 @@ static void on_decoded(tw_comm *comm, tw_decoded *d, int err, const char *detail
 		tw__comm_end(comm, err);
 		return;
 	}
-	if (comm->closing) { /* after close-stream: what came behind is dropped */
+	if (tw__comm_state(comm) &
+	    TW__COMM_CLOSING) { /* after close-stream: what came behind is dropped */
 		tw_decoded_free(d);
 		return;
 	}
@@ -87,21 +96,22 @@ int tw_comm_dispatch_stream(tw_comm *comm, const tw_stream_ops *t, tw_comm_ended
 {
 	struct dispatch *ds;
 	tw_decoded_cb cur = comm != NULL ? tw__deliver_cb(comm) : NULL;
+	int has_cb = comm != NULL && (tw__comm_state(comm) & TW__COMM_HAS_CALLBACKS);
 	int rv;
 	if (comm == NULL || t == NULL || ended == NULL)
 		return TW_EINVAL;
-	if (comm->ended || comm->closing)
+	if (tw__comm_state(comm) & (TW__COMM_ENDED | TW__COMM_CLOSING))
 		return TW_ECLOSED;
 	/* raw callbacks (nothing decodes for us), or dispatching already: a
 	 * tw_server's comm (a kept stream) goes to the server's stream ops */
-	if (comm->served || (comm->recv_cb != NULL && (cur == NULL || cur == on_decoded)))
+	if (served(comm) || (has_cb && (cur == NULL || cur == on_decoded)))
 		return TW_EINVAL;
 	if ((ds = calloc(1, sizeof(*ds))) == NULL)
 		return TW_ENOMEM;
 	ds->t = t;
 	ds->ended = ended;
 	ds->arg = arg;
-	if (comm->recv_cb == NULL)
+	if (!has_cb)
 		rv = tw_comm_set_decoded_callbacks(comm, on_decoded, on_close, NULL, ds);
 	else
 		rv = tw__deliver_rebind(comm, on_decoded, on_close, ds);

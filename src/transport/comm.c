@@ -56,19 +56,15 @@ static void unlink_end_watch(tw_comm_watch *w)
 }
 
 /* The owner no longer hears from c: its callbacks are cleared and the
- * delivery layer lets go, so nothing runs for an owner that freed c. */
+ * upper layer is told, so nothing runs for an owner that freed c. */
 static void owner_detach(tw_comm *c)
 {
 	c->recv_cb = NULL;
 	c->close_cb = NULL;
 	c->drain_cb = NULL;
 	c->arg = NULL;
-	if (c->deliver_free != NULL)
-		c->deliver_free(c->deliver);
-	c->deliver = NULL;
-	c->deliver_free = NULL;
-	c->deliver_resume = NULL;
-	c->deliver_backlog = NULL;
+	if (c->up_ops != NULL && c->up_ops->owner_gone != NULL)
+		c->up_ops->owner_gone(c, c->up);
 }
 
 /* Let go of the context's budgets: an ended comm holds nothing. */
@@ -97,10 +93,7 @@ static void destroy_comm(tw_comm *c)
 		event_free(c->timeout_ev);
 	if (c->deadline_ev != NULL)
 		event_free(c->deadline_ev);
-	if (c->proto_free != NULL)
-		c->proto_free(c->proto);
-	if (c->deliver_free != NULL)
-		c->deliver_free(c->deliver);
+	tw__comm_set_upper(c, NULL, NULL);
 	c->ops->destroy(c);
 }
 
@@ -277,12 +270,12 @@ void tw_comm_pause(tw_comm *c)
 void tw_comm_resume(tw_comm *c)
 {
 	if (!c->app_paused)
-		return; /* not paused: reading is the delivery queue's business */
+		return; /* not paused: reading is the upper layer's business */
 	c->app_paused = 0;
 	if (c->ended || c->recv_cb == NULL)
 		return;
-	if (c->deliver_resume != NULL)
-		c->deliver_resume(c);
+	if (c->up_ops != NULL && c->up_ops->resume != NULL)
+		c->up_ops->resume(c, c->up);
 	else
 		c->ops->start(c);
 }
@@ -703,12 +696,52 @@ int tw__linger_due(tw_comm *c, uint64_t queued, int end_sent, int peer_done)
 	return 0;
 }
 
-void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *))
+void tw__comm_set_upper(tw_comm *c, const struct tw__upper_ops *ops, void *up)
 {
-	if (c->proto_free != NULL)
-		c->proto_free(c->proto);
-	c->proto = proto;
-	c->proto_free = proto_free;
+	if (c->up_ops != NULL)
+		c->up_ops->free(c->up);
+	c->up_ops = ops;
+	c->up = ops != NULL ? up : NULL;
+}
+
+void *tw__comm_upper(const tw_comm *c, const struct tw__upper_ops *ops)
+{
+	return c->up_ops == ops ? c->up : NULL;
+}
+
+int tw__comm_start(tw_comm *c)
+{
+	return c->ended ? 0 : c->ops->start(c);
+}
+
+void tw__comm_pause_reading(tw_comm *c)
+{
+	if (!c->ended)
+		c->ops->pause(c);
+}
+
+void tw__comm_set_place(tw_comm *c, tw__place_fn fn, void *arg)
+{
+	c->ops->set_place(c, fn, arg);
+}
+
+unsigned tw__comm_state(const tw_comm *c)
+{
+	return (c->ended ? TW__COMM_ENDED : 0u) | (c->closing ? TW__COMM_CLOSING : 0u) |
+	       (c->owner_gone ? TW__COMM_OWNER_GONE : 0u) |
+	       (c->app_paused ? TW__COMM_APP_PAUSED : 0u) |
+	       (c->recv_cb != NULL ? TW__COMM_HAS_CALLBACKS : 0u) |
+	       (c->relaying ? TW__COMM_RELAYING : 0u);
+}
+
+struct tw__limits *tw__comm_limits(tw_comm *c)
+{
+	return &c->limits;
+}
+
+void tw__comm_end_owed(tw_comm *c)
+{
+	c->close_owed = 1;
 }
 
 int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
@@ -761,7 +794,7 @@ uint64_t tw_comm_queued_bytes(const tw_comm *c)
 int tw__comm_rx_pending(const tw_comm *c)
 {
 	return (c->ops->rx_pending != NULL && c->ops->rx_pending(c)) ||
-	       (c->deliver_backlog != NULL && c->deliver_backlog(c));
+	       (c->up_ops != NULL && c->up_ops->backlog != NULL && c->up_ops->backlog(c, c->up));
 }
 
 void tw__comm_closing(tw_comm *c)

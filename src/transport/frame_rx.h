@@ -60,17 +60,9 @@
 
 #include "core/context.h"
 #include "transport/stream_codec.h"
+#include "transport/upper.h"
 
-/* tw__place_fn: decide where frame i (of n, lengths lens) lands, when
- * frames 0..i-1 of msg are complete (so frame 0 and any sub-header before
- * frame i can be read). Return 0 for the default placement, s >= 1 to read
- * frames i..i+s-1 into one new block of their summed size (adjacent, so a
- * merge of them is a view), or a negative TW_E* code to fail the message.
- * Asked about frame 0 (a new message) and about every frame larger than
- * small_frame_bytes not already grouped, never about a small frame: a
- * split payload's first shard is a full shard (Dask splits at 64 MiB, or
- * 8 MiB over ws), and small shards are adjacent in the slab anyway. */
-typedef int (*tw__place_fn)(void *arg, const tw_msg *msg, const uint64_t *lens, size_t n, size_t i);
+/* tw__place_fn (the placement hook): transport/upper.h. */
 
 enum tw__rx_phase { RX_HEAD, RX_SMALL, RX_LENGTHS, RX_FRAMES, RX_DONE, RX_ERROR };
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The internal transport contract. Callers (tw_listener_new, tw_comm_connect, the
- * protocol layer) go through this table, so tls and ws plug in without
- * touching them. Every member runs on the context's loop thread. */
+/* The internal transport contract, for transport/ only (the layer above
+ * sees transport/upper.h). Callers (tw_listener_new, tw_comm_connect) go
+ * through this table, so tls and ws plug in without touching them. Every
+ * member runs on the context's loop thread. */
 #ifndef TW_TRANSPORT_TRANSPORT_H
 #define TW_TRANSPORT_TRANSPORT_H
 
@@ -10,6 +11,7 @@
 #include "core/context.h"
 #include "core/stats.h"
 #include "transport/frame_rx.h"
+#include "transport/upper.h"
 #include "transport/uri.h"
 
 struct tw__transport {
@@ -69,23 +71,6 @@ struct tw__linger {
 	uint64_t unacked; /* the kernel's unacknowledged bytes at the last look */
 };
 
-/* Told when a comm is freed, by whoever freed it: a batched sender on a
- * server's stream comm, which the server frees when it closes; and, if
- * `closing` is set, when tw_comm_close is about to run (a last chance to
- * write). */
-struct tw__watch {
-	struct tw__watch *next, **pprev;
-	void (*gone)(struct tw__watch *w);
-	void (*closing)(struct tw__watch *w);
-};
-
-/* Watch c until it is freed, or until tw__comm_unwatch. */
-void tw__comm_watch(tw_comm *c, struct tw__watch *w);
-void tw__comm_unwatch(struct tw__watch *w);
-/* c takes no more writes from now on (tw_comm_close, or a transport's
- * own reason: a peer's half-close); watchers write their last first. */
-void tw__comm_closing(tw_comm *c);
-
 /* What every comm has. The application owns the comm; `depth` counts the
  * callbacks running so a free inside one is deferred. */
 struct tw_comm {
@@ -104,9 +89,6 @@ struct tw_comm {
 	int closing;      /* no more writes (tw__comm_closing) */
 	char error[256];
 	char peer[128], local[128];
-	const char *compression; /* negotiated by the handshake, or NULL */
-	void *proto;             /* the protocol layer's state (placement) */
-	void (*proto_free)(void *p);
 	struct event *timeout_ev; /* tw__comm_arm_timeout */
 	/* tw_comm_set_recv_deadline_ms: the next message within deadline_ms
 	 * of the last (or of the call); 0: off. The timer is not re-armed per
@@ -117,20 +99,17 @@ struct tw_comm {
 	int app_paused;           /* tw_comm_pause */
 	struct tw__rate rate;     /* tw__comm_rate_watch */
 	struct tw__linger linger; /* tw__linger_start */
-	/* The decoded-delivery layer (protocol/delivery.c), if used. */
-	void *deliver;
-	void (*deliver_free)(void *d);
-	void (*deliver_resume)(tw_comm *c);
-	int (*deliver_backlog)(const tw_comm *c); /* messages received, not yet delivered */
+	/* The upper layer (transport/upper.h): its hooks and its state. */
+	const struct tw__upper_ops *up_ops;
+	void *up;
 	struct tw__watch *watchers;
 	/* References (tw_comm_hold); the owner's is one of them. The memory
 	 * goes when the last is dropped and no callback of c is running. */
 	int refs;
 	int end_err;    /* why it ended, for the end watches */
 	int end_known;  /* the end was told to the owner: watches may run */
-	int close_owed; /* the delivery layer runs the owner's close later */
+	int close_owed; /* tw__comm_end_owed: the owner's close runs later */
 	int owner_gone; /* tw_comm_free ran */
-	int served;     /* a tw_server's: its callbacks, its reference */
 	struct tw_comm_watch *end_watches, **end_tail;
 	struct event *end_ev; /* runs the end watches, outside any call */
 	/* The context's budgets (core/budget.h): the receive budget's claim
@@ -183,10 +162,6 @@ void tw__comm_wq_unhold(tw_comm *c, uint64_t n);
  * c's write queue, and leaving it (written, or dropped). */
 void tw__comm_wq_add(tw_comm *c, uint64_t n);
 void tw__comm_wq_sub(tw_comm *c, uint64_t n);
-/* tw_comm_write without the write budget: the protocol's own messages
- * that nobody could retry (a handshake, a pool's request on an idle comm,
- * a batched sender's last batch). Same returns, without that TW_EAGAIN. */
-int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m);
 
 /* An accepted connection of l failed before it became a comm: tell the
  * application (tw_listener_set_error_cb); why is also on the context. */
@@ -202,37 +177,11 @@ void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx);
 int tw__comm_deliver(tw_comm *c, tw_msg *m);
 /* The queue drained: run the drain callback. Same returns. */
 int tw__comm_drained(tw_comm *c);
-/* 1 when c holds received bytes or messages not yet delivered (read
- * ahead, in TLS, queued for decoding): a request written now would have
- * them arrive before its reply. */
-int tw__comm_rx_pending(const tw_comm *c);
 /* tw__comm_hold / tw__comm_release: keep c alive across a stretch that
  * runs callbacks (a tw_comm_free inside waits); release frees it if one
  * came and returns 0 then, else !c->ended. */
 void tw__comm_hold(tw_comm *c);
 int tw__comm_release(tw_comm *c);
-/* Bad input ends c with err, but replies already queued go out first
- * (design.md, Close): with nothing queued it ends at once, else it
- * closes as tw_comm_close does, reading no more, and ends with err. The
- * error text should be set first. */
-void tw__comm_fail(tw_comm *c, int err);
-/* End the comm with err: release I/O, run the close callback once. The
- * caller must not touch c afterwards. A comm that was closing and ends
- * with an error gets the bytes it did not deliver added to its text. */
-void tw__comm_end(tw_comm *c, int err);
-/* The owner has been told that c ended (its close callback ran, or it
- * freed c): the end watches may run now. Idempotent. The delivery layer
- * calls it when it runs a close callback it had to hold back
- * (c->close_owed). */
-void tw__comm_end_known(tw_comm *c);
-/* Set callbacks for an internal user (the handshake) and start reading;
- * tw__comm_detach clears them and pauses reading, so the application can
- * then call tw_comm_set_callbacks. */
-int tw__comm_attach(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb, void *arg);
-void tw__comm_detach(tw_comm *c);
-/* End the comm with TW_ETIMEDOUT unless disarmed within ms milliseconds. */
-int tw__comm_arm_timeout(tw_comm *c, uint32_t ms);
-void tw__comm_disarm_timeout(tw_comm *c);
 /* The minimum receive rate. A transport calls tw__comm_rate_watch when
  * its socket ran dry (a read would block) and when reading resumes, with
  * busy = a message is partly received: the clock starts for a message
@@ -284,21 +233,11 @@ void tw__abort_fd(int fd);
  * retry passes the same bytes). */
 int tw__gather_small(struct iovec *iov, int k, uint8_t *buf);
 
-/* tw__mono_ms: CLOCK_MONOTONIC in milliseconds. */
-uint64_t tw__mono_ms(void);
-
-/* Run fn(c, arg) as a callback of c: a tw_comm_free inside is deferred.
- * Returns 1 when c may still be used, 0 when it ended or was freed. */
-int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);
-/* Hand the protocol layer's per-comm state to the comm, freed with it. */
-void tw__comm_set_proto(tw_comm *c, void *proto, void (*proto_free)(void *));
 /* Fill c->peer and c->local from the socket, as scheme:// URIs. */
 void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme);
 /* The peer's address as accept gave it (NULL: keep what the socket
  * said): a client that reset before its comm was made has none left. */
 void tw__comm_set_peer(tw_comm *c, const struct sockaddr *sa, const char *scheme);
-/* Record an error text on the comm (printf style). */
-void tw__comm_seterr(tw_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The code of a failed socket read or write, by errno: EPROTO is the TLS
  * layer's, ETIMEDOUT the kernel's TCP timeout (tw_context_set_tcp_timeout_ms). */
 int tw__io_err(int e);
@@ -357,11 +296,6 @@ typedef void (*tw__upgrade_fn)(tw_context *ctx, int fd, const struct tw__uri *u,
 /* The milliseconds left until deadline_ms (0 if past), capped at own_ms;
  * *by_connect set when the connect's deadline is the sooner bound. */
 uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect);
-/* Abort the connect that tw_comm_connect(ctx, ..., cb, arg) started, in
- * whatever stage it is (TCP, TLS handshake, ws upgrade): its socket is
- * closed now and its callback never runs. Nothing when none is pending
- * (its callback has run). Loop thread. */
-void tw__connect_cancel(tw_context *ctx, void *arg);
 int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_fn upgrade,
 			 tw__then_fn then, tw_connect_cb cb, void *arg);
 /* TLS underneath ws: after the TLS handshake, `then` continues on the TLS
