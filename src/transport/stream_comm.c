@@ -18,7 +18,7 @@
 #include "core/msg.h"
 #include "core/pass.h"
 #include "transport/relay.h"
-#include "transport/transport.h"
+#include "transport/sock_comm.h"
 
 #define IOV_BATCH 64
 /* Bytes read per wakeup before yielding to the other comms of the loop:
@@ -64,16 +64,12 @@ static uint8_t *prelude_of(struct wq_entry *e)
 	return e->prelude != NULL ? e->prelude : e->prelude_inline;
 }
 
+/* The socket shell (sock_comm.h) holds the socket, its events and the
+ * queue of wq_entry; this is the stream framing on it. */
 struct stream {
-	struct tw_comm base;
-	int fd;
-	const struct tw__stream_io *io;
-	void *io_arg;
-	struct event *rev, *wev, *linger_ev;
+	struct tw__sock sock;
 	struct tw__rx rx;
-	struct wq_entry *q; /* ring of qcap entries */
-	size_t qhead, qn, qcap;
-	uint64_t queued_bytes, head_sent;
+	uint64_t head_sent;
 	/* What the queued messages cost beyond their bytes (queue entries,
 	 * message objects, block headers): the write high-water mark counts
 	 * it, as 100-byte messages cost about three times their bytes. */
@@ -86,7 +82,6 @@ struct stream {
 	int closing;     /* 1: flushing, 2: FIN sent, waiting for the peer's */
 	int peer_eof;    /* the peer's FIN came while we were closing */
 	int fail_err;    /* closing after bad input: the close ends with it */
-	int reading;     /* deliver messages (paused while no one takes them) */
 	int in_read;     /* inside on_readable: writes wait for its end */
 	int rx_large;    /* the message in progress is large: it holds receive budget */
 	uint64_t rx_got; /* ... and this many of its bytes were read after its head */
@@ -110,38 +105,18 @@ static void unclaim_entry(struct wq_entry *e)
 	}
 }
 
-static int grow_queue(struct stream *s)
+static struct wq_entry *entry(const struct stream *s, size_t i)
 {
-	size_t cap = s->qcap ? 2 * s->qcap : 8;
-	struct wq_entry *q = malloc(cap * sizeof(*q));
-	if (q == NULL)
-		return TW_ENOMEM;
-	for (size_t i = 0; i < s->qn; i++)
-		q[i] = s->q[(s->qhead + i) % s->qcap];
-	free(s->q);
-	s->q = q;
-	s->qcap = cap;
-	s->qhead = 0;
-	return 0;
+	return tw__sockq_at(&s->sock.q, i);
 }
 
-static void release_queue(struct stream *s)
+/* The comm stopped with e queued: its relay frames' claims go back. */
+static void drop_entry(struct tw__sock *sock, void *entry)
 {
-	for (size_t i = 0; i < s->qn; i++) {
-		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
-		uint64_t mb = tw_msg_bytes(e->msg);
-		unclaim_entry(e);
-		tw_msg_free(e->msg);
-		free(e->prelude);
-		tw__comm_wq_unhold(&s->base, mb);
-	}
-	s->qn = 0;
-	tw__comm_wq_sub(&s->base, s->queued_bytes);
-	s->queued_bytes = 0;
-	s->queued_cost = 0;
-	s->head_sent = 0;
-	s->head_part = 0;
-	s->head_off = 0;
+	struct wq_entry *e = entry;
+	unclaim_entry(e);
+	tw__sock_msg_gone(sock, e->msg);
+	free(e->prelude);
 }
 
 /* Part j of e: its prelude (j == 0), then frame j-1. */
@@ -161,8 +136,8 @@ static int gather(struct stream *s, struct iovec *iov, int max)
 	size_t j0 = s->head_part;
 	uint64_t off = s->head_off;
 	int k = 0;
-	for (size_t i = 0; i < s->qn && k < max; i++) {
-		struct wq_entry *e = &s->q[(s->qhead + i) % s->qcap];
+	for (size_t i = 0; i < s->sock.q.n && k < max; i++) {
+		struct wq_entry *e = entry(s, i);
 		size_t nparts = tw_msg_nframes(e->msg) + 1;
 		for (size_t j = j0; j < nparts && k < max; j++) {
 			size_t len = part_len(e, j), ri;
@@ -183,7 +158,7 @@ static int gather(struct stream *s, struct iovec *iov, int max)
 /* Move the head's cursor n bytes on (n stays within the head entry). */
 static void advance_cursor(struct stream *s, uint64_t n)
 {
-	struct wq_entry *e = &s->q[s->qhead];
+	struct wq_entry *e = entry(s, 0);
 	while (n > 0) {
 		uint64_t left = part_len(e, s->head_part) - s->head_off;
 		if (n < left) {
@@ -200,39 +175,37 @@ static void advance_cursor(struct stream *s, uint64_t n)
 static void consume(struct stream *s, uint64_t n)
 {
 	uint64_t was = s->head_sent;
-	TW__COUNT(&s->base.stats, bytes_sent, n);
-	s->queued_bytes -= n;
-	tw__comm_wq_sub(&s->base, n);
+	tw__sock_sent(&s->sock, n);
 	n += s->head_sent;
-	while (s->qn > 0 && n >= s->q[s->qhead].wire_len) {
-		struct wq_entry *e = &s->q[s->qhead];
-		uint64_t mb = tw_msg_bytes(e->msg);
+	while (s->sock.q.n > 0 && n >= entry(s, 0)->wire_len) {
+		struct wq_entry *e = entry(s, 0);
 		n -= e->wire_len;
 		s->queued_cost -= e->cost;
-		tw_msg_free(e->msg);
+		tw__sock_msg_gone(&s->sock, e->msg);
 		free(e->prelude);
-		tw__comm_wq_unhold(&s->base, mb);
-		s->qhead = (s->qhead + 1) % s->qcap;
-		s->qn--;
-		TW__COUNT(&s->base.stats, msgs_sent, 1);
+		tw__sockq_pop(&s->sock.q);
+		TW__COUNT(&s->sock.base.stats, msgs_sent, 1);
 		s->head_part = 0;
 		s->head_off = 0;
 		was = 0;
 	}
 	s->head_sent = n;
-	if (s->qn > 0)
+	if (s->sock.q.n > 0)
 		advance_cursor(s, n - was);
 }
 
 static void finish_close(struct stream *s);
-static const char *io_error(struct stream *s);
+static const char *io_error(struct stream *s)
+{
+	return tw__sock_io_error(&s->sock);
+}
 
 /* Splice the head's relay frame from its source (transport/relay.h).
  * Returns 0 with *n bytes moved (0: wait, for the socket or the relay's
  * wake), or an error after which the comm has ended. */
 static int pump_head(struct stream *s, size_t budget, ssize_t *n)
 {
-	struct wq_entry *e = &s->q[s->qhead];
+	struct wq_entry *e = entry(s, 0);
 	size_t i, moved;
 	struct tw__relay *r;
 	int rv, err;
@@ -241,12 +214,12 @@ static int pump_head(struct stream *s, size_t budget, ssize_t *n)
 		s->head_off = 0;
 	}
 	r = tw__relay_of(&tw__msg_frames(e->msg)[s->head_part - 1], &i);
-	rv = tw__relay_pump(r, i, s->fd, budget, &moved);
+	rv = tw__relay_pump(r, i, s->sock.fd, budget, &moved);
 	*n = (ssize_t)moved;
 	if (rv == 0 && moved == 0)
-		event_del(s->wev); /* the relay wakes us in the frame's turn */
+		event_del(s->sock.wev); /* the relay wakes us in the frame's turn */
 	else if (rv == TW_EAGAIN)
-		event_add(s->wev, NULL);
+		event_add(s->sock.wev, NULL);
 	if (rv == 0 || rv == TW_EAGAIN) {
 		if (rv == TW_EAGAIN)
 			*n = 0;
@@ -254,22 +227,23 @@ static int pump_head(struct stream *s, size_t budget, ssize_t *n)
 	}
 	if (rv == TW_EIO) {
 		err = tw__io_err(errno);
-		tw__comm_seterr(&s->base, "write failed: %s", io_error(s));
+		tw__comm_seterr(&s->sock.base, "write failed: %s", io_error(s));
 	} else {
 		/* the message is cut short on the wire: the peer cannot use it */
 		err = rv;
-		tw__comm_seterr(&s->base, "a relayed frame was lost, its message is corrupt: %s",
+		tw__comm_seterr(&s->sock.base,
+				"a relayed frame was lost, its message is corrupt: %s",
 				tw__relay_error(r));
 	}
-	tw__comm_end(&s->base, err);
+	tw__comm_end(&s->sock.base, err);
 	return err;
 }
 
 static void relay_wake(void *arg)
 {
 	struct stream *s = arg;
-	if (s->fd >= 0 && !s->base.ended)
-		event_active(s->wev, EV_WRITE, 0);
+	if (s->sock.fd >= 0 && !s->sock.base.ended)
+		event_active(s->sock.wev, EV_WRITE, 0);
 }
 
 /* Claim m's relay frames for this comm (tcp only): 0, or TW_EINVAL with
@@ -283,7 +257,7 @@ static int claim_relay(struct stream *s, tw_msg *m)
 		struct tw__relay *r = tw__relay_of(&f[j], &i);
 		if (r == NULL)
 			continue;
-		if (s->io != &tw__tcp_io || tw__relay_claim(r, i, relay_wake, s) != 0) {
+		if (s->sock.io != &tw__tcp_io || tw__relay_claim(r, i, relay_wake, s) != 0) {
 			while (j-- > 0)
 				if ((r = tw__relay_of(&f[j], &i)) != NULL)
 					tw__relay_unclaim(r, i);
@@ -299,20 +273,20 @@ static int flush(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
 	uint8_t buf[TW__GATHER_MAX];
-	size_t budget = tw__pass_allow(event_get_base(s->wev), WRITE_BUDGET);
+	size_t budget = tw__pass_allow(event_get_base(s->sock.wev), WRITE_BUDGET);
 	int calls = 0;
-	if (s->relay != NULL && s->qn > 0) {
+	if (s->relay != NULL && s->sock.q.n > 0) {
 		/* What we write to a relay's source waits until its message is
 		 * consumed: the pool's "OK" after a relayed get_data reply says
 		 * the reply was taken, as Dask's does (relay_check flushes). */
-		event_del(s->wev);
+		event_del(s->sock.wev);
 		return 0;
 	}
-	while (s->qn > 0) {
+	while (s->sock.q.n > 0) {
 		if (budget == 0 || ++calls > READ_CALLS) {
 			/* Let the loop's other comms run: epoll reports the
 			 * socket writable again next pass (core/pass.h). */
-			event_add(s->wev, NULL);
+			event_add(s->sock.wev, NULL);
 			return 0;
 		}
 		int k = gather(s, iov, IOV_BATCH);
@@ -328,39 +302,33 @@ static int flush(struct stream *s)
 			continue;
 		}
 		k = tw__gather_small(iov, k, buf);
-		/* At most the budget, unless TLS holds a record of the last
-		 * write: its retry must offer at least as many bytes. */
-		if (s->io->write_held == NULL || !s->io->write_held(s->io_arg))
-			k = tw__iov_cap(iov, k, budget);
-		n = s->io->writev(s->io_arg, s->fd, iov, k);
+		n = tw__sock_send(&s->sock, iov, k, budget);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-			event_add(s->wev, NULL);
+			event_add(s->sock.wev, NULL);
 			return 0;
 		}
 		if (n < 0) {
 			int err = tw__io_err(errno);
-			tw__comm_seterr(&s->base, "write failed: %s", io_error(s));
-			tw__comm_end(&s->base, err);
+			tw__comm_seterr(&s->sock.base, "write failed: %s", io_error(s));
+			tw__comm_end(&s->sock.base, err);
 			return err;
 		}
 		consume(s, (uint64_t)n);
 		budget = tw__pass_spent(budget, (size_t)n);
 	}
-	event_del(s->wev);
+	event_del(s->sock.wev);
 	if (s->closing) {
 		finish_close(s);
 		return TW_ECLOSED;
 	}
-	return tw__comm_drained(&s->base) ? 0 : TW_ECLOSED;
+	return tw__comm_drained(&s->sock.base) ? 0 : TW_ECLOSED;
 }
 
-static void on_writable(evutil_socket_t fd, short what, void *arg)
+static void on_writable(struct tw__sock *sock)
 {
-	(void)fd;
-	(void)what;
-	flush(arg);
+	flush((struct stream *)sock);
 }
 
 static int s_write(tw_comm *c, tw_msg *m)
@@ -370,11 +338,10 @@ static int s_write(tw_comm *c, tw_msg *m)
 	size_t nf = tw_msg_nframes(m);
 	if (s->closing)
 		return TW_ECLOSED;
-	if (s->queued_bytes + s->queued_cost >= c->limits.write_hwm_bytes)
+	if (s->sock.queued_bytes + s->queued_cost >= c->limits.write_hwm_bytes)
 		return TW_EAGAIN;
-	if (s->qn == s->qcap && grow_queue(s) != 0)
+	if ((e = tw__sockq_tail(&s->sock.q)) == NULL)
 		return TW_ENOMEM;
-	e = &s->q[(s->qhead + s->qn) % s->qcap];
 	e->prelude_len = tw__stream_prelude_bytes(nf);
 	e->prelude = NULL;
 	if (e->prelude_len > PRELUDE_INLINE && (e->prelude = malloc(e->prelude_len)) == NULL)
@@ -388,10 +355,8 @@ static int s_write(tw_comm *c, tw_msg *m)
 	e->wire_len = e->prelude_len + tw_msg_bytes(m);
 	e->cost = sizeof(*e) + (e->prelude != NULL ? e->prelude_len : 0) + tw__msg_footprint(m);
 	s->queued_cost += e->cost;
-	s->qn++;
-	s->queued_bytes += e->wire_len;
-	tw__comm_wq_add(c, e->wire_len);
-	tw__comm_wq_hold(c, tw_msg_bytes(m));
+	tw__sockq_commit(&s->sock.q);
+	tw__sock_queue_add(&s->sock, m, e->wire_len);
 	/* Write from the loop, not from inside this call: the caller never
 	 * sees a callback (drain, close) run within tw_comm_write, and the
 	 * writes of one loop turn go out in one writev. A reply written by a
@@ -399,20 +364,9 @@ static int s_write(tw_comm *c, tw_msg *m)
 	 * through the loop. */
 	if (s->in_read)
 		s->write_held = 1;
-	else if (!event_pending(s->wev, EV_WRITE, NULL))
-		event_active(s->wev, EV_WRITE, 0);
+	else
+		tw__sock_kick_write(&s->sock);
 	return 0;
-}
-
-static uint64_t s_queued(const tw_comm *c)
-{
-	return ((const struct stream *)c)->queued_bytes;
-}
-
-static const char *io_error(struct stream *s)
-{
-	const char *e = s->io->error != NULL ? s->io->error(s->io_arg) : NULL;
-	return e != NULL ? e : strerror(errno);
 }
 
 /* The true count of what arrived (issue 17 saw "after 0" where 99 MiB
@@ -422,11 +376,11 @@ static void say_truncated(struct stream *s)
 	unsigned long long got = tw__rx_progress(&s->rx), total = s->rx.dec.total;
 	if (total != 0)
 		tw__comm_seterr(
-			&s->base,
+			&s->sock.base,
 			"peer closed in the middle of a message: after %llu of its %llu bytes", got,
 			total + 8);
 	else
-		tw__comm_seterr(&s->base,
+		tw__comm_seterr(&s->sock.base,
 				"peer closed in the middle of a message: after %llu bytes of its "
 				"prelude",
 				got);
@@ -435,25 +389,25 @@ static void say_truncated(struct stream *s)
 /* The peer closed (or errored) while we were reading. */
 static void read_ended(struct stream *s, ssize_t n)
 {
-	if (n == 0 && tw__rx_idle(&s->rx) && s->qn > 0) {
+	if (n == 0 && tw__rx_idle(&s->rx) && s->sock.q.n > 0) {
 		/* A half-close: the peer may still read what we owe it. */
-		tw__comm_closing(&s->base); /* a batched sender's last maps first */
+		tw__comm_closing(&s->sock.base); /* a batched sender's last maps first */
 		s->closing = 1;
 		s->peer_eof = 1;
-		event_del(s->rev);
-		tw__linger_start(&s->base, s->fd);
+		event_del(s->sock.rev);
+		tw__linger_start(&s->sock.base, s->sock.fd);
 	} else if (n == 0 && tw__rx_idle(&s->rx)) {
 		/* err 0 (orderly), yet never an empty text: a killed peer's
 		 * kernel closes this way too (issue 16: workers saw "") */
-		tw__comm_seterr(&s->base, "peer closed the connection between messages");
-		tw__comm_end(&s->base, 0);
+		tw__comm_seterr(&s->sock.base, "peer closed the connection between messages");
+		tw__comm_end(&s->sock.base, 0);
 	} else if (n == 0) {
 		say_truncated(s);
-		tw__comm_end(&s->base, TW_ETRUNCATED);
+		tw__comm_end(&s->sock.base, TW_ETRUNCATED);
 	} else {
 		int err = tw__io_err(errno);
-		tw__comm_seterr(&s->base, "read failed: %s", io_error(s));
-		tw__comm_end(&s->base, err);
+		tw__comm_seterr(&s->sock.base, "read failed: %s", io_error(s));
+		tw__comm_end(&s->sock.base, err);
 	}
 }
 
@@ -464,11 +418,11 @@ static void protocol_error(struct stream *s, int err)
 {
 	const struct tw__sdec *d = &s->rx.dec;
 	if (err == TW_ENOMEM) /* ours, not the peer's: memory for its bytes refused */
-		tw__comm_seterr(&s->base, "out of memory receiving a message of %llu bytes",
+		tw__comm_seterr(&s->sock.base, "out of memory receiving a message of %llu bytes",
 				(unsigned long long)d->total);
 	else
 		tw__comm_seterr(
-			&s->base,
+			&s->sock.base,
 			"bad message from peer: %s (total %llu, frames %llu, limits %llu bytes, "
 			"%llu frames)",
 			tw_strerror(err), (unsigned long long)d->total, (unsigned long long)d->n,
@@ -477,69 +431,52 @@ static void protocol_error(struct stream *s, int err)
 	/* Replies to the requests served before the bad input go out
 	 * first: the comm then closes as tw_comm_close does, reading no
 	 * more, and ends with err (design.md, Close). */
-	if (s->qn > 0) {
+	if (s->sock.q.n > 0) {
 		begin_close(s, err);
 		return;
 	}
-	tw__comm_end(&s->base, err);
+	tw__comm_end(&s->sock.base, err);
 }
 
 static void try_finish(struct stream *s);
 
-/* While closing, input is read and dropped until the peer's EOF, so our
- * close never turns into a reset that could destroy data we sent. */
+/* While closing, input is read and dropped until the peer's EOF
+ * (tw__sock_drain says why). */
 static void drain_input(struct stream *s)
 {
-	char buf[16384];
-	struct iovec iov = {buf, sizeof(buf)};
-	ssize_t n;
-	while ((n = s->io->readv(s->io_arg, s->fd, &iov, 1)) > 0)
-		;
-	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+	int r = tw__sock_drain(&s->sock);
+	if (r == 0)
 		return;
-	if (n < 0 && (s->qn > 0 || tw__unacked_bytes(s->fd, s->closing == 2) > 0)) {
-		/* reset with bytes of ours still on the way: they are lost */
+	if (r < 0) {
 		int err = tw__io_err(errno);
-		tw__comm_seterr(&s->base, "read failed while closing: %s", io_error(s));
-		tw__comm_end(&s->base, err);
+		tw__comm_seterr(&s->sock.base, "read failed while closing: %s", io_error(s));
+		tw__comm_end(&s->sock.base, err);
 		return;
 	}
 	s->peer_eof = 1;
-	event_del(s->rev);
 	if (s->closing == 2)
 		try_finish(s);
 }
 
-/* The socket ran dry: a message left incomplete starts the clock of the
- * minimum receive rate; none in progress stops it (cheap when it is not
- * running, which is what small messages that arrive whole leave). */
+/* The socket ran dry: cheap when the rate clock is not running, which
+ * is what small messages that arrive whole leave (tw__sock_ran_dry). */
 static void ran_dry(struct stream *s)
 {
-	tw__comm_rate_watch(&s->base, !tw__rx_idle(&s->rx));
-}
-
-static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
-{
-	struct stream *s = arg;
-	(void)fd;
-	(void)what;
-	if (tw__comm_rate_due(&s->base, s->reading && !s->closing && !tw__rx_idle(&s->rx), s->fd))
-		tw__comm_end(&s->base, TW_ETIMEDOUT);
+	tw__sock_ran_dry(&s->sock);
 }
 
 /* The I/O layer holds bytes (TLS records already read), or an end that
  * came with them, which the socket's readiness does not show. */
 static int io_more(const struct stream *s)
 {
-	return (s->io->pending != NULL && s->io->pending(s->io_arg)) ||
-	       (s->io->end_held != NULL && s->io->end_held(s->io_arg));
+	return tw__sock_io_more(&s->sock);
 }
 
 /* Bytes may wait inside the I/O layer (TLS records already read), where
  * the socket's readiness does not show them: look again from the loop. */
 static void read_again(struct stream *s)
 {
-	event_active(s->rev, EV_READ, 0);
+	tw__sock_read_again(&s->sock);
 }
 
 /* A large message (its head is in; small ones reserve nothing) takes its
@@ -557,9 +494,9 @@ static int within_budget(struct stream *s, struct iovec *iov, int k)
 		s->rx_large = 1;
 		s->rx_got = 0;
 	}
-	if (tw__comm_rx_budget(&s->base, s->rx_got, s->rx.dec.total - 8 - s->rx_got, &cap) != 0) {
-		tw__comm_rate_stop(&s->base); /* the wait is ours, not the peer's */
-		event_del(s->rev);
+	if (tw__comm_rx_budget(&s->sock.base, s->rx_got, s->rx.dec.total - 8 - s->rx_got, &cap) !=
+	    0) {
+		tw__sock_rx_wait(&s->sock);
 		return 0;
 	}
 	return tw__iov_cap(iov, k, cap);
@@ -568,20 +505,7 @@ static int within_budget(struct stream *s, struct iovec *iov, int k)
 static void unreserve(struct stream *s)
 {
 	s->rx_large = 0;
-	tw__comm_rx_release(&s->base);
-}
-
-/* The budget has room for the next bytes: read on, from the loop (this
- * runs inside another comm's release). */
-static void rx_granted(struct tw__claim *claim)
-{
-	struct stream *s = (struct stream *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
-	if (!s->reading || s->closing || s->base.ended)
-		return;
-	tw__comm_rate_watch(&s->base, 1);
-	if (!event_pending(s->rev, EV_READ, NULL))
-		event_add(s->rev, NULL);
-	read_again(s);
+	tw__comm_rx_release(&s->sock.base);
 }
 
 /* A read-ahead over tcp: peek, then take what tw__rx_safe allows (the
@@ -591,12 +515,13 @@ static void rx_granted(struct tw__claim *claim)
 static ssize_t read_ahead(struct stream *s, const struct iovec *iov, ssize_t *seen)
 {
 	size_t safe;
-	ssize_t n = *seen = s->io->peek(s->io_arg, s->fd, iov->iov_base, iov->iov_len);
+	ssize_t n = *seen =
+		s->sock.io->peek(s->sock.io_arg, s->sock.fd, iov->iov_base, iov->iov_len);
 	if (n <= 0)
 		return n;
 	if ((safe = tw__rx_safe(&s->rx, iov->iov_base, (size_t)n)) == 0)
 		return 0;
-	n = s->io->discard(s->io_arg, s->fd, iov->iov_base, safe);
+	n = s->sock.io->discard(s->sock.io_arg, s->sock.fd, iov->iov_base, safe);
 	return n < 0 || (size_t)n == safe ? n : (errno = EIO, -1); /* only we read */
 }
 
@@ -604,7 +529,7 @@ static ssize_t read_ahead(struct stream *s, const struct iovec *iov, ssize_t *se
 static void relay_kick(void *arg)
 {
 	struct stream *s = arg;
-	event_active(s->rev, EV_READ, 0);
+	tw__sock_read_again(&s->sock);
 }
 
 /* m stopped at a relay frame: append the frames left in the socket (and
@@ -614,16 +539,16 @@ static int relay_start(struct stream *s, tw_msg *m)
 {
 	struct tw__rx *rx = &s->rx;
 	const uint8_t *pre = rx->carry_len ? tw_block_data(rx->carry) + rx->carry_off : NULL;
-	int rv = tw__relay_new(event_get_base(s->rev), s->fd, rx->relay_lens, rx->relay_n,
+	int rv = tw__relay_new(event_get_base(s->sock.rev), s->sock.fd, rx->relay_lens, rx->relay_n,
 			       rx->carry, pre, rx->carry_len, relay_kick, s, m, &s->relay);
 	if (rv == 0)
 		tw__rx_drop_carry(rx);
 	free(rx->relay_lens);
 	rx->relay_lens = NULL;
 	rx->relay_n = 0;
-	event_del(s->rev);
-	tw__comm_rate_stop(&s->base); /* the wait is for our destinations */
-	s->base.relaying = s->relay != NULL;
+	event_del(s->sock.rev);
+	tw__comm_rate_stop(&s->sock.base); /* the wait is for our destinations */
+	s->sock.base.relaying = s->relay != NULL;
 	return rv;
 }
 
@@ -634,39 +559,39 @@ static int relay_check(struct stream *s)
 	struct tw__relay *r = s->relay;
 	int st = tw__relay_state(r);
 	if (st == 0) {
-		event_del(s->rev);
+		event_del(s->sock.rev);
 		return 1;
 	}
 	s->relay = NULL;
-	s->base.relaying = 0;
+	s->sock.base.relaying = 0;
 	if (st < 0) {
-		tw__comm_seterr(&s->base, "%s", tw__relay_error(r));
+		tw__comm_seterr(&s->sock.base, "%s", tw__relay_error(r));
 		tw__relay_detach(r, 0, NULL);
-		tw__comm_end(&s->base, st);
+		tw__comm_end(&s->sock.base, st);
 		return 1;
 	}
 	tw__relay_detach(r, 0, NULL);
-	if (s->reading || s->closing)
-		event_add(s->rev, NULL);
-	if (s->qn > 0 && !event_pending(s->wev, EV_WRITE, NULL))
-		event_active(s->wev, EV_WRITE, 0); /* writes held while it ran */
+	if (s->sock.reading || s->closing)
+		event_add(s->sock.rev, NULL);
+	if (s->sock.q.n > 0)
+		tw__sock_kick_write(&s->sock); /* writes held while it ran */
 	return 0;
 }
 
 static void read_input(struct stream *s)
 {
 	struct iovec iov[IOV_BATCH];
-	size_t budget = tw__pass_read(event_get_base(s->rev), READ_BUDGET);
+	size_t budget = tw__pass_read(event_get_base(s->sock.rev), READ_BUDGET);
 	if (s->relay != NULL && relay_check(s))
 		return;
 	/* relay bytes count from the comm's limits at each message */
-	s->rx.relay_min = s->io == &tw__tcp_io ? s->base.limits.relay_min_bytes : 0;
+	s->rx.relay_min = s->sock.io == &tw__tcp_io ? s->sock.base.limits.relay_min_bytes : 0;
 	if (s->closing) {
 		drain_input(s);
 		return;
 	}
-	if (!s->reading) {
-		event_del(s->rev);
+	if (!s->sock.reading) {
+		event_del(s->sock.rev);
 		return;
 	}
 	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
@@ -687,10 +612,10 @@ static void read_input(struct stream *s)
 			k = tw__iov_cap(iov, k, budget);
 			for (int i = 0; i < k; i++)
 				asked += iov[i].iov_len;
-			if (k == 1 && s->io->peek != NULL && tw__rx_reads_ahead(&s->rx))
+			if (k == 1 && s->sock.io->peek != NULL && tw__rx_reads_ahead(&s->rx))
 				n = read_ahead(s, iov, &seen);
 			else
-				n = seen = s->io->readv(s->io_arg, s->fd, iov, k);
+				n = seen = s->sock.io->readv(s->sock.io_arg, s->sock.fd, iov, k);
 			if (n == 0 && seen > 0)
 				continue; /* no whole message seen: read its head */
 			if (n < 0 && errno == EINTR)
@@ -703,7 +628,7 @@ static void read_input(struct stream *s)
 				read_ended(s, n);
 				return;
 			}
-			TW__COUNT(&s->base.stats, bytes_received, (uint64_t)n);
+			TW__COUNT(&s->sock.base.stats, bytes_received, (uint64_t)n);
 			budget = tw__pass_spent(budget, (size_t)n);
 			s->rx_got += (uint64_t)n;
 			rv = tw__rx_advance(&s->rx, (size_t)n);
@@ -720,8 +645,8 @@ static void read_input(struct stream *s)
 				protocol_error(s, rv);
 				return;
 			}
-			TW__COUNT(&s->base.stats, msgs_received, 1);
-			alive = tw__comm_deliver(&s->base, m);
+			TW__COUNT(&s->sock.base.stats, msgs_received, 1);
+			alive = tw__comm_deliver(&s->sock.base, m);
 			tw_msg_free(m);
 			/* Its bytes go back to the budget once the message is
 			 * where it stays counted (a write queue, the reclaimer)
@@ -733,7 +658,7 @@ static void read_input(struct stream *s)
 				unreserve(s);
 			/* tw_comm_close in the callback stops reading: the
 			 * next wakeup drains input instead of delivering. */
-			if (!alive || s->closing || !s->reading || s->relay != NULL)
+			if (!alive || s->closing || !s->sock.reading || s->relay != NULL)
 				return;
 		}
 		/* A head read along with the last message may already be bad. */
@@ -761,44 +686,38 @@ static void read_input(struct stream *s)
 /* The comm is held while its input is read, so a callback that frees it
  * cannot pull it from under us; what the callbacks wrote is flushed
  * before the hold ends. */
-static void on_readable(evutil_socket_t fd, short what, void *arg)
+static void on_readable(struct tw__sock *sock)
 {
-	struct stream *s = arg;
-	(void)fd;
-	(void)what;
-	tw__comm_hold(&s->base);
+	struct stream *s = (struct stream *)sock;
+	tw__comm_hold(&s->sock.base);
 	s->in_read = 1;
 	read_input(s);
 	tw__pass_close();
 	s->in_read = 0;
 	if (s->write_held) {
 		s->write_held = 0;
-		if (!s->base.ended && !event_pending(s->wev, EV_WRITE, NULL))
+		if (!s->sock.base.ended && !event_pending(s->sock.wev, EV_WRITE, NULL))
 			flush(s);
 	}
-	tw__comm_release(&s->base);
+	tw__comm_release(&s->sock.base);
 }
 
 /* Ask the linger whether the close is over (tw__linger_due): delivered,
  * given up, or not yet. */
 static void linger_check(struct stream *s, int peer_done)
 {
-	int r = tw__linger_due(&s->base, s->queued_bytes, s->closing == 2, peer_done);
+	int r = tw__sock_linger(&s->sock, s->closing == 2, peer_done);
 	if (r > 0) {
-		tw__comm_end(&s->base, s->fail_err);
+		tw__comm_end(&s->sock.base, s->fail_err);
 		return;
 	}
-	if (r < 0) {
-		tw__abort_fd(s->fd);
-		tw__comm_end(&s->base, s->fail_err != 0 ? s->fail_err : TW_ETIMEDOUT);
-	}
+	if (r < 0)
+		tw__comm_end(&s->sock.base, s->fail_err != 0 ? s->fail_err : TW_ETIMEDOUT);
 }
 
-static void on_linger_timeout(evutil_socket_t fd, short what, void *arg)
+static void on_linger_timeout(struct tw__sock *sock)
 {
-	struct stream *s = arg;
-	(void)fd;
-	(void)what;
+	struct stream *s = (struct stream *)sock;
 	linger_check(s, s->peer_eof);
 }
 
@@ -812,14 +731,14 @@ static void try_finish(struct stream *s)
  * to acknowledge every byte. */
 static void send_end(struct stream *s)
 {
-	s->io->shutdown(s->io_arg, s->fd);
+	s->sock.io->shutdown(s->sock.io_arg, s->sock.fd);
 	s->closing = 2;
-	s->base.linger.fin = 1;
+	s->sock.base.linger.fin = 1;
 	if (s->peer_eof) {
 		try_finish(s);
 		return;
 	}
-	event_add(s->rev, NULL);
+	event_add(s->sock.rev, NULL);
 }
 
 static void finish_close(struct stream *s)
@@ -834,14 +753,14 @@ static void begin_close(struct stream *s, int err)
 {
 	if (s->closing)
 		return;
-	tw__comm_closing(&s->base);
+	tw__comm_closing(&s->sock.base);
 	s->closing = 1;
 	s->fail_err = err;
-	tw__comm_rate_stop(&s->base); /* input is dropped from now on */
+	tw__comm_rate_stop(&s->sock.base); /* input is dropped from now on */
 	unreserve(s);
-	event_add(s->rev, NULL);
-	tw__linger_start(&s->base, s->fd);
-	if (s->qn == 0)
+	event_add(s->sock.rev, NULL);
+	tw__linger_start(&s->sock.base, s->sock.fd);
+	if (s->sock.q.n == 0)
 		send_end(s);
 }
 
@@ -851,26 +770,20 @@ static void begin_close(struct stream *s, int err)
 static int s_start(tw_comm *c)
 {
 	struct stream *s = (struct stream *)c;
-	s->reading = 1;
+	s->sock.reading = 1;
 	/* Time we did not read was ours: a message in progress starts its
 	 * clock again, even if the peer sends nothing more. */
 	if (!tw__rx_idle(&s->rx))
 		tw__comm_rate_watch(c, 1);
-	if (event_pending(s->rev, EV_READ, NULL)) {
+	if (event_pending(s->sock.rev, EV_READ, NULL)) {
 		if (tw__rx_pending(&s->rx) || io_more(s))
 			read_again(s);
 		return 0;
 	}
-	if (event_add(s->rev, NULL) != 0)
+	if (event_add(s->sock.rev, NULL) != 0)
 		return TW_EIO;
 	read_again(s);
 	return 0;
-}
-
-static void s_pause(tw_comm *c)
-{
-	((struct stream *)c)->reading = 0;
-	tw__comm_rate_stop(c);
 }
 
 static void s_close(tw_comm *c)
@@ -888,42 +801,28 @@ static void s_fail(tw_comm *c, int err)
 	begin_close(s, err);
 }
 
-static void s_stop(tw_comm *c)
+/* The comm stopped: what it received goes now, not when it is freed (an
+ * ended comm holds no memory for its peer's bytes), and a relay of its
+ * input fails. */
+static void stopped(struct tw__sock *sock)
 {
-	struct stream *s = (struct stream *)c;
-	if (s->fd < 0)
-		return;
-	event_del(s->rev);
-	event_del(s->wev);
-	event_del(s->linger_ev);
-	tw__comm_rate_stop(c);
-	release_queue(s);
+	struct stream *s = (struct stream *)sock;
+	s->queued_cost = 0;
+	s->head_sent = 0;
+	s->head_part = 0;
+	s->head_off = 0;
 	unreserve(s);
 	if (s->relay != NULL) {
 		tw__relay_detach(s->relay, TW_ECLOSED, "the comm was closed or freed");
 		s->relay = NULL;
-		s->base.relaying = 0;
+		s->sock.base.relaying = 0;
 	}
-	/* A message cut short is dropped now, not when the comm is freed:
-	 * an ended comm holds no memory for its peer's bytes. */
 	tw__rx_fini(&s->rx);
-	if (s->io->free != NULL)
-		s->io->free(s->io_arg);
-	close(s->fd);
-	s->fd = -1;
 }
 
-static void s_destroy(tw_comm *c)
+static void fini(struct tw__sock *sock)
 {
-	struct stream *s = (struct stream *)c;
-	s_stop(c);
-	event_free(s->rev);
-	event_free(s->wev);
-	event_free(s->linger_ev);
-	event_free(s->base.rate.ev);
-	tw__rx_fini(&s->rx);
-	free(s->q);
-	free(s);
+	tw__rx_fini(&((struct stream *)sock)->rx);
 }
 
 static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
@@ -931,18 +830,39 @@ static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 	tw__rx_set_place(&((struct stream *)c)->rx, fn, arg);
 }
 
-static int s_rx_pending(const tw_comm *c)
+/* A running relay is not a next message: it holds the socket's bytes for
+ * its destinations, and what is written to the comm meanwhile waits for it
+ * (flush), so the comm may carry the next call. */
+static int rx_busy(const struct tw__sock *sock)
 {
-	const struct stream *s = (const struct stream *)c;
-	/* A running relay is not a next message: it holds the socket's
-	 * bytes for its destinations, and what is written to c meanwhile
-	 * waits for it (flush), so c may carry the next call. */
-	return !tw__rx_idle(&s->rx) || (s->io->pending != NULL && s->io->pending(s->io_arg));
+	return !tw__rx_idle(&((const struct stream *)sock)->rx);
 }
 
+static int rx_open(const struct tw__sock *sock)
+{
+	return !((const struct stream *)sock)->closing && !sock->base.ended;
+}
+
+static void too_slow(struct tw__sock *sock)
+{
+	tw__comm_end(&sock->base, TW_ETIMEDOUT);
+}
+
+static const struct tw__sock_hooks stream_hooks = {
+	.readable = on_readable,
+	.writable = on_writable,
+	.timer = on_linger_timeout,
+	.rx_busy = rx_busy,
+	.open = rx_open,
+	.too_slow = too_slow,
+	.drop = drop_entry,
+	.stopped = stopped,
+	.fini = fini,
+};
+
 static const struct tw__comm_ops stream_ops = {
-	s_start,   s_write,     s_queued, s_close,      s_stop,
-	s_destroy, s_set_place, s_pause,  s_rx_pending, s_fail,
+	s_start,     s_write,        tw__sock_queued,     s_close, tw__sock_stop, tw__sock_destroy,
+	s_set_place, tw__sock_pause, tw__sock_rx_pending, s_fail,
 };
 
 int tw__stream_is(const tw_comm *c)
@@ -956,32 +876,14 @@ int tw__stream_new(tw_context *ctx, int fd, const char *scheme, const struct tw_
 	struct stream *s = calloc(1, sizeof(*s));
 	if (s == NULL)
 		return TW_ENOMEM;
-	s->fd = fd;
-	s->io = io;
-	s->io_arg = io_arg;
-	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, s);
-	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, s);
-	s->linger_ev = evtimer_new(ctx->base, on_linger_timeout, s);
-	s->base.linger.ev = s->linger_ev;
-	s->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, s);
-	if (s->rev == NULL || s->wev == NULL || s->linger_ev == NULL || s->base.rate.ev == NULL) {
-		if (s->rev)
-			event_free(s->rev);
-		if (s->wev)
-			event_free(s->wev);
-		if (s->linger_ev)
-			event_free(s->linger_ev);
-		if (s->base.rate.ev)
-			event_free(s->base.rate.ev);
+	if (tw__sock_init(&s->sock, &stream_ops, &stream_hooks, ctx, fd, scheme, io, io_arg,
+			  sizeof(struct wq_entry)) != 0) {
 		free(s);
 		return TW_ENOMEM;
 	}
-	tw__comm_init(&s->base, &stream_ops, ctx);
-	s->base.rx_claim.granted = rx_granted;
-	tw__rx_init(&s->rx, &s->base.limits);
+	tw__rx_init(&s->rx, &s->sock.base.limits);
 	s->rx.gulp_max = GULP_MAX;
 	s->rx.gulp_pipe_max = io->peek != NULL ? GULP_PIPE_PEEK_MAX : GULP_PIPE_MAX;
-	tw__comm_set_addresses(&s->base, fd, scheme);
-	*out = &s->base;
+	*out = &s->sock.base;
 	return 0;
 }

@@ -33,7 +33,7 @@
 #include "core/block.h"
 #include "core/msg.h"
 #include "core/pass.h"
-#include "transport/transport.h"
+#include "transport/sock_comm.h"
 #include "transport/ws_codec.h"
 #include "transport/ws_upgrade.h"
 
@@ -68,14 +68,12 @@ struct out_msg {
 
 enum ws_state { WS_UPGRADE, WS_OPEN, WS_CLOSING, WS_DONE };
 
+/* On the socket shell (sock_comm.h), whose queue holds out_msg entries
+ * and whose timer times the upgrade, then the close linger. */
 struct ws {
-	struct tw_comm base;
-	int fd;
-	const struct tw__stream_io *io;
-	void *io_arg;
+	struct tw__sock sock;
 	int client;
 	enum ws_state state;
-	struct event *rev, *wev, *timer;
 	/* upgrade */
 	struct tw__ws_req req;
 	struct tw__ws_client hs;
@@ -91,7 +89,6 @@ struct ws {
 	tw_listener *l;
 	/* receive */
 	struct tw__ws_dec dec;
-	int reading;
 	uint8_t count[8];
 	size_t count_have;
 	uint64_t nframes; /* 0 until the count message of a message arrived */
@@ -106,10 +103,7 @@ struct ws {
 	void *place_arg;
 	struct tw__ws_ping_rate pings;
 	/* send */
-	struct out_msg *q;
-	size_t qhead, qn, qcap;
-	size_t seg, seg_off; /* cursor: segment of q[qhead], bytes of it sent */
-	uint64_t queued_bytes;
+	size_t seg, seg_off; /* cursor: segment of the head out_msg, bytes of it sent */
 	/* room for a close queued behind a control frame already begun */
 	uint8_t ctrl[2 * TW__WS_MAX_CONTROL_FRAME];
 	size_t ctrl_len, ctrl_sent;
@@ -136,7 +130,6 @@ struct ws {
 
 static ssize_t io_read(struct ws *w, void *p, size_t n)
 {
-	struct iovec iov = {p, n};
 	if (w->pre_off < w->pre_len) {
 		size_t k = w->pre_len - w->pre_off < n ? w->pre_len - w->pre_off : n;
 		memcpy(p, w->pre + w->pre_off, k);
@@ -148,20 +141,24 @@ static ssize_t io_read(struct ws *w, void *p, size_t n)
 		}
 		return (ssize_t)k;
 	}
-	return w->io->readv(w->io_arg, w->fd, &iov, 1);
+	return tw__sock_read1(&w->sock, p, n);
 }
 
 static const char *io_error(struct ws *w)
 {
-	const char *e = w->io->error != NULL ? w->io->error(w->io_arg) : NULL;
-	return e != NULL ? e : strerror(errno);
+	return tw__sock_io_error(&w->sock);
+}
+
+static struct out_msg *out_at(const struct ws *w, size_t i)
+{
+	return tw__sockq_at(&w->sock.q, i);
 }
 
 /* Sending. */
 
 static size_t shard_bytes(const struct ws *w)
 {
-	return w->base.limits.ws_shard_bytes;
+	return w->sock.base.limits.ws_shard_bytes;
 }
 
 static int add_seg(struct ws *w, struct out_msg *m, size_t *n, int fin, unsigned op,
@@ -232,20 +229,16 @@ static uint64_t msg_wire(const struct out_msg *m)
 
 static void out_free(struct ws *w, struct out_msg *m)
 {
-	uint64_t mb = tw_msg_bytes(m->msg);
-	tw_msg_free(m->msg);
+	tw__sock_msg_gone(&w->sock, m->msg);
 	free(m->segs);
-	tw__comm_wq_unhold(&w->base, mb);
 }
 
 /* n bytes of segments went out: move the cursor, retire messages. */
 static void consume(struct ws *w, uint64_t n)
 {
-	TW__COUNT(&w->base.stats, bytes_sent, n);
-	w->queued_bytes -= n;
-	tw__comm_wq_sub(&w->base, n);
+	tw__sock_sent(&w->sock, n);
 	while (n > 0) {
-		struct out_msg *m = &w->q[w->qhead];
+		struct out_msg *m = out_at(w, 0);
 		uint64_t left = seg_bytes(&m->segs[w->seg]) - w->seg_off;
 		uint64_t k = n < left ? n : left;
 		w->seg_off += k;
@@ -257,9 +250,8 @@ static void consume(struct ws *w, uint64_t n)
 			continue;
 		out_free(w, m);
 		w->seg = 0;
-		w->qhead = (w->qhead + 1) % w->qcap;
-		w->qn--;
-		TW__COUNT(&w->base.stats, msgs_sent, 1);
+		tw__sockq_pop(&w->sock.q);
+		TW__COUNT(&w->sock.base.stats, msgs_sent, 1);
 	}
 	/* Empty messages and segments at the cursor: nothing to write. */
 }
@@ -270,8 +262,8 @@ static int gather(struct ws *w, struct iovec *iov, int max)
 	size_t seg = w->seg;
 	uint64_t skip = w->seg_off;
 	int k = 0;
-	for (size_t i = 0; i < w->qn && k < max - 1; i++) {
-		struct out_msg *m = &w->q[(w->qhead + i) % w->qcap];
+	for (size_t i = 0; i < w->sock.q.n && k < max - 1; i++) {
+		struct out_msg *m = out_at(w, i);
 		for (; seg < m->nsegs && k < max - 1; seg++) {
 			struct seg *s = &m->segs[seg];
 			if (skip < s->hlen) {
@@ -302,8 +294,8 @@ static void fill_scratch(struct ws *w)
 {
 	size_t seg = w->seg, pos = 0, cap = w->scratch_cap;
 	uint64_t skip = w->seg_off;
-	for (size_t i = 0; i < w->qn && pos < cap; i++) {
-		struct out_msg *m = &w->q[(w->qhead + i) % w->qcap];
+	for (size_t i = 0; i < w->sock.q.n && pos < cap; i++) {
+		struct out_msg *m = out_at(w, i);
 		for (; seg < m->nsegs && pos < cap; seg++) {
 			struct seg *s = &m->segs[seg];
 			size_t k;
@@ -338,14 +330,13 @@ static void start_linger(struct ws *w);
 
 static int write_held(const struct ws *w)
 {
-	return w->io->write_held != NULL && w->io->write_held(w->io_arg);
+	return tw__sock_write_held(&w->sock);
 }
 
 /* Write a pending control frame, whole, before any more segments. */
 static int write_ctrl(struct ws *w)
 {
-	struct iovec iov = {w->ctrl + w->ctrl_sent, w->ctrl_len - w->ctrl_sent};
-	ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
+	ssize_t n = tw__sock_write1(&w->sock, w->ctrl + w->ctrl_sent, w->ctrl_len - w->ctrl_sent);
 	w->ctrl_owed = write_held(w);
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
@@ -369,12 +360,12 @@ static int read_once(struct ws *w, size_t *budget);
 static int read_rest(struct ws *w)
 {
 	size_t budget = SIZE_MAX;
-	tw__comm_hold(&w->base);
+	tw__comm_hold(&w->sock.base);
 	/* no pass budget here: the socket is ending (tw__pass_spent may say
 	 * 0, and a read of 0 bytes would come back here for ever) */
-	while (w->state == WS_OPEN && w->reading && read_once(w, &budget) > 0)
+	while (w->state == WS_OPEN && w->sock.reading && read_once(w, &budget) > 0)
 		budget = SIZE_MAX;
-	return tw__comm_release(&w->base);
+	return tw__comm_release(&w->sock.base);
 }
 
 static void write_failed(struct ws *w)
@@ -382,7 +373,7 @@ static void write_failed(struct ws *w)
 	int reset = errno == ECONNRESET || errno == EPIPE;
 	if (!w->close_rcvd) {
 		w->write_err = tw__io_err(errno);
-		tw__comm_seterr(&w->base, "write failed: %s", io_error(w));
+		tw__comm_seterr(&w->sock.base, "write failed: %s", io_error(w));
 		/* A peer that fails the connection may send its close and
 		 * reset at once (RFC 6455 section 7.1.7): read it first. */
 		if (reset && !read_rest(w))
@@ -394,7 +385,7 @@ static void write_failed(struct ws *w)
 		end_after_close(w);
 		return;
 	}
-	tw__comm_end(&w->base, w->write_err);
+	tw__comm_end(&w->sock.base, w->write_err);
 }
 
 /* A client's scratch buffer holds 64 KiB while little is queued, and
@@ -410,7 +401,7 @@ static void write_failed(struct ws *w)
  * the next bytes masked into it. */
 static int refill_scratch(struct ws *w)
 {
-	size_t want = w->queued_bytes > SCRATCH_MIN ? SCRATCH_BYTES : SCRATCH_MIN;
+	size_t want = w->sock.queued_bytes > SCRATCH_MIN ? SCRATCH_BYTES : SCRATCH_MIN;
 	if (w->scratch == NULL || w->scratch_cap < want) {
 		uint8_t *p = malloc(want);
 		if (p == NULL && w->scratch == NULL)
@@ -436,9 +427,7 @@ static ssize_t write_some(struct ws *w, size_t budget)
 	int k;
 	if (!w->client) {
 		k = tw__gather_small(iov, gather(w, iov, IOV_BATCH), buf);
-		if (!write_held(w))
-			k = tw__iov_cap(iov, k, budget);
-		return w->io->writev(w->io_arg, w->fd, iov, k);
+		return tw__sock_send(&w->sock, iov, k, budget);
 	}
 	if (w->scratch_sent == w->scratch_len && refill_scratch(w) != 0) {
 		errno = ENOMEM;
@@ -446,14 +435,12 @@ static ssize_t write_some(struct ws *w, size_t budget)
 	}
 	iov[0].iov_base = w->scratch + w->scratch_sent;
 	iov[0].iov_len = w->scratch_len - w->scratch_sent;
-	if (!write_held(w) && iov[0].iov_len > budget)
-		iov[0].iov_len = budget;
-	return w->io->writev(w->io_arg, w->fd, iov, 1);
+	return tw__sock_send(&w->sock, iov, 1, budget);
 }
 
 static void flush(struct ws *w)
 {
-	size_t budget = tw__pass_allow(event_get_base(w->wev), IO_BUDGET);
+	size_t budget = tw__pass_allow(event_get_base(w->sock.wev), IO_BUDGET);
 	for (;;) {
 		ssize_t n;
 		if (w->ctrl_len > 0 && at_boundary(w)) {
@@ -474,13 +461,13 @@ static void flush(struct ws *w)
 			}
 			continue;
 		}
-		if (w->qn == 0)
+		if (w->sock.q.n == 0)
 			break;
 		if (budget == 0) {
 			/* The loop's other comms first: epoll reports the socket
 			 * writable again next pass (core/pass.h). */
-			if (!event_pending(w->wev, EV_WRITE, NULL))
-				event_add(w->wev, NULL);
+			if (!event_pending(w->sock.wev, EV_WRITE, NULL))
+				event_add(w->sock.wev, NULL);
 			return;
 		}
 		n = write_some(w, budget);
@@ -496,7 +483,7 @@ static void flush(struct ws *w)
 		consume(w, (uint64_t)n);
 		budget = tw__pass_spent(budget, (size_t)n);
 	}
-	event_del(w->wev);
+	event_del(w->sock.wev);
 	free(w->scratch); /* all sent: nothing in it is owed to TLS */
 	w->scratch = NULL;
 	w->scratch_cap = w->scratch_len = w->scratch_sent = 0;
@@ -513,23 +500,21 @@ static void flush(struct ws *w)
 						  w->client ? key : NULL);
 		w->ctrl_len = len > 0 ? (size_t)len : 0;
 		w->close_sent = 1;
-		event_active(w->wev, EV_WRITE, 0);
+		event_active(w->sock.wev, EV_WRITE, 0);
 		return;
 	}
 	if (w->state == WS_OPEN)
-		tw__comm_drained(&w->base);
+		tw__comm_drained(&w->sock.base);
 	return;
 wait:
-	event_add(w->wev, NULL);
+	event_add(w->sock.wev, NULL);
 }
 
 static void upgrade_write(struct ws *w);
 
-static void on_writable(evutil_socket_t fd, short what, void *arg)
+static void on_writable(struct tw__sock *sock)
 {
-	struct ws *w = arg;
-	(void)fd;
-	(void)what;
+	struct ws *w = (struct ws *)sock;
 	if (w->state == WS_UPGRADE) {
 		upgrade_write(w);
 		return;
@@ -537,49 +522,26 @@ static void on_writable(evutil_socket_t fd, short what, void *arg)
 	flush(w);
 }
 
-static int grow_queue(struct ws *w)
-{
-	size_t cap = w->qcap ? 2 * w->qcap : 8;
-	struct out_msg *q = malloc(cap * sizeof(*q));
-	if (q == NULL)
-		return TW_ENOMEM;
-	for (size_t i = 0; i < w->qn; i++)
-		q[i] = w->q[(w->qhead + i) % w->qcap];
-	free(w->q);
-	w->q = q;
-	w->qcap = cap;
-	w->qhead = 0;
-	return 0;
-}
-
 static int w_write(tw_comm *c, tw_msg *msg)
 {
 	struct ws *w = (struct ws *)c;
-	struct out_msg m = {msg, NULL, 0};
+	struct out_msg m = {msg, NULL, 0}, *slot;
 	int rv;
 	if (w->state != WS_OPEN)
 		return TW_ECLOSED;
-	if (w->queued_bytes >= c->limits.write_hwm_bytes)
+	if (w->sock.queued_bytes >= c->limits.write_hwm_bytes)
 		return TW_EAGAIN;
-	if (w->qn == w->qcap && grow_queue(w) != 0)
+	if ((slot = tw__sockq_tail(&w->sock.q)) == NULL)
 		return TW_ENOMEM;
 	if ((rv = build_segs(w, &m)) != 0) {
 		free(m.segs);
 		return rv;
 	}
-	w->q[(w->qhead + w->qn) % w->qcap] = m;
-	w->qn++;
-	w->queued_bytes += msg_wire(&m);
-	tw__comm_wq_add(c, msg_wire(&m));
-	tw__comm_wq_hold(c, tw_msg_bytes(m.msg));
-	if (!event_pending(w->wev, EV_WRITE, NULL))
-		event_active(w->wev, EV_WRITE, 0);
+	*slot = m;
+	tw__sockq_commit(&w->sock.q);
+	tw__sock_queue_add(&w->sock, msg, msg_wire(&m));
+	tw__sock_kick_write(&w->sock);
 	return 0;
-}
-
-static uint64_t w_queued(const tw_comm *c)
-{
-	return ((const struct ws *)c)->queued_bytes;
 }
 
 /* A control frame already begun (partly written, or owed to TLS) goes
@@ -607,7 +569,7 @@ static void queue_ctrl(struct ws *w, int len)
 		w->ctrl_len = (size_t)len;
 		w->ctrl_sent = 0;
 	}
-	event_active(w->wev, EV_WRITE, 0);
+	event_active(w->sock.wev, EV_WRITE, 0);
 }
 
 /* Receiving. */
@@ -631,7 +593,7 @@ static void reset_rx_held(struct ws *w)
 static void reset_rx(struct ws *w)
 {
 	reset_rx_held(w);
-	tw__comm_rx_release(&w->base);
+	tw__comm_rx_release(&w->sock.base);
 }
 
 /* Send the close code and reason now, before the comm ends. It goes out
@@ -648,10 +610,8 @@ static void send_close_now(struct ws *w, unsigned code, const char *why)
 		len = tw__ws_encode_close(w->ctrl, code, why, strlen(why) < 123 ? strlen(why) : 0,
 					  w->client ? key : NULL);
 		/* Best effort: one write, then the socket closes. */
-		if (len > 0) {
-			struct iovec iov = {w->ctrl, (size_t)len};
-			w->io->writev(w->io_arg, w->fd, &iov, 1);
-		}
+		if (len > 0)
+			tw__sock_write1(&w->sock, w->ctrl, (size_t)len);
 		w->close_sent = 1;
 	}
 }
@@ -665,23 +625,23 @@ static void fail_after_replies(struct ws *w, int err, unsigned code, const char 
 	w->fail_code = code;
 	snprintf(w->fail_why, sizeof(w->fail_why), "%s", why);
 	w->err_after_close = err;
-	tw__comm_closing(&w->base);
-	tw__comm_rate_stop(&w->base);
-	event_add(w->rev, NULL); /* input is read and dropped */
+	tw__comm_closing(&w->sock.base);
+	tw__comm_rate_stop(&w->sock.base);
+	event_add(w->sock.rev, NULL); /* input is read and dropped */
 	start_linger(w);
-	event_active(w->wev, EV_WRITE, 0);
+	event_active(w->sock.wev, EV_WRITE, 0);
 }
 
 /* Fail the comm: send the close code, then end with err. */
 static void fail_proto(struct ws *w, int err, unsigned code, const char *why)
 {
-	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, code);
-	if (w->qn > 0 && w->state == WS_OPEN && !w->close_sent) {
+	tw__comm_seterr(&w->sock.base, "%s (WebSocket close %u)", why, code);
+	if (w->sock.q.n > 0 && w->state == WS_OPEN && !w->close_sent) {
 		fail_after_replies(w, err, code, why);
 		return;
 	}
 	send_close_now(w, code, why);
-	tw__comm_end(&w->base, err);
+	tw__comm_end(&w->sock.base, err);
 }
 
 /* A ping came: answer it, or fail the comm when the peer pings too often
@@ -690,13 +650,13 @@ static int got_ping(struct ws *w, const struct tw__ws_event *ev)
 {
 	uint8_t key[4];
 	if (tw__ws_ping_rate_check(&w->pings, tw__mono_ms()) != 0) {
-		tw__comm_seterr(&w->base,
+		tw__comm_seterr(&w->sock.base,
 				"too many pings: %u in a row, each less than %u ms after "
 				"the one before (WebSocket close %u)",
-				w->base.limits.ws_ping_strikes + 1,
-				w->base.limits.ws_min_ping_interval_ms, TW__WS_CLOSE_POLICY);
+				w->sock.base.limits.ws_ping_strikes + 1,
+				w->sock.base.limits.ws_min_ping_interval_ms, TW__WS_CLOSE_POLICY);
 		send_close_now(w, TW__WS_CLOSE_POLICY, "too many pings");
-		tw__comm_end(&w->base, TW_EPROTO);
+		tw__comm_end(&w->sock.base, TW_EPROTO);
 		return -1;
 	}
 	/* One pong at a time, for the most recent ping (RFC 6455 section
@@ -712,7 +672,7 @@ static int got_ping(struct ws *w, const struct tw__ws_event *ev)
 
 static uint64_t limit_left(const struct ws *w)
 {
-	return w->base.limits.max_message_bytes - w->msg_bytes;
+	return w->sock.base.limits.max_message_bytes - w->msg_bytes;
 }
 
 /* Frame i starts: choose its block (see the file comment). */
@@ -750,7 +710,7 @@ static int got_count(struct ws *w, uint64_t len)
 	}
 	memcpy(&n, w->count, 8);
 	n = le64toh(n);
-	if (n == 0 || n > w->base.limits.max_frames) {
+	if (n == 0 || n > w->sock.base.limits.max_frames) {
 		fail_proto(w, n == 0 ? TW_ENOFRAMES : TW_ETOOMANY,
 			   n == 0 ? TW__WS_CLOSE_PROTOCOL : TW__WS_CLOSE_TOO_BIG,
 			   n == 0 ? "message of zero frames" : "more frames than the limit");
@@ -791,12 +751,12 @@ static int deliver(struct ws *w)
 	int alive;
 	w->msg = NULL;
 	reset_rx_held(w);
-	tw__ws_dec_set_max_message_bytes(&w->dec, w->base.limits.max_message_bytes);
-	TW__COUNT(&w->base.stats, msgs_received, 1);
-	alive = tw__comm_deliver(&w->base, m);
+	tw__ws_dec_set_max_message_bytes(&w->dec, w->sock.base.limits.max_message_bytes);
+	TW__COUNT(&w->sock.base.stats, msgs_received, 1);
+	alive = tw__comm_deliver(&w->sock.base, m);
 	tw_msg_free(m);
 	if (alive) /* after delivery, as stream_comm.c does (why there) */
-		tw__comm_rx_release(&w->base);
+		tw__comm_rx_release(&w->sock.base);
 	return alive;
 }
 
@@ -816,8 +776,8 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 		w->err_after_close = w->msg == NULL && w->count_have == 0 ? 0 : TW_ETRUNCATED;
 	else if (!normal)
 		w->err_after_close = ev->code == TW__WS_CLOSE_TOO_BIG ? TW_ETOOBIG : TW_ECLOSED;
-	if (w->state == WS_OPEN || !normal || w->queued_bytes > 0)
-		tw__comm_seterr(&w->base, "closed by peer (code %u: %.*s)", ev->code,
+	if (w->state == WS_OPEN || !normal || w->sock.queued_bytes > 0)
+		tw__comm_seterr(&w->sock.base, "closed by peer (code %u: %.*s)", ev->code,
 				(int)ev->payload_len, (const char *)ev->payload);
 	if (!w->close_sent) {
 		if (w->client)
@@ -827,26 +787,13 @@ static void got_close(struct ws *w, const struct tw__ws_event *ev)
 		w->close_sent = 1;
 		w->state = WS_CLOSING;
 		/* no data after our close (RFC 6455 5.5.1) */
-		tw__comm_closing(&w->base);
-		tw__comm_rate_stop(&w->base);
+		tw__comm_closing(&w->sock.base);
+		tw__comm_rate_stop(&w->sock.base);
 		start_linger(w);
 		return;
 	}
 	if (w->ctrl_len == 0)
 		end_after_close(w);
-}
-
-/* The budget has room for the next payload bytes: read on, from the loop
- * (this runs inside another comm's release). */
-static void rx_granted(struct tw__claim *claim)
-{
-	struct ws *w = (struct ws *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
-	if (!w->reading || w->state != WS_OPEN)
-		return;
-	tw__comm_rate_watch(&w->base, 1);
-	if (!event_pending(w->rev, EV_READ, NULL))
-		event_add(w->rev, NULL);
-	event_active(w->rev, EV_READ, 0);
 }
 
 /* Before reading payload of a taskwire message that is past the
@@ -856,12 +803,12 @@ static void rx_granted(struct tw__claim *claim)
  * on, RX_WAIT to stop reading until rx_granted. */
 static int within_budget(struct ws *w, uint64_t room, size_t *want)
 {
-	if (w->nframes == 0 || room == 0 || w->rx_got + room <= w->base.limits.small_frame_bytes)
+	if (w->nframes == 0 || room == 0 ||
+	    w->rx_got + room <= w->sock.base.limits.small_frame_bytes)
 		return 0;
-	if (tw__comm_rx_budget(&w->base, w->rx_got, room, want) == 0)
+	if (tw__comm_rx_budget(&w->sock.base, w->rx_got, room, want) == 0)
 		return 0;
-	tw__comm_rate_stop(&w->base); /* the wait is ours, not the peer's */
-	event_del(w->rev);
+	tw__sock_rx_wait(&w->sock);
 	return RX_WAIT;
 }
 
@@ -927,32 +874,32 @@ static void peer_gone(struct ws *w, ssize_t n)
 		return;
 	}
 	if (w->write_err != 0) { /* read_rest: write_failed said why */
-		tw__comm_end(&w->base, w->write_err);
+		tw__comm_end(&w->sock.base, w->write_err);
 		return;
 	}
 	if (n == 0 && w->msg == NULL && w->count_have == 0) {
 		tw__comm_seterr(
-			&w->base,
+			&w->sock.base,
 			"peer closed the connection between messages, without a close frame");
-		tw__comm_end(&w->base, 0);
+		tw__comm_end(&w->sock.base, 0);
 		return;
 	}
 	if (n == 0) {
 		/* what arrived: frames complete, and the bytes of the one in
 		 * progress (its block fills from frame_start) */
 		uint64_t got = w->msg_bytes + (w->blk != NULL ? w->blk_off - w->frame_start : 0);
-		tw__comm_seterr(&w->base,
+		tw__comm_seterr(&w->sock.base,
 				"peer closed the connection in the middle of a message, without a "
 				"close frame: after %llu bytes of its frames (%zu of %llu frames "
 				"complete)",
 				(unsigned long long)got,
 				w->msg != NULL ? tw_msg_nframes(w->msg) : 0,
 				(unsigned long long)w->nframes);
-		tw__comm_end(&w->base, TW_ETRUNCATED);
+		tw__comm_end(&w->sock.base, TW_ETRUNCATED);
 		return;
 	}
-	tw__comm_seterr(&w->base, "read failed: %s", io_error(w));
-	tw__comm_end(&w->base, err);
+	tw__comm_seterr(&w->sock.base, "read failed: %s", io_error(w));
+	tw__comm_end(&w->sock.base, err);
 }
 
 /* One read into the decoder; 1 to go on, 0 to wait for the socket,
@@ -995,7 +942,7 @@ static int read_once(struct ws *w, size_t *budget)
 	} else {
 		return 0;
 	}
-	TW__COUNT(&w->base.stats, bytes_received, (uint64_t)n);
+	TW__COUNT(&w->sock.base.stats, bytes_received, (uint64_t)n);
 	*budget = tw__pass_spent(*budget, (size_t)n);
 	if (rv < 0) {
 		decode_error(w, rv);
@@ -1013,57 +960,52 @@ io:
 
 /* A message is partly received: a taskwire message begun (its count or
  * its frames), or any WebSocket frame begun. */
-static int rx_busy(const struct ws *w)
+static int rx_busy(const struct tw__sock *sock)
 {
+	const struct ws *w = (const struct ws *)sock;
 	return w->nframes != 0 || w->count_have != 0 || !tw__ws_dec_idle(&w->dec);
 }
 
-/* The socket ran dry: a message left incomplete starts the clock of the
- * minimum receive rate; none in progress stops it. */
-static void ran_dry(struct ws *w)
+/* Input is delivered only while open: closing, it is dropped. */
+static int rx_open(const struct tw__sock *sock)
 {
-	tw__comm_rate_watch(&w->base, w->state == WS_OPEN && rx_busy(w));
+	return ((const struct ws *)sock)->state == WS_OPEN;
 }
 
 /* The peer is too slow (tw_context_set_min_receive_rate): close 1008,
  * policy violation (RFC 6455 section 7.4.1), as for too many pings. */
-static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
+static void too_slow(struct tw__sock *sock)
 {
-	struct ws *w = arg;
-	char why[sizeof(w->base.error)];
-	(void)fd;
-	(void)what;
-	if (!tw__comm_rate_due(&w->base, w->state == WS_OPEN && w->reading && rx_busy(w), w->fd))
-		return;
-	snprintf(why, sizeof(why), "%s", w->base.error);
-	tw__comm_seterr(&w->base, "%s (WebSocket close %u)", why, TW__WS_CLOSE_POLICY);
+	struct ws *w = (struct ws *)sock;
+	char why[sizeof(w->sock.base.error)];
+	snprintf(why, sizeof(why), "%s", w->sock.base.error);
+	tw__comm_seterr(&w->sock.base, "%s (WebSocket close %u)", why, TW__WS_CLOSE_POLICY);
 	send_close_now(w, TW__WS_CLOSE_POLICY, "message arriving too slowly");
-	tw__comm_end(&w->base, TW_ETIMEDOUT);
+	tw__comm_end(&w->sock.base, TW_ETIMEDOUT);
 }
 
 /* Bytes already in memory (read with the upgrade, decrypted by TLS), or
  * an end that came with them: epoll does not report them. */
 static int io_more(const struct ws *w)
 {
-	return w->pre_off < w->pre_len || (w->io->pending != NULL && w->io->pending(w->io_arg)) ||
-	       (w->io->end_held != NULL && w->io->end_held(w->io_arg));
+	return w->pre_off < w->pre_len || tw__sock_io_more(&w->sock);
 }
 
 static void read_frames(struct ws *w)
 {
-	size_t budget = tw__pass_read(event_get_base(w->rev), IO_BUDGET);
-	while (budget > 0 && w->reading && !w->base.ended) {
+	size_t budget = tw__pass_read(event_get_base(w->sock.rev), IO_BUDGET);
+	while (budget > 0 && w->sock.reading && !w->sock.base.ended) {
 		int r = read_once(w, &budget);
 		if (r == 0)
-			ran_dry(w);
+			tw__sock_ran_dry(&w->sock);
 		if (r <= 0)
 			return;
 	}
 	/* Budget spent: the socket's bytes wait for the next pass (rev
 	 * persists), behind the comms whose bytes arrived meanwhile
 	 * (core/pass.h); what is in memory already epoll cannot report. */
-	if (w->reading && !w->base.ended && io_more(w))
-		event_active(w->rev, EV_READ, 0);
+	if (w->sock.reading && !w->sock.base.ended && io_more(w))
+		tw__sock_read_again(&w->sock);
 }
 
 /* After a close was sent and received (or the peer vanished): close TCP
@@ -1072,13 +1014,13 @@ static void end_after_close(struct ws *w)
 {
 	int err = w->err_after_close;
 	w->state = WS_DONE;
-	if (err == 0 && w->queued_bytes > 0) {
+	if (err == 0 && w->sock.queued_bytes > 0) {
 		/* the peer closed before it had all we queued */
-		if (w->base.error[0] == '\0')
-			tw__comm_seterr(&w->base, "closed by peer");
+		if (w->sock.base.error[0] == '\0')
+			tw__comm_seterr(&w->sock.base, "closed by peer");
 		err = TW_ECLOSED;
 	}
-	tw__comm_end(&w->base, err);
+	tw__comm_end(&w->sock.base, err);
 }
 
 /* Closing: ask the linger whether the close is over (tw__linger_due).
@@ -1086,55 +1028,42 @@ static void end_after_close(struct ws *w)
  * (while failing we read none: nothing of the peer's counts then). */
 static void linger_check(struct ws *w)
 {
-	int r = tw__linger_due(&w->base, w->queued_bytes, w->close_sent && w->ctrl_len == 0,
-			       w->close_rcvd || w->failing);
+	int r = tw__sock_linger(&w->sock, w->close_sent && w->ctrl_len == 0,
+				w->close_rcvd || w->failing);
 	if (r > 0) {
 		end_after_close(w);
 		return;
 	}
 	if (r < 0) {
-		tw__abort_fd(w->fd);
 		w->state = WS_DONE;
-		tw__comm_end(&w->base, w->err_after_close != 0 ? w->err_after_close : TW_ETIMEDOUT);
+		tw__comm_end(&w->sock.base,
+			     w->err_after_close != 0 ? w->err_after_close : TW_ETIMEDOUT);
 	}
 }
 
 static void start_linger(struct ws *w)
 {
-	w->base.linger.ev = w->timer;
-	tw__linger_start(&w->base, w->fd);
-}
-
-static void on_linger(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	linger_check(arg);
+	tw__linger_start(&w->sock.base, w->sock.fd);
 }
 
 /* Failing: our close frame is out; FIN too, and end once the peer's TCP
  * has every byte (the replies before the close). */
 static void fail_sent(struct ws *w)
 {
-	event_del(w->wev);
-	w->io->shutdown(w->io_arg, w->fd);
-	w->base.linger.fin = 1;
+	event_del(w->sock.wev);
+	w->sock.io->shutdown(w->sock.io_arg, w->sock.fd);
+	w->sock.base.linger.fin = 1;
 	linger_check(w);
 }
 
 /* Failing: drop what the peer sends, until its EOF. */
 static void read_failing(struct ws *w)
 {
-	uint8_t sink[16384];
-	struct iovec iov = {sink, sizeof(sink)};
-	ssize_t n;
-	while ((n = w->io->readv(w->io_arg, w->fd, &iov, 1)) > 0)
-		;
-	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+	int r = tw__sock_drain(&w->sock);
+	if (r == 0)
 		return;
-	event_del(w->rev);
-	if (n < 0 && (w->queued_bytes > 0 || tw__unacked_bytes(w->fd, w->base.linger.fin) > 0)) {
-		tw__comm_end(&w->base, w->err_after_close);
+	if (r < 0) {
+		tw__comm_end(&w->sock.base, w->err_after_close);
 		return;
 	}
 	if (w->close_sent && w->ctrl_len == 0)
@@ -1144,9 +1073,9 @@ static void read_failing(struct ws *w)
 /* Closing: drop data, look only for the peer's close frame or EOF. */
 static void read_closing(struct ws *w)
 {
-	size_t budget = tw__pass_read(event_get_base(w->rev), IO_BUDGET);
+	size_t budget = tw__pass_read(event_get_base(w->sock.rev), IO_BUDGET);
 	ssize_t n = -1;
-	while (!w->base.ended) {
+	while (!w->sock.base.ended) {
 		struct tw__ws_event ev = {0};
 		enum tw__ws_dec_phase ph = tw__ws_dec_phase(&w->dec);
 		uint8_t sink[16384], *dst;
@@ -1166,7 +1095,7 @@ static void read_closing(struct ws *w)
 		} else if (w->ctrl_len > 0) {
 			/* The peer's close arrived; our echo of it is still queued:
 			 * the writer ends the comm once it is out (RFC 6455 5.5.1). */
-			event_del(w->rev);
+			event_del(w->sock.rev);
 			return;
 		} else {
 			end_after_close(w);
@@ -1205,18 +1134,16 @@ static void read_ready(struct ws *w)
 		read_closing(w);
 		return;
 	}
-	if (!w->reading) {
-		event_del(w->rev);
+	if (!w->sock.reading) {
+		event_del(w->sock.rev);
 		return;
 	}
 	read_frames(w);
 }
 
-static void on_readable(evutil_socket_t fd, short what, void *arg)
+static void on_readable(struct tw__sock *sock)
 {
-	(void)fd;
-	(void)what;
-	read_ready(arg);
+	read_ready((struct ws *)sock);
 	tw__pass_close(); /* the comm's turn ends (core/pass.h) */
 }
 
@@ -1225,20 +1152,14 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 static int w_start(tw_comm *c)
 {
 	struct ws *w = (struct ws *)c;
-	w->reading = 1;
+	w->sock.reading = 1;
 	/* Time we did not read was ours: restart the clock. */
-	if (w->state == WS_OPEN && rx_busy(w))
+	if (w->state == WS_OPEN && rx_busy(&w->sock))
 		tw__comm_rate_watch(c, 1);
-	if (!event_pending(w->rev, EV_READ, NULL) && event_add(w->rev, NULL) != 0)
+	if (!event_pending(w->sock.rev, EV_READ, NULL) && event_add(w->sock.rev, NULL) != 0)
 		return TW_EIO;
-	event_active(w->rev, EV_READ, 0); /* bytes may wait in pre or TLS */
+	tw__sock_read_again(&w->sock); /* bytes may wait in pre or TLS */
 	return 0;
-}
-
-static void w_pause(tw_comm *c)
-{
-	((struct ws *)c)->reading = 0;
-	tw__comm_rate_stop(c);
 }
 
 static void w_close(tw_comm *c)
@@ -1250,9 +1171,9 @@ static void w_close(tw_comm *c)
 	w->err_after_close = 0;
 	tw__comm_rate_stop(c); /* input is dropped from now on */
 	tw__comm_rx_release(c);
-	event_add(w->rev, NULL);
+	event_add(w->sock.rev, NULL);
 	start_linger(w);
-	event_active(w->wev, EV_WRITE, 0);
+	event_active(w->sock.wev, EV_WRITE, 0);
 }
 
 /* Bad input above the transport (a request that is not a map): close
@@ -1267,43 +1188,26 @@ static void w_fail(tw_comm *c, int err)
 	fail_after_replies(w, err, TW__WS_CLOSE_POLICY, "bad request");
 }
 
-static void w_stop(tw_comm *c)
+/* Stopped: an ended comm holds no memory for its peer's bytes. */
+static void stopped(struct tw__sock *sock)
 {
-	struct ws *w = (struct ws *)c;
-	if (w->fd < 0)
-		return;
-	event_del(w->rev);
-	event_del(w->wev);
-	event_del(w->timer);
-	tw__comm_rate_stop(c);
-	for (size_t i = 0; i < w->qn; i++)
-		out_free(w, &w->q[(w->qhead + i) % w->qcap]);
-	w->qn = 0;
-	tw__comm_wq_sub(c, w->queued_bytes);
-	w->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
-	reset_rx(w);         /* an ended comm holds no memory for its peer's bytes */
-	if (w->io->free != NULL)
-		w->io->free(w->io_arg);
-	close(w->fd);
-	w->fd = -1;
+	reset_rx((struct ws *)sock);
 }
 
-static void w_destroy(tw_comm *c)
+static void drop_out(struct tw__sock *sock, void *entry)
 {
-	struct ws *w = (struct ws *)c;
-	w_stop(c);
-	event_free(w->rev);
-	event_free(w->wev);
-	event_free(w->timer);
-	event_free(w->base.rate.ev);
+	out_free((struct ws *)sock, entry);
+}
+
+static void fini(struct tw__sock *sock)
+{
+	struct ws *w = (struct ws *)sock;
 	reset_rx(w);
 	tw__ws_req_fini(&w->req);
 	tw__ws_client_fini(&w->hs);
-	free(w->q);
 	free(w->scratch);
 	free(w->pre);
 	free(w->hs_out);
-	free(w);
 }
 
 static void w_set_place(tw_comm *c, tw__place_fn fn, void *arg)
@@ -1312,15 +1216,9 @@ static void w_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 	((struct ws *)c)->place_arg = arg;
 }
 
-static int w_rx_pending(const tw_comm *c)
-{
-	const struct ws *w = (const struct ws *)c;
-	return rx_busy(w) || (w->io->pending != NULL && w->io->pending(w->io_arg));
-}
-
 static const struct tw__comm_ops ws_ops = {
-	w_start,   w_write,     w_queued, w_close,      w_stop,
-	w_destroy, w_set_place, w_pause,  w_rx_pending, w_fail,
+	w_start,     w_write,        tw__sock_queued,     w_close, tw__sock_stop, tw__sock_destroy,
+	w_set_place, tw__sock_pause, tw__sock_rx_pending, w_fail,
 };
 
 /* The upgrade. */
@@ -1333,19 +1231,20 @@ static void upgrade_failed(struct ws *w, int err, const char *why)
 	tw_connect_cb cb = w->cb;
 	void *arg = w->cb_arg;
 	tw_listener *l = w->client ? NULL : w->l;
-	char peer[sizeof(w->base.peer)];
-	memcpy(peer, w->base.peer, sizeof(peer));
+	char peer[sizeof(w->sock.base.peer)];
+	memcpy(peer, w->sock.base.peer, sizeof(peer));
 	if (!w->client)
-		tw__ctx_seterr(w->base.ctx, "WebSocket upgrade of a client (%s) %s: %s",
-			       w->base.peer, err == TW_ETIMEDOUT ? "timed out" : "failed", why);
+		tw__ctx_seterr(w->sock.base.ctx, "WebSocket upgrade of a client (%s) %s: %s",
+			       w->sock.base.peer, err == TW_ETIMEDOUT ? "timed out" : "failed",
+			       why);
 	else
-		tw__ctx_seterr(w->base.ctx, "WebSocket upgrade %s (%s): %s",
+		tw__ctx_seterr(w->sock.base.ctx, "WebSocket upgrade %s (%s): %s",
 			       err == TW_EPROTO      ? "refused by the server"
 			       : err == TW_ETIMEDOUT ? "timed out"
 						     : "failed",
-			       w->base.peer, why);
-	w->base.node.connect_arg = NULL;
-	tw_comm_free(&w->base);
+			       w->sock.base.peer, why);
+	w->sock.base.node.connect_arg = NULL;
+	tw_comm_free(&w->sock.base);
 	if (cb != NULL)
 		cb(NULL, err, arg);
 	else if (l != NULL) /* after the free: the callback may free l, and its upgrades */
@@ -1355,29 +1254,29 @@ static void upgrade_failed(struct ws *w, int err, const char *why)
 static void upgrade_done(struct ws *w)
 {
 	tw_connect_cb cb = w->cb;
-	event_del(w->timer);
-	w->base.node.connect_arg = NULL; /* handed out: no longer a connect */
+	event_del(w->sock.timer);
+	w->sock.base.node.connect_arg = NULL; /* handed out: no longer a connect */
 	w->state = WS_OPEN;
 	/* What only the upgrade needed goes: an idle comm keeps its state. */
 	tw__ws_req_fini(&w->req);
 	tw__ws_client_fini(&w->hs);
 	free(w->hs_out);
 	w->hs_out = NULL;
-	event_del(w->rev);
-	event_del(w->wev);
+	event_del(w->sock.rev);
+	event_del(w->sock.wev);
 	if (cb != NULL)
-		cb(&w->base, 0, w->cb_arg);
+		cb(&w->sock.base, 0, w->cb_arg);
 	else
-		w->l->accept_cb(w->l, &w->base, w->l->arg);
+		w->l->accept_cb(w->l, &w->sock.base, w->l->arg);
 }
 
 static void upgrade_write(struct ws *w)
 {
 	while (w->hs_sent < w->hs_len) {
 		struct iovec iov = {w->hs_out + w->hs_sent, w->hs_len - w->hs_sent};
-		ssize_t n = w->io->writev(w->io_arg, w->fd, &iov, 1);
+		ssize_t n = w->sock.io->writev(w->sock.io_arg, w->sock.fd, &iov, 1);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-			event_add(w->wev, NULL); /* rare: a 300-byte write on a fresh socket */
+			event_add(w->sock.wev, NULL); /* rare: a 300-byte write on a fresh socket */
 			return;
 		}
 		if (n < 0) {
@@ -1386,7 +1285,7 @@ static void upgrade_write(struct ws *w)
 		}
 		w->hs_sent += (size_t)n;
 	}
-	event_del(w->wev);
+	event_del(w->sock.wev);
 	if (w->refuse) {
 		upgrade_failed(w, TW_EPROTO, tw__ws_req_error(&w->req));
 		return;
@@ -1416,7 +1315,7 @@ static int upgrade_read_once(struct ws *w)
 {
 	uint8_t buf[1024];
 	struct iovec iov = {buf, sizeof(buf)};
-	ssize_t n = w->io->readv(w->io_arg, w->fd, &iov, 1);
+	ssize_t n = w->sock.io->readv(w->sock.io_arg, w->sock.fd, &iov, 1);
 	size_t used = 0;
 	int rv;
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -1441,7 +1340,7 @@ static int upgrade_read_once(struct ws *w)
 		upgrade_failed(w, rv, "out of memory");
 	if (rv != 1)
 		return rv == 0;
-	event_del(w->rev);
+	event_del(w->sock.rev);
 	if (keep_rest(w, buf + used, (size_t)n - used) != 0)
 		return 0;
 	w->refuse = tw__ws_req_status(&w->req) != 101;
@@ -1459,23 +1358,34 @@ static void upgrade_read(struct ws *w)
 		;
 }
 
-static void on_upgrade_timeout(evutil_socket_t fd, short what, void *arg)
+/* The shell's timer times the upgrade, then the close linger. */
+static void on_timer(struct tw__sock *sock)
 {
-	struct ws *w = arg;
-	(void)fd;
-	(void)what;
+	struct ws *w = (struct ws *)sock;
 	char why[160];
 	if (w->state == WS_UPGRADE) {
 		/* the connect timeout as set: it ran from the connect's start */
 		snprintf(why, sizeof(why), "no %s within %u ms (the %s)",
 			 w->client ? "answer from the server" : "upgrade request",
-			 (unsigned)(w->by_connect ? w->base.limits.connect_timeout_ms
+			 (unsigned)(w->by_connect ? w->sock.base.limits.connect_timeout_ms
 						  : w->upgrade_ms),
 			 w->by_connect ? "connect timeout" : "handshake timeout");
 		upgrade_failed(w, TW_ETIMEDOUT, why);
 	} else
-		on_linger(fd, what, arg);
+		linger_check(w);
 }
+
+static const struct tw__sock_hooks ws_hooks = {
+	.readable = on_readable,
+	.writable = on_writable,
+	.timer = on_timer,
+	.rx_busy = rx_busy,
+	.open = rx_open,
+	.too_slow = too_slow,
+	.drop = drop_out,
+	.stopped = stopped,
+	.fini = fini,
+};
 
 /* deadline_ms: a client's connect deadline (0: none). */
 static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void *io_arg, int client,
@@ -1485,31 +1395,14 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	struct timeval tv;
 	if (w == NULL)
 		return TW_ENOMEM;
-	w->fd = fd;
-	w->io = io;
-	w->io_arg = io_arg;
-	w->client = client;
-	w->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, w);
-	w->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, w);
-	w->timer = evtimer_new(ctx->base, on_upgrade_timeout, w);
-	w->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, w);
-	if (w->rev == NULL || w->wev == NULL || w->timer == NULL || w->base.rate.ev == NULL ||
-	    (w->hs_out = malloc(TW__WS_REQUEST_MAX)) == NULL) {
-		if (w->rev)
-			event_free(w->rev);
-		if (w->wev)
-			event_free(w->wev);
-		if (w->timer)
-			event_free(w->timer);
-		if (w->base.rate.ev)
-			event_free(w->base.rate.ev);
+	if ((w->hs_out = malloc(TW__WS_REQUEST_MAX)) == NULL ||
+	    tw__sock_init(&w->sock, &ws_ops, &ws_hooks, ctx, fd, io == &tw__tcp_io ? "ws" : "wss",
+			  io, io_arg, sizeof(struct out_msg)) != 0) {
 		free(w->hs_out);
 		free(w);
 		return TW_ENOMEM;
 	}
-	tw__comm_init(&w->base, &ws_ops, ctx);
-	w->base.rx_claim.granted = rx_granted;
-	tw__comm_set_addresses(&w->base, fd, io == &tw__tcp_io ? "ws" : "wss");
+	w->client = client;
 	tw__ws_dec_init(&w->dec, client ? TW__WS_CLIENT : TW__WS_SERVER,
 			ctx->limits.max_message_bytes, ctx->limits.ws_max_fragments);
 	tw__ws_ping_rate_init(&w->pings, ctx->limits.ws_min_ping_interval_ms,
@@ -1518,7 +1411,7 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	w->upgrade_ms = tw__stage_ms(deadline_ms, ctx->limits.handshake_timeout_ms, &w->by_connect);
 	tv.tv_sec = (time_t)(w->upgrade_ms / 1000);
 	tv.tv_usec = (suseconds_t)(w->upgrade_ms % 1000) * 1000;
-	evtimer_add(w->timer, &tv);
+	evtimer_add(w->sock.timer, &tv);
 	*out = w;
 	return 0;
 }
@@ -1543,7 +1436,7 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 	}
 	w->cb = cb;
 	w->cb_arg = arg;
-	w->base.node.connect_arg = arg; /* tw__connect_cancel finds it */
+	w->sock.base.node.connect_arg = arg; /* tw__connect_cancel finds it */
 	if ((rv = tw__ws_client_init(&w->hs, 0, 0)) != 0 ||
 	    (len = tw__ws_client_request(&w->hs, u->host, u->port, w->hs_out, TW__WS_REQUEST_MAX)) <
 		    0) {
@@ -1551,7 +1444,7 @@ static void client_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 		return;
 	}
 	w->hs_len = (size_t)len;
-	event_add(w->rev, NULL);
+	event_add(w->sock.rev, NULL);
 	upgrade_write(w);
 }
 
@@ -1569,10 +1462,10 @@ static void server_then(tw_context *ctx, int fd, const struct tw__stream_io *io,
 		close(fd);
 		return;
 	}
-	tw__comm_set_peer(&w->base, peer, io == &tw__tcp_io ? "ws" : "wss");
+	tw__comm_set_peer(&w->sock.base, peer, io == &tw__tcp_io ? "ws" : "wss");
 	w->l = l;
-	event_add(w->rev, NULL);
-	event_active(w->rev, EV_READ, 0); /* TLS may hold the request already */
+	event_add(w->sock.rev, NULL);
+	event_active(w->sock.rev, EV_READ, 0); /* TLS may hold the request already */
 }
 
 static void plain_client(tw_context *ctx, int fd, const struct tw__uri *u, tw_connect_cb cb,

@@ -1,0 +1,282 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The socket shell under the stream and WebSocket comms (sock_comm.h). */
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include <taskwire/error.h>
+
+#include "core/msg.h"
+#include "core/pass.h"
+#include "transport/sock_comm.h"
+
+void *tw__sockq_tail(struct tw__sockq *q)
+{
+	if (q->n == q->cap) {
+		size_t cap = q->cap ? 2 * q->cap : 8;
+		char *ring = malloc(cap * q->esize);
+		if (ring == NULL)
+			return NULL;
+		/* unrolled, so the ring starts at 0 again */
+		for (size_t i = 0; i < q->n; i++)
+			memcpy(ring + i * q->esize, tw__sockq_at(q, i), q->esize);
+		free(q->ring);
+		q->ring = ring;
+		q->cap = cap;
+		q->head = 0;
+	}
+	return q->ring + ((q->head + q->n) % q->cap) * q->esize;
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	struct tw__sock *s = arg;
+	(void)fd;
+	(void)what;
+	s->hooks->readable(s);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	struct tw__sock *s = arg;
+	(void)fd;
+	(void)what;
+	s->hooks->writable(s);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct tw__sock *s = arg;
+	(void)fd;
+	(void)what;
+	s->hooks->timer(s);
+}
+
+/* The clock of the minimum receive rate runs only while a message is
+ * partly received and we read: time we do not read is ours. */
+static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct tw__sock *s = arg;
+	int busy = s->reading && s->hooks->open(s) && s->hooks->rx_busy(s);
+	(void)fd;
+	(void)what;
+	if (tw__comm_rate_due(&s->base, busy, s->fd))
+		s->hooks->too_slow(s);
+}
+
+/* The receive budget has room for the next bytes: read on, from the loop
+ * (this runs inside another comm's release, so it must not read here). */
+static void rx_granted(struct tw__claim *claim)
+{
+	struct tw__sock *s =
+		(struct tw__sock *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
+	if (!s->reading || !s->hooks->open(s))
+		return;
+	tw__comm_rate_watch(&s->base, 1);
+	if (!event_pending(s->rev, EV_READ, NULL))
+		event_add(s->rev, NULL);
+	tw__sock_read_again(s);
+}
+
+static void free_events(struct tw__sock *s)
+{
+	if (s->rev != NULL)
+		event_free(s->rev);
+	if (s->wev != NULL)
+		event_free(s->wev);
+	if (s->timer != NULL)
+		event_free(s->timer);
+	if (s->base.rate.ev != NULL)
+		event_free(s->base.rate.ev);
+}
+
+int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
+		  const struct tw__sock_hooks *hooks, tw_context *ctx, int fd, const char *scheme,
+		  const struct tw__stream_io *io, void *io_arg, size_t esize)
+{
+	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, s);
+	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, s);
+	s->timer = evtimer_new(ctx->base, on_timer, s);
+	s->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, s);
+	if (s->rev == NULL || s->wev == NULL || s->timer == NULL || s->base.rate.ev == NULL) {
+		free_events(s);
+		return TW_ENOMEM;
+	}
+	s->hooks = hooks;
+	s->fd = fd;
+	s->io = io;
+	s->io_arg = io_arg;
+	s->q.esize = esize;
+	tw__comm_init(&s->base, ops, ctx);
+	s->base.linger.ev = s->timer;
+	s->base.rx_claim.granted = rx_granted;
+	tw__comm_set_addresses(&s->base, fd, scheme);
+	return 0;
+}
+
+uint64_t tw__sock_queued(const tw_comm *c)
+{
+	return ((const struct tw__sock *)c)->queued_bytes;
+}
+
+void tw__sock_pause(tw_comm *c)
+{
+	((struct tw__sock *)c)->reading = 0;
+	tw__comm_rate_stop(c);
+}
+
+/* Release the socket now; no callback runs after. The queue and what
+ * was received are dropped at once, not when the comm is freed. */
+void tw__sock_stop(tw_comm *c)
+{
+	struct tw__sock *s = (struct tw__sock *)c;
+	if (s->fd < 0)
+		return;
+	event_del(s->rev);
+	event_del(s->wev);
+	event_del(s->timer);
+	tw__comm_rate_stop(c);
+	for (size_t i = 0; i < s->q.n; i++)
+		s->hooks->drop(s, tw__sockq_at(&s->q, i));
+	s->q.n = 0;
+	tw__comm_wq_sub(c, s->queued_bytes);
+	s->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
+	s->hooks->stopped(s);
+	if (s->io->free != NULL)
+		s->io->free(s->io_arg);
+	close(s->fd);
+	s->fd = -1;
+}
+
+void tw__sock_destroy(tw_comm *c)
+{
+	struct tw__sock *s = (struct tw__sock *)c;
+	tw__sock_stop(c);
+	free_events(s);
+	free(s->q.ring);
+	if (s->hooks->fini != NULL)
+		s->hooks->fini(s);
+	free(s);
+}
+
+/* A running relay (stream comms) is not a next message: the comm may
+ * carry the next call while it runs (its rx_busy says no). */
+int tw__sock_rx_pending(const tw_comm *c)
+{
+	const struct tw__sock *s = (const struct tw__sock *)c;
+	return s->hooks->rx_busy(s) || tw__sock_io_pending(s);
+}
+
+const char *tw__sock_io_error(const struct tw__sock *s)
+{
+	const char *e = s->io->error != NULL ? s->io->error(s->io_arg) : NULL;
+	return e != NULL ? e : strerror(errno);
+}
+
+int tw__sock_io_pending(const struct tw__sock *s)
+{
+	return s->io->pending != NULL && s->io->pending(s->io_arg);
+}
+
+int tw__sock_io_more(const struct tw__sock *s)
+{
+	return tw__sock_io_pending(s) || (s->io->end_held != NULL && s->io->end_held(s->io_arg));
+}
+
+int tw__sock_write_held(const struct tw__sock *s)
+{
+	return s->io->write_held != NULL && s->io->write_held(s->io_arg);
+}
+
+ssize_t tw__sock_read1(struct tw__sock *s, void *p, size_t n)
+{
+	struct iovec iov = {p, n};
+	return s->io->readv(s->io_arg, s->fd, &iov, 1);
+}
+
+ssize_t tw__sock_write1(struct tw__sock *s, const void *p, size_t n)
+{
+	struct iovec iov = {(void *)p, n};
+	return s->io->writev(s->io_arg, s->fd, &iov, 1);
+}
+
+ssize_t tw__sock_send(struct tw__sock *s, struct iovec *iov, int k, size_t budget)
+{
+	if (!tw__sock_write_held(s))
+		k = tw__iov_cap(iov, k, budget);
+	return s->io->writev(s->io_arg, s->fd, iov, k);
+}
+
+void tw__sock_sent(struct tw__sock *s, uint64_t n)
+{
+	TW__COUNT(&s->base.stats, bytes_sent, n);
+	s->queued_bytes -= n;
+	tw__comm_wq_sub(&s->base, n);
+}
+
+void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire)
+{
+	s->queued_bytes += wire;
+	tw__comm_wq_add(&s->base, wire);
+	tw__comm_wq_hold(&s->base, tw_msg_bytes(m));
+}
+
+void tw__sock_msg_gone(struct tw__sock *s, tw_msg *m)
+{
+	uint64_t mb = tw_msg_bytes(m);
+	tw_msg_free(m);
+	tw__comm_wq_unhold(&s->base, mb);
+}
+
+void tw__sock_kick_write(struct tw__sock *s)
+{
+	if (!event_pending(s->wev, EV_WRITE, NULL))
+		event_active(s->wev, EV_WRITE, 0);
+}
+
+void tw__sock_read_again(struct tw__sock *s)
+{
+	event_active(s->rev, EV_READ, 0);
+}
+
+void tw__sock_ran_dry(struct tw__sock *s)
+{
+	tw__comm_rate_watch(&s->base, s->hooks->open(s) && s->hooks->rx_busy(s));
+}
+
+void tw__sock_rx_wait(struct tw__sock *s)
+{
+	tw__comm_rate_stop(&s->base);
+	event_del(s->rev);
+}
+
+int tw__sock_drain(struct tw__sock *s)
+{
+	char sink[16384];
+	ssize_t n;
+	int e;
+	while ((n = tw__sock_read1(s, sink, sizeof(sink))) > 0)
+		;
+	e = errno;
+	if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK || e == EINTR))
+		return 0;
+	event_del(s->rev);
+	/* a reset with bytes of ours still on the way: they are lost */
+	if (n < 0 && (s->queued_bytes > 0 || tw__unacked_bytes(s->fd, s->base.linger.fin) > 0)) {
+		errno = e;
+		return -1;
+	}
+	return 1;
+}
+
+int tw__sock_linger(struct tw__sock *s, int end_sent, int peer_done)
+{
+	int r = tw__linger_due(&s->base, s->queued_bytes, end_sent, peer_done);
+	if (r < 0)
+		tw__abort_fd(s->fd);
+	return r;
+}
