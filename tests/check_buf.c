@@ -718,38 +718,17 @@ START_TEST(msg_many_frames)
 }
 END_TEST
 
-static Suite *buf_suite(void)
-{
-	Suite *s = suite_create("buf");
-	TCase *blocks = tcase_create("blocks"), *msgs = tcase_create("msg");
-	tcase_add_test(blocks, block_sizes);
-	tcase_add_test(blocks, block_large_is_mapped);
-	tcase_add_test(blocks, block_hold_free);
-	tcase_add_test(blocks, block_bad_args);
-	tcase_add_test(blocks, block_wrap_release_once);
-	tcase_add_test(blocks, block_wrap_empty_and_no_release);
-	tcase_add_test(blocks, block_cache);
-	tcase_add_test(blocks, block_cache_stats);
-	tcase_add_test(blocks, block_lazy_commit);
-	tcase_add_test(blocks, block_commit_rlimit);
-	tcase_add_test(blocks, slice_data);
-	tcase_add_test(msgs, msg_empty);
-	tcase_add_test(msgs, msg_append_copy);
-	tcase_add_test(msgs, msg_append_ref);
-	tcase_add_test(msgs, msg_append_slice);
-	tcase_add_test(msgs, msg_append_invalid);
-	tcase_add_test(msgs, msg_many_frames);
-	tcase_add_test(msgs, packbuf_refuses_after_failure);
-	tcase_add_test(msgs, stats_sized);
-	tcase_add_test(blocks, block_free_unmaps_off_thread);
-	tcase_add_test(blocks, budget_rules);
-	tcase_add_test(blocks, budget_counts_block_cache);
-	suite_add_tcase(s, blocks);
-	suite_add_tcase(s, msgs);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(buf_suite(), 0);
+	TCase *blocks = ts_tcase(
+		"blocks", 0,
+		TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free, block_bad_args,
+			 block_wrap_release_once, block_wrap_empty_and_no_release, block_cache,
+			 block_cache_stats, block_lazy_commit, block_commit_rlimit, slice_data,
+			 block_free_unmaps_off_thread, budget_rules, budget_counts_block_cache));
+	TCase *msgs = ts_tcase("msg", 0,
+			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
+					msg_append_slice, msg_append_invalid, msg_many_frames,
+					packbuf_refuses_after_failure, stats_sized));
+	return ts_main("buf", 0, TS_CASES(blocks, msgs));
 }

@@ -427,22 +427,12 @@ START_TEST(ws_peer_close_idle)
 }
 END_TEST
 
-static TCase *close_tcase(void)
-{
-	TCase *tc = tcase_create("close");
-	tcase_set_timeout(tc, 120);
-	tcase_add_loop_test(tc, slow_reader_gets_everything, 0, 4);
-	tcase_add_loop_test(tc, stopped_reader_times_out, 0, 4);
-	tcase_add_loop_test(tc, quick_close_delivers, 0, 4);
-	tcase_add_loop_test(tc, reply_before_bad_input_close, 0, 4);
-	tcase_add_test(tc, ws_peer_close_mid_fragment);
-	tcase_add_test(tc, ws_peer_close_idle);
-	return tc;
-}
-
 int main(void)
 {
-	Suite *s = suite_create("close");
-	suite_add_tcase(s, close_tcase());
-	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE);
+	TCase *tc = ts_tcase("close", 120, NULL);
+	ts_add_loop(tc, 4,
+		    TS_TESTS(slow_reader_gets_everything, stopped_reader_times_out,
+			     quick_close_delivers, reply_before_bad_input_close));
+	ts_add(tc, TS_TESTS(ws_peer_close_mid_fragment, ws_peer_close_idle));
+	return ts_main("close", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

@@ -528,18 +528,10 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("commit");
-	TCase *tc = tcase_create("all");
-	tcase_set_timeout(tc, 600);
-	tcase_add_test(tc, eager_midsize_frames);
-	tcase_add_test(tc, eager_midsize_tcp);
-	tcase_add_test(tc, slab_commit_ahead);
-	tcase_add_test(tc, slab_commit_ahead_tcp);
-	tcase_add_test(tc, shapes);
-	tcase_add_test(tc, ws_fragments);
-	tcase_add_test(tc, hook_spans);
-	tcase_add_test(tc, rx_commit_refused);
-	tcase_add_test(tc, reserve_cached_prefix);
-	suite_add_tcase(s, tc);
-	return ts_run(s, 0);
+	return ts_main("commit", 0,
+		       TS_CASES(ts_tcase("all", 600,
+					 TS_TESTS(eager_midsize_frames, eager_midsize_tcp,
+						  slab_commit_ahead, slab_commit_ahead_tcp, shapes,
+						  ws_fragments, hook_spans, rx_commit_refused,
+						  reserve_cached_prefix))));
 }

@@ -777,19 +777,15 @@ static TCase *peer_tcase(const char *name, void (*start)(void))
 
 static void add_common(TCase *tc)
 {
-	tcase_add_test(tc, handshake_and_identity);
-	tcase_add_test(tc, echo_inline_bin);
-	tcase_add_loop_test(tc, echo_oob, 0, 4);
-	tcase_add_test(tc, error_reply);
-	tcase_add_test(tc, unknown_op);
-	tcase_add_test(tc, pipelined);
-	tcase_add_test(tc, close_op);
+	ts_add(tc, TS_TESTS(handshake_and_identity, echo_inline_bin));
+	ts_add_loop(tc, 4, TS_TESTS(echo_oob));
+	ts_add(tc, TS_TESTS(error_reply, unknown_op, pipelined, close_op));
 }
 
 static void add_codec(TCase *tc, int server)
 {
-	tcase_add_test(tc, handshake_and_identity);
-	tcase_add_loop_test(tc, codec_echo, 0, 2);
+	ts_add(tc, TS_TESTS(handshake_and_identity));
+	ts_add_loop(tc, 2, TS_TESTS(codec_echo));
 	if (server)
 		tcase_add_loop_test(tc, codec_reply_oob, 0, 2);
 }
@@ -803,8 +799,8 @@ static Suite *dask_suite(void)
 	suite_add_tcase(s, tc);
 	tc = peer_tcase("server", start_server);
 	add_common(tc);
-	tcase_add_loop_test(tc, reply_oob, 0, 4);
-	tcase_add_test(tc, pool_get_data_ack);
+	ts_add_loop(tc, 4, TS_TESTS(reply_oob));
+	ts_add(tc, TS_TESTS(pool_get_data_ack));
 	suite_add_tcase(s, tc);
 	tc = peer_tcase("scheduler_zstd", start_scheduler_zstd);
 	add_codec(tc, 0);
@@ -820,9 +816,7 @@ static Suite *dask_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("python_client");
 	tcase_set_timeout(tc, 180);
-	tcase_add_test(tc, python_client_plain);
-	tcase_add_test(tc, python_client_zstd);
-	tcase_add_test(tc, python_client_lz4);
+	ts_add(tc, TS_TESTS(python_client_plain, python_client_zstd, python_client_lz4));
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -462,18 +462,11 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("decode_bad");
-	TCase *tc = tcase_create("all");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, zstd_streaming_lie_allocates_bound);
-	tcase_add_test(tc, zstd_declared_lie_allocates);
-	tcase_add_test(tc, placement_subheader_nil_bomb);
-	tcase_add_test(tc, decode_cost_quadratic);
-	tcase_add_test(tc, nesting_limit_error);
-	tcase_add_test(tc, empty_mixes);
-	tcase_add_test(tc, placeholder_prefilter);
-	tcase_add_test(tc, lz4_zero_length);
-	tcase_add_test(tc, merge_many_tiny);
-	suite_add_tcase(s, tc);
-	return ts_run(s, 0);
+	return ts_main("decode_bad", 0,
+		       TS_CASES(ts_tcase(
+			       "all", 120,
+			       TS_TESTS(zstd_streaming_lie_allocates_bound,
+					zstd_declared_lie_allocates, placement_subheader_nil_bomb,
+					decode_cost_quadratic, nesting_limit_error, empty_mixes,
+					placeholder_prefilter, lz4_zero_length, merge_many_tiny))));
 }

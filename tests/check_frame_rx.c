@@ -1168,43 +1168,25 @@ START_TEST(bad_head_rejected)
 }
 END_TEST
 
-static Suite *rx_suite(void)
-{
-	Suite *s = suite_create("frame_rx");
-	TCase *feed = tcase_create("feed"), *place = tcase_create("placement");
-	TCase *hook = tcase_create("hook"), *stream = tcase_create("stream");
-	tcase_add_loop_test(feed, bytewise, 0, 2 * N_SHAPES);
-	tcase_add_loop_test(feed, random_splits, 0, 2 * N_SHAPES);
-	tcase_add_loop_test(feed, want_advance, 0, 2 * N_SHAPES);
-	tcase_add_test(place, placement_small_message);
-	tcase_add_test(place, placement_small_boundary);
-	tcase_add_test(place, placement_large_message);
-	tcase_add_test(place, placement_mixed);
-	tcase_add_test(place, placement_no_pinning);
-	tcase_add_test(hook, hook_span);
-	tcase_add_test(hook, hook_whole_and_small);
-	tcase_add_test(hook, hook_errors);
-	tcase_add_test(hook, hook_small_never_asked);
-	tcase_add_test(stream, back_to_back);
-	tcase_add_test(stream, stream_random_splits);
-	tcase_add_test(stream, truncated);
-	tcase_add_test(stream, gulp_one_read);
-	tcase_add_test(stream, gulp_block_reused_when_free);
-	tcase_add_test(stream, gulp_mispredict_large);
-	tcase_add_loop_test(stream, gulp_stream_random, 0, 40);
-	tcase_add_loop_test(stream, gulp_pipelined, 0, 2);
-	tcase_add_test(stream, gulp_slices_outlive_rx);
-	tcase_add_test(stream, gulp_fini_with_carry);
-	tcase_add_test(stream, gulp_bad_head_in_carry);
-	tcase_add_loop_test(stream, bad_head_rejected, 0, (int)N_BAD_HEADS);
-	suite_add_tcase(s, feed);
-	suite_add_tcase(s, place);
-	suite_add_tcase(s, hook);
-	suite_add_tcase(s, stream);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(rx_suite(), 0);
+	TCase *feed = ts_tcase("feed", 0, NULL), *stream = ts_tcase("stream", 0, NULL);
+	ts_add_loop(feed, 2 * N_SHAPES, TS_TESTS(bytewise, random_splits, want_advance));
+	ts_add(stream, TS_TESTS(back_to_back, stream_random_splits, truncated, gulp_one_read,
+				gulp_block_reused_when_free, gulp_mispredict_large));
+	ts_add_loop(stream, 40, TS_TESTS(gulp_stream_random));
+	ts_add_loop(stream, 2, TS_TESTS(gulp_pipelined));
+	ts_add(stream,
+	       TS_TESTS(gulp_slices_outlive_rx, gulp_fini_with_carry, gulp_bad_head_in_carry));
+	ts_add_loop(stream, (int)N_BAD_HEADS, TS_TESTS(bad_head_rejected));
+	return ts_main("frame_rx", 0,
+		       TS_CASES(feed,
+				ts_tcase("placement", 0,
+					 TS_TESTS(placement_small_message, placement_small_boundary,
+						  placement_large_message, placement_mixed,
+						  placement_no_pinning)),
+				ts_tcase("hook", 0,
+					 TS_TESTS(hook_span, hook_whole_and_small, hook_errors,
+						  hook_small_never_asked)),
+				stream));
 }

@@ -1348,33 +1348,20 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("handover");
-	TCase *tc = tcase_create("lifetime");
-	tcase_set_timeout(tc, 120);
-	tcase_add_checked_fixture(tc, NULL, stop_procs);
-	tcase_add_test(tc, held_comm_after_peer_killed);
-	tcase_add_test(tc, held_comm_end_reason_truncated);
-	suite_add_tcase(s, tc);
-	tc = tcase_create("handover");
-	tcase_set_timeout(tc, 120);
-	tcase_add_checked_fixture(tc, NULL, stop_procs);
-	tcase_add_test(tc, register_worker_keeps_stream);
-	tcase_add_test(tc, register_client_keeps_stream);
-	tcase_add_test(tc, worker_side_dispatches_by_op);
-	tcase_add_test(tc, batched_payloads_to_python);
-	suite_add_tcase(s, tc);
-	tc = tcase_create("attack16");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, atk_dispatch_kept_comm);
-	tcase_add_test(tc, atk_stream_handler_frees_server);
-	tcase_add_test(tc, atk_keep_then_reset);
-	tcase_add_test(tc, atk_keep_after_bad_input);
-	tcase_add_test(tc, atk_watch_then_context_free);
-	tcase_add_test(tc, atk_many_watches);
-	tcase_add_test(tc, atk_client_handler_frees_comm);
-	tcase_add_test(tc, atk_client_close_stream_then_more);
-	tcase_add_test(tc, atk_unwatch_other_comm);
-	tcase_add_test(tc, unwatch_inside_own_callback);
-	suite_add_tcase(s, tc);
-	return ts_run(s, TS_NO_SIGPIPE);
+	TCase *life = ts_tcase("lifetime", 120, NULL), *ho = ts_tcase("handover", 120, NULL);
+	tcase_add_checked_fixture(life, NULL, stop_procs);
+	ts_add(life, TS_TESTS(held_comm_after_peer_killed, held_comm_end_reason_truncated));
+	tcase_add_checked_fixture(ho, NULL, stop_procs);
+	ts_add(ho, TS_TESTS(register_worker_keeps_stream, register_client_keeps_stream,
+			    worker_side_dispatches_by_op, batched_payloads_to_python));
+	return ts_main(
+		"handover", TS_NO_SIGPIPE,
+		TS_CASES(life, ho,
+			 ts_tcase("attack16", 120,
+				  TS_TESTS(atk_dispatch_kept_comm, atk_stream_handler_frees_server,
+					   atk_keep_then_reset, atk_keep_after_bad_input,
+					   atk_watch_then_context_free, atk_many_watches,
+					   atk_client_handler_frees_comm,
+					   atk_client_close_stream_then_more,
+					   atk_unwatch_other_comm, unwatch_inside_own_callback))));
 }

@@ -16,6 +16,7 @@
 #include <taskwire/taskwire.h>
 
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define MAXLOOPS 4
 #define MAXCOMMS 64
@@ -536,9 +537,8 @@ int main(void)
 	int failed;
 	tcase_set_timeout(tc, 120);
 	tcase_add_unchecked_fixture(tc, ts_certs_make, ts_certs_remove);
-	tcase_add_test(tc, loop_threads_rules);
-	tcase_add_test(tc, server_across_loops);
-	tcase_add_loop_test(tc, free_with_comms_on_every_loop, 0, 4);
+	ts_add(tc, TS_TESTS(loop_threads_rules, server_across_loops));
+	ts_add_loop(tc, 4, TS_TESTS(free_with_comms_on_every_loop));
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

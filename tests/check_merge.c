@@ -230,24 +230,12 @@ START_TEST(bad_args)
 }
 END_TEST
 
-static Suite *merge_suite(void)
-{
-	Suite *s = suite_create("merge");
-	TCase *tc = tcase_create("merge");
-	tcase_add_test(tc, adjacent_is_view);
-	tcase_add_test(tc, view_holds_block);
-	tcase_add_test(tc, adjacent_with_empty_part);
-	tcase_add_test(tc, gap_is_copy);
-	tcase_add_test(tc, cross_block_is_copy);
-	tcase_add_test(tc, no_parts);
-	tcase_add_test(tc, single_part);
-	tcase_add_test(tc, empty_result);
-	tcase_add_test(tc, bad_args);
-	suite_add_tcase(s, tc);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(merge_suite(), 0);
+	return ts_main("merge", 0,
+		       TS_CASES(ts_tcase("merge", 0,
+					 TS_TESTS(adjacent_is_view, view_holds_block,
+						  adjacent_with_empty_part, gap_is_copy,
+						  cross_block_is_copy, no_parts, single_part,
+						  empty_result, bad_args))));
 }

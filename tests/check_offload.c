@@ -227,17 +227,11 @@ END_TEST
 
 TCase *offload_order_tcase(void)
 {
-	TCase *tc = tcase_create("order");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, order_large_then_small);
-	tcase_add_test(tc, order_interleaved);
-	tcase_add_test(tc, comms_do_not_wait);
-	tcase_add_test(tc, callbacks_on_loop_thread_own_base);
-	tcase_add_test(tc, callbacks_on_loop_thread_own_thread);
-	tcase_add_test(tc, threshold_zero_offloads_small);
-	tcase_add_test(tc, threshold_zero_starts_pool);
-	tcase_add_test(tc, threshold_never);
-	return tc;
+	return ts_tcase("order", 120,
+			TS_TESTS(order_large_then_small, order_interleaved, comms_do_not_wait,
+				 callbacks_on_loop_thread_own_base,
+				 callbacks_on_loop_thread_own_thread, threshold_zero_offloads_small,
+				 threshold_zero_starts_pool, threshold_never));
 }
 
 int main(void)

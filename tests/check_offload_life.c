@@ -11,6 +11,7 @@
 
 #include "tests/check_offload.h"
 #include "tests/support/offload.h"
+#include "tests/support/suite.h"
 
 /* Comm 0 gets a large message held in the pool by a gate, and comm 1
  * stays open as a witness. A marker queued behind the message tells when
@@ -508,20 +509,12 @@ END_TEST
 
 TCase *offload_life_tcase(void)
 {
-	TCase *tc = tcase_create("life");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, abort_while_in_pool);
-	tcase_add_test(tc, abort_free_in_close_while_in_pool);
-	tcase_add_test(tc, free_while_in_pool);
-	tcase_add_test(tc, close_while_in_pool);
-	tcase_add_test(tc, peer_close_while_in_pool);
-	tcase_add_test(tc, free_after_peer_close_while_in_pool);
-	tcase_add_test(tc, pause_while_in_pool);
-	tcase_add_test(tc, abort_while_decoding);
-	tcase_add_test(tc, free_while_decoding);
-	tcase_add_test(tc, context_free_with_jobs_queued);
-	tcase_add_test(tc, own_thread_context_free_with_jobs_queued);
-	tcase_add_test(tc, worker_error_reported);
-	tcase_add_test(tc, server_small_while_large_decodes);
-	return tc;
+	return ts_tcase("life", 120,
+			TS_TESTS(abort_while_in_pool, abort_free_in_close_while_in_pool,
+				 free_while_in_pool, close_while_in_pool, peer_close_while_in_pool,
+				 free_after_peer_close_while_in_pool, pause_while_in_pool,
+				 abort_while_decoding, free_while_decoding,
+				 context_free_with_jobs_queued,
+				 own_thread_context_free_with_jobs_queued, worker_error_reported,
+				 server_small_while_large_decodes));
 }

@@ -586,19 +586,11 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("rate");
-	TCase *tc = tcase_create("rate");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, setter);
-	tcase_add_loop_test(tc, dripping_peer_cut, 0, 4);
-	tcase_add_loop_test(tc, stalled_peer_cut, 0, 4);
-	tcase_add_loop_test(tc, steady_peers_not_cut, 0, 4);
-	tcase_add_loop_test(tc, paused_not_cut, 0, 4);
-	tcase_add_loop_test(tc, idle_not_cut, 0, 4);
-	tcase_add_loop_test(tc, rate_off, 0, 4);
-	tcase_add_loop_test(tc, slow_server_cut, 0, 2);
-	tcase_add_loop_test(tc, many_drippers, 0, 2);
-	tcase_add_loop_test(tc, memory_refused, 0, 2);
-	suite_add_tcase(s, tc);
-	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE); /* raw TLS peers write to closed sockets */
+	TCase *tc = ts_tcase("rate", 120, TS_TESTS(setter));
+	ts_add_loop(tc, 4,
+		    TS_TESTS(dripping_peer_cut, stalled_peer_cut, steady_peers_not_cut,
+			     paused_not_cut, idle_not_cut, rate_off));
+	ts_add_loop(tc, 2, TS_TESTS(slow_server_cut, many_drippers, memory_refused));
+	/* raw TLS peers write to closed sockets */
+	return ts_main("rate", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

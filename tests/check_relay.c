@@ -496,23 +496,14 @@ START_TEST(relay_source_killed)
 }
 END_TEST
 
-static Suite *relay_suite(void)
-{
-	Suite *s = suite_create("relay");
-	TCase *tc = tcase_create("relay");
-	tcase_set_timeout(tc, 600);
-	tcase_add_test(tc, relay_64mib_intact);
-	tcase_add_test(tc, relay_one_source_many_destinations);
-	tcase_add_test(tc, relay_small_and_large);
-	tcase_add_test(tc, relay_unconsumed_drained);
-	tcase_add_test(tc, relay_frame_single_use);
-	tcase_add_test(tc, relay_destination_killed);
-	tcase_add_test(tc, relay_source_killed);
-	suite_add_tcase(s, tc);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(relay_suite(), 0); /* SIGPIPE kept: splice must not raise it */
+	/* SIGPIPE kept: splice must not raise it */
+	return ts_main(
+		"relay", 0,
+		TS_CASES(ts_tcase("relay", 600,
+				  TS_TESTS(relay_64mib_intact, relay_one_source_many_destinations,
+					   relay_small_and_large, relay_unconsumed_drained,
+					   relay_frame_single_use, relay_destination_killed,
+					   relay_source_killed))));
 }

@@ -1329,31 +1329,18 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("rpc_bad");
-	TCase *tc = tcase_create("attack");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, server_free_mid_handshake);
-	tcase_add_test(tc, handshake_zstd_bomb);
-	tcase_add_loop_test(tc, handshake_twice, 0, 2);
-	tcase_add_test(tc, server_free_in_stream_handler);
-	tcase_add_test(tc, server_free_in_op_handler);
-	tcase_add_test(tc, op_with_nul_is_not_builtin);
-	tcase_add_test(tc, reply_flag_is_python_truth);
-	tcase_add_test(tc, duplicate_keys_last_wins);
-	tcase_add_test(tc, pool_duplicate_reply_misattributed);
-	tcase_add_test(tc, batched_unbounded);
-	tcase_add_test(tc, pipelined_handshake_big_request);
-	tcase_add_test(tc, pipelined_no_read);
-	tcase_add_test(tc, stream_data_after_close_stream);
-	tcase_add_test(tc, pool_reset_mid_reply);
-	tcase_add_test(tc, cancel_from_callbacks);
-	tcase_add_test(tc, stream_big_batch);
-	tcase_add_test(tc, stream_handler_aborts_comm);
-	tcase_add_test(tc, pool_partial_limit1_sweep_hangs);
-	tcase_add_test(tc, pool_partial_limit1_timeout);
-	tcase_add_test(tc, pool_partial_default_limit);
-	tcase_add_loop_test(tc, pool_peer_speaks_first, 0, 3);
-	tcase_add_test(tc, reply_before_bad_request_drop);
-	suite_add_tcase(s, tc);
-	return ts_run(s, TS_NO_SIGPIPE);
+	TCase *tc =
+		ts_tcase("attack", 120, TS_TESTS(server_free_mid_handshake, handshake_zstd_bomb));
+	ts_add_loop(tc, 2, TS_TESTS(handshake_twice));
+	ts_add(tc, TS_TESTS(server_free_in_stream_handler, server_free_in_op_handler,
+			    op_with_nul_is_not_builtin, reply_flag_is_python_truth,
+			    duplicate_keys_last_wins, pool_duplicate_reply_misattributed,
+			    batched_unbounded, pipelined_handshake_big_request, pipelined_no_read,
+			    stream_data_after_close_stream, pool_reset_mid_reply,
+			    cancel_from_callbacks, stream_big_batch, stream_handler_aborts_comm,
+			    pool_partial_limit1_sweep_hangs, pool_partial_limit1_timeout,
+			    pool_partial_default_limit));
+	ts_add_loop(tc, 3, TS_TESTS(pool_peer_speaks_first));
+	ts_add(tc, TS_TESTS(reply_before_bad_request_drop));
+	return ts_main("rpc_bad", TS_NO_SIGPIPE, TS_CASES(tc));
 }

@@ -19,6 +19,7 @@
 #include "tests/support/dask.h"
 #include "tests/support/rpc.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define EXIT_MS 120000
 
@@ -240,15 +241,10 @@ END_TEST
 
 TCase *rpc_dask_tcase(void)
 {
-	TCase *tc = tcase_create("dask");
-	tcase_set_timeout(tc, 180);
+	TCase *tc = ts_tcase("dask", 180, NULL);
 	tcase_add_checked_fixture(tc, NULL, stop_procs);
-	tcase_add_test(tc, python_rpc_to_example_tcp);
-	tcase_add_test(tc, echo_server_logs_refused_tls_client);
-	tcase_add_test(tc, python_rpc_to_inprocess_tls);
-	tcase_add_test(tc, python_rpc_to_inprocess_ws);
-	tcase_add_test(tc, python_rpc_to_inprocess_zstd);
-	tcase_add_test(tc, probe_scheduler_tcp);
-	tcase_add_test(tc, probe_scheduler_ws);
+	ts_add(tc, TS_TESTS(python_rpc_to_example_tcp, echo_server_logs_refused_tls_client,
+			    python_rpc_to_inprocess_tls, python_rpc_to_inprocess_ws,
+			    python_rpc_to_inprocess_zstd, probe_scheduler_tcp, probe_scheduler_ws));
 	return tc;
 }

@@ -25,6 +25,7 @@
 #include "tests/loop_timeouts.h"
 #include "tests/support/rpc.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define NFAIL 20
 
@@ -557,22 +558,13 @@ END_TEST
 
 TCase *rpc_timeout_tcase(void)
 {
-	TCase *tc = tcase_create("timeout");
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, timeout_slow_handler);
-	tcase_add_test(tc, timeout_black_hole);
-	tcase_add_test(tc, timeout_never_early);
-	tcase_add_test(tc, timeouts_soonest_first);
-	tcase_add_test(tc, timeout_half_handshake);
-	tcase_add_test(tc, timeout_refused_and_bad_uri);
-	tcase_add_test(tc, connect_failure_fails_waiting);
-	tcase_add_test(tc, pool_call_invalid);
-	tcase_add_test(tc, late_reply_not_taken);
-	tcase_add_test(tc, timeout_while_waiting);
-	tcase_add_test(tc, server_gone);
-	tcase_add_test(tc, pool_tls_errors);
-	tcase_add_test(tc, pool_tls_server_closes_after_handshake);
-	return tc;
+	return ts_tcase("timeout", 60,
+			TS_TESTS(timeout_slow_handler, timeout_black_hole, timeout_never_early,
+				 timeouts_soonest_first, timeout_half_handshake,
+				 timeout_refused_and_bad_uri, connect_failure_fails_waiting,
+				 pool_call_invalid, late_reply_not_taken, timeout_while_waiting,
+				 server_gone, pool_tls_errors,
+				 pool_tls_server_closes_after_handshake));
 }
 
 /* Deadlines (one timer per pool, a list soonest first) while one comm is
@@ -1518,26 +1510,16 @@ END_TEST
 
 TCase *rpc_pool_tcase(void)
 {
-	TCase *tc = tcase_create("pool");
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, pool_limit_and_idle);
-	tcase_add_test(tc, pool_cancel);
-	tcase_add_test(tc, pool_fail_address);
-	tcase_add_test(tc, pool_retry);
-	tcase_add_test(tc, pool_cancel_waiting_order);
-	tcase_add_test(tc, pool_chain_from_callback);
-	tcase_add_test(tc, pool_forgets_addresses);
-	tcase_add_test(tc, pool_call_again_from_callback);
-	tcase_add_test(tc, pool_free_connecting);
-	tcase_add_test(tc, pool_free_at_once);
-	tcase_add_test(tc, pool_free_in_flight);
-	tcase_add_test(tc, pool_call_while_freeing);
-	tcase_add_test(tc, pool_free_then_context);
-	tcase_add_loop_test(tc, pool_free_aborts_every_stage, 0, 4);
-	tcase_add_loop_test(tc, context_free_aborts_every_stage, 0, 4);
-	tcase_add_loop_test(tc, connect_timeout_covers_upgrade, 0, 3);
-	tcase_add_test(tc, pool_deadlines);
-	tcase_add_test(tc, pool_adds_no_loop_timeout);
-	tcase_add_test(tc, pool_call_after_closing_reply);
+	TCase *tc =
+		ts_tcase("pool", 60,
+			 TS_TESTS(pool_limit_and_idle, pool_cancel, pool_fail_address, pool_retry,
+				  pool_cancel_waiting_order, pool_chain_from_callback,
+				  pool_forgets_addresses, pool_call_again_from_callback,
+				  pool_free_connecting, pool_free_at_once, pool_free_in_flight,
+				  pool_call_while_freeing, pool_free_then_context));
+	ts_add_loop(tc, 4, TS_TESTS(pool_free_aborts_every_stage, context_free_aborts_every_stage));
+	ts_add_loop(tc, 3, TS_TESTS(connect_timeout_covers_upgrade));
+	ts_add(tc,
+	       TS_TESTS(pool_deadlines, pool_adds_no_loop_timeout, pool_call_after_closing_reply));
 	return tc;
 }

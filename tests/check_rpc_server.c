@@ -15,6 +15,7 @@
 #include "tests/check_rpc.h"
 #include "tests/support/rpc.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -583,23 +584,11 @@ END_TEST
 
 TCase *rpc_server_tcase(void)
 {
-	TCase *tc = tcase_create("server");
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, server_identity);
-	tcase_add_test(tc, server_echo_inline);
-	tcase_add_test(tc, server_echo_inline_large);
-	tcase_add_test(tc, server_echo_oob);
-	tcase_add_test(tc, server_deferred_reply);
-	tcase_add_test(tc, server_reply_false);
-	tcase_add_test(tc, server_error_reply);
-	tcase_add_test(tc, server_reply_refused);
-	tcase_add_test(tc, server_unknown_op);
-	tcase_add_test(tc, server_many_ops);
-	tcase_add_test(tc, server_close);
-	tcase_add_test(tc, server_in_order);
-	tcase_add_test(tc, server_bad_requests);
-	tcase_add_test(tc, server_free_in_flight);
-	tcase_add_test(tc, server_reply_backpressure);
-	tcase_add_test(tc, server_transports);
-	return tc;
+	return ts_tcase("server", 60,
+			TS_TESTS(server_identity, server_echo_inline, server_echo_inline_large,
+				 server_echo_oob, server_deferred_reply, server_reply_false,
+				 server_error_reply, server_reply_refused, server_unknown_op,
+				 server_many_ops, server_close, server_in_order,
+				 server_bad_requests, server_free_in_flight,
+				 server_reply_backpressure, server_transports));
 }

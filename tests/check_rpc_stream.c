@@ -16,6 +16,7 @@
 
 #include "tests/check_rpc.h"
 #include "tests/support/rpc.h"
+#include "tests/support/suite.h"
 #include "transport/transport.h"
 
 static tw_msg *stream_start(void)
@@ -362,15 +363,9 @@ END_TEST
 
 TCase *rpc_stream_tcase(void)
 {
-	TCase *tc = tcase_create("stream");
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, stream_batches);
-	tcase_add_test(tc, stream_free_flushes);
-	tcase_add_test(tc, stream_send_after_close);
-	tcase_add_test(tc, stream_peer_half_closes);
-	tcase_add_test(tc, stream_free_above_hwm);
-	tcase_add_test(tc, stream_single_map_and_bad);
-	tcase_add_test(tc, stream_server_side_drain);
-	tcase_add_test(tc, stream_sender_outlives_comm);
-	return tc;
+	return ts_tcase("stream", 60,
+			TS_TESTS(stream_batches, stream_free_flushes, stream_send_after_close,
+				 stream_peer_half_closes, stream_free_above_hwm,
+				 stream_single_map_and_bad, stream_server_side_drain,
+				 stream_sender_outlives_comm));
 }

@@ -10,6 +10,7 @@
 
 #include "tests/check_rpc.h"
 #include "tests/support/rpc.h"
+#include "tests/support/suite.h"
 
 /* *reply starts as a pointer no call may leave there: every error must
  * set it NULL (a caller's tw_decoded_free of it then does nothing). */
@@ -186,9 +187,5 @@ END_TEST
 
 TCase *rpc_sync_tcase(void)
 {
-	TCase *tc = tcase_create("sync");
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, sync_own_base);
-	tcase_add_test(tc, sync_own_thread);
-	return tc;
+	return ts_tcase("sync", 60, TS_TESTS(sync_own_base, sync_own_thread));
 }

@@ -1456,48 +1456,24 @@ START_TEST(forward_compressed_repacked)
 }
 END_TEST
 
-static Suite *serial_suite(void)
-{
-	Suite *s = suite_create("serial");
-	TCase *tc = tcase_create("roundtrip");
-	tcase_add_test(tc, rt_bytes);
-	tcase_add_test(tc, rt_msgpack);
-	tcase_add_test(tc, rt_nested);
-	tcase_add_loop_test(tc, rt_zero_length, 0, 1 + NCODECS);
-	tcase_add_loop_test(tc, rt_compressed, 0, NCODECS);
-	tcase_add_loop_test(tc, rt_compressed_zeros, 0, NCODECS);
-	tcase_add_loop_test(tc, rt_incompressible, 0, NCODECS);
-	tcase_add_loop_test(tc, rt_threshold, 0, NCODECS);
-	tcase_add_test(tc, rt_split_adjacent);
-	tcase_add_test(tc, rt_split_copied);
-	tcase_add_test(tc, rt_split_compressed);
-	tcase_add_test(tc, rt_pickled);
-	tcase_add_test(tc, rt_no_sub_frames);
-	tcase_add_test(tc, forward_as_it_came);
-	tcase_add_loop_test(tc, forward_compressed_repacked, 0, NCODECS);
-	tcase_add_test(tc, duplicate_keys_last_wins);
-	tcase_add_test(tc, nesting_32);
-	tcase_add_test(tc, nils_within_limit);
-	suite_add_tcase(s, tc);
-	tc = tcase_create("bad_input");
-	tcase_add_loop_test(tc, bad_input, 0, NBAD);
-	suite_add_tcase(s, tc);
-	tc = tcase_create("zstd_cases");
-	tcase_add_loop_test(tc, bh31a_claims_100mib, 0, 2);
-	tcase_add_test(tc, bh31b_claims_1tib);
-	tcase_add_test(tc, bh31c_window_2gib);
-	tcase_add_test(tc, bh32a_no_content_size);
-	tcase_add_loop_test(tc, bh32b_empty_frames, 0, 2);
-	tcase_add_test(tc, bh32c_zero_length);
-	tcase_add_loop_test(tc, bh32d_two_frames, 0, 2);
-	suite_add_tcase(s, tc);
-	tc = tcase_create("over_comm");
-	tcase_add_loop_test(tc, bad_over_comm, 0, NBAD);
-	suite_add_tcase(s, tc);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(serial_suite(), TS_NO_SIGPIPE);
+	TCase *rt = ts_tcase("roundtrip", 0, TS_TESTS(rt_bytes, rt_msgpack, rt_nested));
+	TCase *bad = ts_tcase("bad_input", 0, NULL), *zstd = ts_tcase("zstd_cases", 0, NULL);
+	TCase *comm = ts_tcase("over_comm", 0, NULL);
+	ts_add_loop(rt, 1 + NCODECS, TS_TESTS(rt_zero_length));
+	ts_add_loop(rt, NCODECS,
+		    TS_TESTS(rt_compressed, rt_compressed_zeros, rt_incompressible, rt_threshold));
+	ts_add(rt, TS_TESTS(rt_split_adjacent, rt_split_copied, rt_split_compressed, rt_pickled,
+			    rt_no_sub_frames, forward_as_it_came));
+	ts_add_loop(rt, NCODECS, TS_TESTS(forward_compressed_repacked));
+	ts_add(rt, TS_TESTS(duplicate_keys_last_wins, nesting_32, nils_within_limit));
+	ts_add_loop(bad, NBAD, TS_TESTS(bad_input));
+	ts_add_loop(zstd, 2, TS_TESTS(bh31a_claims_100mib));
+	ts_add(zstd, TS_TESTS(bh31b_claims_1tib, bh31c_window_2gib, bh32a_no_content_size));
+	ts_add_loop(zstd, 2, TS_TESTS(bh32b_empty_frames));
+	ts_add(zstd, TS_TESTS(bh32c_zero_length));
+	ts_add_loop(zstd, 2, TS_TESTS(bh32d_two_frames));
+	ts_add_loop(comm, NBAD, TS_TESTS(bad_over_comm));
+	return ts_main("serial", TS_NO_SIGPIPE, TS_CASES(rt, bad, zstd, comm));
 }

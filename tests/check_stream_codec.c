@@ -282,23 +282,13 @@ START_TEST(bytewise_valid)
 }
 END_TEST
 
-static Suite *codec_suite(void)
-{
-	Suite *s = suite_create("stream_codec");
-	TCase *tc = tcase_create("prelude"), *bad = tcase_create("rejects");
-	tcase_add_test(tc, encode_bytes);
-	tcase_add_test(tc, roundtrip);
-	tcase_add_test(tc, limits_inclusive);
-	tcase_add_test(tc, random_splits);
-	tcase_add_test(tc, bytewise_valid);
-	tcase_add_loop_test(bad, rejects_whole, 0, N_BAD);
-	tcase_add_loop_test(bad, rejects_bytewise, 0, N_BAD);
-	suite_add_tcase(s, tc);
-	suite_add_tcase(s, bad);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(codec_suite(), 0);
+	TCase *bad = ts_tcase("rejects", 0, NULL);
+	ts_add_loop(bad, N_BAD, TS_TESTS(rejects_whole, rejects_bytewise));
+	return ts_main("stream_codec", 0,
+		       TS_CASES(ts_tcase("prelude", 0,
+					 TS_TESTS(encode_bytes, roundtrip, limits_inclusive,
+						  random_splits, bytewise_valid)),
+				bad));
 }

@@ -14,6 +14,7 @@
 
 #include "tests/check_tcp.h"
 #include "tests/support/harness.h"
+#include "tests/support/suite.h"
 #include "transport/stream_codec.h"
 
 #define KiB ((size_t)1 << 10)
@@ -329,12 +330,8 @@ END_TEST
 
 TCase *tcp_budget_tcase(void)
 {
-	TCase *tc = tcase_create("budget");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, receive_budget_pauses_and_resumes);
-	tcase_add_test(tc, receive_budget_largest_waits);
-	tcase_add_test(tc, receive_budget_crowd);
-	tcase_add_test(tc, write_budget_refuses_then_drains);
-	tcase_add_test(tc, budget_setters);
-	return tc;
+	return ts_tcase("budget", 120,
+			TS_TESTS(receive_budget_pauses_and_resumes, receive_budget_largest_waits,
+				 receive_budget_crowd, write_budget_refuses_then_drains,
+				 budget_setters));
 }

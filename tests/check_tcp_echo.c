@@ -8,6 +8,7 @@
 
 #include "tests/check_tcp.h"
 #include "tests/support/harness.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -103,10 +104,5 @@ END_TEST
 
 TCase *tcp_echo_tcase(void)
 {
-	TCase *tc = tcase_create("echo");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, echo_1gib_frame);
-	tcase_add_test(tc, many_clients);
-	tcase_add_test(tc, gather_small_pieces);
-	return tc;
+	return ts_tcase("echo", 120, TS_TESTS(echo_1gib_frame, many_clients, gather_small_pieces));
 }

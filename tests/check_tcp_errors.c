@@ -18,6 +18,7 @@
 #include "core/context.h"
 #include "tests/check_tcp.h"
 #include "tests/support/harness.h"
+#include "tests/support/suite.h"
 
 #define MiB         ((size_t)1 << 20)
 #define GiB         ((uint64_t)1 << 30)
@@ -840,25 +841,14 @@ END_TEST
 
 TCase *tcp_errors_tcase(void)
 {
-	TCase *tc = tcase_create("errors");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, peer_closes_mid_message);
-	tcase_add_test(tc, bad_preludes);
-	tcase_add_test(tc, default_frames_follow_bytes);
-	tcase_add_test(tc, peer_address_kept_from_accept);
-	tcase_add_test(tc, recv_deadline);
-	tcase_add_test(tc, connect_refused);
-	tcase_add_test(tc, bad_uris);
-	tcase_add_test(tc, listen_in_use);
-	tcase_add_loop_test(tc, connect_each_address, 0, 2);
-	tcase_add_test(tc, connect_dns_never_answers);
-	tcase_add_test(tc, connect_dns_nxdomain);
-	tcase_add_test(tc, connect_failures_own_text);
-	tcase_add_test(tc, tcp_timeout_spares_connect);
-	tcase_add_test(tc, close_after_write);
-	tcase_add_test(tc, free_in_recv);
-	tcase_add_test(tc, free_in_close);
-	tcase_add_test(tc, close_in_recv);
-	tcase_add_test(tc, write_to_reset_peer);
+	TCase *tc = ts_tcase("errors", 120,
+			     TS_TESTS(peer_closes_mid_message, bad_preludes,
+				      default_frames_follow_bytes, peer_address_kept_from_accept,
+				      recv_deadline, connect_refused, bad_uris, listen_in_use));
+	ts_add_loop(tc, 2, TS_TESTS(connect_each_address));
+	ts_add(tc,
+	       TS_TESTS(connect_dns_never_answers, connect_dns_nxdomain, connect_failures_own_text,
+			tcp_timeout_spares_connect, close_after_write, free_in_recv, free_in_close,
+			close_in_recv, write_to_reset_peer));
 	return tc;
 }

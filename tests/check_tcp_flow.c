@@ -22,6 +22,7 @@
 #include "tests/check_tcp.h"
 #include "tests/support/readahead.h"
 #include "tests/support/harness.h"
+#include "tests/support/suite.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -742,17 +743,11 @@ END_TEST
 
 TCase *tcp_flow_tcase(void)
 {
-	TCase *tc = tcase_create("flow");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, retention);
-	tcase_add_test(tc, backpressure);
-	tcase_add_test(tc, hwm_counts_bookkeeping);
-	tcase_add_test(tc, peer_stops_reading_times_out);
-	tcase_add_test(tc, own_loop_thread);
-	tcase_add_test(tc, context_free_with_open_comms);
-	tcase_add_loop_test(tc, readahead, 0, RA_NCASES);
-	tcase_add_test(tc, readahead_drip);
-	tcase_add_test(tc, large_in_pieces_no_copy);
-	tcase_add_test(tc, writes_inside_read);
+	TCase *tc = ts_tcase("flow", 120,
+			     TS_TESTS(retention, backpressure, hwm_counts_bookkeeping,
+				      peer_stops_reading_times_out, own_loop_thread,
+				      context_free_with_open_comms));
+	ts_add_loop(tc, RA_NCASES, TS_TESTS(readahead));
+	ts_add(tc, TS_TESTS(readahead_drip, large_in_pieces_no_copy, writes_inside_read));
 	return tc;
 }

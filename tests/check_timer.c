@@ -148,20 +148,11 @@ START_TEST(no_loop_timeout_while_armed)
 }
 END_TEST
 
-static Suite *timer_suite(void)
-{
-	Suite *s = suite_create("timer");
-	TCase *tc = tcase_create("timer");
-	tcase_add_test(tc, fires_once_at_its_time);
-	tcase_add_test(tc, sooner_replaces);
-	tcase_add_test(tc, past_fires_at_once);
-	tcase_add_test(tc, rearm_from_callback);
-	tcase_add_test(tc, no_loop_timeout_while_armed);
-	suite_add_tcase(s, tc);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(timer_suite(), 0);
+	return ts_main("timer", 0,
+		       TS_CASES(ts_tcase("timer", 0,
+					 TS_TESTS(fires_once_at_its_time, sooner_replaces,
+						  past_fires_at_once, rearm_from_callback,
+						  no_loop_timeout_while_armed))));
 }

@@ -23,6 +23,7 @@
 #include "tests/check_tls.h"
 #include "tests/support/readahead.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -1033,20 +1034,14 @@ END_TEST
 
 TCase *tls_close_tcase(void)
 {
-	TCase *tc = tcase_create("close");
-	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, close_right_after_write);
-	tcase_add_test(tc, free_right_after_drain);
-	tcase_add_test(tc, write_to_closed_peer);
-	tcase_add_test(tc, close_with_full_queue);
-	tcase_add_test(tc, partial_writes_of_references);
-	tcase_add_test(tc, many_sequential_connections);
-	tcase_add_test(tc, listener_freed_mid_handshake);
-	tcase_add_test(tc, peer_ends_mid_message);
-	tcase_add_test(tc, close_notify_with_data);
-	tcase_add_loop_test(tc, readahead_scenarios, 0, RA_NCASES);
-	tcase_add_test(tc, key_update_while_our_send_is_full);
-	tcase_add_test(tc, key_update_while_peer_send_is_full);
-	tcase_add_test(tc, gathered_writes_while_peer_full);
+	TCase *tc = ts_tcase("close", 300,
+			     TS_TESTS(close_right_after_write, free_right_after_drain,
+				      write_to_closed_peer, close_with_full_queue,
+				      partial_writes_of_references, many_sequential_connections,
+				      listener_freed_mid_handshake, peer_ends_mid_message,
+				      close_notify_with_data));
+	ts_add_loop(tc, RA_NCASES, TS_TESTS(readahead_scenarios));
+	ts_add(tc, TS_TESTS(key_update_while_our_send_is_full, key_update_while_peer_send_is_full,
+			    gathered_writes_while_peer_full));
 	return tc;
 }

@@ -14,6 +14,7 @@
 
 #include "tests/check_tls.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define MiB      ((size_t)1 << 20)
 #define START_MS 60000
@@ -125,10 +126,8 @@ static void stop_children(void)
 
 TCase *tls_dask_tcase(void)
 {
-	TCase *tc = tcase_create("dask");
-	tcase_set_timeout(tc, 300);
+	TCase *tc = ts_tcase("dask", 300, NULL);
 	tcase_add_checked_fixture(tc, NULL, stop_children);
-	tcase_add_test(tc, taskwire_client_to_dask_scheduler);
-	tcase_add_test(tc, dask_client_to_taskwire_server);
+	ts_add(tc, TS_TESTS(taskwire_client_to_dask_scheduler, dask_client_to_taskwire_server));
 	return tc;
 }

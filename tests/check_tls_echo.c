@@ -11,6 +11,7 @@
 
 #include "tests/check_tls.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -48,10 +49,7 @@ END_TEST
 
 TCase *tls_echo_tcase(void)
 {
-	TCase *tc = tcase_create("echo");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, stale_openssl_errors);
-	return tc;
+	return ts_tcase("echo", 120, TS_TESTS(stale_openssl_errors));
 }
 
 /* BH-01 over TLS, out and back: (a) one frame of 3 GiB + 5 bytes (more
@@ -145,7 +143,6 @@ TCase *tls_big_tcase(void)
 {
 	TCase *tc = tcase_create("big");
 	tcase_set_timeout(tc, ts_data_timeout_s(600)); /* 6 GiB through TLS each */
-	tcase_add_test(tc, echo_3gib_frame);
-	tcase_add_test(tc, echo_three_1gib_frames);
+	ts_add(tc, TS_TESTS(echo_3gib_frame, echo_three_1gib_frames));
 	return tc;
 }

@@ -18,6 +18,7 @@
 
 #include "tests/check_tls.h"
 #include "tests/support/tls.h"
+#include "tests/support/suite.h"
 
 #define BAD_WAIT_MS 10000
 
@@ -327,19 +328,12 @@ END_TEST
 
 TCase *tls_reject_tcase(void)
 {
-	TCase *tc = tcase_create("reject");
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, client_without_certificate);
-	tcase_add_test(tc, client_from_other_ca);
-	tcase_add_test(tc, client_with_expired_certificate);
-	tcase_add_test(tc, server_from_other_ca);
-	tcase_add_test(tc, plain_http_to_tls_port);
-	tcase_add_test(tc, tcp_client_to_tls_listener);
-	tcase_add_test(tc, tls_client_to_tcp_listener);
-	tcase_add_test(tc, silent_peer_dropped);
-	tcase_add_test(tc, silent_server);
-	tcase_add_test(tc, hostname_checked);
-	return tc;
+	return ts_tcase("reject", 120,
+			TS_TESTS(client_without_certificate, client_from_other_ca,
+				 client_with_expired_certificate, server_from_other_ca,
+				 plain_http_to_tls_port, tcp_client_to_tls_listener,
+				 tls_client_to_tcp_listener, silent_peer_dropped, silent_server,
+				 hostname_checked));
 }
 
 /* Configuration errors name the file and OpenSSL's reason. */
@@ -482,9 +476,7 @@ END_TEST
 TCase *tls_config_tcase(void)
 {
 	TCase *tc = tcase_create("config");
-	tcase_add_test(tc, ca_file_missing);
-	tcase_add_test(tc, cert_errors);
-	tcase_add_test(tc, tls_without_config);
-	tcase_add_test(tc, config_replaced_while_running);
+	ts_add(tc, TS_TESTS(ca_file_missing, cert_errors, tls_without_config,
+			    config_replaced_while_running));
 	return tc;
 }

@@ -181,23 +181,12 @@ START_TEST(format_sockaddr)
 }
 END_TEST
 
-static Suite *uri_suite(void)
-{
-	Suite *s = suite_create("uri");
-	TCase *tc = tcase_create("uri");
-	tcase_add_loop_test(tc, parse_good, 0, (int)N_GOOD);
-	tcase_add_loop_test(tc, parse_bad, 0, (int)N_BAD);
-	tcase_add_test(tc, parse_null);
-	tcase_add_test(tc, parse_lengths);
-	tcase_add_test(tc, format);
-	tcase_add_test(tc, format_range);
-	tcase_add_test(tc, roundtrip);
-	tcase_add_test(tc, format_sockaddr);
-	suite_add_tcase(s, tc);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(uri_suite(), 0);
+	TCase *tc = ts_tcase("uri", 0, NULL);
+	ts_add_loop(tc, (int)N_GOOD, TS_TESTS(parse_good));
+	ts_add_loop(tc, (int)N_BAD, TS_TESTS(parse_bad));
+	ts_add(tc, TS_TESTS(parse_null, parse_lengths, format, format_range, roundtrip,
+			    format_sockaddr));
+	return ts_main("uri", 0, TS_CASES(tc));
 }

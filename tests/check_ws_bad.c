@@ -23,6 +23,7 @@
 
 #include "tests/check_ws.h"
 #include "tests/support/ws.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -708,24 +709,16 @@ END_TEST
 
 TCase *ws_wire_tcase(void)
 {
-	TCase *tc = tcase_create("wire");
-	tcase_set_timeout(tc, 60);
-	tcase_add_loop_test(tc, bad_frame, 0, N_BAD);
-	tcase_add_loop_test(tc, bad_frame_wss, 0, 6);
-	tcase_add_loop_test(tc, length_over_limit, 0, 2);
-	tcase_add_loop_test(tc, fragments_over_limit, 0, 2);
-	tcase_add_loop_test(tc, limit_to_the_byte, 0, 2);
-	tcase_add_loop_test(tc, too_many_fragments, 0, 2);
-	tcase_add_loop_test(tc, ping_pong_close, 0, 2);
-	tcase_add_loop_test(tc, pings_answered_latest, 0, 2);
-	tcase_add_loop_test(tc, data_after_close, 0, 2);
-	tcase_add_loop_test(tc, ping_between_fragments, 0, 2);
-	tcase_add_loop_test(tc, length_forms, 0, 2);
-	tcase_add_loop_test(tc, pings_too_often, 0, 2);
-	tcase_add_loop_test(tc, ping_flood_closed, 0, 2);
-	tcase_add_loop_test(tc, pings_spaced_answered, 0, 2);
-	tcase_add_loop_test(tc, ping_flood_policy_off, 0, 4);
-	tcase_add_loop_test(tc, pinger_closed_others_work, 0, 2);
+	TCase *tc = ts_tcase("wire", 60, NULL);
+	ts_add_loop(tc, N_BAD, TS_TESTS(bad_frame));
+	ts_add_loop(tc, 6, TS_TESTS(bad_frame_wss));
+	ts_add_loop(tc, 2,
+		    TS_TESTS(length_over_limit, fragments_over_limit, limit_to_the_byte,
+			     too_many_fragments, ping_pong_close, pings_answered_latest,
+			     data_after_close, ping_between_fragments, length_forms,
+			     pings_too_often, ping_flood_closed, pings_spaced_answered));
+	ts_add_loop(tc, 4, TS_TESTS(ping_flood_policy_off));
+	ts_add_loop(tc, 2, TS_TESTS(pinger_closed_others_work));
 	return tc;
 }
 
@@ -1150,20 +1143,13 @@ END_TEST
 
 TCase *ws_upgrade_tcase(void)
 {
-	TCase *tc = tcase_create("upgrade");
-	tcase_set_timeout(tc, 60);
-	tcase_add_loop_test(tc, upgrade_bad_key, 0, 2);
-	tcase_add_loop_test(tc, upgrade_version_8, 0, 2);
-	tcase_add_loop_test(tc, upgrade_plain_http, 0, 2);
-	tcase_add_loop_test(tc, upgrade_header_flood, 0, 2);
-	tcase_add_loop_test(tc, upgrade_huge_header, 0, 2);
-	tcase_add_loop_test(tc, upgrade_never_finished, 0, 2);
-	tcase_add_loop_test(tc, listener_freed_mid_upgrade, 0, 2);
-	tcase_add_loop_test(tc, bad_upgrade_response, 0, 3);
-	tcase_add_test(tc, masked_server_frame);
-	tcase_add_test(tc, frames_bundled_with_101);
-	tcase_add_test(tc, client_masks_every_frame);
-	tcase_add_test(tc, server_pings_too_often);
-	tcase_add_test(tc, close_then_reset_while_writing);
+	TCase *tc = ts_tcase("upgrade", 60, NULL);
+	ts_add_loop(tc, 2,
+		    TS_TESTS(upgrade_bad_key, upgrade_version_8, upgrade_plain_http,
+			     upgrade_header_flood, upgrade_huge_header, upgrade_never_finished,
+			     listener_freed_mid_upgrade));
+	ts_add_loop(tc, 3, TS_TESTS(bad_upgrade_response));
+	ts_add(tc, TS_TESTS(masked_server_frame, frames_bundled_with_101, client_masks_every_frame,
+			    server_pings_too_often, close_then_reset_while_writing));
 	return tc;
 }

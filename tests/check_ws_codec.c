@@ -1186,43 +1186,20 @@ START_TEST(ping_rate)
 }
 END_TEST
 
-static Suite *ws_codec_suite(void)
-{
-	Suite *s = suite_create("ws_codec");
-	TCase *rfc = tcase_create("rfc"), *frames = tcase_create("frames"),
-	      *bad = tcase_create("rejects"), *lim = tcase_create("limits"),
-	      *enc = tcase_create("encoder");
-	tcase_add_test(rfc, rfc_examples);
-	tcase_add_test(rfc, rfc_examples_long);
-	tcase_add_loop_test(frames, length_forms, 0, 2 * N_SIZES);
-	tcase_add_test(frames, length_headers);
-	tcase_add_test(frames, non_minimal);
-	tcase_add_test(frames, ping_between_fragments);
-	tcase_add_loop_test(frames, random_streams, 0, 4);
-	tcase_add_test(frames, autobahn_valid);
-	tcase_add_test(frames, misuse);
-	tcase_add_test(frames, mask_across_splits);
-	tcase_add_loop_test(bad, rejects, 0, N_BAD);
-	tcase_add_test(bad, opcodes_and_close_codes);
-	tcase_add_test(bad, close_frames);
-	tcase_add_test(lim, limit_declared);
-	tcase_add_test(lim, limit_fragments_sum);
-	tcase_add_test(lim, limit_fragment_count);
-	tcase_add_test(lim, limit_lowered);
-	tcase_add_test(lim, ping_rate);
-	tcase_add_test(enc, encoder);
-	tcase_add_test(enc, masking);
-	tcase_add_test(enc, mask_keys);
-	tcase_add_test(enc, utf8);
-	suite_add_tcase(s, rfc);
-	suite_add_tcase(s, frames);
-	suite_add_tcase(s, bad);
-	suite_add_tcase(s, lim);
-	suite_add_tcase(s, enc);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(ws_codec_suite(), 0);
+	TCase *frames = ts_tcase("frames", 0, NULL), *bad = ts_tcase("rejects", 0, NULL);
+	ts_add_loop(frames, 2 * N_SIZES, TS_TESTS(length_forms));
+	ts_add(frames, TS_TESTS(length_headers, non_minimal, ping_between_fragments));
+	ts_add_loop(frames, 4, TS_TESTS(random_streams));
+	ts_add(frames, TS_TESTS(autobahn_valid, misuse, mask_across_splits));
+	ts_add_loop(bad, N_BAD, TS_TESTS(rejects));
+	ts_add(bad, TS_TESTS(opcodes_and_close_codes, close_frames));
+	return ts_main(
+		"ws_codec", 0,
+		TS_CASES(ts_tcase("rfc", 0, TS_TESTS(rfc_examples, rfc_examples_long)), frames, bad,
+			 ts_tcase("limits", 0,
+				  TS_TESTS(limit_declared, limit_fragments_sum,
+					   limit_fragment_count, limit_lowered, ping_rate)),
+			 ts_tcase("encoder", 0, TS_TESTS(encoder, masking, mask_keys, utf8))));
 }

@@ -12,6 +12,7 @@
 #include "tests/check_ws.h"
 #include "tests/support/tran.h"
 #include "tests/support/ws.h"
+#include "tests/support/suite.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -118,11 +119,9 @@ END_TEST
 
 TCase *ws_echo_tcase(void)
 {
-	TCase *tc = tcase_create("echo");
-	tcase_set_timeout(tc, 120);
-	tcase_add_loop_test(tc, echo_through_receive_budget, 0, 2);
-	tcase_add_loop_test(tc, echo_small_shard, 0, 2);
-	tcase_add_loop_test(tc, orderly_close, 0, 2);
-	tcase_add_loop_test(tc, orderly_close_by_server, 0, 2);
+	TCase *tc = ts_tcase("echo", 120, NULL);
+	ts_add_loop(tc, 2,
+		    TS_TESTS(echo_through_receive_budget, echo_small_shard, orderly_close,
+			     orderly_close_by_server));
 	return tc;
 }

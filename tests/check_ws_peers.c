@@ -17,6 +17,7 @@
 
 #include "tests/check_ws.h"
 #include "tests/support/ws.h"
+#include "tests/support/suite.h"
 
 #define MiB      ((size_t)1 << 20)
 #define START_MS 60000
@@ -223,12 +224,10 @@ END_TEST
 
 TCase *ws_peers_tcase(void)
 {
-	TCase *tc = tcase_create("websockets");
-	tcase_set_timeout(tc, 300);
+	TCase *tc = ts_tcase("websockets", 300, NULL);
 	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
-	tcase_add_loop_test(tc, websockets_client, 0, 2);
-	tcase_add_loop_test(tc, websockets_server, 0, 2);
-	tcase_add_loop_test(tc, pongs_while_writes_block, 0, 2);
+	ts_add_loop(tc, 2,
+		    TS_TESTS(websockets_client, websockets_server, pongs_while_writes_block));
 	return tc;
 }
 
@@ -400,10 +399,9 @@ END_TEST
 
 TCase *ws_dask_tcase(void)
 {
-	TCase *tc = tcase_create("dask");
-	tcase_set_timeout(tc, 300);
+	TCase *tc = ts_tcase("dask", 300, NULL);
 	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
-	tcase_add_loop_test(tc, taskwire_client_to_dask_scheduler, 0, 2);
-	tcase_add_loop_test(tc, dask_client_to_taskwire_server, 0, 2);
+	ts_add_loop(tc, 2,
+		    TS_TESTS(taskwire_client_to_dask_scheduler, dask_client_to_taskwire_server));
 	return tc;
 }

@@ -816,34 +816,18 @@ START_TEST(client_server)
 }
 END_TEST
 
-static Suite *ws_upgrade_suite(void)
-{
-	Suite *s = suite_create("ws_upgrade");
-	TCase *keys = tcase_create("keys"), *srv = tcase_create("server"),
-	      *cli = tcase_create("client");
-	tcase_add_test(keys, accept_value);
-	tcase_add_test(keys, client_keys);
-	tcase_add_test(srv, server_autobahn);
-	tcase_add_test(srv, server_every_split);
-	tcase_add_test(srv, server_case_insensitive);
-	tcase_add_loop_test(srv, server_verdicts, 0, N_VERDICTS);
-	tcase_add_test(srv, server_responses);
-	tcase_add_test(srv, server_sticky);
-	tcase_add_test(srv, server_limits);
-	tcase_add_test(srv, guard_page);
-	tcase_add_test(cli, client_request);
-	tcase_add_test(cli, client_bundled_frames);
-	tcase_add_test(cli, client_accepts);
-	tcase_add_loop_test(cli, client_rejects, 0, N_CLIENT_BADS);
-	tcase_add_test(cli, client_limits);
-	tcase_add_test(cli, client_server);
-	suite_add_tcase(s, keys);
-	suite_add_tcase(s, srv);
-	suite_add_tcase(s, cli);
-	return s;
-}
-
 int main(void)
 {
-	return ts_run(ws_upgrade_suite(), 0);
+	TCase *srv =
+		ts_tcase("server", 0,
+			 TS_TESTS(server_autobahn, server_every_split, server_case_insensitive));
+	TCase *cli = ts_tcase("client", 0,
+			      TS_TESTS(client_request, client_bundled_frames, client_accepts));
+	ts_add_loop(srv, N_VERDICTS, TS_TESTS(server_verdicts));
+	ts_add(srv, TS_TESTS(server_responses, server_sticky, server_limits, guard_page));
+	ts_add_loop(cli, N_CLIENT_BADS, TS_TESTS(client_rejects));
+	ts_add(cli, TS_TESTS(client_limits, client_server));
+	return ts_main(
+		"ws_upgrade", 0,
+		TS_CASES(ts_tcase("keys", 0, TS_TESTS(accept_value, client_keys)), srv, cli));
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Running a suite program (tests/support/suite.h). */
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "tests/support/certs.h"
@@ -20,4 +21,34 @@ int ts_run(Suite *s, unsigned flags)
 	if (flags & TS_CERTS)
 		ts_certs_remove();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+TCase *ts_tcase(const char *name, int timeout_s, const TTest *const tests[])
+{
+	TCase *tc = tcase_create(name);
+	if (timeout_s > 0)
+		tcase_set_timeout(tc, timeout_s);
+	if (tests != NULL)
+		ts_add(tc, tests);
+	return tc;
+}
+
+void ts_add(TCase *tc, const TTest *const tests[])
+{
+	for (size_t i = 0; tests[i] != NULL; i++)
+		tcase_add_test(tc, tests[i]);
+}
+
+void ts_add_loop(TCase *tc, int n, const TTest *const tests[])
+{
+	for (size_t i = 0; tests[i] != NULL; i++)
+		tcase_add_loop_test(tc, tests[i], 0, n);
+}
+
+int ts_main(const char *name, unsigned flags, TCase *const cases[])
+{
+	Suite *s = suite_create(name);
+	for (size_t i = 0; cases[i] != NULL; i++)
+		suite_add_tcase(s, cases[i]);
+	return ts_run(s, flags);
 }

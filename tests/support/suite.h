@@ -22,4 +22,25 @@ enum ts_run_flags {
  * failed. */
 int ts_run(Suite *s, unsigned flags);
 
+/* A NULL-terminated array of tests (START_TEST names), for the calls
+ * below: TS_TESTS(a, b, c). */
+#define TS_TESTS(...) ((const TTest *const[]){__VA_ARGS__, NULL})
+/* A NULL-terminated array of TCases, for ts_main. */
+#define TS_CASES(...) ((TCase *const[]){__VA_ARGS__, NULL})
+
+/* A TCase called name holding the tests of tests[] (NULL-terminated, or
+ * tests NULL for none yet), in that order. timeout_s > 0 sets its
+ * timeout (tcase_set_timeout); 0 leaves Check's default
+ * (CK_DEFAULT_TIMEOUT, 120 s under make check). */
+TCase *ts_tcase(const char *name, int timeout_s, const TTest *const tests[]);
+/* Add the tests of tests[] to tc, in order. */
+void ts_add(TCase *tc, const TTest *const tests[]);
+/* Add the tests of tests[] to tc, in order, each as a loop test run once
+ * for every _i in [0, n). */
+void ts_add_loop(TCase *tc, int n, const TTest *const tests[]);
+/* A suite called name of the TCases of cases[] (NULL-terminated, in that
+ * order), run with ts_run: a suite's whole main is
+ * `return ts_main("x", flags, TS_CASES(ts_tcase(...), ...));`. */
+int ts_main(const char *name, unsigned flags, TCase *const cases[]);
+
 #endif
