@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <taskwire/limits.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -24,27 +26,7 @@ extern "C" {
 struct event_base;
 typedef struct tw_context tw_context;
 
-/* Defaults of the limits, each changed by a setter below. The frame bound
- * follows the byte limit (TW_MAX_FRAMES_FOR): a received frame costs about
- * 32 bytes of bookkeeping (its length and its slice), so frames up to
- * bytes / 32 keep that within the message limit; a Dask frame averages far
- * more than 32 bytes on the wire (8 of length, and every out-of-band value
- * brings a sub-header of about 100), so no real Dask message comes near it
- * (a gather of 100,000 values is 200,001 frames). */
-#define TW_MAX_FRAMES_FOR(bytes)           ((bytes) / 32)
-#define TW_DEFAULT_MAX_MESSAGE_BYTES       (UINT64_C(4) << 30) /* 4 GiB */
-#define TW_DEFAULT_MAX_FRAMES              TW_MAX_FRAMES_FOR(TW_DEFAULT_MAX_MESSAGE_BYTES)
-#define TW_DEFAULT_CONNECT_TIMEOUT_MS      10000
-#define TW_DEFAULT_WRITE_HWM_BYTES         ((size_t)64 << 20) /* 64 MiB */
-#define TW_DEFAULT_SMALL_FRAME_BYTES       ((size_t)64 << 10) /* 64 KiB */
-#define TW_DEFAULT_WS_SHARD_BYTES          ((size_t)8 << 20)  /* 8 MiB, as Dask */
-#define TW_DEFAULT_WS_MAX_FRAGMENTS        4096
-#define TW_DEFAULT_WS_MIN_PING_INTERVAL_MS 1000
-#define TW_DEFAULT_WS_PING_STRIKES         2
-#define TW_DEFAULT_MIN_RECEIVE_RATE        1024 /* bytes/s */
-#define TW_DEFAULT_MIN_RECEIVE_GRACE_MS    60000
-#define TW_DEFAULT_TCP_TIMEOUT_MS          30000 /* Dask's distributed.comm.timeouts.tcp */
-#define TW_DEFAULT_CLOSE_LINGER_MS         5000
+/* The defaults of the limits set below: taskwire/limits.h. */
 
 /* tw_context_new: make a context. With `base` non-NULL, the context uses
  * that loop; the application dispatches it and must free the context

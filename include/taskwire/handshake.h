@@ -12,6 +12,7 @@
 #define TASKWIRE_HANDSHAKE_H
 
 #include <taskwire/comm.h>
+#include <taskwire/limits.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,8 +20,7 @@ extern "C" {
 
 #pragma GCC visibility push(default)
 
-#define TW_PICKLE_PROTOCOL              5
-#define TW_DEFAULT_HANDSHAKE_TIMEOUT_MS 10000
+#define TW_PICKLE_PROTOCOL 5
 
 typedef struct tw_handshake_info {
 	const char *compression;      /* negotiated codec this side sends with, or NULL */

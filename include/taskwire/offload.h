@@ -12,6 +12,7 @@
 #define TASKWIRE_OFFLOAD_H
 
 #include <taskwire/comm.h>
+#include <taskwire/limits.h>
 #include <taskwire/serial.h>
 
 #ifdef __cplusplus
@@ -20,9 +21,8 @@ extern "C" {
 
 #pragma GCC visibility push(default)
 
-/* Messages of at least this many bytes (sum of frames) are decoded on the
- * pool (Dask offloads above 10 MB too). */
-#define TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES ((uint64_t)10 << 20)
+/* Messages of at least TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES (limits.h) are
+ * decoded on the pool by default. */
 /* A threshold that no message reaches: offload off. */
 #define TW_OFFLOAD_NEVER UINT64_MAX
 

@@ -16,6 +16,7 @@
 #define TASKWIRE_RPC_H
 
 #include <taskwire/comm.h>
+#include <taskwire/limits.h>
 #include <taskwire/serial.h>
 
 #ifdef __cplusplus
@@ -27,14 +28,7 @@ extern "C" {
 typedef struct tw_pool tw_pool;
 typedef struct tw_call tw_call;
 
-#define TW_DEFAULT_POOL_LIMIT           512 /* open comms per address (Dask: 512 in all) */
-#define TW_DEFAULT_POOL_MAX_IDLE        16  /* idle comms kept per address */
-#define TW_DEFAULT_POOL_IDLE_TIMEOUT_MS 60000
-/* Retries of idempotent calls, as Dask's distributed.comm.retry
- * (count 0, delay min 1 s, max 20 s). */
-#define TW_DEFAULT_POOL_RETRY_COUNT        0
-#define TW_DEFAULT_POOL_RETRY_DELAY_MIN_MS 1000
-#define TW_DEFAULT_POOL_RETRY_DELAY_MAX_MS 20000
+/* The pool's defaults (TW_DEFAULT_POOL_*): taskwire/limits.h. */
 
 /* The call finished. err is 0 with the reply (the callback owns it: free
  * it with tw_decoded_free; an op the server does not know replies nil,

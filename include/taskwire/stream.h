@@ -14,6 +14,7 @@
 #define TASKWIRE_STREAM_H
 
 #include <taskwire/comm.h>
+#include <taskwire/limits.h>
 #include <taskwire/serial.h>
 #include <taskwire/server.h>
 
@@ -99,8 +100,6 @@ int tw_comm_dispatch_stream(tw_comm *comm, const tw_stream_ops *t, tw_comm_ended
 			    void *arg);
 
 typedef struct tw_batched tw_batched;
-
-#define TW_DEFAULT_BATCH_INTERVAL_MS 2 /* Dask's BatchedSend: 2 ms */
 
 /* tw_batched_new: a batched sender on comm (after its handshake: payloads
  * are compressed as it negotiated; which the caller keeps

@@ -8,6 +8,7 @@
 #include <taskwire/buf.h>
 #include <taskwire/stats.h>
 #include <taskwire/msg.h>
+#include <taskwire/limits.h>
 #include <taskwire/context.h>
 #include <taskwire/comm.h>
 #include <taskwire/merge.h>

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include <taskwire/context.h>
+#include <taskwire/limits.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,8 +23,6 @@ extern "C" {
 #pragma GCC visibility push(default)
 
 typedef struct tw_tls_config tw_tls_config;
-
-#define TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS 10000
 
 /* tw_tls_config_new: an empty configuration (one reference, the
  * caller's). Any thread.

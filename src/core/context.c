@@ -128,7 +128,7 @@ static void *loop_main(void *arg)
 	return NULL;
 }
 
-static void set_defaults(struct tw__limits *l)
+void tw__limits_init(struct tw__limits *l)
 {
 	l->max_message_bytes = TW_DEFAULT_MAX_MESSAGE_BYTES;
 	l->max_frames = TW_DEFAULT_MAX_FRAMES;
@@ -137,8 +137,8 @@ static void set_defaults(struct tw__limits *l)
 	l->close_linger_ms = TW_DEFAULT_CLOSE_LINGER_MS;
 	l->write_hwm_bytes = TW_DEFAULT_WRITE_HWM_BYTES;
 	l->small_frame_bytes = TW_DEFAULT_SMALL_FRAME_BYTES;
-	l->handshake_timeout_ms = 10000;     /* TW_DEFAULT_HANDSHAKE_TIMEOUT_MS */
-	l->tls_handshake_timeout_ms = 10000; /* TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS */
+	l->handshake_timeout_ms = TW_DEFAULT_HANDSHAKE_TIMEOUT_MS;
+	l->tls_handshake_timeout_ms = TW_DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS;
 	l->ws_shard_bytes = TW_DEFAULT_WS_SHARD_BYTES;
 	l->ws_max_fragments = TW_DEFAULT_WS_MAX_FRAGMENTS;
 	l->ws_min_ping_interval_ms = TW_DEFAULT_WS_MIN_PING_INTERVAL_MS;
@@ -146,6 +146,7 @@ static void set_defaults(struct tw__limits *l)
 	l->min_rate_bytes = TW_DEFAULT_MIN_RECEIVE_RATE;
 	l->min_rate_grace_ms = TW_DEFAULT_MIN_RECEIVE_GRACE_MS;
 	l->compression = NULL;
+	l->relay_min_bytes = 0;
 }
 
 static unsigned default_offload_threads(void)
@@ -168,9 +169,9 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	pthread_mutex_init(&ctx->lock, NULL);
 	ctx->calls_tail = &ctx->calls;
 	ctx->objects.next = ctx->objects.prev = &ctx->objects;
-	set_defaults(&ctx->limits);
+	tw__limits_init(&ctx->limits);
 	ctx->offload_threads = default_offload_threads();
-	ctx->offload_threshold = (uint64_t)10 << 20; /* TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES */
+	ctx->offload_threshold = TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES;
 	tw__budget_init(&ctx->rbudget, tw__budget_default_bytes());
 	tw__wbudget_init(&ctx->wbudget, tw__budget_default_bytes());
 	ctx->rbudget.also = &ctx->wq_held;

@@ -91,6 +91,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/limits.h"
 #include "core/utf8.h"
 
 /* Opcodes (RFC 6455 section 5.2). */
@@ -121,10 +122,10 @@
 /* Longest control frame: 2-byte header, masking key, 125 bytes. */
 #define TW__WS_MAX_CONTROL_FRAME (2 + 4 + TW__WS_MAX_CONTROL)
 
-/* Default limits (docs/design.md, Limits and defaults): a whole message, and the frames of
- * one message (8 MiB fragments of a 4 GiB message are 512). */
-#define TW__WS_DEFAULT_MAX_MESSAGE_BYTES ((uint64_t)1 << 32)
-#define TW__WS_DEFAULT_MAX_FRAGMENTS     4096
+/* Default limits (core/limits.h): a whole message, and the frames of one
+ * message (8 MiB fragments of a 4 GiB message are 512). */
+#define TW__WS_DEFAULT_MAX_MESSAGE_BYTES TW_DEFAULT_MAX_MESSAGE_BYTES
+#define TW__WS_DEFAULT_MAX_FRAGMENTS     TW_DEFAULT_WS_MAX_FRAGMENTS
 
 /* Which end decodes: a server reads masked client frames, a client reads
  * unmasked server frames. */
