@@ -54,7 +54,7 @@ static const struct sizes sizes[TS_NTRAN] = {
 		    {0, 1, 70000, 5, 3 * MiB, 0, 16384, 16385, 100, 17 * MiB + 3, 2},
 		    11,
 		    11},
-	/* ws, wss: every length form's boundary (BH-25) and the 8 MiB shard */
+	/* ws, wss: every length form's boundary (RFC 6455 section 5.2) and the 8 MiB shard */
 	[TS_WS] = {{0, 1, 125, 126, 127, 65535, 65536, 65537, 300000, 7},
 		   {0, 1, 125, 126, 127, 32767, 32768, 65535, 65536, 65537, 8 * MiB - 1, 8 * MiB, 3,
 		    8 * MiB + 1, 16 * MiB + 5, 2 * MiB},

@@ -177,7 +177,7 @@ END_TEST
 
 /* Same with a declared content size of 1 GiB: zstd_blocks accepts it
  * (8192 compressed blocks can hold 1 GiB), so 1 GiB is mapped while zstd
- * runs (BH-31 (a) variant: 40 KiB of input), then the message is refused
+ * runs (a zstd frame claiming 100 MiB, 40 KiB of input), then the message is refused
  * and the mapping released. */
 START_TEST(zstd_declared_lie_allocates)
 {
@@ -419,7 +419,7 @@ START_TEST(placeholder_prefilter)
 }
 END_TEST
 
-/* BH-32 (c) for lz4: a zero-length sub-frame flagged "lz4". */
+/* An empty input for lz4: a zero-length sub-frame flagged "lz4". */
 START_TEST(lz4_zero_length)
 {
 	const uint8_t *fr[1] = {(const uint8_t *)""};

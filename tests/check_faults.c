@@ -89,13 +89,6 @@ static void far_clocks(tw_context *ctx)
 	ck_assert_int_eq(tw_context_set_min_receive_rate(ctx, 0, 0), 0);
 }
 
-static tw_stats stats_now(void)
-{
-	tw_stats st;
-	tw_stats_global(&st, sizeof(st));
-	return st;
-}
-
 static void ff_init(struct ff *f, int t, const struct fp_opts *o)
 {
 	char uri[64];
@@ -109,7 +102,7 @@ static void ff_init(struct ff *f, int t, const struct fp_opts *o)
 	ck_assert_int_eq(tw_pool_new(f->h.ctx, &f->pool), 0);
 	f->fds = tt_fd_count();
 	f->pool_fds = f->fds - f->pool_fds;
-	f->blocks = stats_now().blocks_live;
+	f->blocks = ts_blocks_live();
 	fp_start(&f->px, f->h.base, f->s.addr, o);
 	fp_uri(&f->px, ts_tran_scheme(t), f->via, sizeof(f->via));
 }
@@ -137,7 +130,7 @@ struct fd_wait {
 static int back_to(void *arg)
 {
 	const struct fd_wait *w = arg;
-	return tt_fd_count() == w->fds && stats_now().blocks_live == w->blocks;
+	return tt_fd_count() == w->fds && ts_blocks_live() == w->blocks;
 }
 
 /* The proxy lets go of every connection; then the comms on both sides
@@ -149,7 +142,7 @@ static void assert_nothing_left(struct ff *f)
 	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
 		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
 		      ts_tran_scheme(f->t), tt_fd_count(), f->fds,
-		      (unsigned long long)stats_now().blocks_live, (unsigned long long)f->blocks);
+		      (unsigned long long)ts_blocks_live(), (unsigned long long)f->blocks);
 }
 
 static void ff_fini(struct ff *f)
@@ -413,7 +406,7 @@ static void pf_init(struct pf *f, int t, const struct fp_opts *o)
 	far_clocks(f->h.ctx);
 	ts_tran_listen(&f->h, t);
 	f->fds = tt_fd_count();
-	f->blocks = stats_now().blocks_live;
+	f->blocks = ts_blocks_live();
 	fp_start(&f->px, f->h.base, f->h.addr, o);
 	fp_uri(&f->px, ts_tran_scheme(t), f->via, sizeof(f->via));
 }
@@ -425,7 +418,7 @@ static void pf_nothing_left(struct pf *f, int t)
 	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
 		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
 		      ts_tran_scheme(t), tt_fd_count(), f->fds,
-		      (unsigned long long)stats_now().blocks_live, (unsigned long long)f->blocks);
+		      (unsigned long long)ts_blocks_live(), (unsigned long long)f->blocks);
 }
 
 static void pf_fini(struct pf *f)

@@ -2,7 +2,8 @@
 /* Unit tests: the stream frame receiver (transport/frame_rx.c). Whole
  * messages fed one byte at a time, at random split points and through
  * want/advance with few iovecs; where frames land (slab, own blocks, the
- * placement hook); back-to-back messages; BH-04 preludes rejected before
+ * placement hook); back-to-back messages; preludes declaring more than
+ * the message limit rejected before
  * anything is allocated. */
 #include <check.h>
 #include <stdint.h>
@@ -1102,10 +1103,10 @@ START_TEST(truncated)
 }
 END_TEST
 
-/* BH-04 (bug-cases.md): a peer-declared length is checked against the
- * limit (64 MiB here) as soon as its 8 bytes are in, before anything is
- * allocated; the envelope forms without `total` read as a total that is
- * too small. The other bad heads are refused before allocating too. */
+/* The message limit (docs/design.md, Limits and defaults): a peer-declared length is checked
+ * against the limit (64 MiB here) as soon as its 8 bytes are in, before anything is allocated; the
+ * envelope forms without `total` read as a total that is too small. The other bad heads are refused
+ * before allocating too. */
 struct bad_head {
 	const char *name;
 	const char *hex;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Unit tests: merging sub-frames (protocol/merge.c; DESIGN.md, Messages:
- * Merge). Adjacent slices of one block become a view, anything else one
+/* Unit tests: merging sub-frames (protocol/merge.c; docs/design.md,
+ * Messages). Adjacent slices of one block become a view, anything else one
  * copy; both outcomes are counted. */
 #include <check.h>
 #include <stdint.h>
@@ -232,10 +232,8 @@ END_TEST
 
 int main(void)
 {
-	return ts_main("merge", 0,
-		       TS_CASES(ts_tcase("merge", 0,
-					 TS_TESTS(adjacent_is_view, view_holds_block,
-						  adjacent_with_empty_part, gap_is_copy,
-						  cross_block_is_copy, no_parts, single_part,
-						  empty_result, bad_args))));
+	return ts_main_one("merge", 0, 0,
+			   TS_TESTS(adjacent_is_view, view_holds_block, adjacent_with_empty_part,
+				    gap_is_copy, cross_block_is_copy, no_parts, single_part,
+				    empty_result, bad_args));
 }

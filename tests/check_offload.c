@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Decoded delivery with the offload pool (include/taskwire/offload.h,
- * DESIGN.md "The event loop must never block on payload work", BH-16):
+ * docs/design.md, Offload: the event loop never blocks on payload work):
  * order per comm, comms that do not wait for each other, the thread
  * callbacks run on, and the threshold. Loopback comms on one process; a
  * large message is a 64 MiB zstd payload (2 MiB with TW_TEST_QUICK=1, with

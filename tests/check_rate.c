@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The minimum receive rate (tw_context_set_min_receive_rate; bug case
- * BH-24 of bug-cases.md: a peer declares a large message and drips its
+ * Slow drips (docs/design.md, Limits and defaults): a peer declares a large message and drips its
  * bytes) over tcp, tls, ws and wss, on loopback with raw peers: the
  * stream prelude or the bug case's WebSocket bytes (client frames masked
  * with 37 fa 21 3d), sent by hand. Slow peers are cut with TW_ETIMEDOUT
@@ -203,7 +203,7 @@ static void expect_cut(struct tu *h, int t, struct wu_raw *r, struct tu_peer *sp
 		      sp->last_error);
 }
 
-/* (1), (2): a head declaring 1 MiB (tcp, tls) or BH-24's 1 GiB frame
+/* (1), (2): a head declaring 1 MiB (tcp, tls) or a 1 GiB frame
  * (ws, wss), then one byte every 100 ms: cut after the grace period, fd
  * closed, no CLOSE_WAIT, the canary still echoes. */
 START_TEST(dripping_peer_cut)
@@ -406,7 +406,7 @@ START_TEST(slow_server_cut)
 }
 END_TEST
 
-/* (6) BH-24's 200 connections at once against one server with the
+/* (6) 200 dripping connections at once against one server with the
  * default message limit (4 GiB): each declares a 1 GiB frame (tcp, ws;
  * TW_TEST_QUICK: 20 of 64 MiB) and drips a byte per 100 ms, with a grace
  * period of 1 s so that all are open before the first is cut. The

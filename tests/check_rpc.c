@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* RPC layer tests (DESIGN.md, RPC conventions): tw_server ops, replies,
+/* RPC layer tests (docs/design.md, Handshake and server; RPC client and
+ * streams): tw_server ops, replies,
  * errors and deferred replies; tw_pool calls, timeouts, limits, idle
  * comms and teardown; tw_rpc_call_sync; streams and the batched sender;
  * interop with Debian's python3-distributed both ways (Python's rpc
@@ -18,12 +19,7 @@
 
 int main(void)
 {
-	Suite *s = suite_create("rpc");
-	suite_add_tcase(s, rpc_server_tcase());
-	suite_add_tcase(s, rpc_timeout_tcase());
-	suite_add_tcase(s, rpc_pool_tcase());
-	suite_add_tcase(s, rpc_sync_tcase());
-	suite_add_tcase(s, rpc_stream_tcase());
-	suite_add_tcase(s, rpc_dask_tcase());
-	return ts_run(s, TS_CERTS | TS_NO_SIGPIPE);
+	return ts_main("rpc", TS_CERTS | TS_NO_SIGPIPE,
+		       TS_CASES(rpc_server_tcase(), rpc_timeout_tcase(), rpc_pool_tcase(),
+				rpc_sync_tcase(), rpc_stream_tcase(), rpc_dask_tcase()));
 }

@@ -74,20 +74,13 @@ END_TEST
  * 256 KiB mapped-block size and past 4 MiB): inline bin data of 300 KiB
  * and 5 MiB + 3 echoed, every byte compared; every block is freed once
  * the replies are (blocks_live back to where it was). */
-static uint64_t srv_blocks_live(void)
-{
-	tw_stats st;
-	tw_stats_global(&st, sizeof(st));
-	return st.blocks_live;
-}
-
 START_TEST(server_echo_inline_large)
 {
 	static const size_t sizes[] = {300 << 10, (5 << 20) + 3};
 	struct rf f;
 	uint64_t live0;
 	rf_init(&f);
-	live0 = srv_blocks_live();
+	live0 = ts_blocks_live();
 	for (size_t i = 0; i < 2; i++) {
 		uint8_t *data = malloc(sizes[i]);
 		struct rc rc;
@@ -105,7 +98,7 @@ START_TEST(server_echo_inline_large)
 		rc_clear(&rc);
 		free(data);
 	}
-	ck_assert_uint_eq(srv_blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 	rf_fini(&f);
 }
 END_TEST

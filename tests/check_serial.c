@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Dask messages: tw_builder -> tw_decode round trips, bad input, and the
- * zstd inputs of bug cases BH-31 and BH-32 (/work/shared/cases), all
+ * zstd inputs that lie about their size or are empty (the decoder never
+ * allocates past what the frame may hold: docs/design.md, Messages), all
  * without sockets; then the bad inputs again over loopback comms
  * (TCase over_comm): a server that decodes each message aborts the comm
  * that sent a bad one, and its other comms keep working. */
@@ -1085,7 +1086,8 @@ START_TEST(nesting_32)
 }
 END_TEST
 
-/* BH-31 and BH-32: zstd inputs through tw_decode, in hand-built messages
+/* zstd inputs that claim more than they hold (31a-c) or hold nothing
+ * (32a-d; RFC 8878 section 3.1.1) through tw_decode, in hand-built messages
  * whose sub-header names "zstd" for every sub-frame. */
 
 #define BH31A     "28 b5 2f fd e0 00 00 40 06 00 00 00 00 09 00 00 41"

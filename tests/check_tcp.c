@@ -13,10 +13,7 @@
 
 int main(void)
 {
-	Suite *s = suite_create("tcp");
-	suite_add_tcase(s, tcp_echo_tcase());
-	suite_add_tcase(s, tcp_errors_tcase());
-	suite_add_tcase(s, tcp_flow_tcase());
-	suite_add_tcase(s, tcp_budget_tcase());
-	return ts_run(s, 0);
+	return ts_main("tcp", 0,
+		       TS_CASES(tcp_echo_tcase(), tcp_errors_tcase(), tcp_flow_tcase(),
+				tcp_budget_tcase()));
 }

@@ -58,6 +58,36 @@ static uint64_t budget_used(struct tu *h)
 	return used;
 }
 
+/* A listener keeping what it receives, with a 4 MiB receive budget, and
+ * three raw peers: fd[i], whose server comm is sp[i]. */
+static void budget_setup(struct tu *h, int fd[3], struct tu_peer *sp[3])
+{
+	tu_init(h);
+	h->sopts.echo = 0;
+	h->sopts.keep = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h->ctx, 4 * MiB), 0);
+	ck_assert_int_eq(tu_listen(h, "tcp://127.0.0.1:0"), 0);
+	for (size_t i = 0; i < 3; i++) {
+		ck_assert_int_ge(fd[i] = ts_raw_connect(h->addr), 0);
+		ck_assert_ptr_nonnull(sp[i] = tu_server_peer(h, i));
+	}
+}
+
+/* Wait until sp has received at least least bytes. */
+static void wait_received(struct tu *h, const struct tu_peer *sp, uint64_t least)
+{
+	struct at_least a = {sp, least};
+	ck_assert(tu_run_until(h, has_received, &a, TU_WAIT_MS));
+}
+
+/* Send the first n bytes of m on fd; wait until sp has received least. */
+static void send_head(struct tu *h, int fd, const uint8_t *m, size_t n, struct tu_peer *sp,
+		      uint64_t least)
+{
+	ck_assert_uint_eq(tu_raw_send(h, fd, m, n), n);
+	wait_received(h, sp, least);
+}
+
 /* A's 3 MiB message holds the 4 MiB budget while half sent; B's 3 MiB
  * message (all sent) must wait with only its 16-byte head read, while D's
  * small messages are delivered; once A completes, B goes on. Then C, a
@@ -72,28 +102,17 @@ START_TEST(receive_budget_pauses_and_resumes)
 	uint8_t *ma = wire_msg(big, 1, &wa), *mb = wire_msg(big, 2, &wb);
 	uint8_t *mc = wire_msg(lone, 3, &wc), *md = wire_msg(small, 4, &wd);
 	int fa, fb, fc, fd;
-	struct at_least head;
-	tu_init(&h);
-	h.sopts.echo = 0;
-	h.sopts.keep = 1;
-	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
-	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_ge(fa = ts_raw_connect(h.addr), 0);
-	ck_assert_ptr_nonnull(sa = tu_server_peer(&h, 0));
-	ck_assert_int_ge(fb = ts_raw_connect(h.addr), 0);
-	ck_assert_ptr_nonnull(sb = tu_server_peer(&h, 1));
-	ck_assert_int_ge(fd = ts_raw_connect(h.addr), 0);
-	ck_assert_ptr_nonnull(sd = tu_server_peer(&h, 2));
+	int fds[3];
+	struct tu_peer *sps[3];
+	budget_setup(&h, fds, sps);
+	fa = fds[0], fb = fds[1], fd = fds[2];
+	sa = sps[0], sb = sps[1], sd = sps[2];
 
 	/* A: head and half of its frame; it holds its whole message's bytes */
-	ck_assert_uint_eq(tu_raw_send(&h, fa, ma, wa / 2), wa / 2);
-	head = (struct at_least){sa, wa / 2};
-	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	send_head(&h, fa, ma, wa / 2, sa, wa / 2);
 
 	/* B: its first 64 KiB (the kernel holds what the server does not read) */
-	ck_assert_uint_eq(tu_raw_send(&h, fb, mb, 64 * KiB), 64 * KiB);
-	head = (struct at_least){sb, 16};
-	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	send_head(&h, fb, mb, 64 * KiB, sb, 16);
 	ck_assert_uint_eq(received(sb), 16);
 	ck_assert_uint_eq(budget_used(&h), wa - 16); /* its bytes after the head */
 
@@ -149,28 +168,15 @@ START_TEST(receive_budget_largest_waits)
 	uint8_t *ma = wire_msg(big, 1, &wa), *mb = wire_msg(big, 2, &wb);
 	uint8_t *mc = wire_msg(mid, 3, &wc);
 	int fa, fb, fc;
-	struct at_least head;
-	tu_init(&h);
-	h.sopts.echo = 0;
-	h.sopts.keep = 1;
-	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 4 * MiB), 0);
-	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_ge(fa = ts_raw_connect(h.addr), 0);
-	ck_assert_ptr_nonnull(sa = tu_server_peer(&h, 0));
-	ck_assert_int_ge(fb = ts_raw_connect(h.addr), 0);
-	ck_assert_ptr_nonnull(sb = tu_server_peer(&h, 1));
-	ck_assert_int_ge(fc = ts_raw_connect(h.addr), 0);
-	ck_assert_ptr_nonnull(sc = tu_server_peer(&h, 2));
+	int fds[3];
+	struct tu_peer *sps[3];
+	budget_setup(&h, fds, sps);
+	fa = fds[0], fb = fds[1], fc = fds[2];
+	sa = sps[0], sb = sps[1], sc = sps[2];
 
-	ck_assert_uint_eq(tu_raw_send(&h, fa, ma, wa / 2), wa / 2);
-	head = (struct at_least){sa, wa / 2};
-	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
-	ck_assert_uint_eq(tu_raw_send(&h, fb, mb, 64 * KiB), 64 * KiB);
-	head = (struct at_least){sb, 16};
-	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
-	ck_assert_uint_eq(tu_raw_send(&h, fc, mc, 64 * KiB), 64 * KiB);
-	head = (struct at_least){sc, 16};
-	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	send_head(&h, fa, ma, wa / 2, sa, wa / 2);
+	send_head(&h, fb, mb, 64 * KiB, sb, 16);
+	send_head(&h, fc, mc, 64 * KiB, sc, 16);
 	ck_assert_uint_eq(received(sb), 16);
 	ck_assert_uint_eq(received(sc), 16);
 
@@ -178,8 +184,7 @@ START_TEST(receive_budget_largest_waits)
 	 * B waits */
 	ck_assert_uint_eq(tu_raw_send(&h, fa, ma + wa / 2, wa - wa / 2), wa - wa / 2);
 	ck_assert(tu_wait_count(&h, &sa->nmsgs, 1, TU_WAIT_MS));
-	head = (struct at_least){sc, 64 * KiB};
-	ck_assert(tu_run_until(&h, has_received, &head, TU_WAIT_MS));
+	wait_received(&h, sc, 64 * KiB);
 	ck_assert_uint_eq(received(sb), 16);
 	ck_assert_uint_eq(budget_used(&h), wc - 16);
 

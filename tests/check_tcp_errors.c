@@ -75,7 +75,7 @@ START_TEST(peer_closes_mid_message)
 	static uint8_t buf[1 << 20];
 	size_t n = 0;
 	check_good(good, 0);
-	/* inside the 16-byte head (BH-07: 7 zero bytes then FIN) */
+	/* inside the 16-byte head (7 zero bytes then FIN) */
 	truncated_case(&h, good, buf, 7);
 	/* a small message: prelude and half of a 1,000-byte frame */
 	put_u64(buf, &n, 8 + 8 + 1000);
@@ -250,11 +250,11 @@ static size_t bad_cases(struct bad_case *c)
 	static const uint64_t large_sum[] = {8 + 16 + MiB, 2, MiB, MiB};
 	static const uint64_t len_wrap[] = {8 + 16 + 100000, 2, UINT64_MAX, 100001};
 	add_words(&c[n++], "N = 0", TW_ENOFRAMES, 2, nzero);
-	add_words(&c[n], "BH-04 Dask form, then silence", TW_ETOOBIG, 0, NULL);
+	add_words(&c[n], "over the limit: Dask form, then silence", TW_ETOOBIG, 0, NULL);
 	memcpy(c[n].bytes, "\xf0\xff\xff\xff\xff\xff\xff\xff", 8);
 	c[n++].len = 8;
-	add_words(&c[n++], "BH-04 1 GiB total, limit 64 MiB", TW_ETOOBIG, 3, gib);
-	add_words(&c[n++], "BH-04 envelope form (total 1)", TW_ELENGTH, 2, envelope);
+	add_words(&c[n++], "over the limit: 1 GiB total, limit 64 MiB", TW_ETOOBIG, 3, gib);
+	add_words(&c[n++], "over the limit: envelope form (total 1)", TW_ELENGTH, 2, envelope);
 	add_words(&c[n++], "N above max_frames", TW_ETOOMANY, 2, many);
 	add_words(&c[n++], "N = 2^61", TW_ETOOMANY, 2, huge_n);
 	add_words(&c[n++], "N above what total holds", TW_ELENGTH, 2, n_vs_total);
@@ -262,7 +262,7 @@ static size_t bad_cases(struct bad_case *c)
 	c[n++].len -= 6; /* 16 bytes of lengths and 10 bytes of frames */
 	add_words(&c[n++], "large message, lengths past total", TW_ELENGTH, 4, large_sum);
 	add_words(&c[n++], "length overflowing u64", TW_ELENGTH, 4, len_wrap);
-	c[n].name = "HTTP request (BH-07)";
+	c[n].name = "HTTP request";
 	c[n].err = TW_ETOOBIG;
 	c[n].len = strlen("GET / HTTP/1.1\r\n\r\n");
 	memcpy(c[n].bytes, "GET / HTTP/1.1\r\n\r\n", c[n].len);

@@ -489,13 +489,6 @@ END_TEST
  * writes to a listener whose comms keep what they receive; a taskwire
  * client of the same listener must keep working next to it. Every block
  * is released once the harness is gone (nothing read ahead leaks). */
-static uint64_t blocks_live(void)
-{
-	tw_stats st;
-	tw_stats_global(&st, sizeof(st));
-	return st.blocks_live;
-}
-
 static void ra_setup(struct tu *h, struct ra_env *e, int dask)
 {
 	tu_init(h);
@@ -512,11 +505,11 @@ START_TEST(readahead)
 {
 	struct tu h;
 	struct ra_env e;
-	uint64_t live0 = blocks_live();
+	uint64_t live0 = ts_blocks_live();
 	ra_setup(&h, &e, ra_cases[_i].dask);
 	ra_cases[_i].run(&e);
 	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 }
 END_TEST
 
@@ -557,7 +550,7 @@ START_TEST(large_in_pieces_no_copy)
 {
 	static const size_t small[] = {40, 3}, big[] = {90, (size_t)3 << 20, 5};
 	static const size_t pieces[] = {1, 15, 8, 700, 4096, 1, 65536, 1000000};
-	uint64_t live0 = blocks_live(), sent = 0;
+	uint64_t live0 = ts_blocks_live(), sent = 0;
 	tw_stats g0, g1;
 	struct tu h;
 	struct ra_peer p;
@@ -605,7 +598,7 @@ START_TEST(large_in_pieces_no_copy)
 	ra_buf_free(&b);
 	ra_close(&p);
 	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 }
 END_TEST
 
@@ -613,7 +606,7 @@ START_TEST(readahead_drip)
 {
 	static const size_t small[] = {40, 3}, big[] = {2, 2900, 0, 1};
 	static const uint64_t nzero[] = {16, 0};
-	uint64_t live0 = blocks_live();
+	uint64_t live0 = ts_blocks_live();
 	struct tu h;
 	struct ra_peer p;
 	struct ra_buf b = {0};
@@ -651,7 +644,7 @@ START_TEST(readahead_drip)
 	ra_buf_free(&b);
 	ra_close(&p);
 	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 }
 END_TEST
 
@@ -684,7 +677,7 @@ static void write_then(struct tu_peer *p, tw_msg *m)
 START_TEST(writes_inside_read)
 {
 	static const size_t lens[] = {20, 3000};
-	uint64_t live0 = blocks_live();
+	uint64_t live0 = ts_blocks_live();
 	struct tu h;
 	struct tu_peer *cli, *sp, *other, *osp;
 	tu_init(&h);
@@ -737,7 +730,7 @@ START_TEST(writes_inside_read)
 		}
 	}
 	tu_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 }
 END_TEST
 

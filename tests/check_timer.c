@@ -150,9 +150,7 @@ END_TEST
 
 int main(void)
 {
-	return ts_main("timer", 0,
-		       TS_CASES(ts_tcase("timer", 0,
-					 TS_TESTS(fires_once_at_its_time, sooner_replaces,
-						  past_fires_at_once, rearm_from_callback,
-						  no_loop_timeout_while_armed))));
+	return ts_main_one("timer", 0, 0,
+			   TS_TESTS(fires_once_at_its_time, sooner_replaces, past_fires_at_once,
+				    rearm_from_callback, no_loop_timeout_while_armed));
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* tls:// integration tests on loopback (DESIGN.md, Wire protocol: TLS;
- * bug cases BH-01, BH-07, BH-11, BH-14), with real Dask peers over TLS.
+/* tls:// integration tests on loopback (docs/design.md, TLS: frames over
+ * 2^31 bytes, junk and plain TCP refused, partial writes, no leaks), with real Dask peers over TLS.
  * Certificates are made at start into a temporary directory by
  * $TW_TOP_SRCDIR/scripts/make-test-certs.sh. TW_TEST_QUICK=1 (valgrind
  * runs) leaves out the 3 GiB case and shrinks the loops. */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Closing tls comms without losing data, partial writes of referenced
- * frames (BH-11), no leaks over many connections (BH-14), read-ahead
+ * frames (SSL_write retried from a rebuilt iovec), no leaks over many
+ * connections, read-ahead
  * over tls (tests/support/readahead.h), where SSL_read_ex is the readv, and
  * TLS 1.3 KeyUpdates that arrive while a send side is full. */
 #include <endian.h>
@@ -170,7 +171,7 @@ START_TEST(close_with_full_queue)
 }
 END_TEST
 
-/* BH-11: 2,000 messages of three referenced frames (17, 70,000 and 1
+/* Partial writes: 2,000 messages of three referenced frames (17, 70,000 and 1
  * bytes) pipelined through the echo, so SSL_write keeps hitting a full
  * socket and retrying from a rebuilt iovec. Every byte comes back in
  * order, and each reference is released exactly once, after its message
@@ -232,7 +233,7 @@ START_TEST(partial_writes_of_references)
 }
 END_TEST
 
-/* BH-14: sequential connections, each one small echo and an orderly
+/* No leaks: sequential connections, each one small echo and an orderly
  * close, then clients refused for their certificate: the process's fds
  * come back to where they were and no socket is left in CLOSE_WAIT. */
 START_TEST(many_sequential_connections)
@@ -472,13 +473,6 @@ static void ra_open_tls(struct tu *h, struct ra_peer *p)
 	p->ssl_ctx = r.ctx;
 }
 
-static uint64_t blocks_live(void)
-{
-	tw_stats st;
-	tw_stats_global(&st, sizeof(st));
-	return st.blocks_live;
-}
-
 static void ra_tls_setup(struct tu *h, struct ra_env *e, int dask)
 {
 	char why[512] = "";
@@ -498,12 +492,12 @@ START_TEST(readahead_scenarios)
 	struct tu h;
 	struct ra_env e;
 	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	uint64_t live0 = blocks_live();
+	uint64_t live0 = ts_blocks_live();
 	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
 	ra_tls_setup(&h, &e, ra_cases[_i].dask);
 	ra_cases[_i].run(&e);
 	tt_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 	sigaction(SIGPIPE, &old, NULL);
 }
 END_TEST
@@ -759,7 +753,7 @@ START_TEST(key_update_while_our_send_is_full)
 	struct pump u = {0};
 	size_t lens[] = {5, 3000};
 	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	uint64_t live0 = blocks_live();
+	uint64_t live0 = ts_blocks_live();
 	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
 	keep_listener(&h);
 	ku_open(&h, &p, &k, &sp);
@@ -793,7 +787,7 @@ START_TEST(key_update_while_our_send_is_full)
 	free(ours.wire);
 	ra_buf_free(&b);
 	tt_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 	sigaction(SIGPIPE, &old, NULL);
 }
 END_TEST
@@ -815,7 +809,7 @@ START_TEST(key_update_while_peer_send_is_full)
 	struct read_past past;
 	size_t lens[] = {9, 20000}, before;
 	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	uint64_t live0 = blocks_live();
+	uint64_t live0 = ts_blocks_live();
 	sigaction(SIGPIPE, &ign, &old);
 	keep_listener(&h);
 	ku_open(&h, &p, &k, &sp);
@@ -879,7 +873,7 @@ START_TEST(key_update_while_peer_send_is_full)
 	free(theirs.wire);
 	ra_buf_free(&out);
 	tt_fini(&h);
-	ck_assert_uint_eq(blocks_live(), live0);
+	ck_assert_uint_eq(ts_blocks_live(), live0);
 	sigaction(SIGPIPE, &old, NULL);
 }
 END_TEST

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* What only tls has of echo (mutual TLS; the shapes every transport
  * carries are in tests/check_conformance.c): an OpenSSL error queue left
- * dirty by the application, and frames larger than 2^31 bytes (BH-01: OpenSSL takes int lengths, so
+ * dirty by the application, and frames larger than 2^31 bytes (OpenSSL takes int lengths, so
  * SSL_read and SSL_write must get pieces of at most INT_MAX). */
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +52,7 @@ TCase *tls_echo_tcase(void)
 	return ts_tcase("echo", 120, TS_TESTS(stale_openssl_errors));
 }
 
-/* BH-01 over TLS, out and back: (a) one frame of 3 GiB + 5 bytes (more
+/* Frames over 2^31 bytes over TLS, out and back: (a) one frame of 3 GiB + 5 bytes (more
  * than 2^31, not a multiple of the record size); (b) three frames of
  * 1 GiB + 1 byte each (each under 2^31, the message over). The SHA-256 of
  * each frame as the server received it and as it came back equals the

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Peers that must be refused (bad certificates, plain TCP, junk, silence;
- * BH-07), each while an established tls comm keeps echoing, and
+/* Peers that must be refused (bad certificates, plain TCP, junk such as
+ * an HTTP request, silence), each while an established tls comm keeps echoing, and
  * configuration errors. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -118,7 +118,7 @@ START_TEST(server_from_other_ca)
 }
 END_TEST
 
-/* Raw bytes to the TLS port (BH-07): the server closes the connection,
+/* Raw bytes to the TLS port (an HTTP request, zeros): the server closes the connection,
  * says why, and keeps accepting. */
 static void junk_case(struct tu *h, struct tu_peer *good, const void *p, size_t n, int fin,
 		      unsigned seed)

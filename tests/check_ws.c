@@ -1,12 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* ws:// and wss:// integration tests on loopback (DESIGN.md, Wire
- * protocol: WebSocket; bug cases BH-23..BH-38 and the Autobahn groups of
- * bug-cases.md), with independent peers: raw sockets speaking bytes
- * from the bug cases, Python `websockets` (Debian's 10.4) and real Dask
- * (python3-distributed) over ws and wss. Certificates are made at start
- * by $TW_TOP_SRCDIR/scripts/make-test-certs.sh into a temporary
- * directory. TW_TEST_QUICK=1 (valgrind runs) shrinks the large messages
- * and leaves out the Python peers. */
+/* ws:// and wss:// integration tests on loopback (docs/design.md,
+ * WebSocket; RFC 6455 and the Autobahn testsuite groups), with
+ * independent peers: raw sockets speaking hand-written frames, Python `websockets` (Debian's 10.4)
+ * and real Dask (python3-distributed) over ws and wss. Certificates are made at start by
+ * $TW_TOP_SRCDIR/scripts/make-test-certs.sh into a temporary directory. TW_TEST_QUICK=1 (valgrind
+ * runs) shrinks the large messages and leaves out the Python peers. */
 #include <signal.h>
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Frames and upgrades over the wire, good and bad (bug-cases.md BH-22
- * to BH-38 and the Autobahn groups): a raw client does the upgrade by
- * hand, sends the bug cases' bytes (client frames masked with 37 fa 21
+/* Frames and upgrades over the wire, good and bad (RFC 6455 sections 4
+ * to 7 and the Autobahn testsuite groups): a raw client does the upgrade
+ * by hand, sends hand-written bytes (client frames masked with 37 fa 21
  * 3d) and reads every byte the server sends until it closes the
  * connection; a fake server feeds bad responses and frames to a taskwire
  * client. After each failure a canary comm on the same listener still
@@ -110,17 +110,17 @@ static const struct bad_input bad_inputs[] = {
 	 1002, TW_EPROTO},
 	{"new message inside a fragmented one", 1, "02 83 " K "56 98 42 82 83 " K "56 98 42", 1002,
 	 TW_EPROTO},
-	{"BH-35 unmasked client frame", 0, "82 03 61 62 63", 1002, TW_EPROTO},
-	{"BH-23 length 2^63", 0, "82 ff 80 00 00 00 00 00 00 00 " K, 1002, TW_EPROTO},
-	{"BH-23 length 2^64-1", 0, "82 ff ff ff ff ff ff ff ff ff " K "41", 1002, TW_EPROTO},
-	{"BH-37 text message", 0, "81 85 " K "5f 9f 4d 51 58", 1003, TW_EPROTO},
-	{"BH-37 text frame in a message", 1, "81 85 " K "5f 9f 4d 51 58", 1003, TW_EPROTO},
-	{"BH-37 invalid UTF-8 text", 0,
+	{"5.1 unmasked client frame", 0, "82 03 61 62 63", 1002, TW_EPROTO},
+	{"5.2 length 2^63", 0, "82 ff 80 00 00 00 00 00 00 00 " K, 1002, TW_EPROTO},
+	{"5.2 length 2^64-1", 0, "82 ff ff ff ff ff ff ff ff ff " K "41", 1002, TW_EPROTO},
+	{"binary only: text message", 0, "81 85 " K "5f 9f 4d 51 58", 1003, TW_EPROTO},
+	{"binary only: text frame in a message", 1, "81 85 " K "5f 9f 4d 51 58", 1003, TW_EPROTO},
+	{"binary only: invalid UTF-8 text", 0,
 	 "81 94 " K "f9 40 c0 80 8e 35 a2 f3 8b 34 94 d0 97 7a 44 59 5e 8e 44 59", 1003, TW_EPROTO},
-	{"BH-36 close code 999", 0, "88 82 " K "34 1d", 1002, TW_EPROTO},
-	{"BH-36 close code 1005 on the wire", 0, "88 82 " K "34 17", 1002, TW_EPROTO},
-	{"BH-36 close body of 1 byte", 0, "88 81 " K "34", 1002, TW_EPROTO},
-	{"BH-36 close reason not UTF-8", 0,
+	{"7.4 close code 999", 0, "88 82 " K "34 1d", 1002, TW_EPROTO},
+	{"7.4.1 close code 1005 on the wire", 0, "88 82 " K "34 17", 1002, TW_EPROTO},
+	{"5.5.1 close body of 1 byte", 0, "88 81 " K "34", 1002, TW_EPROTO},
+	{"5.5.1 close reason not UTF-8", 0,
 	 "88 96 " K "34 12 ef 87 d6 47 98 f2 b4 34 9d f3 82 17 81 bd 52 9e 48 49 52 9e", 1007,
 	 TW_EPROTO},
 	{"first message of 3 bytes", 0, "82 83 " K "56 98 42", 1002, TW_EPROTO},
@@ -160,7 +160,7 @@ START_TEST(bad_frame_wss)
 }
 END_TEST
 
-/* BH-24 / BH-04: a length above the message limit is refused on the
+/* The message limit (close 1009, RFC 6455 section 7.4.1): a length above it is refused on the
  * header, before anything is allocated. */
 START_TEST(length_over_limit)
 {
@@ -189,7 +189,7 @@ START_TEST(length_over_limit)
 }
 END_TEST
 
-/* BH-29: the limit holds for the sum of a message's fragments: the third
+/* The limit holds for the sum of a message's fragments: the third
  * 512 KiB fragment of a 1 MiB-limited message is refused on its header;
  * memory taken is at most the limit. */
 START_TEST(fragments_over_limit)
@@ -354,7 +354,7 @@ START_TEST(pings_answered_latest)
 }
 END_TEST
 
-/* BH-36 / Autobahn 7.1.x: data after a close is not processed. */
+/* RFC 6455 section 5.5.1 / Autobahn 7.1.x: data after a close is not processed. */
 START_TEST(data_after_close)
 {
 	struct tu h;
@@ -385,7 +385,7 @@ static void send_chopped(struct wu_raw *r, const uint8_t *p, size_t n)
 	}
 }
 
-/* BH-26 / Autobahn 5.6: a ping between two fragments is answered before
+/* RFC 6455 section 5.4 / Autobahn 5.6: a ping between two fragments is answered before
  * the message ends and is not part of it; in 1-byte chops. */
 START_TEST(ping_between_fragments)
 {
@@ -417,9 +417,9 @@ START_TEST(ping_between_fragments)
 }
 END_TEST
 
-/* BH-25: a non-minimal length is accepted; the server always answers in
+/* RFC 6455 section 5.2: a non-minimal length is accepted; the server always answers in
  * the minimal form (125 -> 82 7d, 126 -> 82 7e 00 7e, 65536 -> 82 7f ...
- * 01 00 00); binary opcode (BH-37). The count message may itself come in
+ * 01 00 00); binary opcode (Dask sends binary only). The count message may itself come in
  * fragments (RFC 6455 section 5.4: any message may). */
 START_TEST(length_forms)
 {
@@ -452,7 +452,7 @@ START_TEST(length_forms)
 }
 END_TEST
 
-/* BH-22: the ping-rate policy (tw_context_set_ws_min_ping_interval_ms,
+/* The ping-rate policy (docs/design.md, WebSocket) (tw_context_set_ws_min_ping_interval_ms,
  * tw_context_set_ws_ping_strikes). */
 
 /* The close a server sends to a peer that pings too often: code 1008
@@ -766,11 +766,11 @@ END_TEST
 
 START_TEST(upgrade_plain_http)
 {
-	refused(wu_scheme(_i), "GET / HTTP/1.1\r\n\r\n", 400, NULL); /* BH-07 */
+	refused(wu_scheme(_i), "GET / HTTP/1.1\r\n\r\n", 400, NULL); /* plain HTTP */
 }
 END_TEST
 
-/* BH-34 (e): 2,000 header lines; one header line of 1 MiB. */
+/* Header floods: 2,000 header lines; one header line of 1 MiB. */
 START_TEST(upgrade_header_flood)
 {
 	static char req[2000 * 24 + 256];
@@ -795,7 +795,7 @@ START_TEST(upgrade_huge_header)
 }
 END_TEST
 
-/* BH-18 (b): a client that starts an upgrade and stalls is dropped at the
+/* A client that starts an upgrade and stalls is dropped at the
  * handshake timeout; no comm is made, no fd or socket left behind. */
 START_TEST(upgrade_never_finished)
 {
@@ -864,8 +864,8 @@ static void check_request(const struct wu_fake *f)
 	ck_assert(strcasestr(f->request, "\r\nSec-WebSocket-Protocol:") == NULL);
 }
 
-/* BH-34 (a)-(c): the client fails before it hands out a comm, and sends
- * no frame. */
+/* A bad 101 (RFC 6455 section 4.1, the client's checks): the client fails before it hands out a
+ * comm, and sends no frame. */
 START_TEST(bad_upgrade_response)
 {
 	static const enum wu_fake_mode modes[] = {WU_FAKE_BAD_ACCEPT, WU_FAKE_EXTENSION,
@@ -887,7 +887,7 @@ START_TEST(bad_upgrade_response)
 }
 END_TEST
 
-/* BH-35: a masked frame from a server fails the client with 1002. */
+/* RFC 6455 section 5.1: a masked frame from a server fails the client with 1002. */
 START_TEST(masked_server_frame)
 {
 	struct tu h;
@@ -910,7 +910,7 @@ START_TEST(masked_server_frame)
 }
 END_TEST
 
-/* BH-33: frames a server sends in the same write as its 101 are not lost;
+/* RFC 6455 section 4.1: frames a server sends in the same write as its 101 are not lost;
  * the client's close goes out masked with code 1000. */
 START_TEST(frames_bundled_with_101)
 {
@@ -942,7 +942,7 @@ START_TEST(frames_bundled_with_101)
 }
 END_TEST
 
-/* BH-22 from the client's side: a server whose first frames are four
+/* The ping-rate policy from the client's side: a server whose first frames are four
  * pings (the last three early, EARLY_MS) gets close 1008 "too many
  * pings", masked as every client frame; the client comm ends with
  * TW_EPROTO. */
@@ -1106,7 +1106,7 @@ static int drained(void *comm)
 	return tw_comm_queued_bytes(comm) == 0;
 }
 
-/* BH-35: every client frame is masked, with a fresh key each; payloads
+/* RFC 6455 section 5.3: every client frame is masked, with a fresh key each; payloads
  * unmask to what was sent. */
 START_TEST(client_masks_every_frame)
 {

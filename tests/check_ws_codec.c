@@ -5,14 +5,14 @@
  * and at random split points, so masks continue across split points) and
  * all transcripts must be identical (tests/fuzz/ws_drive.h writes them).
  * Covered: the RFC 6455 section 5.7 examples; every length form at its
- * boundaries (BH-25), masked and unmasked, encoded by our encoder and
+ * boundaries (RFC 6455 section 5.2), masked and unmasked, encoded by our encoder and
  * decoded back; non-minimal lengths; random streams of fragmented
  * messages with interleaved pings and pongs; every bad input of the
- * header checks with its close code, before any payload (BH-23, BH-24,
- * BH-27, BH-29, BH-35, BH-36, BH-37, Autobahn 1.x-7.x replays for a
- * binary-only receiver); sticky errors; the encoder, masking and close
+ * header checks with its close code, before any payload (RFC 6455
+ * sections 5.1 to 5.5 and 7.4, the message limit, Autobahn 1.x-7.x
+ * replays for a binary-only receiver); sticky errors; the encoder, masking and close
  * helpers; CSPRNG masking keys; UTF-8 validation; the ping-rate policy
- * (BH-22). */
+ * (docs/design.md, WebSocket). */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -185,7 +185,7 @@ START_TEST(rfc_examples_long)
 }
 END_TEST
 
-/* --- every length form, masked and unmasked (BH-25) ---------------------- */
+/* --- every length form, masked and unmasked (RFC 6455 section 5.2) ------- */
 
 static const size_t sizes[] = {0, 1, 125, 126, 127, 32767, 32768, 65535, 65536, 65537};
 #define N_SIZES ((int)(sizeof(sizes) / sizeof(sizes[0])))
@@ -241,7 +241,7 @@ START_TEST(length_forms)
 }
 END_TEST
 
-/* The exact headers of BH-25 (server to client, so unmasked). */
+/* The exact headers of each length form (server to client, so unmasked). */
 START_TEST(length_headers)
 {
 	static const struct {
@@ -295,7 +295,7 @@ END_TEST
 
 /* --- fragmentation, interleaved control frames ---------------------------- */
 
-/* BH-26 and Autobahn 5.6 (binary variant): the ping between fragments is
+/* RFC 6455 section 5.4 and Autobahn 5.6 (binary variant): the ping between fragments is
  * its own event, before the message ends, and never part of it. */
 START_TEST(ping_between_fragments)
 {
@@ -446,7 +446,7 @@ static const struct bad bads[] = {
 	{"4.2.1 opcode 11", S, "8b 80 37 fa 21 3d", E1002("reserved opcode"), TW_EPROTO, 2},
 	{"opcode 15 from a server", C, "8f 00", E1002("reserved opcode"), TW_EPROTO, 2},
 	/* Control frames: fragmented (5.1, 5.2) or over 125 bytes (2.5,
-	 * BH-27). */
+	 * RFC 6455 section 5.5). */
 	{"5.1 fragmented ping", S, "09 82 37 fa 21 3d 56 98 80 82 37 fa 21 3d 54 9e",
 	 E1002("fragmented control frame"), TW_EPROTO, 2},
 	{"5.2 fragmented pong", S, "0a 82 37 fa 21 3d 56 98 80 82 37 fa 21 3d 54 9e",
@@ -454,21 +454,21 @@ static const struct bad bads[] = {
 	{"fragmented close", C, "08 02 03 e8", E1002("fragmented control frame"), TW_EPROTO, 2},
 	{"2.5 ping of 126 bytes", S, "89 fe 00 7e 37 fa 21 3d c9 04 df c3 c9 04 df c3",
 	 E1002("control frame over 125 bytes"), TW_EPROTO, 4},
-	{"BH-27 close of 126 bytes", S, "88 fe 00 7e 37 fa 21 3d 34 12",
+	{"5.5 close of 126 bytes", S, "88 fe 00 7e 37 fa 21 3d 34 12",
 	 E1002("control frame over 125 bytes"), TW_EPROTO, 4},
 	{"pong with a 64-bit length", C, "8a 7f 00 00 00 00 00 00 00 7e",
 	 E1002("control frame over 125 bytes"), TW_EPROTO, 10},
-	/* BH-23: 64-bit lengths with the top bit set, whatever the limit. */
-	{"BH-23 length 2^63", S, "82 ff 80 00 00 00 00 00 00 00 37 fa 21 3d",
+	/* RFC 6455 section 5.2: 64-bit lengths with the top bit set, whatever the limit. */
+	{"5.2 length 2^63", S, "82 ff 80 00 00 00 00 00 00 00 37 fa 21 3d",
 	 E1002("length with the top bit set"), TW_EPROTO, 10},
-	{"BH-23 length 2^64-1", S, "82 ff ff ff ff ff ff ff ff ff 37 fa 21 3d 41",
+	{"5.2 length 2^64-1", S, "82 ff ff ff ff ff ff ff ff ff 37 fa 21 3d 41",
 	 E1002("length with the top bit set"), TW_EPROTO, 10},
-	{"BH-23 length + 4 wraps", S, "82 ff ff ff ff ff ff ff ff fc 37 fa 21 3d",
+	{"5.2 length + 4 wraps", S, "82 ff ff ff ff ff ff ff ff fc 37 fa 21 3d",
 	 E1002("length with the top bit set"), TW_EPROTO, 10},
-	/* BH-35: the masking rule, both ways. */
-	{"BH-35 unmasked client frame", S, "82 03 61 62 63", E1002("unmasked client frame"),
+	/* RFC 6455 section 5.1: the masking rule, both ways. */
+	{"5.1 unmasked client frame", S, "82 03 61 62 63", E1002("unmasked client frame"),
 	 TW_EPROTO, 2},
-	{"BH-35 masked server frame", C, "82 83 37 fa 21 3d 56 98 42", E1002("masked server frame"),
+	{"5.1 masked server frame", C, "82 83 37 fa 21 3d 56 98 42", E1002("masked server frame"),
 	 TW_EPROTO, 2},
 	{"unmasked ping to a server", S, "89 00", E1002("unmasked client frame"), TW_EPROTO, 2},
 	/* Message sequence: 5.9 (stray continuation, before the text is
@@ -489,9 +489,9 @@ static const struct bad bads[] = {
 	 "data(op=2,fin=0,first=1,len=1,msg=1,frags=1)" E1002(
 		 "new message inside a fragmented one"),
 	 TW_EPROTO, 5},
-	/* Text: refused with 1003 (binary-only mapping); BH-37's invalid
+	/* Text: refused with 1003 (binary-only mapping); invalid
 	 * UTF-8 text and Autobahn 1.1.1 / 6.x never get to UTF-8 checks. */
-	{"BH-37 invalid UTF-8 text", S,
+	{"binary only: invalid UTF-8 text", S,
 	 "81 94 37 fa 21 3d f9 40 c0 80 8e 35 a2 f3 8b 34 94 d0 97 7a 44 59 5e 8e 44 59",
 	 "error(1003,text messages not supported)", TW_ENOTSUP, 2},
 	{"1.1.1 empty text", S, "81 80 37 fa 21 3d", "error(1003,text messages not supported)",
@@ -502,14 +502,14 @@ static const struct bad bads[] = {
 	 "data(op=2,fin=1,first=1,len=1,msg=1,frags=1)end(len=1,frags=1,61)"
 	 "error(1003,text messages not supported)",
 	 TW_ENOTSUP, 5},
-	/* Close bodies (7.3.2, 7.9, BH-36). */
+	/* Close bodies (7.3.2, 7.9; RFC 6455 sections 5.5.1 and 7.4). */
 	{"7.3.2 close of 1 byte", S, "88 81 37 fa 21 3d 34", E1002("close body of 1 byte"),
 	 TW_EPROTO, 7},
 	{"7.9 close code 1005", S, "88 82 37 fa 21 3d 34 17", E1002("invalid close code"),
 	 TW_EPROTO, 8},
-	{"BH-36 close code 999", S, "88 82 37 fa 21 3d 34 1d", E1002("invalid close code"),
-	 TW_EPROTO, 8},
-	{"BH-36 reason not UTF-8", S,
+	{"7.4 close code 999", S, "88 82 37 fa 21 3d 34 1d", E1002("invalid close code"), TW_EPROTO,
+	 8},
+	{"5.5.1 reason not UTF-8", S,
 	 "88 96 37 fa 21 3d 34 12 ef 87 d6 47 98 f2 b4 34 9d f3 82 17 81 bd 52 9e 48 49 52 9e",
 	 "error(1007,close reason not UTF-8)", TW_EPROTO, 28},
 };
@@ -602,13 +602,13 @@ START_TEST(opcodes_and_close_codes)
 		snprintf(log, sizeof(log), "close(%u,)", code);
 		expect(TW__WS_SERVER, hex, log, 0);
 	}
-	/* 7.7 (3000) with the bytes of bug-cases.md. */
+	/* 7.7 (3000): close code 3000, masked with 37 fa 21 3d. */
 	expect(TW__WS_SERVER, "88 82 37 fa 21 3d 3c 42", "close(3000,)", 0);
 }
 END_TEST
 
 /* Close handling: empty body (1005 reported), reasons, and nothing read
- * after a close (BH-36, Autobahn 7.1.x). */
+ * after a close (RFC 6455 section 5.5.1, Autobahn 7.1.x). */
 START_TEST(close_frames)
 {
 	struct bytes b = {0};
@@ -620,7 +620,7 @@ START_TEST(close_frames)
 	int n;
 	expect(TW__WS_SERVER, "88 80 37 fa 21 3d", "close(1005,)", 0);
 	expect(TW__WS_CLIENT, "88 00", "close(1005,)", 0);
-	/* BH-36: close 1000, then text that must not be processed. */
+	/* close 1000, then text that must not be processed. */
 	expect(TW__WS_SERVER, "88 82 37 fa 21 3d 34 12 81 85 37 fa 21 3d 5f 9f 4d 51 58",
 	       "close(1000,)", 0);
 	/* 7.1.3: ping after close: no ping event. 7.1.x: two closes. */
@@ -678,7 +678,7 @@ END_TEST
 
 /* --- limits ------------------------------------------------------------------ */
 
-/* BH-24: a 1 GiB declared length against a 16 MiB limit fails with 1009
+/* The message limit: a 1 GiB declared length against a 16 MiB limit fails with 1009
  * right after the 8 length bytes (before the key, before any payload). */
 START_TEST(limit_declared)
 {
@@ -713,9 +713,9 @@ START_TEST(limit_declared)
 }
 END_TEST
 
-/* BH-29: five 4 MiB fragments against a 16 MiB limit: the first four
- * (exactly 16 MiB) go through, the fifth header fails with 1009 before its
- * payload. The payload is real (16 MiB masked bytes). */
+/* The limit holds for the sum of fragments: five 4 MiB fragments against a 16 MiB limit: the first
+ * four (exactly 16 MiB) go through, the fifth header fails with 1009 before its payload. The
+ * payload is real (16 MiB masked bytes). */
 START_TEST(limit_fragments_sum)
 {
 	size_t frag = 4 * MIB;
@@ -832,7 +832,7 @@ START_TEST(autobahn_valid)
 		ck_assert_int_eq(l.rv, 0);
 		ws_log_free(&l);
 	}
-	/* 1.2.8: the header bytes of bug-cases.md, then 997-byte chops. */
+	/* 1.2.8: its header bytes (65536 bytes, masked with 37 fa 21 3d), then 997-byte chops. */
 	ck_assert_mem_eq(b.p, "\x82\xff\x00\x00\x00\x00\x00\x01\x00\x00\x37\xfa\x21\x3d", 14);
 	tw__ws_dec_init(&d, TW__WS_SERVER, 0, 0);
 	ws_log_init(&l);
@@ -1062,7 +1062,7 @@ START_TEST(masking)
 }
 END_TEST
 
-/* BH-35: keys come from the CSPRNG: 10,000 of them, barely any repeated
+/* RFC 6455 section 5.3: keys come from the CSPRNG: 10,000 of them, barely any repeated
  * (a repeat among 10,000 random 32-bit keys has odds of about 1 in 86). */
 static int cmp_u32(const void *a, const void *b)
 {
@@ -1137,7 +1137,7 @@ START_TEST(utf8)
 }
 END_TEST
 
-/* --- ping rate (BH-22) ---------------------------------------------------- */
+/* --- ping rate (docs/design.md, WebSocket) -------------------------------- */
 
 /* Feed pings at the given times (ms); returns the index of the first one
  * refused, or -1 when all are answered. */

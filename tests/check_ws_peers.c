@@ -70,7 +70,7 @@ START_TEST(websockets_client)
 	const tw_msg *m;
 	wu_init(&h, wu_scheme(_i));
 	/* the script pings between fragments, a ping per round trip: far
-	 * above the ping-rate policy's default (BH-22), so it is off here */
+	 * above the ping-rate policy's default, so it is off here */
 	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h.ctx, 0), 0);
 	h.sopts.keep = 1;
 	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", wu_scheme(_i));
@@ -116,7 +116,7 @@ START_TEST(websockets_server)
 	int rv;
 	wu_init(&h, wu_scheme(_i));
 	/* the server pings every 50 ms, and pings that wait while a 20 MiB
-	 * echo is read arrive together: the ping-rate policy (BH-22) is off */
+	 * echo is read arrive together: the ping-rate policy is off */
 	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h.ctx, 0), 0);
 	script("ws_echo_server.py", path, sizeof(path));
 	certs(&c);
@@ -193,7 +193,7 @@ START_TEST(pongs_while_writes_block)
 	struct tu_peer *sp;
 	char path[512], uri[64], tail[4096];
 	wu_init(&h, wu_scheme(_i));
-	/* pings every 0.3 s: under the ping-rate policy's default (BH-22) */
+	/* pings every 0.3 s: under the ping-rate policy's default */
 	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h.ctx, 0), 0);
 	h.sopts.echo = 0;
 	h.sopts.keep = 1;

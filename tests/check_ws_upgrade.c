@@ -2,13 +2,13 @@
 /* Unit tests: the WebSocket opening handshake (transport/ws_upgrade.c).
  *
  * The RFC 6455 example key and accept value; the Autobahn handshake of
- * bug-cases.md, split at every byte, byte by byte and at random points,
+ * the Autobahn testsuite, split at every byte, byte by byte and at random points,
  * with the same verdict and the same bytes consumed every time; headers in
  * any case and with LF line ends; each verdict of the server (101, 400,
- * 403, 404, 426, 431) with its response; the BH-34 cases (bad accept,
+ * 403, 404, 426, 431) with its response; the bad ones (bad accept,
  * unrequested extension, 200 instead of 101, version 8, bad key, 2,000
  * header lines, 1 MiB of headers) with bounded memory; the client's
- * request; BH-33 (frames bundled with the 101 are handed on); a client and
+ * request; frames bundled with the 101 handed on (RFC 6455 section 4.1); a client and
  * a server talking to each other; parsers reading input that ends at a
  * guard page. */
 #include <check.h>
@@ -28,7 +28,7 @@
 #define RFC_KEY    "dGhlIHNhbXBsZSBub25jZQ=="
 #define RFC_ACCEPT "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
 
-/* The handshake of bug-cases.md (Autobahn section). */
+/* The handshake the Autobahn testsuite's client sends. */
 #define AUTOBAHN_REQUEST                                                                           \
 	"GET / HTTP/1.1\r\nHost: 127.0.0.1:8765\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"  \
 	"Sec-WebSocket-Key: " RFC_KEY "\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -296,7 +296,7 @@ struct verdict_case {
 };
 
 static const struct verdict_case verdicts[] = {
-	/* BH-34 (d) */
+	/* RFC 6455 section 4.4: versions other than 13 */
 	{"Version", "Sec-WebSocket-Version: 8", NULL, 426, "Sec-WebSocket-Version is not 13"},
 	{"Version", "Sec-WebSocket-Version: 13, 8", NULL, 426, NULL},
 	{"Version", "", "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Version: 7\r\n", 426, NULL},
@@ -352,7 +352,8 @@ static const struct verdict_case verdicts[] = {
 	{NULL, NULL, "Content-Length: 5\r\n", 400, NULL},
 	{NULL, NULL, "Content-Length: x\r\n", 400, NULL},
 	{NULL, NULL, "Content-Length: 0\r\n", 101, NULL},
-	/* Origin: DESIGN.md's policy (host compared, ports not) */
+	/* Origin: docs/design.md's policy (WebSocket: host compared, ports
+	 * not) */
 	{NULL, NULL, "Origin: http://127.0.0.1:8765\r\n", 101, NULL},
 	{NULL, NULL, "Origin: https://127.0.0.1\r\n", 101, NULL},
 	{NULL, NULL, "Origin: http://127.0.0.1:9999\r\n", 101, NULL},
@@ -464,7 +465,7 @@ START_TEST(server_sticky)
 }
 END_TEST
 
-/* BH-34 (e) and the limits: 431 as soon as a limit is passed, memory
+/* Header floods and the limits: 431 as soon as a limit is passed, memory
  * never above the limit. */
 START_TEST(server_limits)
 {
@@ -618,7 +619,7 @@ START_TEST(client_request)
 }
 END_TEST
 
-/* BH-33: frames bundled with the 101, at every split of the response: the
+/* RFC 6455 section 4.1: frames bundled with the 101, at every split of the response: the
  * client stops at the block's end, and the rest decodes as frames. */
 START_TEST(client_bundled_frames)
 {
@@ -697,7 +698,7 @@ struct client_bad {
 #define ACCEPT "Sec-WebSocket-Accept: " RFC_ACCEPT "\r\n"
 
 static const struct client_bad client_bads[] = {
-	/* BH-34 (a), (b), (c) */
+	/* RFC 6455 section 4.1: the client's checks of the 101 */
 	{H101 UPG CONN "Sec-WebSocket-Accept: AAAAAAAAAAAAAAAAAAAAAAAAAAA=\r\n\r\n",
 	 "wrong Sec-WebSocket-Accept", 101},
 	{H101 UPG CONN ACCEPT "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n",

@@ -112,7 +112,7 @@ static inline void wire_free(struct wire *w)
 	memset(w, 0, sizeof(*w));
 }
 
-/* Bytes from hex digits (spaces allowed, as bug-cases.md writes them)
+/* Bytes from hex digits (spaces allowed: "82 03 61 62 63")
  * into out of cap bytes; returns the count. */
 static inline size_t hex_bytes(const char *hex, uint8_t *out, size_t cap)
 {

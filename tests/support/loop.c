@@ -110,3 +110,10 @@ void ts_run_for(struct event_base *base, int ms)
 	while (ts_now_ms() <= end)
 		event_base_loop(base, EVLOOP_ONCE);
 }
+
+uint64_t ts_blocks_live(void)
+{
+	tw_stats st;
+	tw_stats_global(&st, sizeof(st));
+	return st.blocks_live;
+}

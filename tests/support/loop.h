@@ -15,6 +15,10 @@ long long ts_now_ms(void);
 /* Sleep ms milliseconds (between polls of something outside the loop). */
 void ts_sleep_ms(int ms);
 
+/* Blocks live in the whole process (tw_stats_global's blocks_live): a
+ * test takes it before and asserts it is back after its comms are gone. */
+uint64_t ts_blocks_live(void);
+
 /* TW_TEST_QUICK=1 (valgrind runs): big tests shrink. */
 int ts_quick(void);
 

@@ -52,3 +52,8 @@ int ts_main(const char *name, unsigned flags, TCase *const cases[])
 		suite_add_tcase(s, cases[i]);
 	return ts_run(s, flags);
 }
+
+int ts_main_one(const char *name, int timeout_s, unsigned flags, const TTest *const tests[])
+{
+	return ts_main(name, flags, TS_CASES(ts_tcase(name, timeout_s, tests)));
+}

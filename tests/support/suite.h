@@ -42,5 +42,8 @@ void ts_add_loop(TCase *tc, int n, const TTest *const tests[]);
  * order), run with ts_run: a suite's whole main is
  * `return ts_main("x", flags, TS_CASES(ts_tcase(...), ...));`. */
 int ts_main(const char *name, unsigned flags, TCase *const cases[]);
+/* ts_main of one TCase with the suite's name: ts_tcase(name, timeout_s,
+ * tests). */
+int ts_main_one(const char *name, int timeout_s, unsigned flags, const TTest *const tests[]);
 
 #endif

@@ -6,7 +6,7 @@
  *   TLS with the test certificates) and connects with the same settings.
  * - Frames built here with our own encoder and masking (not the code
  *   under test), client frames masked with the key 37 fa 21 3d of
- *   bug-cases.md (RFC 6455 section 5.7), and a parser for what a server
+ *   RFC 6455 section 5.7's examples, and a parser for what a server
  *   sends back.
  * - A raw client (POSIX socket, optionally OpenSSL on top) that does the
  *   upgrade by hand and reads every byte the server sends until it closes
@@ -28,7 +28,7 @@
 #include "tests/support/tls.h"
 
 #define WU_WAIT_MS 30000
-/* The upgrade request of bug-cases.md (Autobahn section) uses this key;
+/* The upgrade request of RFC 6455 section 1.3 uses this key;
  * the server must answer with WU_ACCEPT. */
 #define WU_KEY    "dGhlIHNhbXBsZSBub25jZQ=="
 #define WU_ACCEPT "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
@@ -86,7 +86,7 @@ struct wu_raw {
 };
 
 /* Connect to uri (ws:// or wss://; wss with the test client certificate)
- * and send `request` (NULL: the upgrade of bug-cases.md with WU_KEY).
+ * and send `request` (NULL: an upgrade request with WU_KEY).
  * Reads the response's header block into r->status and r->head (unless
  * the server closes first). Returns the HTTP status, or 0 when none came.
  * Asserts on connect and TLS failures. */
