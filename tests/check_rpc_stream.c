@@ -17,7 +17,7 @@
 #include "tests/check_rpc.h"
 #include "tests/support/rpc.h"
 #include "tests/support/suite.h"
-#include "transport/transport.h"
+#include "transport/comm_impl.h"
 
 static tw_msg *stream_start(void)
 {

@@ -15,7 +15,10 @@
 
 #include <taskwire/error.h>
 
+#include "transport/comm_budget.h"
+#include "transport/comm_impl.h"
 #include "transport/relay.h"
+#include "transport/stream_comm.h"
 #include "transport/transport.h"
 
 /* Free what every comm has, then the transport's part. */

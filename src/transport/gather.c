@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "core/stats.h"
-#include "transport/transport.h"
+#include "transport/gather.h"
 
 int tw__gather_small(struct iovec *iov, int k, uint8_t *buf)
 {

@@ -16,8 +16,8 @@
 
 #include "core/block.h"
 #include "core/stats.h"
+#include "transport/comm_impl.h"
 #include "transport/relay.h"
-#include "transport/transport.h"
 
 /* The pipe between the sockets; Linux's default is 64 KiB, 1 MiB (the
  * unprivileged maximum) takes a quarter of the splice calls. */

@@ -3,8 +3,8 @@
 #include <taskwire/error.h>
 #include <taskwire/relay.h>
 
+#include "transport/comm_impl.h"
 #include "transport/relay.h"
-#include "transport/transport.h"
 
 static int bad_bytes(uint64_t n)
 {

@@ -12,6 +12,7 @@
 
 #include "core/msg.h"
 #include "core/pass.h"
+#include "transport/comm_budget.h"
 #include "transport/sock_comm.h"
 
 void *tw__sockq_tail(struct tw__sockq *q)
@@ -32,28 +33,19 @@ void *tw__sockq_tail(struct tw__sockq *q)
 	return q->ring + ((q->head + q->n) % q->cap) * q->esize;
 }
 
-static void on_readable(evutil_socket_t fd, short what, void *arg)
+/* One callback for the shell's three events; `what` says which fired: the
+ * read event's EV_READ, the write event's EV_WRITE (also when activated
+ * by hand), the timer's EV_TIMEOUT. */
+static void on_event(evutil_socket_t fd, short what, void *arg)
 {
 	struct tw__sock *s = arg;
 	(void)fd;
-	(void)what;
-	s->hooks->readable(s);
-}
-
-static void on_writable(evutil_socket_t fd, short what, void *arg)
-{
-	struct tw__sock *s = arg;
-	(void)fd;
-	(void)what;
-	s->hooks->writable(s);
-}
-
-static void on_timer(evutil_socket_t fd, short what, void *arg)
-{
-	struct tw__sock *s = arg;
-	(void)fd;
-	(void)what;
-	s->hooks->timer(s);
+	if (what & EV_READ)
+		s->hooks->readable(s);
+	else if (what & EV_WRITE)
+		s->hooks->writable(s);
+	else
+		s->hooks->timer(s);
 }
 
 /* The clock of the minimum receive rate runs only while a message is
@@ -98,9 +90,9 @@ int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
 		  const struct tw__sock_hooks *hooks, tw_context *ctx, int fd, const char *scheme,
 		  const struct tw__stream_io *io, void *io_arg, size_t esize)
 {
-	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_readable, s);
-	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_writable, s);
-	s->timer = evtimer_new(ctx->base, on_timer, s);
+	s->rev = event_new(ctx->base, fd, EV_READ | EV_PERSIST, on_event, s);
+	s->wev = event_new(ctx->base, fd, EV_WRITE | EV_PERSIST, on_event, s);
+	s->timer = evtimer_new(ctx->base, on_event, s);
 	s->base.rate.ev = evtimer_new(ctx->base, on_rate_timer, s);
 	if (s->rev == NULL || s->wev == NULL || s->timer == NULL || s->base.rate.ev == NULL) {
 		free_events(s);

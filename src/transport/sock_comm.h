@@ -16,7 +16,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include "transport/transport.h"
+#include "transport/comm_impl.h"
+#include "transport/stream_io.h"
 
 struct event;
 struct tw__sock;

@@ -14,8 +14,12 @@
 
 #include "core/msg.h"
 #include "core/pass.h"
+#include "transport/comm_budget.h"
+#include "transport/frame_rx.h"
+#include "transport/gather.h"
 #include "transport/relay.h"
 #include "transport/sock_comm.h"
+#include "transport/stream_comm.h"
 
 #define IOV_BATCH 64
 /* Bytes read per wakeup before yielding to the other comms of the loop:

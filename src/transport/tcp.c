@@ -20,7 +20,9 @@
 
 #include <taskwire/error.h>
 
+#include "transport/comm_impl.h"
 #include "transport/dns.h"
+#include "transport/stream_comm.h"
 #include "transport/transport.h"
 
 /* One buffer goes through recv/send: the kernel skips copying in and

@@ -21,6 +21,8 @@
 
 #include <taskwire/error.h>
 
+#include "transport/comm_impl.h"
+#include "transport/stream_comm.h"
 #include "transport/tls_config.h"
 #include "transport/transport.h"
 

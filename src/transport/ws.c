@@ -15,6 +15,7 @@
 
 #include <taskwire/error.h>
 
+#include "transport/transport.h"
 #include "transport/ws_comm.h"
 
 /* The upgrade failed or timed out: report (client) and free. */

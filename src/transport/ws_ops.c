@@ -9,6 +9,7 @@
 
 #include <taskwire/error.h>
 
+#include "transport/comm_budget.h"
 #include "transport/ws_comm.h"
 
 /* Bad input with replies queued: they go out first, then the close code

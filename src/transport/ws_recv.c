@@ -19,6 +19,7 @@
 #include "core/block.h"
 #include "core/msg.h"
 #include "core/pass.h"
+#include "transport/comm_budget.h"
 #include "transport/ws_comm.h"
 
 #define COUNT_RULE "a message must start with 8 bytes of frame count"

@@ -16,6 +16,7 @@
 
 #include "core/msg.h"
 #include "core/pass.h"
+#include "transport/gather.h"
 #include "transport/ws_comm.h"
 
 #define IOV_BATCH     64

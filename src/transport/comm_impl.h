@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* What every comm has (struct tw_comm), the operations a transport fills
+ * in for its comms, and the calls a transport makes on its comm (comm.c).
+ * transport/ only: the layer above sees transport/upper.h. Loop thread. */
+#ifndef TW_TRANSPORT_COMM_IMPL_H
+#define TW_TRANSPORT_COMM_IMPL_H
+
+#include <sys/socket.h>
+
+#include <taskwire/comm.h>
+
+#include "core/context.h"
+#include "core/stats.h"
+#include "transport/linger.h"
+#include "transport/rate.h"
+#include "transport/upper.h"
+
+/* Per-comm operations of one transport. */
+struct tw__comm_ops {
+	int (*start)(tw_comm *c);             /* begin reading */
+	int (*write)(tw_comm *c, tw_msg *m);  /* queue; ownership as tw_comm_write */
+	uint64_t (*queued)(const tw_comm *c); /* bytes not yet written */
+	void (*close)(tw_comm *c);            /* flush, then end with 0 */
+	void (*stop)(tw_comm *c);             /* release I/O now; no callbacks */
+	void (*destroy)(tw_comm *c);          /* free the memory */
+	void (*set_place)(tw_comm *c, tw__place_fn fn, void *arg);
+	void (*pause)(tw_comm *c);           /* stop reading until start */
+	int (*rx_pending)(const tw_comm *c); /* bytes of a next message already taken in */
+	void (*fail)(tw_comm *c, int err);   /* bad input: write what is queued, then end */
+};
+
+/* What every comm has. The application owns the comm; `depth` counts the
+ * callbacks running so a free inside one is deferred. */
+struct tw_comm {
+	const struct tw__comm_ops *ops;
+	tw_context *ctx;
+	struct tw__node node;
+	struct tw__limits limits;
+	tw_recv_cb recv_cb;
+	tw_close_cb close_cb;
+	tw_drain_cb drain_cb;
+	void *arg;
+	struct tw__stats stats;
+	int depth;        /* callbacks of this comm on the stack */
+	int free_pending; /* tw_comm_free ran inside a callback */
+	int ended;        /* no more callbacks */
+	int closing;      /* no more writes (tw__comm_closing) */
+	char error[256];
+	char peer[128], local[128];
+	struct event *timeout_ev; /* tw__comm_arm_timeout */
+	/* tw_comm_set_recv_deadline_ms: the next message within deadline_ms
+	 * of the last (or of the call); 0: off. The timer is not re-armed per
+	 * message: when it fires early it sleeps for the rest. */
+	struct event *deadline_ev;
+	uint32_t deadline_ms;
+	uint64_t last_msg_ms;     /* tw__mono_ms of the last message, or of the arming */
+	int app_paused;           /* tw_comm_pause */
+	struct tw__rate rate;     /* tw__comm_rate_watch */
+	struct tw__linger linger; /* tw__linger_start */
+	/* The upper layer (transport/upper.h): its hooks and its state. */
+	const struct tw__upper_ops *up_ops;
+	void *up;
+	struct tw__watch *watchers;
+	/* References (tw_comm_hold); the owner's is one of them. The memory
+	 * goes when the last is dropped and no callback of c is running. */
+	int refs;
+	int end_err;    /* why it ended, for the end watches */
+	int end_known;  /* the end was told to the owner: watches may run */
+	int close_owed; /* tw__comm_end_owed: the owner's close runs later */
+	int owner_gone; /* tw_comm_free ran */
+	struct tw_comm_watch *end_watches, **end_tail;
+	struct event *end_ev; /* runs the end watches, outside any call */
+	/* The context's budgets (core/budget.h): the receive budget's claim
+	 * (the transport sets rx_claim.granted), and a place among the
+	 * writers the write budget refused. */
+	struct tw__claim rx_claim, wq_claim;
+	/* A relay of its input runs (transport/relay.h): the comm must not
+	 * be freed for being idle, or its relay frames' messages break. */
+	int relaying;
+};
+
+/* The comm a context node belongs to, or NULL when it is no comm. */
+tw_comm *tw__node_comm(struct tw__node *n);
+/* Set up the common part (tracked by the context). */
+void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx);
+/* Deliver a received message (borrowed by the callback). Returns 1 when
+ * the comm may still be used, 0 when it ended or was freed meanwhile:
+ * then the caller must not touch it. */
+int tw__comm_deliver(tw_comm *c, tw_msg *m);
+/* The queue drained: run the drain callback. Same returns. */
+int tw__comm_drained(tw_comm *c);
+/* tw__comm_hold / tw__comm_release: keep c alive across a stretch that
+ * runs callbacks (a tw_comm_free inside waits); release frees it if one
+ * came and returns 0 then, else !c->ended. */
+void tw__comm_hold(tw_comm *c);
+int tw__comm_release(tw_comm *c);
+/* Fill c->peer and c->local from the socket, as scheme:// URIs. */
+void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme);
+/* The peer's address as accept gave it (NULL: keep what the socket
+ * said): a client that reset before its comm was made has none left. */
+void tw__comm_set_peer(tw_comm *c, const struct sockaddr *sa, const char *scheme);
+/* The code of a failed socket read or write, by errno: EPROTO is the TLS
+ * layer's, ETIMEDOUT the kernel's TCP timeout (tw_context_set_tcp_timeout_ms). */
+int tw__io_err(int e);
+
+#endif
