@@ -23,6 +23,7 @@
 #include "protocol/placement.h"
 
 #include "tests/support/suite.h"
+#include "tests/support/pack.h"
 
 #define SAY(...)                                                                                   \
 	do {                                                                                       \
@@ -54,48 +55,36 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-static void pk_str(msgpack_packer *pk, const char *s)
-{
-	msgpack_pack_str(pk, strlen(s));
-	msgpack_pack_str_body(pk, s, strlen(s));
-}
-
 /* frame 0 = {"__Serialized__": k} */
 static void add_placeholder0(tw_msg *m, uint64_t k)
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 1);
-	pk_str(&pk, "__Serialized__");
-	msgpack_pack_uint64(&pk, k);
-	ck_assert_int_eq(tw_msg_append_copy(m, sb.data, sb.size), 0);
-	msgpack_sbuffer_destroy(&sb);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
+	msgpack_pack_map(pk, 1);
+	tw_msgpack_pack_str(pk, "__Serialized__");
+	msgpack_pack_uint64(pk, k);
+	ts_pack_append(&f, m);
 }
 
 /* sub-header {"serializer":"dask","num-sub-frames":num,"compression":[codec]*num} */
 static void add_subheader(tw_msg *m, uint64_t num, const char *codec)
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 3);
-	pk_str(&pk, "serializer");
-	pk_str(&pk, "dask");
-	pk_str(&pk, "num-sub-frames");
-	msgpack_pack_uint64(&pk, num);
-	pk_str(&pk, "compression");
-	msgpack_pack_array(&pk, num);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
+	msgpack_pack_map(pk, 3);
+	tw_msgpack_pack_str(pk, "serializer");
+	tw_msgpack_pack_str(pk, "dask");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
+	msgpack_pack_uint64(pk, num);
+	tw_msgpack_pack_str(pk, "compression");
+	msgpack_pack_array(pk, num);
 	for (uint64_t i = 0; i < num; i++) {
 		if (codec == NULL)
-			msgpack_pack_nil(&pk);
+			msgpack_pack_nil(pk);
 		else
-			pk_str(&pk, codec);
+			tw_msgpack_pack_str(pk, codec);
 	}
-	ck_assert_int_eq(tw_msg_append_copy(m, sb.data, sb.size), 0);
-	msgpack_sbuffer_destroy(&sb);
+	ts_pack_append(&f, m);
 }
 
 /* --- 1. zstd: a lying frame ----------------------------------------------
@@ -259,7 +248,7 @@ START_TEST(decode_cost_quadratic)
 	msgpack_pack_array(&pk, groups);
 	for (size_t g = 0; g < groups; g++) {
 		msgpack_pack_map(&pk, 1);
-		pk_str(&pk, "__Serialized__");
+		tw_msgpack_pack_str(&pk, "__Serialized__");
 		msgpack_pack_uint64(&pk, 1 + g);
 	}
 	ck_assert_int_eq(tw_msg_new(&m), 0);
@@ -272,7 +261,7 @@ START_TEST(decode_cost_quadratic)
 			msgpack_sbuffer_init(&sb);
 			msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 			msgpack_pack_map(&pk, 1);
-			pk_str(&pk, "num-sub-frames");
+			tw_msgpack_pack_str(&pk, "num-sub-frames");
 			msgpack_pack_uint64(&pk, nframes - k - 1);
 			ck_assert_int_eq(tw_msg_append_copy(m, sb.data, sb.size), 0);
 			msgpack_sbuffer_destroy(&sb);
@@ -334,31 +323,29 @@ static int decode_groups(const uint8_t *const *frames, const size_t *lens, size_
 {
 	tw_msg *m;
 	int rv;
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
+	struct ts_pack f;
+	msgpack_packer *pk;
 	ck_assert_int_eq(tw_msg_new(&m), 0);
 	add_placeholder0(m, 1);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 4);
-	pk_str(&pk, "num-sub-frames");
-	msgpack_pack_uint64(&pk, nsub);
-	pk_str(&pk, "compression");
-	msgpack_pack_array(&pk, nsub);
+	pk = ts_pack_start(&f);
+	msgpack_pack_map(pk, 4);
+	tw_msgpack_pack_str(pk, "num-sub-frames");
+	msgpack_pack_uint64(pk, nsub);
+	tw_msgpack_pack_str(pk, "compression");
+	msgpack_pack_array(pk, nsub);
 	for (size_t i = 0; i < nsub; i++) {
 		if (codecs[i] == NULL)
-			msgpack_pack_nil(&pk);
+			msgpack_pack_nil(pk);
 		else
-			pk_str(&pk, codecs[i]);
+			tw_msgpack_pack_str(pk, codecs[i]);
 	}
-	pk_str(&pk, "split-num-sub-frames");
-	msgpack_pack_array(&pk, 1);
-	msgpack_pack_uint64(&pk, nsub);
-	pk_str(&pk, "split-offsets");
-	msgpack_pack_array(&pk, 1);
-	msgpack_pack_uint64(&pk, 0);
-	ck_assert_int_eq(tw_msg_append_copy(m, sb.data, sb.size), 0);
-	msgpack_sbuffer_destroy(&sb);
+	tw_msgpack_pack_str(pk, "split-num-sub-frames");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_uint64(pk, nsub);
+	tw_msgpack_pack_str(pk, "split-offsets");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_uint64(pk, 0);
+	ts_pack_append(&f, m);
 	for (size_t i = 0; i < n; i++)
 		ck_assert_int_eq(tw_msg_append_copy(m, frames[i], lens[i]), 0);
 	why[0] = '\0';

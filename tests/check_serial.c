@@ -18,35 +18,11 @@
 
 #include "tests/support/dask.h"
 #include "tests/support/suite.h"
+#include "tests/support/pack.h"
 
 #define KB 1000
 
 /* Building frames by hand. */
-
-struct mp {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-};
-
-static msgpack_packer *mp_start(struct mp *m)
-{
-	msgpack_sbuffer_init(&m->sb);
-	msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
-	return &m->pk;
-}
-
-/* Append what was packed as the next frame. */
-static void mp_append(struct mp *m, tw_msg *msg)
-{
-	ck_assert_int_eq(tw_msg_append_copy(msg, m->sb.data, m->sb.size), 0);
-	msgpack_sbuffer_destroy(&m->sb);
-}
-
-static void pstr(msgpack_packer *pk, const char *s)
-{
-	msgpack_pack_str(pk, strlen(s));
-	msgpack_pack_str_body(pk, s, strlen(s));
-}
 
 static tw_msg *new_msg(void)
 {
@@ -63,16 +39,16 @@ static void append(tw_msg *m, const void *p, size_t n)
 /* Frame 0: {"op": "echo", "data": {key: k}}. */
 static void frame0_holder(tw_msg *m, const char *key, uint64_t k)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	msgpack_pack_map(pk, 2);
-	pstr(pk, "op");
-	pstr(pk, "echo");
-	pstr(pk, "data");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "echo");
+	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_map(pk, 1);
-	pstr(pk, key);
+	tw_msgpack_pack_str(pk, key);
 	msgpack_pack_uint64(pk, k);
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 }
 
 static void frame0_one(tw_msg *m)
@@ -85,32 +61,32 @@ static void frame0_one(tw_msg *m)
  * one logical frame made of all the sub-frames. */
 static void sub_header(tw_msg *m, uint64_t num, const char *const *codecs, int split)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	msgpack_pack_map(pk, 2 + (codecs != NULL) + 2 * (split != 0));
-	pstr(pk, "serializer");
-	pstr(pk, "dask");
-	pstr(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "serializer");
+	tw_msgpack_pack_str(pk, "dask");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint64(pk, num);
 	if (codecs != NULL) {
-		pstr(pk, "compression");
+		tw_msgpack_pack_str(pk, "compression");
 		msgpack_pack_array(pk, num);
 		for (uint64_t i = 0; i < num; i++) {
 			if (codecs[i] != NULL)
-				pstr(pk, codecs[i]);
+				tw_msgpack_pack_str(pk, codecs[i]);
 			else
 				msgpack_pack_nil(pk);
 		}
 	}
 	if (split) {
-		pstr(pk, "split-num-sub-frames");
+		tw_msgpack_pack_str(pk, "split-num-sub-frames");
 		msgpack_pack_array(pk, 1);
 		msgpack_pack_uint64(pk, num);
-		pstr(pk, "split-offsets");
+		tw_msgpack_pack_str(pk, "split-offsets");
 		msgpack_pack_array(pk, 1);
 		msgpack_pack_uint64(pk, 0);
 	}
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 }
 
 /* frame 0, a sub-header naming `codec` (NULL: nil) and one frame. */
@@ -245,9 +221,9 @@ static tw_msg *build_bytes(const char *codec, const tw_slice *data)
 	tw_msg *m;
 	ck_assert_int_eq(tw_builder_new(codec, &b), 0);
 	msgpack_pack_map(tw_builder_packer(b), 2);
-	pstr(tw_builder_packer(b), "op");
-	pstr(tw_builder_packer(b), "echo");
-	pstr(tw_builder_packer(b), "data");
+	tw_msgpack_pack_str(tw_builder_packer(b), "op");
+	tw_msgpack_pack_str(tw_builder_packer(b), "echo");
+	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	ck_assert_int_eq(tw_builder_pack_bytes(b, data), 0);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
 	tw_builder_free(b);
@@ -291,21 +267,21 @@ END_TEST
 
 START_TEST(rt_msgpack)
 {
-	struct mp v;
-	msgpack_packer *pk = mp_start(&v);
+	struct ts_pack v;
+	msgpack_packer *pk = ts_pack_start(&v);
 	tw_builder *b;
 	tw_msg *m;
 	tw_decoded *d;
 	const tw_payload *pl;
 	msgpack_pack_array(pk, 3);
 	msgpack_pack_int(pk, 1);
-	pstr(pk, "two");
+	tw_msgpack_pack_str(pk, "two");
 	msgpack_pack_map(pk, 1);
-	pstr(pk, "k");
+	tw_msgpack_pack_str(pk, "k");
 	msgpack_pack_nil(pk);
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	msgpack_pack_map(tw_builder_packer(b), 1);
-	pstr(tw_builder_packer(b), "data");
+	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	ck_assert_int_eq(tw_builder_pack_msgpack(b, v.sb.data, v.sb.size), 0);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
 	tw_builder_free(b);
@@ -334,17 +310,17 @@ START_TEST(rt_nested)
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	pk = tw_builder_packer(b);
 	msgpack_pack_map(pk, 3);
-	pstr(pk, "a");
+	tw_msgpack_pack_str(pk, "a");
 	msgpack_pack_array(pk, 2);
 	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 0, 3}), 0);
 	msgpack_pack_map(pk, 1);
-	pstr(pk, "b");
+	tw_msgpack_pack_str(pk, "b");
 	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 0, 20000}), 0);
-	pstr(pk, "c");
+	tw_msgpack_pack_str(pk, "c");
 	msgpack_pack_map(pk, 1);
-	pstr(pk, "d");
+	tw_msgpack_pack_str(pk, "d");
 	ck_assert_int_eq(tw_builder_pack_msgpack(b, "\x93\x01\x02\x03", 4), 0);
-	pstr(pk, "e");
+	tw_msgpack_pack_str(pk, "e");
 	msgpack_pack_array(pk, 1);
 	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){NULL, 0, 0}), 0);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
@@ -580,20 +556,20 @@ END_TEST
 /* {"__Pickled__": 1}: the same shape, kind PICKLED. */
 START_TEST(rt_pickled)
 {
-	struct mp f;
+	struct ts_pack f;
 	msgpack_packer *pk;
 	tw_msg *m = new_msg();
 	tw_decoded *d;
 	const tw_payload *pl;
 	frame0_holder(m, "__Pickled__", 1);
-	pk = mp_start(&f);
+	pk = ts_pack_start(&f);
 	msgpack_pack_map(pk, 2);
-	pstr(pk, "pickled-obj");
+	tw_msgpack_pack_str(pk, "pickled-obj");
 	msgpack_pack_bin(pk, 3);
 	msgpack_pack_bin_body(pk, "\x80\x05N", 3);
-	pstr(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 1);
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 	append(m, "0123456789", 10);
 	d = decode_ok(m);
 	pl = data_payload(d);
@@ -609,20 +585,20 @@ END_TEST
 /* A group with no sub-frames (a pickle without buffers): no frames. */
 START_TEST(rt_no_sub_frames)
 {
-	struct mp f;
+	struct ts_pack f;
 	msgpack_packer *pk;
 	tw_msg *m = new_msg();
 	tw_decoded *d;
 	const tw_payload *pl;
 	frame0_holder(m, "__Pickled__", 1);
-	pk = mp_start(&f);
+	pk = ts_pack_start(&f);
 	msgpack_pack_map(pk, 2);
-	pstr(pk, "pickled-obj");
+	tw_msgpack_pack_str(pk, "pickled-obj");
 	msgpack_pack_bin(pk, 3);
 	msgpack_pack_bin_body(pk, "\x80\x05N", 3);
-	pstr(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 0);
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 	d = decode_ok(m);
 	pl = data_payload(d);
 	ck_assert_int_eq(pl->kind, TW_PAYLOAD_PICKLED);
@@ -638,23 +614,23 @@ END_TEST
  * frame 1's group (9 would be out of range). */
 START_TEST(duplicate_keys_last_wins)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	tw_msg *m = new_msg();
 	tw_decoded *d;
 	const tw_payload *pl;
 	msgpack_pack_map(pk, 3);
-	pstr(pk, "op");
-	pstr(pk, "x");
-	pstr(pk, "data");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "x");
+	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_map(pk, 2);
-	pstr(pk, "__Serialized__");
+	tw_msgpack_pack_str(pk, "__Serialized__");
 	msgpack_pack_uint64(pk, 9);
-	pstr(pk, "__Serialized__");
+	tw_msgpack_pack_str(pk, "__Serialized__");
 	msgpack_pack_uint64(pk, 1);
-	pstr(pk, "op");
-	pstr(pk, "echo");
-	mp_append(&f, m);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "echo");
+	ts_pack_append(&f, m);
 	sub_header(m, 1, NULL, 0);
 	append(m, "abc", 3);
 	d = decode_ok(m);
@@ -709,14 +685,14 @@ static void bad_index(tw_msg *m)
 /* {"data": {"__Serialized__": "1"}} */
 static void bad_index_type(tw_msg *m)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	msgpack_pack_map(pk, 1);
-	pstr(pk, "data");
+	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_map(pk, 1);
-	pstr(pk, "__Serialized__");
-	pstr(pk, "1");
-	mp_append(&f, m);
+	tw_msgpack_pack_str(pk, "__Serialized__");
+	tw_msgpack_pack_str(pk, "1");
+	ts_pack_append(&f, m);
 }
 
 static void bad_num_sub_frames(tw_msg *m)
@@ -749,49 +725,49 @@ static void bad_sub_msgpack(tw_msg *m)
 
 static void bad_sub_no_num(tw_msg *m)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	frame0_one(m);
 	msgpack_pack_map(pk, 1);
-	pstr(pk, "serializer");
-	pstr(pk, "dask");
-	mp_append(&f, m);
+	tw_msgpack_pack_str(pk, "serializer");
+	tw_msgpack_pack_str(pk, "dask");
+	ts_pack_append(&f, m);
 	append(m, "abc", 3);
 }
 
 /* {"num-sub-frames": 1, "compression": ["zstd", nil]} */
 static void bad_compression_len(tw_msg *m)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	frame0_one(m);
 	msgpack_pack_map(pk, 2);
-	pstr(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 1);
-	pstr(pk, "compression");
+	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_array(pk, 2);
-	pstr(pk, "zstd");
+	tw_msgpack_pack_str(pk, "zstd");
 	msgpack_pack_nil(pk);
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 	append(m, "abc", 3);
 }
 
 /* {"num-sub-frames": 1, "split-num-sub-frames": [2], "split-offsets": [0]} */
 static void bad_split_range(tw_msg *m)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	frame0_one(m);
 	msgpack_pack_map(pk, 3);
-	pstr(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 1);
-	pstr(pk, "split-num-sub-frames");
+	tw_msgpack_pack_str(pk, "split-num-sub-frames");
 	msgpack_pack_array(pk, 1);
 	msgpack_pack_uint8(pk, 2);
-	pstr(pk, "split-offsets");
+	tw_msgpack_pack_str(pk, "split-offsets");
 	msgpack_pack_array(pk, 1);
 	msgpack_pack_uint8(pk, 0);
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 	append(m, "abc", 3);
 }
 
@@ -806,16 +782,16 @@ static void bad_codec(tw_msg *m)
 /* {"num-sub-frames": 1, "compression": [5]} */
 static void bad_codec_type(tw_msg *m)
 {
-	struct mp f;
-	msgpack_packer *pk = mp_start(&f);
+	struct ts_pack f;
+	msgpack_packer *pk = ts_pack_start(&f);
 	frame0_one(m);
 	msgpack_pack_map(pk, 2);
-	pstr(pk, "num-sub-frames");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
 	msgpack_pack_uint8(pk, 1);
-	pstr(pk, "compression");
+	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_array(pk, 1);
 	msgpack_pack_uint8(pk, 5);
-	mp_append(&f, m);
+	ts_pack_append(&f, m);
 	append(m, "abc", 3);
 }
 
@@ -1308,8 +1284,8 @@ static void echo_ok(struct du_client *cli, size_t k)
 static int raw_send_bad(struct tu *l, const char *addr, const tw_msg *bad)
 {
 	tw_msg *theirs = NULL, *ours = new_msg();
-	struct mp hs;
-	msgpack_packer *pk = mp_start(&hs);
+	struct ts_pack hs;
+	msgpack_packer *pk = ts_pack_start(&hs);
 	uint8_t *wire;
 	size_t len;
 	int fd = ts_raw_connect(addr), eof;
@@ -1317,16 +1293,16 @@ static int raw_send_bad(struct tu *l, const char *addr, const tw_msg *bad)
 	ck_assert_int_eq(du_raw_recv_msg(l, fd, &theirs, DU_WAIT_MS), 0);
 	tw_msg_free(theirs);
 	msgpack_pack_map(pk, 3);
-	pstr(pk, "compression");
+	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_nil(pk);
-	pstr(pk, "python");
+	tw_msgpack_pack_str(pk, "python");
 	msgpack_pack_array(pk, 3);
 	msgpack_pack_uint8(pk, 3);
 	msgpack_pack_uint8(pk, 11);
 	msgpack_pack_uint8(pk, 2);
-	pstr(pk, "pickle-protocol");
+	tw_msgpack_pack_str(pk, "pickle-protocol");
 	msgpack_pack_uint8(pk, 5);
-	mp_append(&hs, ours);
+	ts_pack_append(&hs, ours);
 	wire = du_encode(ours, &len);
 	ck_assert_uint_eq(tu_raw_send(l, fd, wire, len), len);
 	free(wire);
@@ -1381,7 +1357,7 @@ static tw_msg *forward(const tw_decoded *d)
 	tw_msg *out;
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	msgpack_pack_map(tw_builder_packer(b), 1);
-	pstr(tw_builder_packer(b), "data");
+	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	ck_assert_int_eq(
 		tw_builder_pack_object(b, d, tw_msgpack_map_get(tw_decoded_root(d), "data")), 0);
 	ck_assert_int_eq(tw_builder_finish(b, &out), 0);
@@ -1398,7 +1374,7 @@ START_TEST(forward_as_it_came)
 	const msgpack_object *arr;
 	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
 	msgpack_pack_map(tw_builder_packer(b), 1);
-	pstr(tw_builder_packer(b), "data");
+	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	msgpack_pack_array(tw_builder_packer(b), 3);
 	for (int i = 0; i < 3; i++)
 		ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 1000 * (size_t)i, 1000}),

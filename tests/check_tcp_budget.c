@@ -58,9 +58,19 @@ static uint64_t budget_used(struct tu *h)
 	return used;
 }
 
+/* Wait until sp has received at least least bytes. */
+static void wait_received(struct tu *h, const struct tu_peer *sp, uint64_t least)
+{
+	struct at_least a = {sp, least};
+	ck_assert(tu_run_until(h, has_received, &a, TU_WAIT_MS));
+}
+
 /* A listener keeping what it receives, with a 4 MiB receive budget, and
- * three raw peers: fd[i], whose server comm is sp[i]. */
-static void budget_setup(struct tu *h, int fd[3], struct tu_peer *sp[3])
+ * three raw peers: fd[i], whose server comm is sp[i]. The first, A, sends
+ * the head and half of its message ma (wa bytes on the wire), which then
+ * holds the budget for its whole message's bytes. */
+static void budget_setup(struct tu *h, int fd[3], struct tu_peer *sp[3], const uint8_t *ma,
+			 size_t wa)
 {
 	tu_init(h);
 	h->sopts.echo = 0;
@@ -71,13 +81,8 @@ static void budget_setup(struct tu *h, int fd[3], struct tu_peer *sp[3])
 		ck_assert_int_ge(fd[i] = ts_raw_connect(h->addr), 0);
 		ck_assert_ptr_nonnull(sp[i] = tu_server_peer(h, i));
 	}
-}
-
-/* Wait until sp has received at least least bytes. */
-static void wait_received(struct tu *h, const struct tu_peer *sp, uint64_t least)
-{
-	struct at_least a = {sp, least};
-	ck_assert(tu_run_until(h, has_received, &a, TU_WAIT_MS));
+	ck_assert_uint_eq(tu_raw_send(h, fd[0], ma, wa / 2), wa / 2);
+	wait_received(h, sp[0], wa / 2);
 }
 
 /* Send the first n bytes of m on fd; wait until sp has received least. */
@@ -97,19 +102,15 @@ static void send_head(struct tu *h, int fd, const uint8_t *m, size_t n, struct t
 START_TEST(receive_budget_pauses_and_resumes)
 {
 	struct tu h;
-	struct tu_peer *sa, *sb, *sc, *sd;
+	struct tu_peer *sa, *sb, *sc, *sd, *sps[3];
 	size_t big = 3 * MiB, lone = 6 * MiB, small = 1000, wa, wb, wc, wd;
 	uint8_t *ma = wire_msg(big, 1, &wa), *mb = wire_msg(big, 2, &wb);
 	uint8_t *mc = wire_msg(lone, 3, &wc), *md = wire_msg(small, 4, &wd);
-	int fa, fb, fc, fd;
-	int fds[3];
-	struct tu_peer *sps[3];
-	budget_setup(&h, fds, sps);
+	int fa, fb, fc, fd, fds[3];
+	/* A: head and half of its frame; it holds its whole message's bytes */
+	budget_setup(&h, fds, sps, ma, wa);
 	fa = fds[0], fb = fds[1], fd = fds[2];
 	sa = sps[0], sb = sps[1], sd = sps[2];
-
-	/* A: head and half of its frame; it holds its whole message's bytes */
-	send_head(&h, fa, ma, wa / 2, sa, wa / 2);
 
 	/* B: its first 64 KiB (the kernel holds what the server does not read) */
 	send_head(&h, fb, mb, 64 * KiB, sb, 16);
@@ -163,18 +164,14 @@ END_TEST
 START_TEST(receive_budget_largest_waits)
 {
 	struct tu h;
-	struct tu_peer *sa, *sb, *sc;
+	struct tu_peer *sa, *sb, *sc, *sps[3];
 	size_t big = 3 * MiB, mid = 2 * MiB, wa, wb, wc;
 	uint8_t *ma = wire_msg(big, 1, &wa), *mb = wire_msg(big, 2, &wb);
 	uint8_t *mc = wire_msg(mid, 3, &wc);
-	int fa, fb, fc;
-	int fds[3];
-	struct tu_peer *sps[3];
-	budget_setup(&h, fds, sps);
+	int fa, fb, fc, fds[3];
+	budget_setup(&h, fds, sps, ma, wa);
 	fa = fds[0], fb = fds[1], fc = fds[2];
 	sa = sps[0], sb = sps[1], sc = sps[2];
-
-	send_head(&h, fa, ma, wa / 2, sa, wa / 2);
 	send_head(&h, fb, mb, 64 * KiB, sb, 16);
 	send_head(&h, fc, mc, 64 * KiB, sc, 16);
 	ck_assert_uint_eq(received(sb), 16);

@@ -282,30 +282,14 @@ START_TEST(taskwire_client_to_dask_scheduler)
 	struct tu_peer *p;
 	char addr[128];
 	tw_block *data;
-	tw_decoded *d;
 	wu_init(&h, wu_scheme(_i));
 	start_scheduler(&h, _i, &sched, addr, sizeof(addr));
 	p = tt_dask_client(&h, addr);
-	d = tu_call(&h, p, tu_request("identity", NULL), RUN_MS);
-	ck_assert_msg(
-		tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "type"), "Scheduler"),
-		"no type Scheduler");
-	ck_assert_ptr_nonnull(tw_msgpack_map_get(tw_decoded_root(d), "id"));
-	tw_decoded_free(d);
+	tt_assert_scheduler(&h, p, RUN_MS);
 	ck_assert_int_eq(tw_block_new(70 * MiB + 8, &data), 0);
 	ts_fill(tw_block_data(data), 70 * MiB + 8, 5);
-	for (size_t k = 0; k < 4; k++) {
-		const uint8_t *got;
-		size_t n, size = dask_sizes[k];
-		tw_slice s = size ? (tw_slice){data, k, size} : (tw_slice){NULL, 0, 0};
-		d = tu_call(&h, p, tu_request("echo", &s), RUN_MS);
-		ck_assert_msg(tw_decoded_bytes(d, tw_decoded_root(d), &got, &n) == 0,
-			      "reply %zu is not bytes", k);
-		ck_assert_uint_eq(n, size);
-		ck_assert_msg(n == 0 || memcmp(got, tw_block_data(data) + k, n) == 0,
-			      "echo of %zu bytes differs", size);
-		tw_decoded_free(d);
-	}
+	for (size_t k = 0; k < 4; k++)
+		tt_assert_echo(&h, p, data, k, dask_sizes[k], RUN_MS);
 	tw_block_free(data);
 	ck_assert_int_eq(p->closed, 0);
 	ts_proc_stop(&sched);

@@ -262,6 +262,31 @@ struct tu_peer *tt_dask_client(struct tu *h, const char *uri)
 	return p;
 }
 
+void tt_assert_scheduler(struct tu *h, struct tu_peer *p, int ms)
+{
+	tw_decoded *d = tu_call(h, p, tu_request("identity", NULL), ms);
+	const msgpack_object *root = tw_decoded_root(d);
+	ck_assert_int_eq(root->type, MSGPACK_OBJECT_MAP);
+	ck_assert_ptr_nonnull(tw_msgpack_map_get(root, "id"));
+	ck_assert_msg(tw_msgpack_str_eq(tw_msgpack_map_get(root, "type"), "Scheduler"),
+		      "no type Scheduler");
+	tw_decoded_free(d);
+}
+
+void tt_assert_echo(struct tu *h, struct tu_peer *p, tw_block *data, size_t off, size_t len, int ms)
+{
+	tw_slice s = len ? (tw_slice){data, off, len} : (tw_slice){NULL, 0, 0};
+	tw_decoded *d = tu_call(h, p, tu_request("echo", &s), ms);
+	const uint8_t *got;
+	size_t n;
+	ck_assert_msg(tw_decoded_bytes(d, tw_decoded_root(d), &got, &n) == 0,
+		      "reply to %zu bytes is not bytes", len);
+	ck_assert_uint_eq(n, len);
+	ck_assert_msg(n == 0 || memcmp(got, tw_block_data(data) + off, n) == 0,
+		      "echo of %zu bytes differs", len);
+	tw_decoded_free(d);
+}
+
 /* Listeners. */
 
 static void start_server_peer(struct tu *h, tw_comm *c)

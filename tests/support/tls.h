@@ -64,6 +64,13 @@ int tt_connect_bare(struct tu *h, tw_context *ctx, const char *uri, tw_comm **ou
  * handshake (connecting side); it keeps what it receives. Asserts, with
  * the reason. */
 struct tu_peer *tt_dask_client(struct tu *h, const char *uri);
+/* identity on p (a tt_dask_client of a Dask scheduler), within ms: the
+ * reply is a map with an "id" and type "Scheduler". Asserts. */
+void tt_assert_scheduler(struct tu *h, struct tu_peer *p, int ms);
+/* echo(data=<len bytes of data from off, out of band>) on p, within ms:
+ * the reply is the same bytes (len 0: no data). Asserts. */
+void tt_assert_echo(struct tu *h, struct tu_peer *p, tw_block *data, size_t off, size_t len,
+		    int ms);
 
 /* The Dask handshake on a comm of h's loop, waited for. Returns its err;
  * on failure why gets tw_comm_last_error and the comm is freed. */

@@ -1,0 +1,18 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Msgpack packed by hand (tests/support/pack.h). */
+#include <check.h>
+
+#include "tests/support/pack.h"
+
+msgpack_packer *ts_pack_start(struct ts_pack *p)
+{
+	msgpack_sbuffer_init(&p->sb);
+	msgpack_packer_init(&p->pk, &p->sb, msgpack_sbuffer_write);
+	return &p->pk;
+}
+
+void ts_pack_append(struct ts_pack *p, tw_msg *msg)
+{
+	ck_assert_int_eq(tw_msg_append_copy(msg, p->sb.data, p->sb.size), 0);
+	msgpack_sbuffer_destroy(&p->sb);
+}

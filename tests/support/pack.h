@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Msgpack packed by hand, for messages the tests build byte by byte
+ * (placeholders, sub-headers, bad inputs): a packer on a growing buffer
+ * whose bytes then become the next frame of a message. Strings go
+ * through the library's tw_msgpack_pack_str. */
+#ifndef TW_TESTS_SUPPORT_PACK_H
+#define TW_TESTS_SUPPORT_PACK_H
+
+#include <msgpack.h>
+#include <taskwire/msg.h>
+
+struct ts_pack {
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+};
+
+/* Start packing into p's own buffer; returns its packer. */
+msgpack_packer *ts_pack_start(struct ts_pack *p);
+/* Append what was packed as the next frame of msg (a copy) and free p's
+ * buffer. Asserts. */
+void ts_pack_append(struct ts_pack *p, tw_msg *msg);
+
+#endif
