@@ -8,6 +8,8 @@
 #   bench/mini-scheduler-bench.sh BUILD_DIR [--mib 512] [--keys 100000]
 #       [--only dask|tw] [--profile 'perf record -g -o /tmp/r{round}.data -p {pid}']
 #       [--relay BYTES]   (tw-mini-scheduler --relay: splice payloads, tcp)
+#       [--repeat N]      (both rounds N times, same processes)
+#       [--also LABEL=OTHER_BUILD/examples/tw-mini-scheduler]  (A/B, one run)
 # Then, when BUILD_DIR has bench/forward-floor (make bench/forward-floor),
 # the CPU floor of the 512 MiB round: 1 GiB read from one loopback socket
 # and written to another through one reused buffer (the kernel's copies

@@ -3,6 +3,7 @@
 
     python3 mini_scheduler_bench.py TW_MINI_SCHEDULER [--mib 512] [--keys 100000]
         [--only dask|tw] [--profile 'CMD {pid} {round}'] [--relay BYTES]
+        [--repeat N] [--also LABEL=TW_MINI_SCHEDULER ...]
 
 For each scheduler in turn: the scheduler, 4 `dask worker` processes
 (1 thread, no nanny, no memory limit) and one distributed.Client over tcp;
@@ -11,7 +12,8 @@ scheduler (direct=False, as Client does by default):
   - 16 numpy uint8 arrays of MIB/16 MiB each (random bytes), checked equal;
   - KEYS small ints (hash=False), checked equal.
 Per round: wall time, the scheduler's CPU seconds (utime + stime from
-/proc), its peak RSS above its idle RSS (VmHWM reset per round through
+/proc), its sleeps (voluntary context switches: the loop's wakeups), its
+peak RSS above its idle RSS (VmHWM reset per round through
 /proc/PID/clear_refs), and, for tw-mini-scheduler, the payload bytes it
 copied (tw_stats, printed when it stops: both rounds together).
 --profile runs CMD (split on spaces, {pid} the scheduler's pid, {round}
@@ -20,6 +22,11 @@ at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data -p {pid}'
 or 'strace -c -f -o /tmp/s{round}.txt -p {pid}'.
 --relay BYTES runs tw-mini-scheduler with --relay BYTES: payload frames of
 that size or more go socket to socket with splice(2), never read (tcp).
+--repeat N runs both rounds N times with the same scheduler, workers and
+client (N rows per round). --also LABEL=BINARY runs another
+tw-mini-scheduler build after the first one (A/B in one run: the same
+load; each row's CPU over the median of Dask's rows of its round).
+--keys 0 skips the small-key round.
 Timing, not a test: run it niced on a quiet machine.
 """
 import argparse
@@ -72,10 +79,11 @@ def free_port():
     return port
 
 
-def run(kind, tw_binary, mib, nkeys, profile=None, relay=None):
+def run(kind, tw_binary, mib, nkeys, profile=None, relay=None, repeat=1, label=None):
     import numpy as np
     from distributed import Client
 
+    label = label or kind
     if kind == "tw":
         extra = ["--relay", str(relay)] if relay is not None else []
         sched = start([tw_binary, "tcp://127.0.0.1:0"] + extra, stdout=subprocess.PIPE, text=True)
@@ -97,8 +105,10 @@ def run(kind, tw_binary, mib, nkeys, profile=None, relay=None):
     each = (mib << 20) // 16
     arrays = [rng.integers(0, 256, size=each, dtype=np.uint8) for _ in range(16)]
     small = list(range(nkeys))
-    for rnd, (label, data, kw) in enumerate((("%d MiB, 16 arrays" % mib, arrays, {}),
-                                             ("%d keys" % nkeys, small, {"hash": False}))):
+    rounds = [("%d MiB, 16 arrays" % mib, arrays, {})]
+    if nkeys > 0:
+        rounds.append(("%d keys" % nkeys, small, {"hash": False}))
+    for rnd, (what, data, kw) in enumerate(rounds * repeat):
         time.sleep(1)  # let the previous round's releases settle
         prof = None
         if profile and kind == "tw":
@@ -107,11 +117,13 @@ def run(kind, tw_binary, mib, nkeys, profile=None, relay=None):
         idle = status_kib(sched.pid, "VmRSS")
         peak_ok = reset_peak(sched.pid)
         cpu0 = cpu_s(sched.pid)
+        sw0 = status_kib(sched.pid, "voluntary_ctxt_switches")
         t0 = time.monotonic()
         futures = client.scatter(data, **kw)
         back = client.gather(futures)
         wall = time.monotonic() - t0
         cpu = cpu_s(sched.pid) - cpu0
+        sleeps = status_kib(sched.pid, "voluntary_ctxt_switches") - sw0
         peak = status_kib(sched.pid, "VmHWM")
         if prof is not None:
             prof.send_signal(signal.SIGINT)
@@ -121,8 +133,9 @@ def run(kind, tw_binary, mib, nkeys, profile=None, relay=None):
         else:
             assert back == small
         del futures, back
-        rows.append([kind, label, wall, cpu, (peak - idle) / 1024 if peak_ok else None])
-        print("# %s %s: wall %.2f s, CPU %.2f s" % (kind, label, wall, cpu), flush=True)
+        rows.append([label, what, wall, cpu, sleeps, (peak - idle) / 1024 if peak_ok else None])
+        print("# %s %s: wall %.2f s, CPU %.2f s, %d sleeps (load %.1f)" % (
+            label, what, wall, cpu, sleeps, os.getloadavg()[0]), flush=True)
     client.close()
     copied = ""
     sched.send_signal(signal.SIGTERM)
@@ -151,17 +164,30 @@ def main():
     ap.add_argument("--only", choices=("dask", "tw"))
     ap.add_argument("--profile")
     ap.add_argument("--relay", type=int)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=BINARY")
     a = ap.parse_args()
     rows = []
-    for kind in ("dask", "tw"):
+    runs = [("dask", "dask", None), ("tw", "tw", a.tw_binary)]
+    runs += [("tw", x.split("=", 1)[0], x.split("=", 1)[1]) for x in a.also]
+    print("# load average %.1f %.1f %.1f" % os.getloadavg(), flush=True)
+    for kind, label, binary in runs:
         if a.only in (None, kind):
-            rows += run(kind, a.tw_binary, a.mib, a.keys, a.profile, a.relay)
-    print("%-6s %-20s %8s %12s %22s %20s" % ("sched", "round", "wall s", "sched CPU s",
-                                            "peak RSS > idle MiB", "payload B copied"))
-    for kind, label, wall, cpu, peak, copied in rows:
-        print("%-6s %-20s %8.2f %12.2f %22s %20s" % (
-            kind, label, wall, cpu, "%.0f" % peak if peak is not None else "?",
-            copied if kind == "tw" else "-"))
+            rows += run(kind, binary, a.mib, a.keys, a.profile, a.relay, a.repeat, label)
+    print("# load average %.1f %.1f %.1f" % os.getloadavg())
+    dask = {}  # the median of Dask's rows of each round
+    for label, what, wall, cpu, sleeps, peak, copied in rows:
+        if label == "dask":
+            dask.setdefault(what, []).append(cpu)
+    dask = {k: sorted(v)[len(v) // 2] for k, v in dask.items()}
+    print("%-8s %-20s %8s %12s %10s %8s %22s %20s" % (
+        "sched", "round", "wall s", "sched CPU s", "CPU/dask", "sleeps", "peak RSS > idle MiB",
+        "payload B copied"))
+    for label, what, wall, cpu, sleeps, peak, copied in rows:
+        d = dask.get(what)
+        print("%-8s %-20s %8.2f %12.2f %10s %8d %22s %20s" % (
+            label, what, wall, cpu, "%.3f" % (cpu / d) if d else "-", sleeps,
+            "%.0f" % peak if peak is not None else "?", copied if label != "dask" else "-"))
 
 
 if __name__ == "__main__":
