@@ -6,6 +6,7 @@
  * byte against a pattern. Waits are on progress, never on a clock (the
  * run_until bound is the hang guard only). */
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -496,6 +497,190 @@ START_TEST(relay_source_killed)
 }
 END_TEST
 
+/* --- the source's socket wakes its reader per large chunk while the
+ * relay waits for it (SO_RCVLOWAT), and per byte again once it is over
+ * --- */
+
+/* The hub's socket: the one whose peer is the raw source. */
+static int hub_fd(void)
+{
+	struct sockaddr_in src, peer;
+	socklen_t n = sizeof(src);
+	ck_assert_int_eq(getsockname(F.src, (struct sockaddr *)&src, &n), 0);
+	for (int fd = 3; fd < 4096; fd++) {
+		n = sizeof(peer);
+		if (fd != F.src && getpeername(fd, (struct sockaddr *)&peer, &n) == 0 &&
+		    n == sizeof(peer) && peer.sin_port == src.sin_port &&
+		    peer.sin_addr.s_addr == src.sin_addr.s_addr)
+			return fd;
+	}
+	ck_abort_msg("the hub's socket not found");
+	return -1;
+}
+
+static int lowat_of(int fd)
+{
+	int v = 0;
+	socklen_t n = sizeof(v);
+	ck_assert_int_eq(getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &n), 0);
+	return v;
+}
+
+static int hub_waits_chunked(void *arg)
+{
+	return lowat_of(*(int *)arg) > 1;
+}
+
+START_TEST(relay_lowat_restored)
+{
+	static const size_t big[] = {10, 8 * MiB};
+	static const size_t w[] = {1};
+	size_t n, half;
+	uint8_t *p;
+	int fd;
+	setup();
+	add_peers(1);
+	fd = hub_fd();
+	ck_assert_int_eq(lowat_of(fd), 1);
+	one_lens[0] = big[0];
+	one_lens[1] = big[1];
+	F.on_hub = hub_one;
+	p = wire(big, 2, &n);
+	half = n / 2;
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, half, GUARD_MS), half);
+	/* the relay ran dry: it waits for a large chunk (at most what it
+	 * still expects), not for the next segment */
+	ck_assert_int_eq(ts_run_until(F.base, hub_waits_chunked, &fd, GUARD_MS), 1);
+	ck_assert_int_le(lowat_of(fd), (int)(n - half));
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + half, n - half, GUARD_MS), n - half);
+	free(p);
+	wait_peer(1);
+	check_got(1, one_lens, w, 1);
+	ck_assert_int_eq(lowat_of(fd), 1); /* restored: a small message wakes it */
+	then_small(1);
+	teardown();
+}
+END_TEST
+
+/* The source dies while the relay waits for a chunk of it: its end (FIN,
+ * or a reset) still wakes the relay, and both comms end. */
+static void source_dies_waiting(int reset)
+{
+	static const size_t big[] = {10, 8 * MiB};
+	int zero = 0, fd;
+	size_t n;
+	uint8_t *p;
+	setup();
+	add_peers(1);
+	fd = hub_fd();
+	one_lens[0] = big[0];
+	one_lens[1] = big[1];
+	F.on_hub = hub_one;
+	p = wire(big, 2, &n);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, n / 2, GUARD_MS), n / 2);
+	free(p);
+	ck_assert_int_eq(ts_run_until(F.base, hub_waits_chunked, &fd, GUARD_MS), 1);
+	if (reset) {
+		struct linger lg = {1, 0};
+		ck_assert_int_eq(setsockopt(F.src, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	}
+	close(F.src);
+	F.src = -1;
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
+	ck_assert_int_ne(F.acc_err[0], 0);
+	if (!reset)
+		ck_assert_int_eq(F.acc_err[0], TW_ETRUNCATED);
+	ck_assert_ptr_nonnull(strstr(tw_comm_last_error(F.acc[0]), "relayed frame"));
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, (int[]){1}, GUARD_MS), 1);
+	ck_assert_msg(strstr(tw_comm_last_error(F.acc[1]), "corrupt") != NULL, "%s / %s",
+		      tw_comm_last_error(F.acc[1]), tw_comm_last_error(F.acc[0]));
+	ck_assert_int_eq(ts_wait_flag(F.base, &F.peers[1].ended, GUARD_MS), 1);
+	ck_assert_int_eq(F.peers[1].err, TW_ETRUNCATED); /* cut short on its wire */
+	ck_assert_ptr_null(F.peers[1].got);
+	teardown();
+}
+
+START_TEST(relay_source_closed_while_waiting)
+{
+	source_dies_waiting(0);
+}
+END_TEST
+
+START_TEST(relay_source_reset_while_waiting)
+{
+	source_dies_waiting(1);
+}
+END_TEST
+
+/* --- a destination that closed in order, then reset our bytes (its
+ * socket was gone when they came): splicing to it fails with EPIPE,
+ * which raises no SIGPIPE (main keeps SIGPIPE's default: it would kill
+ * the suite), and the source drains the rest and goes on --- */
+static int raw_dst = -1;
+static void hub_to_raw(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1};
+	forward(f->acc[1], m, w, 1);
+}
+
+/* Read what the raw destination has without blocking, until it has
+ * some of the relayed frame. */
+static size_t raw_read;
+static int raw_reads_some(void *arg)
+{
+	static uint8_t buf[256 * 1024];
+	ssize_t k;
+	(void)arg;
+	while ((k = recv(raw_dst, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+		raw_read += (size_t)k;
+	return raw_read > 1 * MiB;
+}
+
+/* Feed the source while the hub writes to the closed destination. */
+static int feed_until_dst_ended(void *arg)
+{
+	(void)feed_until_moving(NULL);
+	return acc_ended(arg);
+}
+
+START_TEST(relay_destination_closed_no_sigpipe)
+{
+	static const size_t big[] = {10, 64 * MiB};
+	int two = 2, one = 1;
+	size_t n;
+	uint8_t *p;
+	setup();
+	raw_dst = ts_raw_connect(F.addr);
+	ck_assert_int_ge(raw_dst, 0);
+	ck_assert_int_eq(ts_run_until(F.base, n_accepted, &two, GUARD_MS), 1);
+	F.on_hub = hub_to_raw;
+	p = wire(big, 2, &n);
+	feed_p = p;
+	feed_n = n;
+	feed_done = 0;
+	raw_read = 0;
+	/* the source feeds as the socket takes it; the raw destination
+	 * reads a part, then closes with nothing unread (a FIN, not a
+	 * reset): what the hub splices next is reset by its kernel */
+	while (!raw_reads_some(NULL)) {
+		(void)feed_until_moving(NULL);
+		event_base_loop(F.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+	}
+	shutdown(raw_dst, SHUT_WR);
+	(void)raw_reads_some(NULL);
+	close(raw_dst);
+	raw_dst = -1;
+	ck_assert_int_eq(ts_run_until(F.base, feed_until_dst_ended, &one, GUARD_MS), 1);
+	/* the rest of the frame is drained, then the next message comes */
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + feed_done, n - feed_done, GUARD_MS),
+			  n - feed_done);
+	free(p);
+	then_small(1);
+	ck_assert_int_eq(F.acc_ended[0], 0);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -505,5 +690,8 @@ int main(void)
 				  TS_TESTS(relay_64mib_intact, relay_one_source_many_destinations,
 					   relay_small_and_large, relay_unconsumed_drained,
 					   relay_frame_single_use, relay_destination_killed,
-					   relay_source_killed))));
+					   relay_source_killed, relay_lowat_restored,
+					   relay_source_closed_while_waiting,
+					   relay_source_reset_while_waiting,
+					   relay_destination_closed_no_sigpipe))));
 }

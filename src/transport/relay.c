@@ -23,6 +23,11 @@
  * unprivileged maximum) takes a quarter of the splice calls. */
 #define PIPE_BYTES  (1 << 20)
 #define DRAIN_CHUNK 65536
+/* While the relay waits for its source, the source's socket reports
+ * readable only once this many bytes (or all the relay still expects, or
+ * its end) are in (SO_RCVLOWAT): one wakeup and one splice per large
+ * chunk instead of one per few segments. */
+#define WAKE_BYTES ((uint64_t)512 << 10)
 
 enum fstate { F_FREE, F_CLAIMED, F_DEAD };
 
@@ -49,6 +54,8 @@ struct tw__relay {
 	struct frame *f;
 	void *map;
 	size_t map_len;
+	uint64_t sock_left; /* bytes of the frames still in the socket */
+	int lowat;          /* the socket's SO_RCVLOWAT as we set it (1: the default) */
 	int err;
 	int done;
 	int refs; /* one per frame's block, the source's */
@@ -110,6 +117,25 @@ static void lost(struct tw__relay *r, ssize_t n)
 		fail(r, tw__io_err(errno), "read of a relayed frame failed: %s", strerror(errno));
 }
 
+static void set_lowat(struct tw__relay *r, int bytes)
+{
+	if (r->lowat == bytes || r->fd < 0)
+		return;
+	/* On failure the wakeups stay per segment: slower, still right. */
+	if (setsockopt(r->fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes)) == 0)
+		r->lowat = bytes;
+}
+
+/* Wait for the source: readable once a large chunk of what the relay
+ * still expects is in. The peer owes every byte of it (the prelude
+ * said so), and its end or reset wakes the wait too. */
+static void wait_source(struct tw__relay *r)
+{
+	uint64_t want = r->sock_left < WAKE_BYTES ? r->sock_left : WAKE_BYTES;
+	set_lowat(r, want > 0 ? (int)want : 1);
+	event_add(r->src_ev, NULL);
+}
+
 /* Drop the rest of frame `cursor`. 1: done, 0: wait (src_ev armed), -1:
  * failed. */
 static int drain(struct tw__relay *r)
@@ -135,11 +161,12 @@ static int drain(struct tw__relay *r)
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-				event_add(r->src_ev, NULL);
+				wait_source(r);
 				return 0;
 			}
 			if (n <= 0)
 				return lost(r, n), -1;
+			r->sock_left -= (uint64_t)n;
 		}
 		r->cur_off += (uint64_t)n;
 	}
@@ -240,6 +267,8 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	if (r->map == MAP_FAILED)
 		goto nomem;
 	r->refs = 1; /* the source's */
+	r->sock_left = total - prefix_len;
+	r->lowat = 1;
 	if (pipe2(r->pipe, O_NONBLOCK | O_CLOEXEC) != 0)
 		rv = TW_EIO;
 	else
@@ -287,6 +316,7 @@ void tw__relay_detach(struct tw__relay *r, int err, const char *why)
 	event_free(r->src_ev);
 	event_free(r->kick_ev);
 	r->src_ev = r->kick_ev = NULL;
+	set_lowat(r, 1); /* the socket's next message wakes its reader */
 	close(r->pipe[0]);
 	close(r->pipe[1]);
 	r->pipe[0] = r->pipe[1] = -1;
@@ -343,12 +373,13 @@ static int fill(struct tw__relay *r, uint64_t left)
 				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
 		if (n > 0) {
 			r->pipe_bytes += (uint64_t)n;
+			r->sock_left -= (uint64_t)n;
 			return 1;
 		}
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-			event_add(r->src_ev, NULL);
+			wait_source(r);
 			return 0;
 		}
 		lost(r, n);
@@ -359,25 +390,43 @@ static int fill(struct tw__relay *r, uint64_t left)
 /* splice(2) into a socket has no MSG_NOSIGNAL: a write to a connection
  * the peer has reset raises SIGPIPE (EPIPE), and the library never
  * raises it (stream_comm.c sends with MSG_NOSIGNAL). So SIGPIPE is
- * blocked around the call, and one it raised is taken before unblocking. */
-static ssize_t splice_out(int pfd, int dfd, size_t n)
+ * blocked while a pump splices out, and one raised meanwhile is taken
+ * before unblocking: three syscalls per pump, however many splices it
+ * makes. Taken whatever splice returned: a splice that moved some bytes
+ * before its next send failed with EPIPE returns the count, with SIGPIPE
+ * raised (check_relay relay_destination_closed_no_sigpipe saw it). One
+ * that was pending before (blocked by the caller) is left alone. */
+struct sigpipe_guard {
+	int on, had;
+	sigset_t set, old;
+};
+
+static ssize_t splice_out(struct sigpipe_guard *g, int pfd, int dfd, size_t n)
 {
-	sigset_t pipe_set, old, pending;
-	ssize_t r;
-	int e, had;
-	sigemptyset(&pipe_set);
-	sigaddset(&pipe_set, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-	had = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
-	r = splice(pfd, NULL, dfd, NULL, n, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-	e = errno;
-	if (r < 0 && e == EPIPE && !had) {
-		struct timespec zero = {0, 0};
-		(void)sigtimedwait(&pipe_set, NULL, &zero);
+	if (!g->on) {
+		sigset_t pending;
+		sigemptyset(&g->set);
+		sigaddset(&g->set, SIGPIPE);
+		pthread_sigmask(SIG_BLOCK, &g->set, &g->old);
+		/* unblocked until now, none can be pending for this thread */
+		g->had = sigismember(&g->old, SIGPIPE) && sigpending(&pending) == 0 &&
+			 sigismember(&pending, SIGPIPE);
+		g->on = 1;
 	}
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return splice(pfd, NULL, dfd, NULL, n, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+}
+
+static void sigpipe_restore(struct sigpipe_guard *g)
+{
+	int e = errno;
+	if (!g->on)
+		return;
+	if (!g->had) {
+		struct timespec zero = {0, 0};
+		(void)sigtimedwait(&g->set, NULL, &zero);
+	}
+	pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 	errno = e;
-	return r;
 }
 
 static int dest_busy(size_t moved)
@@ -385,13 +434,9 @@ static int dest_busy(size_t moved)
 	return moved > 0 ? 0 : TW_EAGAIN;
 }
 
-int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *moved)
+static int pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *moved,
+		struct sigpipe_guard *g)
 {
-	*moved = 0;
-	if (r->err != 0)
-		return r->err;
-	if (r->fd < 0 || i != r->cursor)
-		return 0; /* its turn has not come: woken when it does */
 	while (*moved < max && r->cursor == i) {
 		struct frame *f = &r->f[i];
 		uint64_t left = f->len - r->cur_off;
@@ -415,7 +460,7 @@ int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *m
 			int rv = r->pipe_bytes > 0 ? 1 : fill(r, left);
 			if (rv <= 0)
 				return rv < 0 ? r->err : 0;
-			n = splice_out(r->pipe[0], dfd, (size_t)r->pipe_bytes);
+			n = splice_out(g, r->pipe[0], dfd, (size_t)r->pipe_bytes);
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -429,7 +474,21 @@ int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *m
 		if (r->cur_off == f->len)
 			next_frame(r);
 	}
-	if (r->cursor != i) /* the next frame's claimant, a drain, or the end */
-		event_active(r->kick_ev, 0, 0);
 	return 0;
+}
+
+int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *moved)
+{
+	struct sigpipe_guard g = {0};
+	int rv;
+	*moved = 0;
+	if (r->err != 0)
+		return r->err;
+	if (r->fd < 0 || i != r->cursor)
+		return 0; /* its turn has not come: woken when it does */
+	rv = pump(r, i, dfd, max, moved, &g);
+	sigpipe_restore(&g);
+	if (rv == 0 && r->cursor != i) /* the next frame's claimant, a drain, or the end */
+		event_active(r->kick_ev, 0, 0);
+	return rv;
 }

@@ -76,7 +76,8 @@ void tw__relay_unclaim(struct tw__relay *r, size_t i);
 /* tw__relay_pump: move up to max bytes of frame i into socket dfd. Sets
  * *moved. Returns 0 (with *moved 0: wait for wake), TW_EAGAIN (dfd is
  * full and nothing moved: wait until it is writable), TW_EIO (writing dfd
- * failed: errno says why), or the relay's failure code. */
+ * failed: errno says why), or the relay's failure code (then
+ * tw__relay_state is below 0: a source's reset is TW_EIO too). */
 int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *moved);
 
 #endif

@@ -226,7 +226,7 @@ static int pump_head(struct stream *s, size_t budget, ssize_t *n)
 			*n = 0;
 		return 0;
 	}
-	if (rv == TW_EIO) {
+	if (rv == TW_EIO && tw__relay_state(r) >= 0) { /* the relay's own failure may be TW_EIO */
 		err = tw__io_err(errno);
 		tw__comm_seterr(&s->sock.base, "write failed: %s", io_error(s));
 	} else {
