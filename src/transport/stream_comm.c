@@ -579,9 +579,124 @@ static int relay_check(struct stream *s)
 	return 0;
 }
 
-static void read_input(struct stream *s)
+/* What one read of read_step asked for and got: a read that comes back
+ * short (seen < asked) drained the socket. */
+struct step {
+	size_t asked;
+	ssize_t n, seen; /* bytes taken; bytes seen (a peek may see more) */
+};
+
+/* read_step's returns besides tw__rx_advance's (0, 1, < 0). */
+#define STEP_AGAIN 2 /* read again: EINTR, or a peek that saw no whole message */
+#define STEP_STOP  3 /* reading stops here: dry, waiting for the budget, ended */
+
+/* One read of the socket into where frame_rx wants the bytes, at most
+ * *budget of them (spent here). */
+static int read_step(struct stream *s, size_t *budget, struct step *st)
 {
 	struct iovec iov[IOV_BATCH];
+	int k = tw__rx_want(&s->rx, iov, IOV_BATCH);
+	ssize_t n;
+	if (k < 0)
+		return k;
+	if ((k = within_budget(s, iov, k)) == 0)
+		return STEP_STOP;
+	k = tw__iov_cap(iov, k, *budget);
+	for (int i = 0; i < k; i++)
+		st->asked += iov[i].iov_len;
+	if (k == 1 && s->sock.io->peek != NULL && tw__rx_reads_ahead(&s->rx))
+		n = read_ahead(s, iov, &st->seen);
+	else
+		n = st->seen = s->sock.io->readv(s->sock.io_arg, s->sock.fd, iov, k);
+	st->n = n;
+	if (n == 0 && st->seen > 0)
+		return STEP_AGAIN; /* no whole message seen: read its head */
+	if (n < 0 && errno == EINTR)
+		return STEP_AGAIN;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+		ran_dry(s);
+		return STEP_STOP;
+	}
+	if (n <= 0) {
+		read_ended(s, n);
+		return STEP_STOP;
+	}
+	TW__COUNT(&s->sock.base.stats, bytes_received, (uint64_t)n);
+	*budget = tw__pass_spent(*budget, (size_t)n);
+	s->rx_got += (uint64_t)n;
+	return tw__rx_advance(&s->rx, (size_t)n);
+}
+
+/* A whole message is in: deliver it. 1 to read on; 0 when reading stops
+ * (the comm ended or was freed, closes, pauses, or a relay took its
+ * socket). */
+static int took_message(struct stream *s)
+{
+	tw_msg *m = tw__rx_take(&s->rx);
+	int alive, rv;
+	if (s->rx.relay_lens != NULL && (rv = relay_start(s, m)) != 0) {
+		tw_msg_free(m);
+		protocol_error(s, rv);
+		return 0;
+	}
+	TW__COUNT(&s->sock.base.stats, msgs_received, 1);
+	alive = tw__comm_deliver(&s->sock.base, m);
+	tw_msg_free(m);
+	/* Its bytes go back to the budget once the message is where it stays
+	 * counted (a write queue, the reclaimer) or the application's: given
+	 * back before delivery, they went to waiters while an echo of them
+	 * queued, twice the message in memory (budget-bench: VmHWM 1367 MiB
+	 * for a 1 GiB budget). */
+	if (alive && s->rx_large)
+		unreserve(s);
+	/* tw_comm_close in the callback stops reading: the next wakeup
+	 * drains input instead of delivering. */
+	return alive && !s->closing && s->sock.reading && s->relay == NULL;
+}
+
+/* Read and deliver until the socket is dry or budget (this pass's) spent. */
+static void read_messages(struct stream *s, size_t budget)
+{
+	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
+		struct step st = {0, 0, 0};
+		/* Messages read ahead come before the socket's bytes. */
+		int rv =
+			tw__rx_pending(&s->rx) ? tw__rx_replay(&s->rx) : read_step(s, &budget, &st);
+		if (rv == STEP_AGAIN)
+			continue;
+		if (rv == STEP_STOP)
+			return;
+		if (rv < 0) {
+			protocol_error(s, rv);
+			return;
+		}
+		if (rv == 1 && !took_message(s))
+			return;
+		/* A head read along with the last message may already be bad. */
+		if ((rv = tw__rx_check_head(&s->rx)) < 0) {
+			protocol_error(s, rv);
+			return;
+		}
+		/* A short read drained the socket: wait for epoll rather than
+		 * spend a read on EAGAIN (unless TLS holds decrypted bytes, or
+		 * messages were read ahead, or a peek left a message's first
+		 * bytes in the socket: read them now, not on the next wakeup). */
+		if ((size_t)st.seen < st.asked && st.seen == st.n && !tw__rx_pending(&s->rx) &&
+		    !io_more(s)) {
+			ran_dry(s);
+			return;
+		}
+	}
+	/* Budget spent. What is already in memory (read ahead, decrypted by
+	 * TLS) epoll cannot report: go on with it now. The socket's bytes
+	 * wait for the next pass (rev persists), behind the comms whose bytes
+	 * arrived meanwhile (core/pass.h). */
+	if (tw__rx_pending(&s->rx) || io_more(s))
+		read_again(s);
+}
+
+static void read_input(struct stream *s)
+{
 	size_t budget = tw__pass_read(event_get_base(s->sock.rev), READ_BUDGET);
 	if (s->relay != NULL && relay_check(s))
 		return;
@@ -595,93 +710,7 @@ static void read_input(struct stream *s)
 		event_del(s->sock.rev);
 		return;
 	}
-	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
-		size_t asked = 0;
-		ssize_t n = 0, seen = 0;
-		int rv;
-		if (tw__rx_pending(&s->rx)) {
-			/* Messages read ahead come before the socket's bytes. */
-			rv = tw__rx_replay(&s->rx);
-		} else {
-			int k = tw__rx_want(&s->rx, iov, IOV_BATCH);
-			if (k < 0) {
-				protocol_error(s, k);
-				return;
-			}
-			if ((k = within_budget(s, iov, k)) == 0)
-				return;
-			k = tw__iov_cap(iov, k, budget);
-			for (int i = 0; i < k; i++)
-				asked += iov[i].iov_len;
-			if (k == 1 && s->sock.io->peek != NULL && tw__rx_reads_ahead(&s->rx))
-				n = read_ahead(s, iov, &seen);
-			else
-				n = seen = s->sock.io->readv(s->sock.io_arg, s->sock.fd, iov, k);
-			if (n == 0 && seen > 0)
-				continue; /* no whole message seen: read its head */
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-				ran_dry(s);
-				return;
-			}
-			if (n <= 0) {
-				read_ended(s, n);
-				return;
-			}
-			TW__COUNT(&s->sock.base.stats, bytes_received, (uint64_t)n);
-			budget = tw__pass_spent(budget, (size_t)n);
-			s->rx_got += (uint64_t)n;
-			rv = tw__rx_advance(&s->rx, (size_t)n);
-		}
-		if (rv < 0) {
-			protocol_error(s, rv);
-			return;
-		}
-		if (rv == 1) {
-			tw_msg *m = tw__rx_take(&s->rx);
-			int alive;
-			if (s->rx.relay_lens != NULL && (rv = relay_start(s, m)) != 0) {
-				tw_msg_free(m);
-				protocol_error(s, rv);
-				return;
-			}
-			TW__COUNT(&s->sock.base.stats, msgs_received, 1);
-			alive = tw__comm_deliver(&s->sock.base, m);
-			tw_msg_free(m);
-			/* Its bytes go back to the budget once the message is
-			 * where it stays counted (a write queue, the reclaimer)
-			 * or the application's: given back before delivery,
-			 * they went to waiters while an echo of them queued,
-			 * twice the message in memory (budget-bench: VmHWM
-			 * 1367 MiB for a 1 GiB budget). */
-			if (alive && s->rx_large)
-				unreserve(s);
-			/* tw_comm_close in the callback stops reading: the
-			 * next wakeup drains input instead of delivering. */
-			if (!alive || s->closing || !s->sock.reading || s->relay != NULL)
-				return;
-		}
-		/* A head read along with the last message may already be bad. */
-		if ((rv = tw__rx_check_head(&s->rx)) < 0) {
-			protocol_error(s, rv);
-			return;
-		}
-		/* A short read drained the socket: wait for epoll rather than
-		 * spend a read on EAGAIN (unless TLS holds decrypted bytes, or
-		 * messages were read ahead, or a peek left a message's first
-		 * bytes in the socket: read them now, not on the next wakeup). */
-		if ((size_t)seen < asked && seen == n && !tw__rx_pending(&s->rx) && !io_more(s)) {
-			ran_dry(s);
-			return;
-		}
-	}
-	/* Budget spent. What is already in memory (read ahead, decrypted by
-	 * TLS) epoll cannot report: go on with it now. The socket's bytes
-	 * wait for the next pass (rev persists), behind the comms whose bytes
-	 * arrived meanwhile (core/pass.h). */
-	if (tw__rx_pending(&s->rx) || io_more(s))
-		read_again(s);
+	read_messages(s, budget);
 }
 
 /* The comm is held while its input is read, so a callback that frees it
