@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -28,9 +29,14 @@
 
 struct tls_io {
 	SSL *ssl;
-	char *error;    /* ERROR_BYTES, made by the first error: an idle comm has none */
-	int write_held; /* the last SSL_write_ex failed: OpenSSL holds its record */
-	int read_end;   /* an end or error came after bytes: read_ret, read_errno */
+	char *error;  /* ERROR_BYTES, made by the first error: an idle comm has none */
+	int ssl_held; /* the last SSL_write_ex failed: OpenSSL holds its record */
+	/* Records of a large write, gathered for one send (tls_writev): out
+	 * holds out_len bytes of them, out_sent sent; their plaintext,
+	 * out_plain bytes, is reported written once they are all sent. */
+	uint8_t *out;
+	size_t out_len, out_sent, out_plain;
+	int read_end; /* an end or error came after bytes: read_ret, read_errno */
 	ssize_t read_ret;
 	int read_errno;
 };
@@ -110,6 +116,12 @@ static void io_begin(void)
 	errno = 0;
 }
 
+/* OpenSSL's read buffer (read-ahead is on, tls_config.c): one recv takes
+ * up to this many bytes, four full records, where its default (one record)
+ * took a recv per record of a large message. Released when empty
+ * (SSL_MODE_RELEASE_BUFFERS): an idle comm holds none. */
+#define READ_BUFFER ((size_t)64 << 10)
+
 /* Bytes one tls_readv may decrypt: the caller's read budget counts per
  * call, so a fast sender cannot keep one call (and the loop) busy. */
 #define READ_CAP ((size_t)1 << 20)
@@ -118,6 +130,8 @@ static void io_begin(void)
  * returns at most one record), until they are full, READ_CAP bytes were
  * read, or OpenSSL has nothing more without blocking: so a short result
  * means the socket is drained, as for a plain readv. */
+static ssize_t read_behind(struct tls_io *t, const struct iovec *iov, int n);
+
 static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 {
 	struct tls_io *t = io;
@@ -127,6 +141,8 @@ static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 		errno = t->read_errno;
 		return t->read_ret;
 	}
+	if (t->out_len > 0) /* what a read writes (an alert) goes after them */
+		return read_behind(t, iov, n);
 	for (int i = 0; i < n && done < READ_CAP; i++) {
 		uint8_t *p = iov[i].iov_base;
 		size_t left = iov[i].iov_len;
@@ -148,17 +164,15 @@ static ssize_t tls_readv(void *io, int fd, const struct iovec *iov, int n)
 /* One SSL_write per iovec, each at most INT_MAX bytes; a retry after
  * WANT_WRITE starts at the same byte with at least as many bytes, as
  * OpenSSL requires (the queue is rebuilt from the same frames). */
-static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
+static ssize_t write_records(struct tls_io *t, const struct iovec *iov, int n)
 {
-	struct tls_io *t = io;
 	size_t done = 0;
-	(void)fd;
 	for (int i = 0; i < n; i++) {
 		size_t want = iov[i].iov_len < INT_MAX ? iov[i].iov_len : INT_MAX, put = 0;
 		int r;
 		io_begin();
 		r = SSL_write_ex(t->ssl, iov[i].iov_base, want, &put);
-		t->write_held = r != 1;
+		t->ssl_held = r != 1;
 		if (r != 1)
 			return io_fail(t, r, done, WRITING);
 		done += put;
@@ -168,11 +182,155 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 	return (ssize_t)done;
 }
 
+/* A large write's records are gathered GATHER_BYTES at a time and sent
+ * with one send: OpenSSL writes each record (16 KiB at most) with a
+ * send of its own, and the kernel's cost per send and per packet was
+ * most of what a tls comm spent beyond blocking OpenSSL (issue 20).
+ * GATHER_ROOM: what one SSL_write may add (a record, and a KeyUpdate
+ * before it); writes of less than GATHER_MIN go record by record. */
+#define GATHER_BYTES ((size_t)256 << 10)
+#define GATHER_ROOM  ((size_t)2 * (16384 + 512))
+#define GATHER_MIN   ((size_t)32 << 10)
+
+/* Send the gathered records; 1 when all went out, 0 when the socket is
+ * full, -1 on a socket error (errno). */
+static int send_gathered(struct tls_io *t, int fd)
+{
+	while (t->out_sent < t->out_len) {
+		ssize_t k = send(fd, t->out + t->out_sent, t->out_len - t->out_sent, MSG_NOSIGNAL);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+		t->out_sent += (size_t)k;
+	}
+	t->out_len = t->out_sent = 0;
+	return 1;
+}
+
+/* A read while gathered records wait to be sent: anything OpenSSL writes
+ * meanwhile (an alert; a KeyUpdate it owes goes with the next write) is
+ * gathered behind them, so records leave in their order. */
+static ssize_t read_behind(struct tls_io *t, const struct iovec *iov, int n)
+{
+	struct tw__tls_gather g = {t->out, t->out_len, GATHER_BYTES};
+	ssize_t r;
+	size_t was = t->out_len;
+	tw__tls_gathering = &g;
+	t->out_len = 0; /* tls_readv reads, and does not come back here */
+	r = tls_readv(t, -1, iov, n);
+	tw__tls_gathering = NULL;
+	t->out_len = g.len > was ? g.len : was;
+	return r;
+}
+
+/* Records gathered in t->out from the plaintext of iov, skipping its
+ * first `skip` bytes, until they fill it or iov ends; the plaintext they
+ * hold in *plain. 0, or a failed SSL_write_ex's io_fail result when
+ * nothing was gathered (else its error comes on the next call). */
+static ssize_t gather_records(struct tls_io *t, const struct iovec *iov, int n, size_t skip,
+			      size_t *plain)
+{
+	struct tw__tls_gather g = {t->out, 0, GATHER_BYTES};
+	ssize_t rv = 0;
+	*plain = 0;
+	tw__tls_gathering = &g;
+	for (int i = 0; i < n && rv == 0; i++) {
+		const uint8_t *p = iov[i].iov_base;
+		size_t left = iov[i].iov_len;
+		if (skip >= left) {
+			skip -= left;
+			continue;
+		}
+		p += skip, left -= skip, skip = 0;
+		while (left > 0) {
+			size_t put = 0;
+			int r;
+			if (g.cap - g.len < GATHER_ROOM) {
+				rv = 1; /* full */
+				break;
+			}
+			io_begin();
+			r = SSL_write_ex(t->ssl, p, left < INT_MAX ? left : INT_MAX, &put);
+			t->ssl_held = r != 1;
+			if (r != 1) {
+				/* WANT_WRITE: OpenSSL holds a record that did not
+				 * fit; it goes out on the retry */
+				if (*plain == 0)
+					rv = io_fail(t, r, 0, WRITING);
+				else
+					rv = 1;
+				break;
+			}
+			*plain += put, p += put, left -= put;
+		}
+	}
+	tw__tls_gathering = NULL;
+	t->out_len = g.len;
+	t->out_sent = 0;
+	return rv < 0 ? rv : 0;
+}
+
+/* Large writes gather records (see GATHER_BYTES); what is gathered and
+ * not yet sent is held like OpenSSL's own held record: the plaintext is
+ * reported written once its records are sent, write_held says a retry
+ * is owed, and it must start at the same byte with at least as many. */
+static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
+{
+	struct tls_io *t = io;
+	size_t total = 0, done = 0, plain;
+	ssize_t rv;
+	for (int i = 0; i < n; i++)
+		total += iov[i].iov_len;
+	if (t->out_len > 0) { /* an earlier call's records: first */
+		int s = send_gathered(t, fd);
+		if (s <= 0) {
+			if (s == 0)
+				errno = EAGAIN;
+			return -1;
+		}
+		done = t->out_plain;
+		t->out_plain = 0;
+	} else if (total < GATHER_MIN) {
+		return write_records(t, iov, n);
+	}
+	while (total > done && total - done >= GATHER_MIN) {
+		int s;
+		if (t->out == NULL && (t->out = malloc(GATHER_BYTES)) == NULL)
+			break; /* record by record */
+		if ((rv = gather_records(t, iov, n, done, &plain)) < 0)
+			return done > 0 ? (ssize_t)done : rv;
+		if (plain == 0)
+			break;
+		if ((s = send_gathered(t, fd)) < 0)
+			return done > 0 ? (ssize_t)done : -1;
+		if (s == 0) {
+			t->out_plain = plain;
+			break;
+		}
+		done += plain;
+		if (t->ssl_held)
+			break;
+	}
+	if (t->out_len == 0) { /* an idle comm holds none */
+		free(t->out);
+		t->out = NULL;
+	}
+	if (done == 0) {
+		errno = EAGAIN;
+		return -1;
+	}
+	return (ssize_t)done;
+}
+
 static void tls_shutdown(void *io, int fd)
 {
 	struct tls_io *t = io;
 	io_begin();
-	SSL_shutdown(t->ssl); /* close_notify; no wait for the peer's */
+	/* close_notify, after the records gathered (never before them: the
+	 * peer would fail on the sequence); no wait for the peer's */
+	if (t->out_len == 0 || send_gathered(t, fd) == 1)
+		SSL_shutdown(t->ssl);
 	ERR_clear_error();
 	shutdown(fd, SHUT_WR);
 }
@@ -187,6 +345,7 @@ static void tls_free(void *io)
 {
 	struct tls_io *t = io;
 	SSL_free(t->ssl);
+	free(t->out);
 	free(t->error);
 	free(t);
 }
@@ -203,7 +362,8 @@ static int tls_end_held(void *io)
 
 static int tls_write_held(void *io)
 {
-	return ((struct tls_io *)io)->write_held;
+	const struct tls_io *t = io;
+	return t->ssl_held || t->out_len > 0;
 }
 
 static const struct tw__stream_io tls_io_ops = {
@@ -420,6 +580,7 @@ static int hs_start(tw_context *ctx, int fd, SSL_CTX *ssl_ctx, uint64_t deadline
 		return TW_ENOMEM;
 	}
 	SSL_set_bio(h->ssl, bio, bio); /* the SSL owns the BIO */
+	SSL_set_default_read_buffer_len(h->ssl, READ_BUFFER);
 	evutil_gettimeofday(&now, NULL);
 	evutil_timeradd(&now, &tv, &h->deadline);
 	*out = h;

@@ -50,6 +50,8 @@ static SSL_CTX *new_ctx(const SSL_METHOD *method)
 	return c;
 }
 
+_Thread_local struct tw__tls_gather *tw__tls_gathering;
+
 /* OpenSSL's socket BIO writes with write(2): a peer that has gone raises
  * SIGPIPE, whose default action kills the process. This BIO is the
  * socket BIO with its write done by send(MSG_NOSIGNAL), as tcp:// does. */
@@ -57,8 +59,20 @@ static int nosig_write(BIO *b, const char *p, int n)
 {
 	int fd = -1;
 	ssize_t r;
+	struct tw__tls_gather *g = tw__tls_gathering;
 	BIO_get_fd(b, &fd);
 	errno = 0;
+	if (g != NULL) {
+		BIO_clear_retry_flags(b);
+		if ((size_t)n > g->cap - g->len) {
+			BIO_set_retry_write(b);
+			errno = EAGAIN;
+			return -1;
+		}
+		memcpy(g->buf + g->len, p, (size_t)n);
+		g->len += (size_t)n;
+		return n;
+	}
 	r = send(fd, p, (size_t)n, MSG_NOSIGNAL);
 	BIO_clear_retry_flags(b);
 	if (r <= 0 && BIO_sock_should_retry((int)r))

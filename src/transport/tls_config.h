@@ -4,6 +4,8 @@
 #define TW_TRANSPORT_TLS_CONFIG_H
 
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include <openssl/ssl.h>
 
@@ -22,5 +24,15 @@ struct tw_tls_config {
 /* A socket BIO for fd whose writes never raise SIGPIPE (the fd stays
  * the caller's), or NULL. */
 BIO *tw__tls_socket_bio(int fd);
+
+/* Records written by OpenSSL on this thread while one is set: that BIO's
+ * writes are appended to buf (cap bytes, len used) instead of going to the
+ * socket, and refused (a retryable write) once they do not fit; tls.c
+ * sends what gathered with one send (transport/tls.c, tls_writev). */
+struct tw__tls_gather {
+	uint8_t *buf;
+	size_t len, cap;
+};
+extern _Thread_local struct tw__tls_gather *tw__tls_gathering;
 
 #endif
