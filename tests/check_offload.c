@@ -12,6 +12,7 @@
 #include <check.h>
 
 #include "core/context.h"
+#include "protocol/offload.h"
 #include "tests/check_offload.h"
 #include "tests/support/offload.h"
 #include "tests/support/suite.h"
@@ -195,7 +196,7 @@ START_TEST(threshold_zero_starts_pool)
 	ox_setup(&o, 1, 2);
 	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(o.h.ctx, 0), 0);
 	before = ox_nthreads();
-	ck_assert_ptr_null(o.h.ctx->offload);
+	ck_assert_int_eq(tw__offload_started(o.h.ctx), 0);
 	ox_send(&o, 0, ox_small(0, NULL));
 	ox_wait_delivered(&o, 0, 1);
 	ck_assert(ox_rx_is(&o.rx[0], 0, 0));
@@ -220,7 +221,7 @@ START_TEST(threshold_never)
 	for (size_t i = 0; i < 3; i++)
 		ck_assert_msg(ox_rx_is(&o.rx[0], i, i), "message %zu", i);
 	ck_assert_uint_eq(ox_nthreads(), before);
-	ck_assert_ptr_null(o.h.ctx->offload);
+	ck_assert_int_eq(tw__offload_started(o.h.ctx), 0);
 	ox_teardown(&o);
 }
 END_TEST

@@ -32,13 +32,15 @@ extern "C" {
  * named "tw-offload" (top -H, gdb, /proc/PID/task/TID/comm).
  * Call before the first decoded delivery. Loop thread.
  * Returns 0, or:
- *   TW_EINVAL  ctx NULL, threads 0, or the pool already started */
+ *   TW_EINVAL  ctx NULL, threads 0, or the pool already started
+ *   TW_ENOMEM  out of memory (the pool's settings live with the pool) */
 int tw_context_set_offload_threads(tw_context *ctx, unsigned threads);
 
 /* tw_context_set_offload_threshold_bytes: 0 offloads every message,
  * TW_OFFLOAD_NEVER none. Default 10 MiB. Loop thread.
  * Returns 0, or:
- *   TW_EINVAL  ctx is NULL */
+ *   TW_EINVAL  ctx is NULL
+ *   TW_ENOMEM  out of memory (the pool's settings live with the pool) */
 int tw_context_set_offload_threshold_bytes(tw_context *ctx, uint64_t bytes);
 
 /* A decoded message: on success err is 0 and the callee owns d (free it

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Contexts: limits, the event loop, cross-thread calls
  * (include/taskwire/context.h). */
+#include <assert.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -149,12 +150,6 @@ void tw__limits_init(struct tw__limits *l)
 	l->relay_min_bytes = 0;
 }
 
-static unsigned default_offload_threads(void)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return n > 2 ? (unsigned)(n - 1) : 1;
-}
-
 int tw_context_new(struct event_base *base, tw_context **out)
 {
 	tw_context *ctx;
@@ -170,8 +165,6 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->calls_tail = &ctx->calls;
 	ctx->objects.next = ctx->objects.prev = &ctx->objects;
 	tw__limits_init(&ctx->limits);
-	ctx->offload_threads = default_offload_threads();
-	ctx->offload_threshold = TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES;
 	tw__budget_init(&ctx->rbudget, tw__budget_default_bytes());
 	tw__wbudget_init(&ctx->wbudget, tw__budget_default_bytes());
 	ctx->rbudget.also = &ctx->wq_held;
@@ -250,11 +243,12 @@ int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg)
 static void kill_all(void *arg)
 {
 	tw_context *ctx = arg;
-	/* Workers first stop taking jobs: tearing the comms down may release
-	 * whatever a running job waits for, and the jobs still queued then
-	 * must be canceled, not run. */
-	if (ctx->offload_stop != NULL)
-		ctx->offload_stop(ctx->offload);
+	/* Extensions first stop taking work (the offload pool's workers):
+	 * tearing the comms down may release whatever a running job waits
+	 * for, and the jobs still queued then must be canceled, not run. */
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++)
+		if (ctx->ext[i].ops != NULL && ctx->ext[i].ops->stop != NULL)
+			ctx->ext[i].ops->stop(ctx->ext[i].state);
 	while (ctx->objects.next != &ctx->objects) {
 		struct tw__node *n = ctx->objects.next;
 		tw__ctx_untrack(n);
@@ -299,22 +293,57 @@ void tw__ctx_free(tw_context *ctx)
 	/* then the other loops: what the kill posted to them (a listener's
 	 * stand-ins) runs before they stop */
 	tw__loops_free(ctx);
-	if (ctx->dns_release != NULL)
-		ctx->dns_release(ctx->dns);
-	if (ctx->offload_release != NULL)
-		ctx->offload_release(ctx->offload);
+	/* the extensions, last set first; jobs an offload pool cancels or
+	 * finishes post their results, which run_calls runs */
+	for (unsigned i = TW__EXT_SLOTS; i-- > 0;)
+		if (ctx->ext[i].ops != NULL)
+			tw__ctx_set_ext(ctx, ctx->ext[i].ops, NULL);
 	run_calls(-1, 0, ctx);
 	event_free(ctx->pass_ev);
 	event_free(ctx->rbudget_ev);
 	event_free(ctx->wbudget_ev);
 	event_free(ctx->call_ev);
 	close(ctx->wake_fd);
-	if (ctx->tls_release != NULL)
-		ctx->tls_release(ctx->tls);
 	if (ctx->own_base)
 		event_base_free(ctx->base);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
+}
+
+void *tw__ctx_ext(const tw_context *ctx, const struct tw__ext_ops *ops)
+{
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++)
+		if (ctx->ext[i].ops == ops)
+			return ctx->ext[i].state;
+	return NULL;
+}
+
+int tw__ctx_set_ext(tw_context *ctx, const struct tw__ext_ops *ops, void *state)
+{
+	struct tw__ext *free_slot = NULL;
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++) {
+		struct tw__ext *e = &ctx->ext[i];
+		if (e->ops == ops) {
+			void *old = e->state;
+			if (old == state)
+				return 0;
+			if (state == NULL)
+				e->ops = NULL;
+			e->state = state;
+			ops->release(old);
+			return 0;
+		}
+		if (e->ops == NULL && free_slot == NULL)
+			free_slot = e;
+	}
+	if (state == NULL)
+		return 0;
+	assert(free_slot != NULL);
+	if (free_slot == NULL)
+		return TW_ENOMEM;
+	free_slot->ops = ops;
+	free_slot->state = state;
+	return 0;
 }
 
 struct event_base *tw_context_base(tw_context *ctx)

@@ -31,6 +31,43 @@ struct tw__call {
 	int owned; /* freed after running (tw_context_call) */
 };
 
+/* Context extensions: what a layer above core keeps per context (the TLS
+ * configuration, the resolver, the offload pool) sits in a slot found by
+ * its ops, so core never names it. */
+struct tw__ext_ops {
+	/* Teardown begins, before the context's comms and listeners are
+	 * killed: take no more work. Loop thread, or NULL. */
+	void (*stop)(void *state);
+	/* The context is freed (after its loops, before the calls still
+	 * queued run): drop state. */
+	void (*release)(void *state);
+	/* The state a new loop thread's context starts with
+	 * (tw_context_set_loop_threads; nloops loops in all): a reference of
+	 * its own, or NULL; hold NULL: a loop starts without. Main loop
+	 * thread. */
+	void *(*hold)(void *state, unsigned nloops);
+	/* Hand the main context's state (held again) to a loop with each comm
+	 * accepted for it (tw__loop_conf), replacing the loop's, so that a
+	 * later setter reaches the loops (the TLS configuration). */
+	int per_comm;
+};
+
+#define TW__EXT_SLOTS 4
+
+struct tw__ext {
+	const struct tw__ext_ops *ops; /* NULL: a free slot */
+	void *state;
+};
+
+/* ctx's state for ops, or NULL. */
+void *tw__ctx_ext(const tw_context *ctx, const struct tw__ext_ops *ops);
+/* Make state ctx's for ops (NULL: none); the state it had is released
+ * first, unless it is the same. Returns 0, or TW_ENOMEM when every slot
+ * is taken by other kinds (then the caller still owns state): a
+ * programmer's error, asserted, since there are fewer kinds than
+ * TW__EXT_SLOTS (dns, offload, tls). */
+int tw__ctx_set_ext(tw_context *ctx, const struct tw__ext_ops *ops, void *state);
+
 /* tw__context_post: run c->fn(c->arg) on the loop thread; any thread;
  * cannot fail. The caller owns c (unless owned is set) and must keep it
  * until fn runs. */
@@ -48,22 +85,10 @@ struct tw_context {
 	struct tw__limits limits;
 	int max_frames_set;      /* tw_context_set_max_frames ran: frames no longer follow bytes */
 	struct tw__node objects; /* list head; loop thread only */
-	/* The transport's TLS configuration, released with the context
-	 * (core knows no TLS types). */
-	void *tls;
-	void (*tls_release)(void *tls);
-	char error[512];    /* last connect/accept failure; loop thread */
-	unsigned error_seq; /* counts writes of error (tw__ctx_seterr) */
-	/* The resolver for names in URIs (transport/tcp.c; core knows no DNS
-	 * types): dns_release drops the context's reference. */
-	void *dns;
-	void (*dns_release)(void *dns);
-	/* The offload pool (protocol/), stopped before pending calls run. */
-	void *offload;
-	void (*offload_stop)(void *offload);    /* take no more jobs; loop thread */
-	void (*offload_release)(void *offload); /* join the workers, cancel the rest */
-	unsigned offload_threads;
-	uint64_t offload_threshold;
+	char error[512];         /* last connect/accept failure; loop thread */
+	unsigned error_seq;      /* counts writes of error (tw__ctx_seterr) */
+	/* The layers' state (tw__ctx_ext). */
+	struct tw__ext ext[TW__EXT_SLOTS];
 	/* Across comms (core/budget.h): bytes of messages being received,
 	 * bytes queued for writing; wbudget_ev tells refused writers. */
 	struct tw__budget rbudget;
@@ -85,8 +110,7 @@ struct tw_context {
 	unsigned nloops; /* 0 or 1: the one loop */
 	unsigned index;
 	tw_context *main;
-	unsigned next_loop;           /* round robin of accepted comms */
-	void *(*tls_hold)(void *tls); /* another reference to tls */
+	unsigned next_loop; /* round robin of accepted comms */
 };
 
 /* A message of n bytes entered a write queue (held), or left it written
@@ -97,12 +121,11 @@ void tw__ctx_write_unheld(tw_context *ctx, uint64_t n);
 
 /* What a loop copies from the main context with each comm handed to it
  * (tw__loop_conf_take on the main loop thread, tw__loop_conf_apply on the
- * loop's): the limits, and a reference to the TLS configuration. */
+ * loop's): the limits, and a reference to each per_comm extension's
+ * state. */
 struct tw__loop_conf {
 	struct tw__limits limits;
-	void *tls;
-	void *(*tls_hold)(void *tls);
-	void (*tls_release)(void *tls);
+	struct tw__ext ext[TW__EXT_SLOTS];
 };
 void tw__loop_conf_take(tw_context *main, struct tw__loop_conf *conf);
 void tw__loop_conf_apply(tw_context *loop, struct tw__loop_conf *conf);

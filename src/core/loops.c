@@ -14,35 +14,52 @@
 /* More loops than this is a mistake, not a machine. */
 #define MAX_LOOPS 1024
 
-static void conf_copy_tls(tw_context *to, void *tls, void *(*hold)(void *), void (*release)(void *))
+/* The main context's state of extension e, held again for a loop. */
+static void *ext_hold(const struct tw__ext *e, unsigned nloops)
 {
-	if (to->tls == tls)
-		return;
-	if (to->tls_release != NULL)
-		to->tls_release(to->tls);
-	to->tls = tls != NULL ? hold(tls) : NULL;
-	to->tls_hold = tls != NULL ? hold : NULL;
-	to->tls_release = tls != NULL ? release : NULL;
+	return e->ops != NULL && e->ops->hold != NULL ? e->ops->hold(e->state, nloops) : NULL;
 }
 
 void tw__loop_conf_take(tw_context *main, struct tw__loop_conf *conf)
 {
 	conf->limits = main->limits;
-	conf->tls = main->tls != NULL ? main->tls_hold(main->tls) : NULL;
-	conf->tls_hold = main->tls_hold;
-	conf->tls_release = main->tls_release;
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++) {
+		const struct tw__ext *e = &main->ext[i];
+		int pass = e->ops != NULL && e->ops->per_comm;
+		conf->ext[i].ops = pass ? e->ops : NULL;
+		conf->ext[i].state = pass ? ext_hold(e, main->nloops) : NULL;
+	}
 }
 
+static int conf_has(const struct tw__loop_conf *conf, const struct tw__ext_ops *ops)
+{
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++)
+		if (conf->ext[i].ops == ops)
+			return 1;
+	return 0;
+}
+
+/* A loop's per_comm extensions become the main context's: one the main
+ * context dropped (tw_context_set_tls(ctx, NULL)) goes from the loop. */
 void tw__loop_conf_apply(tw_context *loop, struct tw__loop_conf *conf)
 {
-	if (loop->main == NULL) /* the main loop has them already */
-		goto out;
-	loop->limits = conf->limits;
-	conf_copy_tls(loop, conf->tls, conf->tls_hold, conf->tls_release);
-out:
-	if (conf->tls != NULL)
-		conf->tls_release(conf->tls);
-	conf->tls = NULL;
+	if (loop->main != NULL) { /* the main loop has them already */
+		loop->limits = conf->limits;
+		for (unsigned i = 0; i < TW__EXT_SLOTS; i++) {
+			const struct tw__ext_ops *ops = loop->ext[i].ops;
+			if (ops != NULL && ops->per_comm && !conf_has(conf, ops))
+				tw__ctx_set_ext(loop, ops, NULL);
+		}
+	}
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++) {
+		struct tw__ext *e = &conf->ext[i];
+		if (e->state != NULL &&
+		    (loop->main == NULL || tw__ctx_ext(loop, e->ops) == e->state ||
+		     tw__ctx_set_ext(loop, e->ops, e->state) != 0))
+			e->ops->release(e->state);
+		e->ops = NULL;
+		e->state = NULL;
+	}
 }
 
 tw_context *tw__ctx_next_loop(tw_context *ctx)
@@ -75,9 +92,11 @@ static int loop_new(tw_context *main, unsigned index, tw_context **out)
 	l->index = index;
 	l->limits = main->limits;
 	l->max_frames_set = main->max_frames_set;
-	conf_copy_tls(l, main->tls, main->tls_hold, main->tls_release);
-	l->offload_threads = main->offload_threads / n > 0 ? main->offload_threads / n : 1;
-	l->offload_threshold = main->offload_threshold;
+	for (unsigned i = 0; i < TW__EXT_SLOTS; i++) {
+		void *st = ext_hold(&main->ext[i], n);
+		if (st != NULL && tw__ctx_set_ext(l, main->ext[i].ops, st) != 0)
+			main->ext[i].ops->release(st); /* cannot happen: l has free slots */
+	}
 	tw__budget_set_limit(&l->rbudget, main->rbudget.limit);
 	l->wbudget.limit = main->wbudget.limit;
 	*out = l;

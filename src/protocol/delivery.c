@@ -189,7 +189,7 @@ static void on_recv(tw_comm *comm, tw_msg *msg, void *arg)
 {
 	struct tw__deliver_q *q = arg;
 	struct item *it;
-	uint64_t threshold = tw_comm_context(comm)->offload_threshold;
+	uint64_t threshold = tw__offload_threshold(tw_comm_context(comm));
 	uint64_t cost = tw__decode_cost(msg, threshold);
 	if (q->head == NULL && can_deliver(q) && cost < threshold) {
 		deliver_now(q, msg);

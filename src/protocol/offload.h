@@ -19,5 +19,10 @@ struct tw__job {
  * the context is freed first). Returns 0, TW_ENOMEM or TW_EIO (no thread
  * could be started; job untouched). */
 int tw__offload_submit(tw_context *ctx, struct tw__job *job);
+/* Messages whose decode costs this much go to the pool
+ * (tw_context_set_offload_threshold_bytes). Loop thread. */
+uint64_t tw__offload_threshold(const tw_context *ctx);
+/* 1 once ctx's pool has started its workers. Loop thread. */
+int tw__offload_started(const tw_context *ctx);
 
 #endif

@@ -39,6 +39,12 @@ static void dns_release(void *d)
 	tw__dns_unref(d, 0);
 }
 
+/* The context's reference, its extension (core/context.h). A loop thread's
+ * context makes its own resolver, on its own base. */
+static const struct tw__ext_ops dns_ops = {
+	.release = dns_release,
+};
+
 static struct tw__dns *dns_wrap(tw_context *ctx, struct evdns_base *base, int owned)
 {
 	struct tw__dns *d = calloc(1, sizeof(*d));
@@ -58,26 +64,28 @@ int tw_context_set_dns_base(tw_context *ctx, struct evdns_base *base)
 		return TW_EINVAL;
 	if (base != NULL && (d = dns_wrap(ctx, base, 0)) == NULL)
 		return TW_ENOMEM;
-	if (ctx->dns_release != NULL)
-		ctx->dns_release(ctx->dns);
-	ctx->dns = d;
-	ctx->dns_release = d != NULL ? dns_release : NULL;
+	if (tw__ctx_set_ext(ctx, &dns_ops, d) != 0) {
+		free(d);
+		return TW_ENOMEM;
+	}
 	return 0;
 }
 
 struct tw__dns *tw__dns_resolver(tw_context *ctx)
 {
+	struct tw__dns *d = tw__ctx_ext(ctx, &dns_ops);
 	struct evdns_base *base;
-	if (ctx->dns == NULL) {
+	if (d == NULL) {
 		base = evdns_base_new(ctx->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
 							 EVDNS_BASE_DISABLE_WHEN_INACTIVE);
 		if (base == NULL)
 			return NULL;
-		if ((ctx->dns = dns_wrap(ctx, base, 1)) == NULL) {
+		if ((d = dns_wrap(ctx, base, 1)) == NULL ||
+		    tw__ctx_set_ext(ctx, &dns_ops, d) != 0) {
+			free(d);
 			evdns_base_free(base, 0);
 			return NULL;
 		}
-		ctx->dns_release = dns_release;
 	}
-	return ctx->dns;
+	return d;
 }

@@ -599,7 +599,7 @@ static void hs_go(struct handshake *h)
  * there is none (or no certificate for a listener). */
 static const tw_tls_config *current_config(tw_context *ctx, int server)
 {
-	const tw_tls_config *cfg = ctx->tls;
+	const tw_tls_config *cfg = tw__tls_config_of(ctx);
 	if (cfg != NULL && (!server || cfg->has_cert))
 		return cfg;
 	tw__ctx_seterr(ctx, "TLS handshake with %s failed: no TLS configuration%s",
@@ -664,7 +664,7 @@ static int no_config(tw_context *ctx, const struct tw__uri *u)
 
 static int tls_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
 {
-	if (ctx->tls == NULL)
+	if (tw__tls_config_of(ctx) == NULL)
 		return no_config(ctx, u);
 	return tw__tcp_connect_with(ctx, u, tls_upgrade, NULL, cb, arg);
 }
@@ -672,7 +672,7 @@ static int tls_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb c
 int tw__tls_connect_then(tw_context *ctx, const struct tw__uri *u, tw__then_fn then,
 			 tw_connect_cb cb, void *arg)
 {
-	if (ctx->tls == NULL)
+	if (tw__tls_config_of(ctx) == NULL)
 		return no_config(ctx, u);
 	return tw__tcp_connect_with(ctx, u, tls_upgrade, then, cb, arg);
 }
@@ -705,7 +705,7 @@ int tw__tls_listen_then(tw_context *ctx, const struct tw__uri *u, const char *sc
 			tw__then_fn then, tw_accept_cb cb, void *arg, tw_listener **out)
 {
 	int err;
-	if (ctx->tls == NULL || !((tw_tls_config *)ctx->tls)->has_cert) {
+	if (tw__tls_config_of(ctx) == NULL || !tw__tls_config_of(ctx)->has_cert) {
 		tw__ctx_seterr(
 			ctx, "%s:// listeners need a TLS configuration with a certificate and key",
 			scheme);

@@ -241,21 +241,36 @@ static void release(void *tls)
 	tw_tls_config_free(tls);
 }
 
-static void *hold(void *tls)
+static void *hold(void *tls, unsigned nloops)
 {
+	(void)nloops;
 	return tw_tls_config_hold(tls);
+}
+
+/* The context's reference, its extension (core/context.h); every loop
+ * thread's context takes one with each comm handed to it, so a
+ * configuration set later (certificates rotated) reaches them. */
+static const struct tw__ext_ops tls_ops = {
+	.release = release,
+	.hold = hold,
+	.per_comm = 1,
+};
+
+tw_tls_config *tw__tls_config_of(const tw_context *ctx)
+{
+	return tw__ctx_ext(ctx, &tls_ops);
 }
 
 int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg)
 {
+	int rv;
 	if (ctx == NULL)
 		return TW_EINVAL;
-	if (ctx->tls_release != NULL)
-		ctx->tls_release(ctx->tls);
-	ctx->tls = cfg != NULL ? tw_tls_config_hold(cfg) : NULL;
-	ctx->tls_release = cfg != NULL ? release : NULL;
-	ctx->tls_hold = cfg != NULL ? hold : NULL; /* the loops take theirs (core/loops.c) */
-	return 0;
+	if (cfg != NULL)
+		tw_tls_config_hold(cfg);
+	if ((rv = tw__ctx_set_ext(ctx, &tls_ops, cfg)) != 0 && cfg != NULL)
+		tw_tls_config_free(cfg);
+	return rv;
 }
 
 int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms)

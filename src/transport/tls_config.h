@@ -35,4 +35,7 @@ struct tw__tls_gather {
 };
 extern _Thread_local struct tw__tls_gather *tw__tls_gathering;
 
+/* The context's configuration (tw_context_set_tls), or NULL. Loop thread. */
+tw_tls_config *tw__tls_config_of(const tw_context *ctx);
+
 #endif
