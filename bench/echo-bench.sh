@@ -11,7 +11,9 @@
 # ratio's median over the rounds, and its lowest and highest. Beside the
 # throughput ratio, the CPU ratio: CPU seconds (user + system, client and
 # server together) the baseline took over those this one took for the
-# same bytes, which a machine shared with other work disturbs less.
+# same bytes, which a machine shared with other work disturbs less. Each
+# round ends with the 1-minute load average (above 2, the 2-CPU VM is
+# shared and the throughput ratios are mostly noise).
 #   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT] [ROUNDS]
 set -euo pipefail
 build=${1:?build dir}
@@ -105,10 +107,10 @@ for round in $(seq "$rounds"); do
 	read -r a b c d e f g h < <(tail -1 "$tmp/r")
 	printf 'round %d: tcp %7.1f raw %7.1f | tls %7.1f openssl %7.1f | ws %7.1f wss %7.1f | ' \
 		"$round" "$mb1" "$mb2" "$mb3" "$mb4" "$mb5" "$mb6"
-	printf 'tcp/raw %.2f (%.2f) tls/openssl %.2f (%.2f) ws/tcp %.2f (%.2f) wss/tls %.2f (%.2f)\n' \
-		"$a" "$e" "$b" "$f" "$c" "$g" "$d" "$h"
+	printf 'tcp/raw %.2f (%.2f) tls/openssl %.2f (%.2f) ws/tcp %.2f (%.2f) wss/tls %.2f (%.2f) | load %s\n' \
+		"$a" "$e" "$b" "$f" "$c" "$g" "$d" "$h" "$(cut -d' ' -f1 /proc/loadavg)"
 done
-echo "summary over $rounds rounds, throughput ratio | CPU ratio:"
+echo "summary over $rounds rounds, throughput ratio | CPU ratio (load average now: $(cut -d' ' -f1-3 /proc/loadavg)):"
 for k in "1 tcp/raw" "2 tls/openssl" "3 ws/tcp" "4 wss/tls"; do
 	set -- $k
 	printf '  %-12s %s | %s\n' "$2" "$(awk -v i="$1" '{print $i}' "$tmp/r" | stats)" \
