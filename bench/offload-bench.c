@@ -34,25 +34,6 @@ struct run {
 	int failed, ready;
 };
 
-static tw_msg *small_echo(void)
-{
-	tw_builder *b;
-	tw_msg *m = NULL;
-	msgpack_packer *pk;
-	if (tw_builder_new(NULL, &b) != 0)
-		return NULL;
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 2);
-	tw_msgpack_pack_str(pk, "op");
-	tw_msgpack_pack_str(pk, "echo");
-	tw_msgpack_pack_str(pk, "data");
-	msgpack_pack_bin(pk, 10);
-	msgpack_pack_bin_body(pk, "0123456789", 10);
-	tw_builder_finish(b, &m);
-	tw_builder_free(b);
-	return m;
-}
-
 /* A payload zstd shrinks to about half: 4 random bits a byte. */
 static tw_msg *big_message(uint64_t mib)
 {
@@ -82,7 +63,7 @@ static tw_msg *big_message(uint64_t mib)
 
 static void send_a(struct run *r)
 {
-	tw_msg *m = small_echo();
+	tw_msg *m = tw_ex_small_echo();
 	r->t_send = tw_ex_now();
 	if (m == NULL || tw_comm_write(r->a, m) != 0) {
 		tw_msg_free(m);

@@ -49,21 +49,11 @@ static void nodelay(int fd)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-static struct sockaddr_in loopback(int port)
-{
-	struct sockaddr_in sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_port = htons((uint16_t)port);
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	return sa;
-}
-
 /* Echo whole messages back: read total, read the rest into a reused
  * buffer, write both back. One connection at a time. */
 static int serve(int port)
 {
-	struct sockaddr_in sa = loopback(port);
+	struct sockaddr_in sa = tw_ex_loopback(port);
 	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
 	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 16) != 0) {
@@ -92,7 +82,7 @@ static int serve(int port)
 
 static int client(int port, uint64_t size, uint64_t count)
 {
-	struct sockaddr_in sa = loopback(port);
+	struct sockaddr_in sa = tw_ex_loopback(port);
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 	uint64_t prelude[3] = {16 + size, 1, size};
 	uint8_t *out = malloc(size + 1), *in = malloc(size + 1);

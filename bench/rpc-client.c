@@ -24,25 +24,6 @@ struct bench {
 	int failed;
 };
 
-static tw_msg *echo_request(void)
-{
-	tw_builder *b;
-	tw_msg *m = NULL;
-	msgpack_packer *pk;
-	if (tw_builder_new(NULL, &b) != 0)
-		return NULL;
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 2);
-	tw_msgpack_pack_str(pk, "op");
-	tw_msgpack_pack_str(pk, "echo");
-	tw_msgpack_pack_str(pk, "data");
-	msgpack_pack_bin(pk, 10);
-	msgpack_pack_bin_body(pk, "0123456789", 10);
-	tw_builder_finish(b, &m);
-	tw_builder_free(b);
-	return m;
-}
-
 static void next(struct bench *b);
 
 static void on_reply(tw_call *c, int err, tw_decoded *reply, void *arg)
@@ -67,7 +48,7 @@ static void next(struct bench *b)
 		event_base_loopbreak(b->base);
 		return;
 	}
-	m = echo_request();
+	m = tw_ex_small_echo();
 	b->t = tw_ex_now();
 	if (m == NULL || tw_pool_call(b->pool, b->uri, m, 10000, on_reply, b, NULL) != 0) {
 		tw_msg_free(m);

@@ -56,16 +56,6 @@ static int write_full(SSL *ssl, const void *p, size_t n)
 	return 0;
 }
 
-static struct sockaddr_in loopback(int port)
-{
-	struct sockaddr_in sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sin_family = AF_INET;
-	sa.sin_port = htons((uint16_t)port);
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	return sa;
-}
-
 static void nodelay(int fd)
 {
 	int one = 1;
@@ -123,7 +113,7 @@ done:
 /* One connection at a time, like raw-echo. */
 static int serve(int port, const struct tw_ex_tls *t)
 {
-	struct sockaddr_in sa = loopback(port);
+	struct sockaddr_in sa = tw_ex_loopback(port);
 	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
 	SSL_CTX *ctx = make_ctx(1, t);
 	if (ctx == NULL)
@@ -144,7 +134,7 @@ static int serve(int port, const struct tw_ex_tls *t)
 
 static SSL *connect_tls(SSL_CTX *ctx, int port, int *fd)
 {
-	struct sockaddr_in sa = loopback(port);
+	struct sockaddr_in sa = tw_ex_loopback(port);
 	SSL *ssl;
 	*fd = socket(AF_INET, SOCK_STREAM, 0);
 	if (connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {

@@ -3,6 +3,8 @@
 #ifndef TW_EXAMPLES_COMMON_H
 #define TW_EXAMPLES_COMMON_H
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +107,38 @@ static inline void tw_ex_tls_setup(tw_context *ctx, const struct tw_ex_tls *t)
 	}
 	tw_context_set_tls(ctx, cfg);
 	tw_tls_config_free(cfg);
+}
+
+/* 127.0.0.1:port, for the benches' raw sockets. */
+static inline struct sockaddr_in tw_ex_loopback(int port)
+{
+	struct sockaddr_in sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons((uint16_t)port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return sa;
+}
+
+/* The request {"op": "echo", "data": <10 bytes "0123456789">}; NULL when
+ * out of memory. */
+static inline tw_msg *tw_ex_small_echo(void)
+{
+	tw_builder *b;
+	tw_msg *m = NULL;
+	msgpack_packer *pk;
+	if (tw_builder_new(NULL, &b) != 0)
+		return NULL;
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 2);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "echo");
+	tw_msgpack_pack_str(pk, "data");
+	msgpack_pack_bin(pk, 10);
+	msgpack_pack_bin_body(pk, "0123456789", 10);
+	tw_builder_finish(b, &m);
+	tw_builder_free(b);
+	return m;
 }
 
 static inline double tw_ex_now(void)
