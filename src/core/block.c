@@ -277,9 +277,15 @@ static int commit_step(tw_block *b, size_t off)
  * in halves, in blocks of at least WARM_MIN_BYTES, within what is usable
  * (so memory still follows the bytes: a step ahead at most). Those bytes
  * count in the receive budgets (tw__block_warm_ahead): resident memory
- * as much as the bytes that arrived. */
+ * as much as the bytes that arrived. All windows together stay within
+ * WARM_TOTAL: a window is resident past its comm's reservation once the
+ * comm waits for the budget (it read what it reserved), and 46 waiting
+ * comms held 45 MiB so, outside a 1 GiB budget (budget-bench's peak RSS
+ * was reserved bytes + windows); a block that finds no room is written
+ * to cold pages, a few a pass (tw__pass_cold). */
 #define WARM_MIN_BYTES ((size_t)1 << 20)
 #define WARM_AHEAD     ((size_t)1 << 20)
+#define WARM_TOTAL     ((size_t)8 << 20)
 
 /* Bytes prefaulted (or asked to be) past their blocks' writers. */
 static _Atomic uint64_t ahead;
@@ -321,10 +327,16 @@ static void set_window(tw_block *b, size_t wpos, size_t warm)
 /* The writer is at off: move the window, prefault its new end. */
 static void warm_up(tw_block *b, size_t off)
 {
-	size_t wpos = off > wpos_of(b) ? off : wpos_of(b), warm = warm_of(b), to;
+	size_t wpos = off > wpos_of(b) ? off : wpos_of(b), warm = warm_of(b), to, room;
+	uint64_t others;
 	if (warm < wpos)
 		warm = wpos & ~(((size_t)1 << pg_shift()) - 1); /* written meanwhile */
 	to = wpos + WARM_AHEAD < b->committed ? wpos + WARM_AHEAD : b->committed;
+	/* what the other blocks' windows leave of WARM_TOTAL */
+	others = tw__block_warm_ahead() - ahead_of(b);
+	room = others < WARM_TOTAL ? WARM_TOTAL - others : 0;
+	if (to > wpos + room)
+		to = wpos + room;
 	to &= ~(((size_t)1 << pg_shift()) - 1);
 	if (to > warm && (to - warm >= WARM_AHEAD / 2 || to == b->committed)) {
 		if (to > b->u.map.hot) /* a cached block's pages are in already */
