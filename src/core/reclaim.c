@@ -20,6 +20,7 @@ struct job {
 	void *p;
 	size_t len;
 	int populate; /* tw__prefault's, else an unmap */
+	uint32_t seq; /* a prefault's place in the order of prefaults */
 };
 
 static struct {
@@ -29,6 +30,7 @@ static struct {
 	int state; /* 0: no thread yet, 1: running, -1: could not start */
 	int busy;  /* the thread is unmapping a batch taken off the queue */
 	int atfork;
+	uint32_t seq; /* the last prefault queued (tw__prefault's number) */
 } r = {PTHREAD_MUTEX_INITIALIZER,
        PTHREAD_COND_INITIALIZER,
        PTHREAD_COND_INITIALIZER,
@@ -36,7 +38,11 @@ static struct {
        &r.head,
        0,
        0,
+       0,
        0};
+
+/* The last prefault done (jobs run in order: every one before it too). */
+static _Atomic uint32_t done_seq;
 
 /* munmap holds the process's mmap lock while it frees the pages, and the
  * loop's mprotect (tw__block_commit), mmap and page faults wait for it:
@@ -97,9 +103,10 @@ static void *reclaimer(void *arg)
 		pthread_mutex_unlock(&r.lock);
 		while (j != NULL) {
 			struct job *next = j->next;
-			if (j->populate)
+			if (j->populate) {
 				populate_in_steps(j->p, j->len);
-			else
+				atomic_store_explicit(&done_seq, j->seq, memory_order_release);
+			} else
 				unmap_in_steps(j->p, j->len);
 			free(j);
 			j = next;
@@ -138,6 +145,8 @@ static void after_fork_child(void)
 	r.tail = &r.head;
 	r.state = 0;
 	r.busy = 0;
+	/* the parent's prefaults left undone: their writers fault pages in */
+	atomic_store_explicit(&done_seq, r.seq, memory_order_relaxed);
 	while (j != NULL) {
 		struct job *next = j->next;
 		if (!j->populate) {
@@ -172,8 +181,9 @@ static void start(void)
 }
 
 /* Queue a job for the thread (started on first use): 0, or -1 when it
- * cannot run (no memory, no thread): the caller does the work itself. */
-static int queue(void *p, size_t len, int populate)
+ * cannot run (no memory, no thread): the caller does the work itself. A
+ * prefault's number goes to *seq. */
+static int queue(void *p, size_t len, int populate, uint32_t *seq)
 {
 	struct job *j = malloc(sizeof(*j));
 	if (j == NULL)
@@ -192,6 +202,8 @@ static int queue(void *p, size_t len, int populate)
 	}
 	if (!populate)
 		atomic_fetch_add_explicit(&pending, len, memory_order_relaxed);
+	else
+		j->seq = *seq = ++r.seq ? r.seq : ++r.seq; /* 0: none */
 	*r.tail = j;
 	r.tail = &j->next;
 	pthread_cond_signal(&r.work);
@@ -201,13 +213,21 @@ static int queue(void *p, size_t len, int populate)
 
 void tw__unmap(void *p, size_t len, size_t used)
 {
-	if (used < TW__RECLAIM_MIN_BYTES || queue(p, len, 0) != 0)
+	if (used < TW__RECLAIM_MIN_BYTES || queue(p, len, 0, NULL) != 0)
 		munmap(p, len);
 }
 
-void tw__prefault(void *p, size_t len)
+uint32_t tw__prefault(void *p, size_t len)
 {
-	(void)queue(p, len, 1);
+	uint32_t seq = 0;
+	return queue(p, len, 1, &seq) == 0 ? seq : 0;
+}
+
+int tw__prefault_done(uint32_t seq)
+{
+	/* wraps after 2^32 prefaults: compare as a difference */
+	return seq != 0 &&
+	       (int32_t)(atomic_load_explicit(&done_seq, memory_order_acquire) - seq) >= 0;
 }
 
 void tw__reclaim_wait(void)

@@ -26,7 +26,14 @@ void tw__unmap(void *p, size_t len, size_t used);
  * range prefaulted and then handed to tw__unmap is unmapped after its
  * prefault. Any thread; best effort (without memory or a thread it does
  * nothing and the writer faults the pages in itself). */
-void tw__prefault(void *p, size_t len);
+uint32_t tw__prefault(void *p, size_t len);
+/* tw__prefault returns the prefault's number (0 when it was not queued),
+ * and tw__prefault_done(n) says whether prefault n and every one queued
+ * before it are done (pages faulted in, unless the range went away or
+ * the system refused the memory: then the writer takes the faults).
+ * Lets a writer know its window is in without asking the kernel
+ * (mincore). Any thread. */
+int tw__prefault_done(uint32_t seq);
 /* Wait until every mapping handed to the reclaimer so far is unmapped
  * (tests, tw_block_cache_set_limit), and every prefault done. Any thread but the reclaimer's. */
 void tw__reclaim_wait(void);
