@@ -14,7 +14,7 @@
  * the same code; when A fails, B fails with the same code (A may still be
  * waiting for the rest of a small message that B has already rejected).
  *
- * Four more read it as stream_comm.c's on_readable does, through
+ * More read it as stream_comm.c's on_readable does, through
  * tw__rx_want / tw__rx_advance with read-ahead on (gulp_max 4096), up to
  * 64 iovecs a read, read-ahead bytes (the carry) replayed with
  * tw__rx_replay before each read, tw__rx_check_head after each message:
@@ -35,7 +35,14 @@
  *   H, I  D and G with a pipelined stream's read-ahead on too
  *      (gulp_pipe_max 16 KiB: reads that fill it double it, a message cut
  *      at a block's end moves to the next block's start); their frames
- *      may pin a 16 KiB block, and what they copy is bounded by it.
+ *      may pin a 16 KiB block, and what they copy is bounded by it;
+ *   J, K  D and I reading ahead as tcp does (stream_comm.c read_ahead):
+ *      a read that may read ahead peeks instead (the bytes land in the
+ *      block, nothing leaves the socket), then takes only tw__rx_safe's
+ *      count of them (the rest of the message in progress and whole
+ *      small messages after it); 0 taken means the next want offers the
+ *      head alone. K with tcp's 64 KiB pipelined read-ahead. They must
+ *      copy nothing at all (payload_bytes_copied stays 0 over tcp).
  * D, E and G must equal A exactly (same messages byte for byte, same
  * count, same first error code, same idle state at the end, the same
  * frames in blocks of exactly their size: read-ahead never changes where
@@ -285,7 +292,7 @@ static uint64_t live_blocks(void)
  * of at most 64 iovecs; take each message, then check a head read along
  * with it. */
 static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_frame_bytes,
-			       tw__place_fn place, struct reads *r, size_t pipe)
+			       tw__place_fn place, struct reads *r, size_t pipe, int peek)
 {
 	size_t bound = pipe > 0 ? pipe : GULP_MAX;
 	struct tw__limits l = {0};
@@ -331,6 +338,20 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 			peer_writes(r, data, size, off);
 			n = read_cap(r, room < r->written - off ? room : r->written - off);
 			check(n >= 1);
+			if (peek && k == 1 && tw__rx_reads_ahead(&rx)) {
+				/* the peek: n bytes seen, then only `safe` taken */
+				size_t safe;
+				memcpy(iov[0].iov_base, data + off, n);
+				safe = tw__rx_safe(&rx, iov[0].iov_base, n);
+				check(safe <= n);
+				if (safe == 0)
+					continue; /* no whole message seen: the head alone next */
+				if (rx.gulping && safe > head_room)
+					carried += safe - head_room;
+				off += safe;
+				rv = tw__rx_advance(&rx, safe);
+				goto advanced;
+			}
 			for (int i = 0; i < k && moved < n; i++) {
 				size_t c = iov[i].iov_len < n - moved ? iov[i].iov_len : n - moved;
 				memcpy(iov[i].iov_base, data + off + moved, c);
@@ -341,6 +362,7 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 			off += n;
 			rv = tw__rx_advance(&rx, n);
 		}
+	advanced:
 		if (rv == 1) {
 			take_any(&rx, &o, 0);
 			/* a misprediction copies at most the read-ahead size */
@@ -353,6 +375,7 @@ static struct outcome run_gulp(const uint8_t *data, size_t size, size_t small_fr
 	/* what was copied came out of the carry (a pipelined stream's carry
 	 * comes from small bodies' room too, not counted here) */
 	check(pipe > 0 || rx.copied <= carried);
+	check(!peek || rx.copied == 0); /* a peek takes nothing it must move */
 	o.err = rv;
 	if (rv < 0) {
 		/* sticky: every entry point gives the same code, nothing is
@@ -389,15 +412,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct reads rd = {data, size, 0, 1, 1, 1, 0}, re = {data, size, 0, -1, 0, 0, 0};
 	struct reads rf = {data, size, 0, 2, 1, 0, 0}, rg = {data, size, 0, 0, 0, 0, 0};
 	struct reads rh = {data, size, 0, 1, 1, 1, 0}, ri = {data, size, 0, 0, 0, 0, 0};
+	struct reads rj = {data, size, 0, 1, 1, 1, 0}, rk = {data, size, 0, 0, 0, 0, 0};
 	struct outcome a = run(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, 0, NULL);
 	struct outcome b = run(data, size, 16, step, NULL);
 	struct outcome c = run(data, size, 16, 97, group);
-	struct outcome d = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rd, 0);
-	struct outcome e = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &re, 0);
-	struct outcome f = run_gulp(data, size, 16, group, &rf, 0);
-	struct outcome g = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rg, 0);
-	struct outcome h = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rh, 16384);
-	struct outcome i = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &ri, 16384);
+	struct outcome d = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rd, 0, 0);
+	struct outcome e = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &re, 0, 0);
+	struct outcome f = run_gulp(data, size, 16, group, &rf, 0, 0);
+	struct outcome g = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rg, 0, 0);
+	struct outcome h = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rh, 16384, 0);
+	struct outcome i = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &ri, 16384, 0);
+	struct outcome j = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rj, 0, 1);
+	struct outcome kk = run_gulp(data, size, TW_DEFAULT_SMALL_FRAME_BYTES, NULL, &rk, 65536, 1);
 	check(a.msgs == b.msgs && b.msgs == c.msgs);
 	check(a.hash == b.hash && b.hash == c.hash);
 	check(b.err == c.err);
@@ -408,6 +434,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	check_same(&a, &g);
 	check_same(&a, &h);
 	check_same(&a, &i);
+	check_same(&a, &j);
+	check_same(&a, &kk);
 	check(live_blocks() == live0);
 	return 0;
 }
