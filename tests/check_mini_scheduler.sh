@@ -5,6 +5,9 @@
 # python3-distributed, /usr/bin/python3) over tcp, tls and ws; the
 # assertions are in tests/interop/mini_scheduler.py, which kills every
 # process it starts, on failure too. Certificates are made at test time.
+# Besides the rounds: a broadcast of large (relayed) values to 4 workers, a
+# worker SIGKILLed in the middle of a gather's 48 MiB value (it stops itself
+# there: TW_MINI_STOP_AFTER), and a scatter sent before any worker.
 # The small-key round is 100,000 keys over tcp and 40,000 over tls and ws
 # (80,000+ frames per message: past the old 65,536-frame default on every
 # transport, at less than half the time). Run alone:

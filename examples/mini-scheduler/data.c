@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "examples/mini-scheduler/sched.h"
 
 struct key {
@@ -597,8 +599,9 @@ static void scatter_send(struct scatter_op *op, struct worker **wl, tw_builder *
  * workers, each repeated by its threads (with broadcast, to the next
  * workers too); one update_data per worker, whose values are the
  * client's payloads, forwarded by reference (tw_builder_pack_object),
- * never decoded. */
-void op_scatter(tw_request *r, void *arg)
+ * never decoded. Returns 1, with r untouched, when no running worker
+ * (of `workers`, if given) is there; else 0 (r is answered when done). */
+static int scatter_start(tw_request *r)
 {
 	static uint64_t round_robin;
 	const tw_decoded *d = tw_request_decoded(r);
@@ -612,11 +615,6 @@ void op_scatter(tw_request *r, void *arg)
 	msgpack_packer kp;
 	const char *client = "";
 	size_t clen = 0;
-	(void)arg;
-	if (data == NULL || data->type != MSGPACK_OBJECT_MAP || data->via.map.size == 0) {
-		reply_error(r, "scatter needs data (a map, not empty)");
-		return;
-	}
 	if ((wl = calloc(S.nworkers + 1, sizeof(*wl))) == NULL)
 		abort();
 	for (struct worker *w = S.workers; w != NULL; w = w->next) {
@@ -632,8 +630,7 @@ void op_scatter(tw_request *r, void *arg)
 	}
 	if (nw == 0) {
 		free(wl);
-		reply_error(r, "No valid workers found");
-		return;
+		return 1;
 	}
 	ncopies = copies(tw_request_arg(r, "broadcast"), nw);
 	if ((counts = calloc(nw, sizeof(*counts))) == NULL ||
@@ -686,6 +683,98 @@ void op_scatter(tw_request *r, void *arg)
 	free(wl);
 	free(counts);
 	free(builders);
+	return 0;
+}
+
+/* A scatter that found no running worker waits for one, as Dask's
+ * Scheduler.scatter does: it looks again every 0.1 s, and once more than
+ * `timeout` seconds (the client's, which it passes; 2 by default) have
+ * passed since the request came, fails with TimeoutError("No valid
+ * workers found"). A libevent timer per waiting request: the loop serves
+ * everything else meanwhile. A waiting request holds its payloads (a
+ * relayed one holds its client's comm paused, as TCP holds a sender). */
+struct scatter_wait {
+	struct scatter_wait *next;
+	tw_request *r;
+	struct event *ev;
+	double deadline; /* monotonic seconds */
+};
+static struct scatter_wait *scatter_waits;
+
+static void scatter_wait_free(struct scatter_wait *sw)
+{
+	struct scatter_wait **p = &scatter_waits;
+	while (*p != sw)
+		p = &(*p)->next;
+	*p = sw->next;
+	event_free(sw->ev);
+	free(sw);
+}
+
+static void on_scatter_wait(evutil_socket_t fd, short what, void *arg)
+{
+	static const struct timeval poll = {0, 100 * 1000}; /* Dask: asyncio.sleep(0.1) */
+	struct scatter_wait *sw = arg;
+	(void)fd;
+	(void)what;
+	if (tw_request_comm(sw->r) == NULL) { /* its client left: drop it */
+		reply_send(sw->r);
+	} else if (scatter_start(sw->r) != 0) {
+		if (now_mono() <= sw->deadline) {
+			event_add(sw->ev, &poll);
+			return;
+		}
+		say("scatter: no valid workers found in its timeout\n");
+		reply_exception(sw->r, "TimeoutError", "No valid workers found");
+	}
+	scatter_wait_free(sw);
+}
+
+/* The request's `timeout` in seconds (an int or a float): Dask's default
+ * is 2. */
+static double scatter_timeout(const tw_request *r)
+{
+	const msgpack_object *t = tw_request_arg(r, "timeout");
+	double v = 2;
+	if (t != NULL && (t->type == MSGPACK_OBJECT_FLOAT64 || t->type == MSGPACK_OBJECT_FLOAT32))
+		v = t->via.f64;
+	else if (t != NULL && t->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+		v = t->via.u64 < 1000000000 ? (double)t->via.u64 : 1e9;
+	else if (t != NULL && t->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		v = 0;
+	return v;
+}
+
+void op_scatter(tw_request *r, void *arg)
+{
+	const msgpack_object *data = tw_request_arg(r, "data");
+	struct scatter_wait *sw;
+	double timeout;
+	(void)arg;
+	if (data == NULL || data->type != MSGPACK_OBJECT_MAP || data->via.map.size == 0) {
+		reply_error(r, "scatter needs data (a map, not empty)");
+		return;
+	}
+	if (scatter_start(r) == 0)
+		return;
+	timeout = scatter_timeout(r);
+	if ((sw = calloc(1, sizeof(*sw))) == NULL ||
+	    (sw->ev = evtimer_new(S.base, on_scatter_wait, sw)) == NULL)
+		abort();
+	sw->r = r;
+	sw->deadline = now_mono() + timeout;
+	sw->next = scatter_waits;
+	scatter_waits = sw;
+	say("scatter: no running worker yet: waiting up to %.1f s\n", timeout);
+	on_scatter_wait(-1, 0, sw); /* Dask looks at once, then every 0.1 s */
+}
+
+void scatters_stop(void)
+{
+	while (scatter_waits != NULL) {
+		reply_error(scatter_waits->r, "the scheduler stopped");
+		scatter_wait_free(scatter_waits);
+	}
 }
 
 /* Dask's Scheduler.update_data: a client scattered to workers itself
@@ -763,6 +852,41 @@ static void add_missing(struct gather_op *op, const msgpack_object *key, const c
 	op->nmissing++;
 }
 
+/* Bytes of d's payload groups that are relayed (still in the worker's
+ * socket). */
+static uint64_t relay_bytes(const tw_decoded *d)
+{
+	uint64_t n = 0;
+	for (size_t i = 0; i < tw_decoded_npayloads(d); i++) {
+		const tw_payload *p = tw_decoded_payload_at(d, i);
+		for (size_t j = 0; p->relay_sub_header != NULL && j < p->nframes; j++)
+			n += p->frames[j].len;
+	}
+	return n;
+}
+
+/* A reply that relays payloads is logged as it goes out: if a worker's
+ * bytes end in the middle of one (it died), the client's comm ends (its
+ * message was cut short on the wire; relay.h), so its gather fails at
+ * once with a closed comm, and the worker's removal reports the keys
+ * lost (cancelled-key), as Dask's remove_worker does. */
+static void log_relay(const struct gather_op *op)
+{
+	uint64_t n = 0;
+	size_t from = 0;
+	char peer[256] = "?";
+	for (size_t i = 0; i < op->nreplies; i++) {
+		uint64_t b = relay_bytes(op->replies[i]);
+		n += b;
+		from += b > 0;
+	}
+	if (n == 0)
+		return;
+	tw_request_peer_address(op->r, peer, sizeof(peer));
+	say("gather: %u keys to %s: relaying %.1f MiB from %zu worker(s)\n", op->ndata, peer,
+	    (double)n / (1 << 20), from);
+}
+
 static void gather_done(struct gather_op *op)
 {
 	tw_builder *b = reply_builder(op->r);
@@ -791,6 +915,8 @@ static void gather_done(struct gather_op *op)
 			}
 		}
 	}
+	if (op->nmissing == 0)
+		log_relay(op);
 	/* The sent message holds the payloads; the replies can go. */
 	reply_send(op->r);
 	for (size_t i = 0; i < op->nreplies; i++)

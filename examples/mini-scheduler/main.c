@@ -116,11 +116,13 @@ static int add_ops(void)
 }
 
 /* Stop: comms first (their end watches are canceled by the removals),
- * then every worker and client, whose pending calls fail (their requests'
- * replies are dropped), then the pool. */
+ * then scatters waiting for a worker, then every worker and client,
+ * whose pending calls fail (their requests' replies are dropped), then
+ * the pool. */
 static void stop_all(void)
 {
 	tw_server_free(S.server);
+	scatters_stop();
 	while (S.workers != NULL)
 		worker_remove(S.workers, TW_ECANCELED, "the scheduler stopped");
 	while (S.clients != NULL)

@@ -40,6 +40,49 @@ void reply_error(tw_request *r, const char *text)
 		say("error reply not sent: %s\n", tw_strerror(rv));
 }
 
+/* pickle.dumps(type(text), protocol=2) for a builtin exception type:
+ * PROTO 2, GLOBAL "builtins" type, BINUNICODE text, TUPLE1, REDUCE, STOP
+ * (Python's Lib/pickle.py opcodes; Python 3 unpickles "builtins"). */
+static void pickle_exception(msgpack_sbuffer *sb, const char *type, const char *text)
+{
+	size_t n = strlen(text);
+	unsigned char len[4] = {(unsigned char)n, (unsigned char)(n >> 8), (unsigned char)(n >> 16),
+				(unsigned char)(n >> 24)};
+	static const char head[] = {'\x80', 2, 'c', 'b', 'u', 'i', 'l', 't', 'i', 'n', 's', '\n'};
+	msgpack_sbuffer_write(sb, head, sizeof(head));
+	msgpack_sbuffer_write(sb, type, strlen(type));
+	msgpack_sbuffer_write(sb, "\nX", 2);
+	msgpack_sbuffer_write(sb, (const char *)len, 4);
+	msgpack_sbuffer_write(sb, text, n);
+	msgpack_sbuffer_write(sb, "\x85R.", 3);
+}
+
+void reply_exception(tw_request *r, const char *type, const char *text)
+{
+	msgpack_packer *pk = reply_packer(r);
+	msgpack_sbuffer sb;
+	msgpack_sbuffer_init(&sb);
+	pickle_exception(&sb, type, text);
+	msgpack_pack_map(pk, 5);
+	tw_msgpack_pack_str(pk, "status");
+	tw_msgpack_pack_str(pk, "uncaught-error");
+	tw_msgpack_pack_str(pk, "exception");
+	msgpack_pack_bin(pk, sb.size);
+	msgpack_pack_bin_body(pk, sb.data, sb.size);
+	tw_msgpack_pack_str(pk, "traceback");
+	msgpack_pack_nil(pk);
+	tw_msgpack_pack_str(pk, "exception_text"); /* repr(e) */
+	msgpack_pack_str(pk, strlen(type) + strlen(text) + 4);
+	msgpack_pack_str_body(pk, type, strlen(type));
+	msgpack_pack_str_body(pk, "('", 2);
+	msgpack_pack_str_body(pk, text, strlen(text));
+	msgpack_pack_str_body(pk, "')", 2);
+	tw_msgpack_pack_str(pk, "traceback_text");
+	tw_msgpack_pack_str(pk, "");
+	msgpack_sbuffer_destroy(&sb);
+	reply_send(r);
+}
+
 tw_builder *builder_new(void)
 {
 	tw_builder *b;

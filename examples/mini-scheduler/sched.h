@@ -89,6 +89,12 @@ tw_builder *reply_builder(tw_request *r);
 void reply_send(tw_request *r);
 /* Dask's error reply (core.py error_message): Python's rpc raises it. */
 void reply_error(tw_request *r, const char *text);
+/* The same error reply with the exception a Dask scheduler would raise:
+ * Python's builtin `type` (e.g. "TimeoutError") with the one argument
+ * `text`, pickled as core.py error_message sends it, so that the rpc
+ * raises type(text), not Exception(text). type and text: ASCII without
+ * quotes (exception_text is repr(e)). Frees r. */
+void reply_exception(tw_request *r, const char *type, const char *text);
 /* A builder for a request to a worker (no compression: forwarded
  * payloads go as they came). Exits on out-of-memory. */
 tw_builder *builder_new(void);
@@ -116,7 +122,11 @@ void workers_check_ttl(void);
 
 /* data.c */
 void op_register_client(tw_request *r, void *arg);
+/* scatter: with no running worker it waits for one (Dask's scatter
+ * polls every 0.1 s up to the request's timeout); scatters_stop answers
+ * the waiting ones at shutdown. */
 void op_scatter(tw_request *r, void *arg);
+void scatters_stop(void);
 void op_update_data(tw_request *r, void *arg);
 void op_gather(tw_request *r, void *arg);
 void op_who_has(tw_request *r, void *arg);

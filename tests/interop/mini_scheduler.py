@@ -7,9 +7,15 @@ Starts tw-mini-scheduler, 4 `dask worker` processes and a distributed.Client,
 and asserts: scheduler_info lists the 4 workers; scatter + gather of numpy
 arrays come back byte-identical; who_has and ncores; 100,000 small keys;
 a SIGKILLed worker leaves and a gather of its keys fails (CancelledError)
-instead of hanging; scatter with broadcast=True and with direct=True; a
-SIGSTOPped worker is removed at the worker TTL, and
-a gather of its keys started while it is stopped fails then.
+instead of hanging; a broadcast scatter of large (relayed) values reaches
+all 4 workers, each copy byte-identical; a worker SIGKILLed in the middle
+of sending a large value to a gather (relayed to the client over tcp) fails
+that gather at once and its keys are reported lost; scatter with
+broadcast=True and with direct=True; a scatter sent before any worker
+registered waits for one, and without workers fails with Dask's
+TimeoutError("No valid workers found") after its timeout; a SIGSTOPped
+worker is removed at the worker TTL, and a gather of its keys started while
+it is stopped fails then.
 
 The SIGSTOP case runs on a second scheduler with a short TTL (5 s) and 2
 workers of its own, started after the first cluster's rounds: a worker busy
@@ -18,10 +24,12 @@ seconds, so the first scheduler keeps Dask's long default TTL. Waits are on prog
 times it measures are printed, not asserted. Every process it starts is
 killed on the way out, on failure too.
 """
+import concurrent.futures
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 PY = "/usr/bin/python3"
@@ -39,8 +47,41 @@ procs = []
 # Dask 2022.12.1's ws listener (comm/ws.py WSListener.start) calls
 # HTTPServer.listen(port) with no address, so a ws worker bound every
 # interface and gave the scheduler a non-loopback contact address.
+#
+# TW_MINI_STOP_AFTER=BYTES in a worker's environment: once it is asked for
+# the key STOP_KEY (get_data), it sends BYTES more bytes and then stops
+# itself (SIGSTOP), in the middle of that reply, for the test to SIGKILL
+# it there (tornado's IOStream.write_to_fd, which Dask's tcp and tls comms
+# and tornado's websocket write through).
+STOP_KEY = "tw-stop-midway"
 WORKER = """
-import sys, tornado.tcpserver
+import os, signal, sys, tornado.iostream, tornado.tcpserver, distributed.worker
+stop_after = int(os.environ.get("TW_MINI_STOP_AFTER", "0"))
+left = None
+def stop_midway(cls):
+    write_to_fd = cls.write_to_fd
+    def write_some(self, data):
+        global left
+        if left is None:
+            return write_to_fd(self, data)
+        data = memoryview(data)[:left]
+        n = write_to_fd(self, data) if len(data) else 0
+        left -= n
+        if left <= 0:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return n
+    cls.write_to_fd = write_some
+if stop_after:
+    stop_midway(tornado.iostream.IOStream)
+    stop_midway(tornado.iostream.SSLIOStream)
+    get_data = distributed.worker.Worker.get_data
+    async def get_data_armed(self, comm, keys=(), **kw):
+        global left
+        if "%s" in keys:
+            left = stop_after
+        return await get_data(self, comm, keys=keys, **kw)
+    distributed.worker.Worker.get_data = get_data_armed
+""" % STOP_KEY + """
 listen = tornado.tcpserver.TCPServer.listen
 def loopback_listen(self, port, address=None, *a, **kw):
     return listen(self, port, address or "127.0.0.1", *a, **kw)
@@ -83,8 +124,51 @@ def wait_until(what, pred, guard=GUARD, step=0.02):
         time.sleep(step)
 
 
+class Log:
+    """A scheduler's stderr, passed on to ours line by line and kept, so
+    that a test can wait for what the scheduler says it is doing."""
+
+    def __init__(self, stream):
+        self.lines = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream):
+        for line in stream:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+
+    def count(self, text):
+        with self.cond:
+            return sum(text in line for line in self.lines)
+
+    def wait(self, text, n=1, guard=GUARD):
+        """Wait until `text` is in n lines."""
+        end = time.monotonic() + guard
+        with self.cond:
+            while sum(text in line for line in self.lines) < n:
+                if not self.cond.wait(end - time.monotonic()):
+                    raise AssertionError("hang guard: the scheduler never said " + text)
+
+
+def start_workers(addr, names, worker_tls, env=None):
+    """`dask worker`s named `names`: {name: Popen}."""
+    workers = {}
+    for name in names:
+        workers[name] = start(
+            [PY, "-c", WORKER, addr, "--name", name, "--nthreads", "1", "--no-nanny",
+             "--no-dashboard", "--host", "127.0.0.1"] + worker_tls,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return workers
+
+
 def start_cluster(binary, transport, certs, ttl, names):
-    """A scheduler and `dask worker`s named `names`: (address, {name: Popen}, security)."""
+    """A scheduler and `dask worker`s named `names`: (address, {name: Popen},
+    security, worker TLS arguments); the scheduler's Popen is "scheduler",
+    with its Log as .log."""
     sched_args = WRAP + [binary, transport + "://127.0.0.1:0", "--worker-ttl", str(ttl)]
     worker_tls = []
     security = None
@@ -97,19 +181,21 @@ def start_cluster(binary, transport, certs, ttl, names):
         security = Security(
             tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True
         )
-    sched = start(sched_args, stdout=subprocess.PIPE, text=True)
+    sched = start(sched_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sched.log = Log(sched.stderr)
     line = sched.stdout.readline()
     assert line.startswith("listening on "), line
     addr = line.split()[2]
     print("scheduler", addr, "TTL", ttl, flush=True)
-    workers = {}
-    for name in names:
-        workers[name] = start(
-            [PY, "-c", WORKER, addr, "--name", name, "--nthreads", "1", "--no-nanny",
-             "--no-dashboard", "--host", "127.0.0.1"] + worker_tls,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = start_workers(addr, names, worker_tls)
     workers["scheduler"] = sched
-    return addr, workers, security
+    return addr, workers, security, worker_tls
+
+
+def stopped(p):
+    """Whether process p is stopped (state T in /proc/PID/stat)."""
+    with open("/proc/%d/stat" % p.pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def running_workers(client, n):
@@ -124,11 +210,13 @@ def running_workers(client, n):
 def main():
     binary, transport = sys.argv[1], sys.argv[2]
     certs = sys.argv[3] if len(sys.argv) > 3 else None
-    addr, workers, security = start_cluster(binary, transport, certs, 300,
-                                            ["w0", "w1", "w2", "w3"])
+    addr, workers, security, worker_tls = start_cluster(binary, transport, certs, 300,
+                                                        ["w0", "w1", "w2", "w3"])
 
     import numpy as np
     from distributed import Client
+    from distributed.comm.core import CommClosedError
+    from distributed.worker import get_data_from_worker
     from concurrent.futures import CancelledError
 
     client = Client(addr, security=security, timeout=GUARD)
@@ -171,6 +259,10 @@ def main():
     assert lost, who
     workers["w0"].kill()
     t = time.monotonic()
+    # w4 comes in for the broadcast and mid-relay cases (it starts while
+    # these run); asked for STOP_KEY, it stops after sending 20 MiB of it.
+    workers.update(start_workers(addr, ["w4"], worker_tls,
+                                 env=dict(os.environ, TW_MINI_STOP_AFTER=str((20 << 20) + 12345))))
     wait_until("the SIGKILLed worker to leave", lambda: victim not in ident())
     print("SIGKILL: worker gone after %.3f s" % (time.monotonic() - t), flush=True)
     t = time.monotonic()
@@ -186,7 +278,69 @@ def main():
     back = client.gather(keep)
     assert all(a.tobytes() == b.tobytes()
                for a, b in zip([arrays[futures.index(f)] for f in keep], back))
-    assert len(ident()) == 3
+    assert victim not in ident()
+
+    # 5. broadcast of large values (relayed over tcp: sent once, the other
+    # workers fetch copies from the first holder): all 4 hold each, and
+    # each copy is byte-identical (get_data from every holder directly)
+    by_name = running_workers(client, 4)
+    t = time.monotonic()
+    large = [rng.integers(0, 256, size=(8 << 20) + i, dtype=np.uint8) for i in range(2)]
+    bc = client.scatter(large, broadcast=True)
+    who = client.who_has(bc)
+    assert all(sorted(v) == sorted(by_name.values()) for v in who.values()), who
+    back = client.gather(bc, direct=False)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(large, back))
+    for a in by_name.values():
+        got = client.sync(get_data_from_worker, client.rpc, [f.key for f in bc], a)
+        assert got["status"] == "OK", got
+        assert all(got["data"][f.key].tobytes() == v.tobytes() for f, v in zip(bc, large)), a
+    print("broadcast of 2 x 8 MiB to 4 workers: who_has all 4, every copy identical "
+          "(%.1f s)" % (time.monotonic() - t), flush=True)
+
+    # 6. a worker SIGKILLed in the middle of sending a large value to a
+    # gather: w4 sends 20 MiB of the 48 MiB value and stops; over tcp the
+    # scheduler is relaying it to the client by then (it says so), and the
+    # kill cuts the relay: the client's comm ends (its message was cut
+    # short), so its gather fails at once (CommClosedError). Over tls and ws
+    # the scheduler is reading the value; it replies {"status": "error",
+    # "keys": ...} as Dask's does, and the client's gather raises
+    # CancelledError. Either way the keys are then reported lost.
+    t = time.monotonic()
+    huge = rng.integers(0, 256, size=48 << 20, dtype=np.uint8)
+    hf = client.scatter({STOP_KEY: huge}, workers=["w4"])[STOP_KEY]
+    assert list(client.who_has([hf])[hf.key]) == [by_name["w4"]]
+    relays = workers["scheduler"].log.count("relaying")
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    gathering = pool.submit(client.gather, [hf], direct=False)
+    wait_until("w4 to stop in the middle of its reply", lambda: stopped(workers["w4"]))
+    if transport == "tcp":
+        workers["scheduler"].log.wait("relaying", relays + 1)
+    workers["w4"].kill()
+    k = time.monotonic()
+    try:
+        gathering.result(timeout=GUARD)
+    except (CommClosedError, CancelledError) as e:
+        failed = e
+    else:
+        raise AssertionError("gather from a worker killed mid-value succeeded")
+    assert isinstance(failed, CommClosedError if transport == "tcp" else CancelledError), failed
+    print("SIGKILL mid-value: gather failed after %.3f s: %r" % (time.monotonic() - k, failed),
+          flush=True)
+    wait_until("its key to be reported lost", lambda: hf.status == "cancelled")
+    try:
+        client.gather([hf], direct=False)
+    except CancelledError:
+        pass
+    else:
+        raise AssertionError("gather of a lost key succeeded")
+    assert by_name["w4"] not in ident() and len(ident()) == 3
+    back = client.gather(bc, direct=False)  # the other holders serve the broadcast keys
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(large, back))
+    pool.shutdown()
+    print("SIGKILL mid-value: key reported lost, other keys served (%.1f s)"
+          % (time.monotonic() - t), flush=True)
+    del bc, back, hf, huge
 
     client.close()
 
@@ -194,9 +348,36 @@ def main():
     # Its cluster starts now, when the first is idle: with a short TTL, a
     # worker starved of CPU by the 100,000-key round (load 50 on 2 CPUs)
     # missed its heartbeats for 2 s and was removed before the test began.
-    addr2, workers2, _ = start_cluster(binary, transport, certs, TTL, ["s0", "s1"])
+    addr2, workers2, _, _ = start_cluster(binary, transport, certs, TTL, [])
+    sched2 = workers2["scheduler"]
     client = Client(addr2, security=security, timeout=GUARD)
+    # scatter before any worker: Dask's Scheduler.scatter looks for a
+    # running worker every 0.1 s until its timeout, then raises
+    # TimeoutError("No valid workers found"); a payload of 1 MiB is relayed
+    # over tcp, and waits in its socket meanwhile
+    t = time.monotonic()
+    try:
+        client.scatter([arrays[0]], timeout=0.5)
+    except TimeoutError as e:
+        assert str(e) == "No valid workers found", repr(e)
+    else:
+        raise AssertionError("scatter with no worker succeeded")
+    print("scatter with no worker: TimeoutError after %.2f s (timeout 0.5 s)"
+          % (time.monotonic() - t), flush=True)
+    waits = sched2.log.count("no running worker yet")
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    scattering = pool.submit(client.scatter, [arrays[1]], timeout=GUARD)
+    sched2.log.wait("no running worker yet", waits + 1)
+    t = time.monotonic()
+    workers2.update(start_workers(addr2, ["s0", "s1"], worker_tls))
+    (early,) = scattering.result(timeout=GUARD)
+    pool.shutdown()
+    print("scatter before any worker: done %.1f s after the workers started"
+          % (time.monotonic() - t), flush=True)
     by_name = running_workers(client, 2)
+    assert len(client.who_has([early])[early.key]) == 1, client.who_has([early])
+    assert client.gather(early, direct=False).tobytes() == arrays[1].tobytes()
+    del early
     # broadcast: every worker holds every key (Dask: scatter, then replicate)
     b = client.scatter([b"x" * 100, b"y" * 100], broadcast=True, hash=False)
     who = client.who_has(b)
@@ -239,7 +420,8 @@ def main():
     # The schedulers stop cleanly on SIGTERM (under TW_MINI_WRAP too).
     for sched in (workers["scheduler"], workers2["scheduler"]):
         sched.send_signal(signal.SIGTERM)
-        out = sched.communicate(timeout=GUARD)[0]
+        sched.wait(timeout=GUARD)  # its stdout: two lines; stderr: its Log's
+        out = sched.stdout.read()
         print(out.strip(), flush=True)
         assert sched.returncode == 0, sched.returncode
     print("all assertions passed over", transport, flush=True)
