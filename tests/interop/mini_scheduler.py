@@ -366,11 +366,13 @@ def main():
           % (time.monotonic() - t), flush=True)
     waits = sched2.log.count("no running worker yet")
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    scattering = pool.submit(client.scatter, [arrays[1]], timeout=GUARD)
+    # the scheduler waits for workers up to this timeout: worker start-up
+    # under a loaded CI machine took 20 s once; the wait ends on progress
+    scattering = pool.submit(client.scatter, [arrays[1]], timeout=3 * GUARD)
     sched2.log.wait("no running worker yet", waits + 1)
     t = time.monotonic()
     workers2.update(start_workers(addr2, ["s0", "s1"], worker_tls))
-    (early,) = scattering.result(timeout=GUARD)
+    (early,) = scattering.result(timeout=3 * GUARD)
     pool.shutdown()
     print("scatter before any worker: done %.1f s after the workers started"
           % (time.monotonic() - t), flush=True)
