@@ -520,7 +520,7 @@ START_TEST(connect_each_address)
 END_TEST
 
 /* A name whose DNS server never answers: tw_comm_connect returns at once, the
- * loop runs on (a 10 ms ticker keeps ticking), and the connect timeout
+ * loop runs on (a 10 ms ticker ticks before it ends), and the connect timeout
  * ends it with TW_ETIMEDOUT (the blocking lookup held the loop for 10 s
  * and then said TW_EADDR). */
 START_TEST(connect_dns_never_answers)
@@ -542,7 +542,12 @@ START_TEST(connect_dns_never_answers)
 	ck_assert_int_eq(err, TW_ETIMEDOUT);
 	ck_assert_ptr_null(p);
 	ck_assert_int_ge(f.queries, 1);
-	ck_assert_int_ge(ticks, 10);
+	/* the ticker's 10 ms deadline comes before the 300 ms connect
+	 * timeout, and libevent runs expired timers in deadline order: a
+	 * loop held by a blocking lookup ends the connect with no tick, one
+	 * that ran on ticked first, however loaded the machine (counting
+	 * ticks against the clock failed under ASan at load 20: 7 of 10) */
+	ck_assert_int_ge(ticks, 1);
 	ck_assert_ptr_nonnull(strstr(tw_context_last_error(h.ctx), "still resolving"));
 	event_free(tick);
 	fake_dns_fini(&h, &f);
