@@ -457,46 +457,39 @@ START_TEST(budget_counts_block_cache)
 }
 END_TEST
 
-/* Under RLIMIT_DATA a commit past the limit fails with TW_ENOMEM (no
- * crash), while a reservation far larger than the limit is fine: the
- * memory a peer can make us take is what it sent. Run in a child, as the
- * limit is process-wide; skipped where the limit is not enforced (under
- * valgrind, which keeps its own). mmap, not malloc, probes the limit:
- * ASan's malloc aborts where glibc's returns NULL. */
+/* The child's part of block_commit_rlimit: 0, or the step that failed. */
+static int commit_past_limit(void *arg)
+{
+	size_t len = (size_t)128 << 20, off = 0;
+	tw_block *b;
+	void *p;
+	(void)arg;
+	tw_block_cache_set_limit(0);
+	if (tw__block_new_lazy((size_t)1 << 30, &b) != 0)
+		return 11;
+	while (len > 0 && tw__block_commit(b, off, &len) >= 0) {
+		memset(tw_block_data(b) + off, 1, len);
+		off += len;
+		len = ((size_t)128 << 20) - off;
+	}
+	tw_block_free(b);
+	/* failed between 32 and 64 MiB in, with memory to spare after */
+	if (len == 0 || off < ((size_t)32 << 20) || off > ((size_t)64 << 20))
+		return 12;
+	p = mmap(NULL, (size_t)1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? 13 : 0;
+}
+
+/* Under RLIMIT_DATA (VmData + 64 MiB) a commit past the limit fails with
+ * TW_ENOMEM (no crash), while a reservation far larger than the limit is
+ * fine: the memory a peer can make us take is what it sent. Run in a
+ * child, as the limit is process-wide; skipped where the limit is not
+ * enforced (a 128 MiB mapping succeeds: under valgrind, which keeps its
+ * own). */
 START_TEST(block_commit_rlimit)
 {
-	pid_t pid = fork();
-	int status;
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		uint64_t d0 = status_bytes("VmData");
-		struct rlimit rl = {d0 + ((size_t)64 << 20), d0 + ((size_t)64 << 20)};
-		size_t len = (size_t)128 << 20, off = 0;
-		tw_block *b;
-		void *p;
-		if (setrlimit(RLIMIT_DATA, &rl) != 0)
-			_exit(10);
-		p = mmap(NULL, (size_t)128 << 20, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (p != MAP_FAILED)
-			_exit(0); /* not enforced here: nothing to show */
-		tw_block_cache_set_limit(0);
-		if (tw__block_new_lazy((size_t)1 << 30, &b) != 0)
-			_exit(11);
-		while (len > 0 && tw__block_commit(b, off, &len) >= 0) {
-			memset(tw_block_data(b) + off, 1, len);
-			off += len;
-			len = ((size_t)128 << 20) - off;
-		}
-		tw_block_free(b);
-		/* failed between 32 and 64 MiB in, with memory to spare after */
-		if (len == 0 || off < ((size_t)32 << 20) || off > ((size_t)64 << 20))
-			_exit(12);
-		p = mmap(NULL, (size_t)1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-			 -1, 0);
-		_exit(p == MAP_FAILED ? 13 : 0);
-	}
-	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	int status = rlimit_data_child((size_t)64 << 20, (size_t)128 << 20, NULL, commit_past_limit,
+				       NULL, NULL);
 	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
 }
 END_TEST

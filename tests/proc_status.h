@@ -7,6 +7,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* A size line of /proc/self/status, in bytes: "VmRSS" (resident),
  * "VmData" (writable private mappings: what RLIMIT_DATA and strict
@@ -48,6 +52,44 @@ static inline size_t writable_bytes(const void *p, size_t len)
 	}
 	fclose(f);
 	return n;
+}
+
+/* Run a test body in a child process (RLIMIT_DATA is process-wide)
+ * under RLIMIT_DATA = VmData + extra_bytes, VmData read in the child
+ * before prepare(arg) runs (prepare may be NULL). The child exits 10 if
+ * setrlimit fails; if a mapping of probe_bytes (more than the limit
+ * leaves) still succeeds, the limit is not enforced here (valgrind keeps
+ * its own): the child calls skip(arg) (may be NULL; valgrind's leak check
+ * runs in the child too) and exits 0; else it exits with body(arg). mmap,
+ * not malloc, probes the limit: ASan's malloc aborts where glibc's
+ * returns NULL. Returns the child's wait status (waitpid asserted). */
+static inline int rlimit_data_child(uint64_t extra_bytes, size_t probe_bytes,
+				    void (*prepare)(void *), int (*body)(void *),
+				    void (*skip)(void *), void *arg)
+{
+	pid_t pid = fork();
+	int status;
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		uint64_t d0 = status_bytes("VmData");
+		struct rlimit rl = {d0 + extra_bytes, d0 + extra_bytes};
+		void *p;
+		if (prepare != NULL)
+			prepare(arg);
+		if (setrlimit(RLIMIT_DATA, &rl) != 0)
+			_exit(10);
+		p = mmap(NULL, probe_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			 0);
+		if (p != MAP_FAILED) {
+			munmap(p, probe_bytes);
+			if (skip != NULL)
+				skip(arg);
+			_exit(0);
+		}
+		_exit(body(arg));
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return status;
 }
 
 #endif
