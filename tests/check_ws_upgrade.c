@@ -47,50 +47,44 @@ struct outcome {
 	int status;
 };
 
-/* Feed a request in pieces: cut at the given offsets (sorted, within
- * len), or byte by byte when bytewise. Stops at the verdict. */
-static struct outcome feed_req(struct tw__ws_req *r, const char *p, size_t len, const size_t *cuts,
-			       size_t ncuts, int bytewise)
+/* Feed the request parser r, or (r NULL) the response parser cl, in
+ * pieces: cut at the given offsets (sorted, within len), or byte by byte
+ * when bytewise. Stops at the verdict. */
+static struct outcome feed(struct tw__ws_req *r, struct tw__ws_client *cl, const char *p,
+			   size_t len, const size_t *cuts, size_t ncuts, int bytewise)
 {
+	const struct tw__ws_head *head = r != NULL ? &r->head : &cl->head;
 	struct outcome o = {0, 0, 0};
 	size_t off = 0, c = 0;
 	while (off < len && o.rv == 0) {
 		size_t end = bytewise ? off + 1 : c < ncuts ? cuts[c++] : len, used = 0;
+		const uint8_t *in = (const uint8_t *)p + off;
 		if (end < off)
 			end = off;
 		if (end > len)
 			end = len;
-		o.rv = tw__ws_req_feed(r, (const uint8_t *)p + off, end - off, &used);
-		REQUIRE(r->head.cap <= r->head.max_bytes);
+		o.rv = r != NULL ? tw__ws_req_feed(r, in, end - off, &used)
+				 : tw__ws_client_feed(cl, in, end - off, &used);
+		REQUIRE(head->cap <= head->max_bytes);
 		REQUIRE(used <= end - off);
 		REQUIRE(o.rv != 0 || used == end - off);
 		off += used;
 		o.used += used;
 	}
-	o.status = tw__ws_req_status(r);
+	o.status = r != NULL ? tw__ws_req_status(r) : tw__ws_client_status(cl);
 	return o;
+}
+
+static struct outcome feed_req(struct tw__ws_req *r, const char *p, size_t len, const size_t *cuts,
+			       size_t ncuts, int bytewise)
+{
+	return feed(r, NULL, p, len, cuts, ncuts, bytewise);
 }
 
 static struct outcome feed_client(struct tw__ws_client *cl, const char *p, size_t len,
 				  const size_t *cuts, size_t ncuts, int bytewise)
 {
-	struct outcome o = {0, 0, 0};
-	size_t off = 0, c = 0;
-	while (off < len && o.rv == 0) {
-		size_t end = bytewise ? off + 1 : c < ncuts ? cuts[c++] : len, used = 0;
-		if (end < off)
-			end = off;
-		if (end > len)
-			end = len;
-		o.rv = tw__ws_client_feed(cl, (const uint8_t *)p + off, end - off, &used);
-		REQUIRE(cl->head.cap <= cl->head.max_bytes);
-		REQUIRE(used <= end - off);
-		REQUIRE(o.rv != 0 || used == end - off);
-		off += used;
-		o.used += used;
-	}
-	o.status = tw__ws_client_status(cl);
-	return o;
+	return feed(NULL, cl, p, len, cuts, ncuts, bytewise);
 }
 
 /* A request's verdict, the same whole, byte by byte and at 20 random cut

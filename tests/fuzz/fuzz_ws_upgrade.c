@@ -132,23 +132,35 @@ static void check_response(const struct tw__ws_req *r, const uint8_t *p, size_t 
 		check(has_nocase((const uint8_t *)out, (size_t)n, "\r\nConnection: close\r\n"));
 }
 
-static struct outcome server_run(const struct cfg *c, const uint8_t *p, size_t n, size_t max_piece,
-				 uint64_t *seed)
+/* Feed the request parser r, or (r NULL) the response parser cl, in
+ * pieces of at most max_piece bytes until the verdict; the outcome. */
+static struct outcome feed(struct tw__ws_req *r, struct tw__ws_client *cl, const uint8_t *p,
+			   size_t n, size_t max_piece, uint64_t *seed)
 {
+	const struct tw__ws_head *head = r != NULL ? &r->head : &cl->head;
 	struct outcome o = {0, 0, 0, NULL};
-	struct tw__ws_req r;
 	size_t off = 0;
-	tw__ws_req_init(&r, c->max_bytes, c->max_fields);
 	while (off < n && o.rv == 0) {
 		size_t k = piece(n - off, max_piece, seed), used = 0;
-		o.rv = tw__ws_req_feed(&r, p + off, k, &used);
+		o.rv = r != NULL ? tw__ws_req_feed(r, p + off, k, &used)
+				 : tw__ws_client_feed(cl, p + off, k, &used);
 		check(used <= k && (o.rv != 0 || used == k));
-		check(r.head.cap <= r.head.max_bytes);
+		check(head->cap <= head->max_bytes);
 		off += used;
 	}
 	o.used = off;
-	o.status = tw__ws_req_status(&r);
-	o.why = tw__ws_req_error(&r);
+	o.status = r != NULL ? tw__ws_req_status(r) : tw__ws_client_status(cl);
+	o.why = r != NULL ? tw__ws_req_error(r) : tw__ws_client_error(cl);
+	return o;
+}
+
+static struct outcome server_run(const struct cfg *c, const uint8_t *p, size_t n, size_t max_piece,
+				 uint64_t *seed)
+{
+	struct tw__ws_req r;
+	struct outcome o;
+	tw__ws_req_init(&r, c->max_bytes, c->max_fields);
+	o = feed(&r, NULL, p, n, max_piece, seed);
 	check(o.rv == 0 || o.rv == 1 || o.rv == TW_ENOMEM);
 	if (o.rv == 1) {
 		size_t used = 99;
@@ -168,20 +180,10 @@ static struct outcome server_run(const struct cfg *c, const uint8_t *p, size_t n
 static struct outcome client_run(const struct cfg *c, const uint8_t *p, size_t n, size_t max_piece,
 				 uint64_t *seed)
 {
-	struct outcome o = {0, 0, 0, NULL};
 	struct tw__ws_client cl;
-	size_t off = 0;
+	struct outcome o;
 	check(tw__ws_client_init_nonce(&cl, RFC_NONCE, c->max_bytes, c->max_fields) == 0);
-	while (off < n && o.rv == 0) {
-		size_t k = piece(n - off, max_piece, seed), used = 0;
-		o.rv = tw__ws_client_feed(&cl, p + off, k, &used);
-		check(used <= k && (o.rv != 0 || used == k));
-		check(cl.head.cap <= cl.head.max_bytes);
-		off += used;
-	}
-	o.used = off;
-	o.status = tw__ws_client_status(&cl);
-	o.why = tw__ws_client_error(&cl);
+	o = feed(NULL, &cl, p, n, max_piece, seed);
 	check(o.rv == 0 || o.rv == 1 || o.rv == TW_EPROTO || o.rv == TW_ENOMEM);
 	if (o.rv == 1) {
 		check(o.status == 101 && o.why == NULL);
