@@ -19,15 +19,9 @@ import sys
 from distributed.comm import connect
 from distributed.protocol import to_serialize
 
+from peer_common import pattern
+
 BIG = 70 << 20
-PERIOD = bytes(range(251))
-
-
-def pattern(n, seed=0):
-    period = PERIOD[seed:] + PERIOD[:seed]
-    return (period * (n // 251 + 1))[:n]
-
-
 def plain(obj):
     """The value a message stands for: payloads as bytes, lists as lists
     (Dask reads msgpack arrays as tuples)."""

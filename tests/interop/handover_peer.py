@@ -27,6 +27,8 @@ import sys
 from distributed.comm import connect
 from distributed.comm.core import CommClosedError
 
+from peer_common import pattern
+
 
 async def stream(addr):
     comm = await connect(addr)
@@ -81,10 +83,6 @@ async def register_client(addr):
 
 
 SIZES = [1, 1000, 65536, 1 << 20, 7, 100]
-
-
-def pattern(size, seed):
-    return bytes((j + seed) % 251 for j in range(size))
 
 
 async def read_batch(addr):

@@ -31,13 +31,7 @@ from distributed.core import rpc
 from distributed.protocol import to_serialize
 from distributed.security import Security
 
-PERIOD = bytes(range(251))
-
-
-def pattern(n, seed=0):
-    period = PERIOD[seed % 251:] + PERIOD[:seed % 251]
-    return (period * (n // 251 + 1))[:n]
-
+from peer_common import pattern
 
 class Checks:
     def __init__(self):

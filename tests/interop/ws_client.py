@@ -17,18 +17,10 @@ when all matched and the close was a clean 1000.
 import asyncio
 import ssl
 import struct
-import sys
 
 import websockets
 
-PERIOD = bytes(range(251))
-
-
-def pattern(n, seed):
-    """Byte i is (i + seed) % 251, as the C side checks."""
-    period = PERIOD[seed:] + PERIOD[:seed]
-    return (period * (n // 251 + 1))[:n]
-
+from peer_common import pattern, run_client
 
 # (frames, index of the frame sent fragmented or None)
 MESSAGES = [
@@ -95,7 +87,4 @@ async def main(uri, ca=None, cert=None, key=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 5):
-        print(__doc__)
-        sys.exit(2)
-    sys.exit(asyncio.run(main(*sys.argv[1:])))
+    run_client(main, __doc__)

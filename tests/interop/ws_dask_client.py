@@ -11,19 +11,14 @@ checked. Exits 0 and prints "OK n" when all matched.
     ws_dask_client.py wss://127.0.0.1:PORT CA CERT KEY
 """
 import asyncio
-import sys
 
 from distributed.comm import connect
 from distributed.protocol import to_serialize
 from distributed.security import Security
 
-PERIOD = bytes(range(251))
+from peer_common import pattern, run_client
+
 SIZES = [0, 3, 20_000, 70 << 20]
-
-
-def pattern(n, seed):
-    period = PERIOD[seed:] + PERIOD[:seed]
-    return (period * (n // 251 + 1))[:n]
 
 
 def data_of(msg):
@@ -57,7 +52,4 @@ async def main(addr, ca=None, cert=None, key=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 5):
-        print(__doc__)
-        sys.exit(2)
-    sys.exit(asyncio.run(main(*sys.argv[1:])))
+    run_client(main, __doc__)
