@@ -85,21 +85,9 @@ int du_client_write(struct du_client *c, tw_msg *msg)
 	return rv;
 }
 
-struct msg_wait {
-	struct du_client *c;
-	size_t n;
-};
-
-static int has_msg(void *arg)
-{
-	struct msg_wait *w = arg;
-	return w->c->nmsgs >= w->n || w->c->closed;
-}
-
 tw_msg *du_client_msg(struct du_client *c, size_t i, int ms)
 {
-	struct msg_wait w = {c, i + 1};
-	tu_run_until(c->loop, has_msg, &w, ms);
+	tu_wait_count_or(c->loop, &c->nmsgs, i + 1, &c->closed, ms);
 	return i < c->nmsgs ? c->msgs[i] : NULL;
 }
 

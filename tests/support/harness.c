@@ -76,17 +76,23 @@ int tu_wait_flag(struct tu *h, const int *p, int ms)
 struct count_wait {
 	const size_t *p;
 	size_t n;
+	const int *stop;
 };
 
 static int count_reached(void *arg)
 {
 	struct count_wait *w = arg;
-	return *w->p >= w->n;
+	return *w->p >= w->n || (w->stop != NULL && *w->stop);
 }
 
 int tu_wait_count(struct tu *h, const size_t *p, size_t n, int ms)
 {
-	struct count_wait w = {p, n};
+	return tu_wait_count_or(h, p, n, NULL, ms);
+}
+
+int tu_wait_count_or(struct tu *h, const size_t *p, size_t n, const int *stop, int ms)
+{
+	struct count_wait w = {p, n, stop};
 	return tu_run_until(h, count_reached, &w, ms);
 }
 

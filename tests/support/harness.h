@@ -104,6 +104,10 @@ void tu_run_for(struct tu *h, int ms);
 int tu_wait_flag(struct tu *h, const int *p, int ms);
 /* Wait until *p >= n; returns *p >= n. */
 int tu_wait_count(struct tu *h, const size_t *p, size_t n, int ms);
+/* Wait until *p >= n or *stop != 0 (stop may be NULL: a comm's closed
+ * flag, after which no more will come); returns 1 when one of them
+ * happened before the deadline. */
+int tu_wait_count_or(struct tu *h, const size_t *p, size_t n, const int *stop, int ms);
 
 /* Peers. */
 struct tu_peer *tu_peer_new(struct tu *h);

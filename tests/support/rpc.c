@@ -494,21 +494,10 @@ void rw_send(struct rw *w, tw_msg *m)
 	ck_assert_msg(rv == 0, "write: %s", tw_strerror(rv));
 }
 
-struct rw_wait {
-	struct rw *w;
-	size_t n;
-};
-
-static int rw_has(void *arg)
-{
-	struct rw_wait *x = arg;
-	return x->w->n >= x->n || x->w->closed;
-}
-
 const tw_decoded *rw_msg(struct rw *w, size_t i)
 {
-	struct rw_wait x = {w, i + 1};
-	ck_assert_msg(tu_run_until(w->h, rw_has, &x, TU_WAIT_MS), "no message %zu", i);
+	ck_assert_msg(tu_wait_count_or(w->h, &w->n, i + 1, &w->closed, TU_WAIT_MS),
+		      "no message %zu", i);
 	return i < w->n ? w->msgs[i] : NULL;
 }
 
