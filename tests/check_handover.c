@@ -1220,69 +1220,52 @@ END_TEST
 /* Two comms' watches: the first to run unwatches the other's, and
  * releases its own hold; the cancelled one never runs. */
 struct pair {
-	tw_comm *a, *b;
-	tw_comm_watch *wa, *wb;
-	int ran_a, ran_b;
+	tw_comm *c[2];       /* the first comm to register, the second */
+	tw_comm_watch *w[2]; /* their watches */
+	int ran[2];
 };
 
-static void pair_fn_a(tw_comm *comm, int err, void *arg)
+static void pair_fn(tw_comm *comm, int err, void *arg)
 {
 	struct pair *p = arg;
+	int me = comm == p->c[1], other = !me;
 	(void)err;
-	p->ran_a++;
-	if (p->wb != NULL) {
-		tw_comm_unwatch(p->wb);
-		p->wb = NULL;
-		tw_comm_release(p->b);
+	p->ran[me]++;
+	if (p->w[other] != NULL) {
+		tw_comm_unwatch(p->w[other]);
+		p->w[other] = NULL;
+		tw_comm_release(p->c[other]);
 	}
-	p->wa = NULL;
-	tw_comm_release(comm);
-}
-
-static void pair_fn_b(tw_comm *comm, int err, void *arg)
-{
-	struct pair *p = arg;
-	(void)err;
-	p->ran_b++;
-	if (p->wa != NULL) {
-		tw_comm_unwatch(p->wa);
-		p->wa = NULL;
-		tw_comm_release(p->a);
-	}
-	p->wb = NULL;
+	p->w[me] = NULL;
 	tw_comm_release(comm);
 }
 
 static void pair_register(tw_request *r, void *arg)
 {
 	struct pair *p = arg;
+	int k = p->c[0] != NULL;
 	tw_comm *c;
 	ck_assert_int_eq(tw_request_keep_stream(r, &c), 0);
-	if (p->a == NULL) {
-		p->a = c;
-		ck_assert_int_eq(tw_comm_watch_end(c, pair_fn_a, p, &p->wa), 0);
-	} else {
-		p->b = c;
-		ck_assert_int_eq(tw_comm_watch_end(c, pair_fn_b, p, &p->wb), 0);
-	}
+	p->c[k] = c;
+	ck_assert_int_eq(tw_comm_watch_end(c, pair_fn, p, &p->w[k]), 0);
 	ck_assert_int_eq(tw_request_reply(r), 0);
 }
 
 static int pair_one_ran(void *arg)
 {
 	struct pair *p = arg;
-	return p->ran_a + p->ran_b > 0;
+	return p->ran[0] + p->ran[1] > 0;
 }
 
 static int pair_has_a(void *arg)
 {
-	return ((struct pair *)arg)->a != NULL;
+	return ((struct pair *)arg)->c[0] != NULL;
 }
 
 static int pair_both(void *arg)
 {
 	struct pair *p = arg;
-	return p->b != NULL;
+	return p->c[1] != NULL;
 }
 
 START_TEST(atk_unwatch_other_comm)
@@ -1304,7 +1287,7 @@ START_TEST(atk_unwatch_other_comm)
 	tw_server_free(s); /* both end at once */
 	ck_assert(tu_run_until(&h, pair_one_ran, &p, TU_WAIT_MS));
 	tu_run_for(&h, 20);
-	ck_assert_int_eq(p.ran_a + p.ran_b, 1);
+	ck_assert_int_eq(p.ran[0] + p.ran[1], 1);
 	close(fa);
 	close(fb);
 	tu_fini(&h);
