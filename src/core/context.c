@@ -391,34 +391,23 @@ int tw_context_set_max_frames(tw_context *ctx, uint64_t frames)
 
 int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL || ms == 0)
-		return TW_EINVAL;
-	ctx->limits.connect_timeout_ms = ms;
-	return 0;
+	return TW__SET_LIMIT(ctx, connect_timeout_ms, ms, ms > 0);
 }
 
 int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL || ms > INT32_MAX) /* TCP_USER_TIMEOUT is an int */
-		return TW_EINVAL;
-	ctx->limits.tcp_timeout_ms = ms;
-	return 0;
+	/* TCP_USER_TIMEOUT is an int */
+	return TW__SET_LIMIT(ctx, tcp_timeout_ms, ms, ms <= INT32_MAX);
 }
 
 int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL || ms == 0)
-		return TW_EINVAL;
-	ctx->limits.close_linger_ms = ms;
-	return 0;
+	return TW__SET_LIMIT(ctx, close_linger_ms, ms, ms > 0);
 }
 
 int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes)
 {
-	if (ctx == NULL || bytes == 0)
-		return TW_EINVAL;
-	ctx->limits.write_hwm_bytes = bytes;
-	return 0;
+	return TW__SET_LIMIT(ctx, write_hwm_bytes, bytes, bytes > 0);
 }
 
 /* Budgets apply at once, to every comm: a larger one lets waiting
@@ -485,10 +474,8 @@ int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64
 
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)
 {
-	if (ctx == NULL || bytes == 0 || bytes > TW__MAP_MIN_BYTES)
-		return TW_EINVAL;
-	ctx->limits.small_frame_bytes = bytes;
-	return 0;
+	return TW__SET_LIMIT(ctx, small_frame_bytes, bytes,
+			     bytes > 0 && bytes <= TW__MAP_MIN_BYTES);
 }
 
 void tw__ctx_seterr(tw_context *ctx, const char *fmt, ...)
@@ -507,35 +494,23 @@ const char *tw_context_last_error(const tw_context *ctx)
 
 int tw_context_set_ws_shard_bytes(tw_context *ctx, size_t bytes)
 {
-	if (ctx == NULL || bytes == 0)
-		return TW_EINVAL;
-	ctx->limits.ws_shard_bytes = bytes;
-	return 0;
+	return TW__SET_LIMIT(ctx, ws_shard_bytes, bytes, bytes > 0);
 }
 
 int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments)
 {
-	if (ctx == NULL || fragments == 0)
-		return TW_EINVAL;
-	ctx->limits.ws_max_fragments = fragments;
-	return 0;
+	return TW__SET_LIMIT(ctx, ws_max_fragments, fragments, fragments > 0);
 }
 
 /* 0 is allowed in both: it turns the ping-rate policy off. */
 int tw_context_set_ws_min_ping_interval_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL)
-		return TW_EINVAL;
-	ctx->limits.ws_min_ping_interval_ms = ms;
-	return 0;
+	return TW__SET_LIMIT(ctx, ws_min_ping_interval_ms, ms, 1);
 }
 
 int tw_context_set_ws_ping_strikes(tw_context *ctx, uint32_t strikes)
 {
-	if (ctx == NULL)
-		return TW_EINVAL;
-	ctx->limits.ws_ping_strikes = strikes;
-	return 0;
+	return TW__SET_LIMIT(ctx, ws_ping_strikes, strikes, 1);
 }
 
 /* 0 bytes/s turns the check off; a zero grace period with it on would

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <taskwire/context.h>
+#include <taskwire/error.h>
 
 #include "core/budget.h"
 #include "core/limits.h"
@@ -112,6 +113,12 @@ struct tw_context {
 	tw_context *main;
 	unsigned next_loop; /* round robin of accepted comms */
 };
+
+/* The body of a limit's setter: TW_EINVAL when ctx is NULL or the value
+ * is outside its range (valid is false), else the limit takes v and 0.
+ *   return TW__SET_LIMIT(ctx, close_linger_ms, ms, ms > 0); */
+#define TW__SET_LIMIT(ctx, field, v, valid)                                                        \
+	((ctx) == NULL || !(valid) ? TW_EINVAL : ((ctx)->limits.field = (v), 0))
 
 /* A message of n bytes entered a write queue (held), or left it written
  * or dropped and freed (unheld: waiters of the receive budget may fit

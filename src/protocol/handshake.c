@@ -39,10 +39,7 @@ int tw_context_set_compression(tw_context *ctx, const char *codec)
 
 int tw_context_set_handshake_timeout_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL || ms == 0)
-		return TW_EINVAL;
-	ctx->limits.handshake_timeout_ms = ms;
-	return 0;
+	return TW__SET_LIMIT(ctx, handshake_timeout_ms, ms, ms > 0);
 }
 
 const char *tw_comm_compression(const tw_comm *comm)

@@ -307,6 +307,19 @@ static void tell_undelivered(tw_comm *c, uint64_t queued)
 	c->linger.told = 1;
 }
 
+/* c ends with err: its timers and I/O stop and it leaves the budgets. */
+static void mark_ended(tw_comm *c, int err)
+{
+	c->ended = 1;
+	c->end_err = err;
+	if (c->timeout_ev != NULL)
+		event_del(c->timeout_ev);
+	if (c->deadline_ev != NULL)
+		event_del(c->deadline_ev);
+	c->ops->stop(c);
+	leave_budgets(c);
+}
+
 void tw__comm_end(tw_comm *c, int err)
 {
 	uint64_t queued = c->ops->queued(c);
@@ -317,14 +330,7 @@ void tw__comm_end(tw_comm *c, int err)
 		err = TW_ECLOSED;
 	if (err != 0)
 		tell_undelivered(c, queued);
-	c->ended = 1;
-	c->end_err = err;
-	if (c->timeout_ev != NULL)
-		event_del(c->timeout_ev);
-	if (c->deadline_ev != NULL)
-		event_del(c->deadline_ev);
-	c->ops->stop(c);
-	leave_budgets(c);
+	mark_ended(c, err);
 	if (c->close_cb == NULL) {
 		tw__comm_end_known(c);
 		return;
@@ -831,16 +837,9 @@ void tw_comm_free(tw_comm *c)
 		return;
 	c->owner_gone = 1;
 	if (!c->ended) {
-		c->ended = 1;
-		c->end_err = TW_ECANCELED;
 		if (c->error[0] == '\0')
 			tw__comm_seterr(c, "freed by the application");
-		if (c->timeout_ev != NULL)
-			event_del(c->timeout_ev);
-		if (c->deadline_ev != NULL)
-			event_del(c->deadline_ev);
-		c->ops->stop(c);
-		leave_budgets(c);
+		mark_ended(c, TW_ECANCELED);
 	}
 	owner_detach(c);
 	tw__comm_end_known(c);

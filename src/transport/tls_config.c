@@ -275,8 +275,5 @@ int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg)
 
 int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms)
 {
-	if (ctx == NULL || ms == 0)
-		return TW_EINVAL;
-	ctx->limits.tls_handshake_timeout_ms = ms;
-	return 0;
+	return TW__SET_LIMIT(ctx, tls_handshake_timeout_ms, ms, ms > 0);
 }
