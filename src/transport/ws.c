@@ -299,29 +299,24 @@ static int path_refused(tw_context *ctx, const struct tw__uri *u)
 	return TW_EADDR;
 }
 
+/* One entry for both schemes: wss is ws over TLS (u->scheme is exactly
+ * "ws" or "wss", as tw__transport_find matched it). */
 static int ws_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
 		     tw_listener **out)
 {
+	int tls = strcmp(u->scheme, "wss") == 0;
 	int rv;
 	if ((rv = path_refused(ctx, u)) != 0)
 		return rv;
-	if ((rv = tw__tcp_listen_with(ctx, u, "ws", plain_accept, cb, arg, out)) != 0)
+	if (tls)
+		rv = tw__tls_listen_then(ctx, u, "wss", server_then, cb, arg, out);
+	else
+		rv = tw__tcp_listen_with(ctx, u, "ws", plain_accept, cb, arg, out);
+	if (rv != 0)
 		return rv;
-	atomic_store_explicit(&tcp_destroy, (*out)->destroy, memory_order_relaxed);
-	(*out)->destroy = ws_listener_destroy;
-	return 0;
-}
-
-static int wss_listen(tw_context *ctx, const struct tw__uri *u, tw_accept_cb cb, void *arg,
-		      tw_listener **out)
-{
-	int rv;
-	if ((rv = path_refused(ctx, u)) != 0)
-		return rv;
-	if ((rv = tw__tls_listen_then(ctx, u, "wss", server_then, cb, arg, out)) != 0)
-		return rv;
-	atomic_store_explicit(&tls_destroy, (*out)->destroy, memory_order_relaxed);
-	(*out)->destroy = wss_listener_destroy;
+	atomic_store_explicit(tls ? &tls_destroy : &tcp_destroy, (*out)->destroy,
+			      memory_order_relaxed);
+	(*out)->destroy = tls ? wss_listener_destroy : ws_listener_destroy;
 	return 0;
 }
 
@@ -329,15 +324,10 @@ static int ws_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb
 {
 	if (path_refused(ctx, u) != 0)
 		return TW_EADDR;
+	if (strcmp(u->scheme, "wss") == 0)
+		return tw__tls_connect_then(ctx, u, client_then, cb, arg);
 	return tw__tcp_connect_with(ctx, u, plain_client, NULL, cb, arg);
 }
 
-static int wss_connect(tw_context *ctx, const struct tw__uri *u, tw_connect_cb cb, void *arg)
-{
-	if (path_refused(ctx, u) != 0)
-		return TW_EADDR;
-	return tw__tls_connect_then(ctx, u, client_then, cb, arg);
-}
-
 const struct tw__transport tw__ws_transport = {"ws", ws_listen, ws_connect};
-const struct tw__transport tw__wss_transport = {"wss", wss_listen, wss_connect};
+const struct tw__transport tw__wss_transport = {"wss", ws_listen, ws_connect};
