@@ -128,12 +128,7 @@ static void srv_accept(tw_listener *l, tw_comm *comm, void *arg)
 {
 	struct server *s = arg;
 	(void)l;
-	if (s->n == s->cap) {
-		s->cap = s->cap ? 2 * s->cap : 1024;
-		s->comms = realloc(s->comms, s->cap * sizeof(*s->comms));
-		if (s->comms == NULL)
-			abort();
-	}
+	s->comms = tw_ex_grow(s->comms, s->n, &s->cap, 1024, sizeof(*s->comms));
 	s->comms[s->n++] = comm;
 	tw_comm_set_callbacks(comm, srv_recv, srv_close, NULL, s);
 }
@@ -378,11 +373,7 @@ int main(int argc, char **argv)
 		case 'W': warm = (size_t)tw_ex_parse_size(optarg); break;
 		case 'S': sites_top = (size_t)tw_ex_parse_size(optarg); break;
 		case 'h': usage(stdout); return 0;
-		default:
-			if (tw_ex_tls_option(&tls, o, optarg))
-				break;
-			usage(stderr);
-			return 2;
+		default: tw_ex_other_option(&tls, o, optarg, usage);
 		}
 	}
 	if (optind == argc || count == 0 || window == 0 || warm == 0) {

@@ -43,31 +43,19 @@ static int write_full(int fd, const void *p, size_t n)
 	return 0;
 }
 
-static void nodelay(int fd)
-{
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
 /* Echo whole messages back: read total, read the rest into a reused
  * buffer, write both back. One connection at a time. */
 static int serve(int port)
 {
-	struct sockaddr_in sa = tw_ex_loopback(port);
-	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
-	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 16) != 0) {
-		perror("raw-echo: bind");
+	int lfd = tw_ex_listen_loopback(port, "raw-echo");
+	if (lfd < 0)
 		return 1;
-	}
-	printf("listening on 127.0.0.1:%d\n", port);
-	fflush(stdout);
 	for (;;) {
 		int fd = accept(lfd, NULL, NULL);
 		uint8_t *buf = NULL;
 		size_t cap = 0;
 		uint64_t total;
-		nodelay(fd);
+		tw_ex_nodelay(fd);
 		while (read_full(fd, &total, 8) == 0) {
 			if (total > cap && (buf = realloc(buf, cap = total)) == NULL)
 				return 1;
@@ -82,17 +70,13 @@ static int serve(int port)
 
 static int client(int port, uint64_t size, uint64_t count)
 {
-	struct sockaddr_in sa = tw_ex_loopback(port);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int fd = tw_ex_dial_loopback(port, "raw-echo");
 	uint64_t prelude[3] = {16 + size, 1, size};
 	uint8_t *out = malloc(size + 1), *in = malloc(size + 1);
 	uint64_t back[3];
 	double t0, secs;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		perror("raw-echo: connect");
+	if (fd < 0)
 		return 1;
-	}
-	nodelay(fd);
 	for (uint64_t i = 0; i < size; i++)
 		out[i] = (uint8_t)(i % 251);
 	t0 = tw_ex_now();

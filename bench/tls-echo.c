@@ -56,12 +56,6 @@ static int write_full(SSL *ssl, const void *p, size_t n)
 	return 0;
 }
 
-static void nodelay(int fd)
-{
-	int one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
 /* TLS 1.3 only, peers verified against the CA, this side's pair loaded;
  * a server requires the client's certificate. */
 static SSL_CTX *make_ctx(int server, const struct tw_ex_tls *t)
@@ -89,7 +83,7 @@ static void serve_one(SSL_CTX *ctx, int fd)
 	uint8_t *buf = NULL;
 	size_t cap = 0;
 	uint64_t total;
-	nodelay(fd);
+	tw_ex_nodelay(fd);
 	SSL_set_fd(ssl, fd);
 	if (SSL_accept(ssl) != 1) {
 		ERR_print_errors_fp(stderr);
@@ -113,18 +107,12 @@ done:
 /* One connection at a time, like raw-echo. */
 static int serve(int port, const struct tw_ex_tls *t)
 {
-	struct sockaddr_in sa = tw_ex_loopback(port);
-	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
 	SSL_CTX *ctx = make_ctx(1, t);
+	int lfd;
 	if (ctx == NULL)
 		return 2;
-	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 16) != 0) {
-		perror("tls-echo: bind");
+	if ((lfd = tw_ex_listen_loopback(port, "tls-echo")) < 0)
 		return 1;
-	}
-	printf("listening on 127.0.0.1:%d\n", port);
-	fflush(stdout);
 	for (;;) {
 		int fd = accept(lfd, NULL, NULL);
 		if (fd >= 0)
@@ -134,14 +122,9 @@ static int serve(int port, const struct tw_ex_tls *t)
 
 static SSL *connect_tls(SSL_CTX *ctx, int port, int *fd)
 {
-	struct sockaddr_in sa = tw_ex_loopback(port);
 	SSL *ssl;
-	*fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (connect(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-		perror("tls-echo: connect");
+	if ((*fd = tw_ex_dial_loopback(port, "tls-echo")) < 0)
 		return NULL;
-	}
-	nodelay(*fd);
 	ssl = SSL_new(ctx);
 	SSL_set_fd(ssl, *fd);
 	if (SSL_connect(ssl) != 1) {
@@ -187,11 +170,11 @@ static int client(int port, uint64_t size, uint64_t count, const struct tw_ex_tl
 	return 0;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-	fprintf(stderr, "usage: tls-echo --serve PORT [TLS options]\n"
-			"       tls-echo --connect PORT --size BYTES --count N [TLS "
-			"options]\n" TW_EX_TLS_USAGE);
+	fprintf(f, "usage: tls-echo --serve PORT [TLS options]\n"
+		   "       tls-echo --connect PORT --size BYTES --count N [TLS "
+		   "options]\n" TW_EX_TLS_USAGE);
 }
 
 int main(int argc, char **argv)
@@ -211,15 +194,11 @@ int main(int argc, char **argv)
 		case 'C': connect_port = atoi(optarg); break;
 		case 's': size = tw_ex_parse_size(optarg); break;
 		case 'c': count = tw_ex_parse_size(optarg); break;
-		default:
-			if (tw_ex_tls_option(&tls, o, optarg))
-				break;
-			usage();
-			return 2;
+		default: tw_ex_other_option(&tls, o, optarg, usage);
 		}
 	}
 	if ((serve_port > 0) == (connect_port > 0) || optind != argc) {
-		usage();
+		usage(stderr);
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);

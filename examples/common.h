@@ -5,13 +5,18 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <getopt.h>
+
+#include <event2/event.h>
 
 #include <taskwire/taskwire.h>
 
@@ -86,6 +91,28 @@ static inline int tw_ex_tls_option(struct tw_ex_tls *t, int o, const char *arg)
 	}
 }
 
+/* The default case of an option loop: take a TLS option; for any other,
+ * print the usage on stderr and exit 2. */
+static inline void tw_ex_other_option(struct tw_ex_tls *t, int o, const char *arg,
+				      void (*usage)(FILE *f))
+{
+	if (tw_ex_tls_option(t, o, arg))
+		return;
+	usage(stderr);
+	exit(2);
+}
+
+/* After the options: the one argument left, the URI; none or more print
+ * the usage on stderr and exit 2. */
+static inline const char *tw_ex_uri_arg(int argc, char **argv, void (*usage)(FILE *f))
+{
+	if (optind != argc - 1) {
+		usage(stderr);
+		exit(2);
+	}
+	return argv[optind];
+}
+
 /* Give ctx the TLS configuration the options name (none given: nothing).
  * Exits with a message naming the file on error. */
 static inline void tw_ex_tls_setup(tw_context *ctx, const struct tw_ex_tls *t)
@@ -118,6 +145,77 @@ static inline struct sockaddr_in tw_ex_loopback(int port)
 	sa.sin_port = htons((uint16_t)port);
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	return sa;
+}
+
+/* A TCP socket listening on 127.0.0.1:port (SO_REUSEADDR), announced on
+ * stdout as "listening on 127.0.0.1:PORT"; -1 after perror("who: bind"). */
+static inline int tw_ex_listen_loopback(int port, const char *who)
+{
+	struct sockaddr_in sa = tw_ex_loopback(port);
+	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0);
+	char what[64];
+	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 16) != 0) {
+		snprintf(what, sizeof(what), "%s: bind", who);
+		perror(what);
+		return -1;
+	}
+	printf("listening on 127.0.0.1:%d\n", port);
+	fflush(stdout);
+	return lfd;
+}
+
+static inline void tw_ex_nodelay(int fd)
+{
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+/* A TCP socket connected to 127.0.0.1:port, with TCP_NODELAY; -1 after
+ * perror("who: connect"). */
+static inline int tw_ex_dial_loopback(int port, const char *who)
+{
+	struct sockaddr_in sa = tw_ex_loopback(port);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char what[64];
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+		snprintf(what, sizeof(what), "%s: connect", who);
+		perror(what);
+		return -1;
+	}
+	tw_ex_nodelay(fd);
+	return fd;
+}
+
+/* Room for element n of the array *arr of *cap elements of elem bytes,
+ * which doubles from `first`; aborts when out of memory. */
+static inline void *tw_ex_grow(void *arr, size_t n, size_t *cap, size_t first, size_t elem)
+{
+	if (n < *cap)
+		return arr;
+	*cap = *cap ? 2 * *cap : first;
+	if ((arr = realloc(arr, *cap * elem)) == NULL)
+		abort();
+	return arr;
+}
+
+static inline void tw_ex_stop_loop(evutil_socket_t sig, short what, void *base)
+{
+	(void)sig;
+	(void)what;
+	event_base_loopbreak(base);
+}
+
+/* Run base until SIGINT or SIGTERM. */
+static inline void tw_ex_run_until_signal(struct event_base *base)
+{
+	struct event *sigint = evsignal_new(base, SIGINT, tw_ex_stop_loop, base);
+	struct event *sigterm = evsignal_new(base, SIGTERM, tw_ex_stop_loop, base);
+	event_add(sigint, NULL);
+	event_add(sigterm, NULL);
+	event_base_dispatch(base);
+	event_free(sigint);
+	event_free(sigterm);
 }
 
 /* The request {"op": "echo", "data": <10 bytes "0123456789">}; NULL when

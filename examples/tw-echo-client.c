@@ -203,6 +203,7 @@ int main(int argc, char **argv)
 	const char *codec = NULL;
 	struct tw_ex_tls tls = {NULL, NULL, NULL};
 	tw_context *ctx;
+	const char *uri;
 	uint8_t *pattern;
 	int o, rv;
 	while ((o = getopt_long(argc, argv, "s:f:c:z:h", opts, NULL)) != -1) {
@@ -212,14 +213,11 @@ int main(int argc, char **argv)
 		case 'f': cl.frames = tw_ex_parse_size(optarg); break;
 		case 'c': cl.count = tw_ex_parse_size(optarg); break;
 		case 'h': usage(stdout); return 0;
-		default:
-			if (tw_ex_tls_option(&tls, o, optarg))
-				break;
-			usage(stderr);
-			return 2;
+		default: tw_ex_other_option(&tls, o, optarg, usage);
 		}
 	}
-	if (optind != argc - 1 || cl.frames == 0 || cl.count == 0) {
+	uri = tw_ex_uri_arg(argc, argv, usage);
+	if (cl.frames == 0 || cl.count == 0) {
 		usage(stderr);
 		return 2;
 	}
@@ -240,7 +238,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tw-echo-client: %s: %s\n", codec, tw_strerror(rv));
 		return 2;
 	}
-	if ((rv = tw_comm_connect(ctx, argv[optind], on_connect, &cl)) != 0) {
+	if ((rv = tw_comm_connect(ctx, uri, on_connect, &cl)) != 0) {
 		/* the context's error says why, the address included */
 		fprintf(stderr, "tw-echo-client: %s\n", tw_context_last_error(ctx));
 		return 1;

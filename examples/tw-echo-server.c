@@ -47,12 +47,7 @@ static void flush_pending(struct conn *c)
 
 static void push_pending(struct conn *c, tw_msg *msg)
 {
-	if (c->npending == c->cap) {
-		c->cap = c->cap ? 2 * c->cap : 16;
-		c->pending = realloc(c->pending, c->cap * sizeof(*c->pending));
-		if (c->pending == NULL)
-			abort();
-	}
+	c->pending = tw_ex_grow(c->pending, c->npending, &c->cap, 16, sizeof(*c->pending));
 	c->pending[c->npending++] = msg;
 }
 
@@ -156,13 +151,6 @@ static void usage(FILE *f)
 	      f);
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
-{
-	(void)sig;
-	(void)what;
-	event_base_loopbreak(arg);
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {{"max-message", required_argument, NULL, 'm'},
@@ -173,9 +161,9 @@ int main(int argc, char **argv)
 	uint64_t max_message = 0;
 	struct tw_ex_tls tls = {NULL, NULL, NULL};
 	struct event_base *base;
-	struct event *sigint, *sigterm;
 	tw_context *ctx;
 	tw_listener *l;
+	const char *uri;
 	char addr[128];
 	int o, rv;
 	while ((o = getopt_long(argc, argv, "m:qh", opts, NULL)) != -1) {
@@ -183,17 +171,10 @@ int main(int argc, char **argv)
 		case 'm': max_message = tw_ex_parse_size(optarg); break;
 		case 'q': quiet = 1; break;
 		case 'h': usage(stdout); return 0;
-		default:
-			if (tw_ex_tls_option(&tls, o, optarg))
-				break;
-			usage(stderr);
-			return 2;
+		default: tw_ex_other_option(&tls, o, optarg, usage);
 		}
 	}
-	if (optind != argc - 1) {
-		usage(stderr);
-		return 2;
-	}
+	uri = tw_ex_uri_arg(argc, argv, usage);
 	signal(SIGPIPE, SIG_IGN);
 	base = event_base_new();
 	if (base == NULL || tw_context_new(base, &ctx) != 0) {
@@ -203,9 +184,8 @@ int main(int argc, char **argv)
 	if (max_message > 0)
 		tw_context_set_max_message_bytes(ctx, max_message);
 	tw_ex_tls_setup(ctx, &tls);
-	if ((rv = tw_listener_new(ctx, argv[optind], on_accept, NULL, &l)) != 0) {
-		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", argv[optind],
-			tw_strerror(rv));
+	if ((rv = tw_listener_new(ctx, uri, on_accept, NULL, &l)) != 0) {
+		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", uri, tw_strerror(rv));
 		if (*tw_context_last_error(ctx))
 			fprintf(stderr, "  %s\n", tw_context_last_error(ctx));
 		return 1;
@@ -215,13 +195,7 @@ int main(int argc, char **argv)
 	idle_rss = tw_ex_rss();
 	printf("listening on %s\n", addr);
 	fflush(stdout);
-	sigint = evsignal_new(base, SIGINT, on_signal, base);
-	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
-	event_add(sigint, NULL);
-	event_add(sigterm, NULL);
-	event_base_dispatch(base);
-	event_free(sigint);
-	event_free(sigterm);
+	tw_ex_run_until_signal(base);
 	tw_listener_free(l);
 	tw_context_free(ctx);
 	event_base_free(base);

@@ -19,6 +19,8 @@
 
 #include <taskwire/taskwire.h>
 
+#include "examples/common.h"
+
 /* The bytes of argument `key`: an out-of-band payload or inline bin. */
 static int arg_bytes(tw_request *r, const char *key, const uint8_t **p, size_t *n)
 {
@@ -107,17 +109,9 @@ static void op_fail(tw_request *r, void *arg)
 	tw_request_reply_error(r, "fail: this op always fails", "tw-rpc-server op_fail");
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg)
-{
-	(void)sig;
-	(void)what;
-	event_base_loopbreak(arg);
-}
-
 int main(int argc, char **argv)
 {
 	struct event_base *base;
-	struct event *sigint, *sigterm;
 	tw_context *ctx;
 	tw_server *srv;
 	char addr[128];
@@ -156,13 +150,7 @@ int main(int argc, char **argv)
 		printf("listening on %s\n", addr);
 	}
 	fflush(stdout);
-	sigint = evsignal_new(base, SIGINT, on_signal, base);
-	sigterm = evsignal_new(base, SIGTERM, on_signal, base);
-	event_add(sigint, NULL);
-	event_add(sigterm, NULL);
-	event_base_dispatch(base);
-	event_free(sigint);
-	event_free(sigterm);
+	tw_ex_run_until_signal(base);
 	tw_server_free(srv);
 	tw_context_free(ctx);
 	event_base_free(base);

@@ -214,23 +214,17 @@ int main(int argc, char **argv)
 					     {NULL, 0, NULL, 0}};
 	struct probe p;
 	struct tw_ex_tls tls = {NULL, NULL, NULL};
+	const char *uri;
 	int o, seconds = 3;
 	memset(&p, 0, sizeof(p));
 	while ((o = getopt_long(argc, argv, "s:h", opts, NULL)) != -1) {
 		switch (o) {
 		case 's': seconds = atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
-		default:
-			if (tw_ex_tls_option(&tls, o, optarg))
-				break;
-			usage(stderr);
-			return 2;
+		default: tw_ex_other_option(&tls, o, optarg, usage);
 		}
 	}
-	if (optind != argc - 1) {
-		usage(stderr);
-		return 2;
-	}
+	uri = tw_ex_uri_arg(argc, argv, usage);
 	signal(SIGPIPE, SIG_IGN);
 	p.max_beats = seconds * 2;
 	snprintf(p.name, sizeof(p.name), "tw-scheduler-probe-%ld", (long)getpid());
@@ -238,10 +232,10 @@ int main(int argc, char **argv)
 	if (p.base == NULL || tw_context_new(p.base, &p.ctx) != 0)
 		return 1;
 	tw_ex_tls_setup(p.ctx, &tls);
-	if (identity(p.ctx, argv[optind]) != 0)
+	if (identity(p.ctx, uri) != 0)
 		return 1;
 	p.tick = event_new(p.base, -1, EV_PERSIST, on_tick, &p);
-	if (tw_comm_connect(p.ctx, argv[optind], on_connect, &p) != 0)
+	if (tw_comm_connect(p.ctx, uri, on_connect, &p) != 0)
 		return 1;
 	event_base_dispatch(p.base);
 	tw_batched_free(p.batch);
