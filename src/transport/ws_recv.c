@@ -291,6 +291,33 @@ static void peer_gone(struct ws *w, ssize_t n)
 	tw__comm_end(&w->sock.base, err);
 }
 
+/* Read up to want payload bytes into dst (committed) and feed them to the
+ * decoder. The whole allowance is committed at once, as over tcp (256 KiB
+ * commits had the block's prefaulter walk pages already in, 7% of a ws
+ * echo server's CPU); a server reads and unmasks it in UNMASK_BYTES
+ * pieces. Only the last can complete the frame. *got: the bytes read;
+ * *n: the last read's result (a failed read after some bytes is left
+ * for the next read_once to see). Returns the decoder's verdict. */
+static int read_payload(struct ws *w, uint8_t *dst, size_t want, size_t *got, ssize_t *n,
+			struct tw__ws_event *ev)
+{
+	int rv = 0;
+	*got = 0;
+	do {
+		size_t k = want - *got;
+		if (!w->client && k > UNMASK_BYTES)
+			k = UNMASK_BYTES;
+		*n = k == 0 ? 0 : io_read(w, dst + *got, k);
+		if (*n < 0 || (*n == 0 && k > 0))
+			break;
+		rv = tw__ws_dec_payload_done(&w->dec, dst + *got, (size_t)*n, ev);
+		*got += (size_t)*n;
+		if (rv != 0 || (size_t)*n < k)
+			break;
+	} while (*got < want);
+	return rv;
+}
+
 /* One read into the decoder; 1 to go on, 0 to wait for the socket,
  * RX_WAIT for the receive budget, -1 when ended. */
 static int read_once(struct ws *w, size_t *budget)
@@ -308,7 +335,7 @@ static int read_once(struct ws *w, size_t *budget)
 	} else if (ph == TW__WS_DEC_PAYLOAD) {
 		uint64_t room = tw__ws_dec_payload_room(&w->dec);
 		uint8_t *dst = payload_dst(w);
-		size_t want = room < *budget ? (size_t)room : *budget, got = 0;
+		size_t want = room < *budget ? (size_t)room : *budget, got;
 		if ((rv = within_budget(w, room, &want)) != 0)
 			return rv;
 		if (w->nframes != 0 && w->blk != NULL &&
@@ -316,26 +343,9 @@ static int read_once(struct ws *w, size_t *budget)
 			tw__wsc_fail_proto(w, TW_ENOMEM, TW__WS_CLOSE_INTERNAL, "out of memory");
 			return -1;
 		}
-		/* The whole allowance is committed at once, as over tcp (256 KiB
-		 * commits had the block's prefaulter walk pages already in, 7%
-		 * of a ws echo server's CPU); a server reads and unmasks it in
-		 * UNMASK_BYTES pieces. Only the last can complete the frame. */
-		rv = 0;
-		do {
-			size_t k = want - got;
-			if (!w->client && k > UNMASK_BYTES)
-				k = UNMASK_BYTES;
-			n = k == 0 ? 0 : io_read(w, dst + got, k);
-			if (n < 0 || (n == 0 && k > 0)) {
-				if (got == 0)
-					goto io;
-				break; /* the next read_once sees it */
-			}
-			rv = tw__ws_dec_payload_done(&w->dec, dst + got, (size_t)n, &ev);
-			got += (size_t)n;
-			if (rv != 0 || (size_t)n < k)
-				break;
-		} while (got < want);
+		rv = read_payload(w, dst, want, &got, &n, &ev);
+		if (got == 0 && want > 0)
+			goto io; /* the first read failed: n says how */
 		n = (ssize_t)got;
 		if (w->nframes == 0) {
 			w->count_have += (size_t)n;
