@@ -208,6 +208,20 @@ static int group_frame(tw_builder *b, const tw_slice *f, tw_slice *out, const ch
 	return 1; /* out holds a new reference */
 }
 
+/* A serialized group's split keys when no frame is split: one sub-frame
+ * per logical frame, the i-th at offset i. */
+static void pack_unsplit(msgpack_packer *pk, size_t nframes)
+{
+	tw_msgpack_pack_str(pk, "split-num-sub-frames");
+	msgpack_pack_array(pk, nframes);
+	for (size_t i = 0; i < nframes; i++)
+		msgpack_pack_uint8(pk, 1);
+	tw_msgpack_pack_str(pk, "split-offsets");
+	msgpack_pack_array(pk, nframes);
+	for (size_t i = 0; i < nframes; i++)
+		msgpack_pack_uint64(pk, i);
+}
+
 /* Re-emit a received payload group: its sub-header's own keys, its
  * logical frames (one sub-frame each, no split), new bookkeeping keys. */
 static int pack_group(tw_builder *b, const tw_payload *p)
@@ -251,16 +265,8 @@ static int pack_group(tw_builder *b, const tw_payload *p)
 		if (owned)
 			tw_block_free(f.block);
 	}
-	if (serialized) {
-		tw_msgpack_pack_str(&pk, "split-num-sub-frames");
-		msgpack_pack_array(&pk, p->nframes);
-		for (size_t i = 0; i < p->nframes; i++)
-			msgpack_pack_uint8(&pk, 1);
-		tw_msgpack_pack_str(&pk, "split-offsets");
-		msgpack_pack_array(&pk, p->nframes);
-		for (size_t i = 0; i < p->nframes; i++)
-			msgpack_pack_uint64(&pk, i);
-	}
+	if (serialized)
+		pack_unsplit(&pk, p->nframes);
 	if (rv == 0) {
 		msgpack_pack_map(&b->pk, 1);
 		tw_msgpack_pack_str(&b->pk, serialized ? "__Serialized__" : "__Pickled__");
