@@ -239,6 +239,27 @@ static inline tw_msg *tw_ex_small_echo(void)
 	return m;
 }
 
+/* One map {"op": op, field: value (a str of n bytes)} into a batched
+ * sender (a stream message): tw_batched_send's result. */
+static inline int tw_ex_batch_op(tw_batched *b, const char *op, const char *field,
+				 const char *value, size_t n)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	int rv;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 2);
+	tw_msgpack_pack_str(&pk, "op");
+	tw_msgpack_pack_str(&pk, op);
+	tw_msgpack_pack_str(&pk, field);
+	msgpack_pack_str(&pk, n);
+	msgpack_pack_str_body(&pk, value, n);
+	rv = tw_batched_send(b, sb.data, sb.size);
+	msgpack_sbuffer_destroy(&sb);
+	return rv;
+}
+
 static inline double tw_ex_now(void)
 {
 	struct timespec ts;

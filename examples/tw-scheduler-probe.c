@@ -67,20 +67,10 @@ static int identity(tw_context *ctx, const char *uri)
 	return 0;
 }
 
-/* One map {"op": op, "client": name} packed for the batched sender. */
+/* One map {"op": op, "client": name} to the batched sender. */
 static void batch_op(struct probe *p, const char *op)
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 2);
-	tw_msgpack_pack_str(&pk, "op");
-	tw_msgpack_pack_str(&pk, op);
-	tw_msgpack_pack_str(&pk, "client");
-	tw_msgpack_pack_str(&pk, p->name);
-	tw_batched_send(p->batch, sb.data, sb.size);
-	msgpack_sbuffer_destroy(&sb);
+	tw_ex_batch_op(p->batch, op, "client", p->name, strlen(p->name));
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)

@@ -81,26 +81,10 @@ void keys_add_holder(const char *name, size_t len, struct worker *w, uint64_t nb
 		k->nbytes = nbytes;
 }
 
-static void pack_key_name(msgpack_packer *pk, const char *s, size_t n)
-{
-	msgpack_pack_str(pk, n);
-	msgpack_pack_str_body(pk, s, n);
-}
-
 /* One {"op": op, "key": k} to a client's stream (Dask's report). */
 static void report_key(struct client *cl, const char *op, const char *name, size_t len)
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 2);
-	tw_msgpack_pack_str(&pk, "op");
-	tw_msgpack_pack_str(&pk, op);
-	tw_msgpack_pack_str(&pk, "key");
-	pack_key_name(&pk, name, len);
-	stream_send(cl->out, &sb);
-	msgpack_sbuffer_destroy(&sb);
+	stream_send_op(cl->out, op, "key", name, len);
 }
 
 /* free-keys to workers, gathered per worker in w->tmp (Dask's
@@ -120,7 +104,7 @@ static void free_add(struct worker *w, const struct key *k)
 		msgpack_sbuffer_init(&f->names);
 	}
 	msgpack_packer_init(&pk, &f->names, msgpack_sbuffer_write);
-	pack_key_name(&pk, k->name, k->len);
+	pack_strn(&pk, k->name, k->len);
 	f->n++;
 }
 
@@ -824,32 +808,50 @@ void op_update_data(tw_request *r, void *arg)
 
 /* --- gather --- */
 
+/* Dask's Scheduler.gather and gather_from_workers (utils_comm.py): each
+ * key is asked of one of its holders (the first not found bad; Dask picks
+ * one at random), one get_data per worker; a worker whose get_data failed
+ * (Dask: OSError or ValueError) or that lacked a key it was asked for is
+ * bad, and the keys it did not send are asked again of their other
+ * holders, round after round, until each key came or has no holder left.
+ * A key with none left is missing: the reply is {"status": "error",
+ * "keys": {key: [its holders when the gather began]}}, and the workers
+ * whose get_data failed are removed first (remove_worker(close=True)), so
+ * keys only they held are lost (cancelled-key to their clients). When
+ * every key came, a failed worker stays, as with Dask. */
+enum { GK_WANTED, GK_GOT, GK_MISSING };
+
+struct gkey {
+	const msgpack_object *name; /* in the request, which outlives the op */
+	char **holders;             /* addresses, when the gather began */
+	uint32_t nholders;
+	int state;
+};
+
 struct gather_op {
 	tw_request *r;
+	struct gkey *keys;
+	uint32_t nkeys;
 	int pending;
+	struct table bad;     /* Dask's bad_addresses (values: the address) */
+	struct table failed;  /* Dask's missing_workers: get_data failed */
 	tw_decoded **replies; /* get_data replies whose data goes out */
-	size_t nreplies;
-	msgpack_sbuffer missing; /* map entries {key: [addresses]} */
-	uint32_t nmissing;
+	size_t nreplies, creplies;
 	uint32_t ndata;
 };
 
 struct gather_part {
 	struct gather_op *op;
-	char *address;
-	msgpack_sbuffer keys; /* the requested keys, packed, to report missing */
-	uint32_t nkeys;
+	const char *address; /* a holder string of one of op's keys */
+	uint32_t *idx;       /* the op's keys asked of it */
+	uint32_t n, cap;
 };
 
-static void add_missing(struct gather_op *op, const msgpack_object *key, const char *addr)
+static void mark(struct table *t, const char *address)
 {
-	msgpack_packer pk;
-	msgpack_packer_init(&pk, &op->missing, msgpack_sbuffer_write);
-	msgpack_pack_object(&pk, *key);
-	msgpack_pack_array(&pk, addr ? 1 : 0);
-	if (addr)
-		tw_msgpack_pack_str(&pk, addr);
-	op->nmissing++;
+	if (table_get(t, address, strlen(address)) == NULL &&
+	    table_put(t, address, strlen(address), (void *)address) != 0)
+		abort();
 }
 
 /* Bytes of d's payload groups that are relayed (still in the worker's
@@ -887,19 +889,53 @@ static void log_relay(const struct gather_op *op)
 	    (double)n / (1 << 20), from);
 }
 
+/* Dask's gather: "Remove suspicious workers from the scheduler and shut
+ * them down" (remove_worker(address=..., close=True)). */
+static int remove_failed(void *val, void *arg)
+{
+	const char *address = val;
+	struct worker *w = worker_find(address, strlen(address));
+	(void)arg;
+	if (w != NULL)
+		worker_remove(w, TW_ECLOSED,
+			      "its get_data failed and a gather's keys are missing (Dask's "
+			      "Scheduler.gather: remove_worker(close=True))",
+			      1);
+	return 0;
+}
+
+static void pack_missing(msgpack_packer *pk, const struct gather_op *op, uint32_t nmissing)
+{
+	msgpack_pack_map(pk, nmissing);
+	for (uint32_t i = 0; i < op->nkeys; i++) {
+		const struct gkey *k = &op->keys[i];
+		if (k->state != GK_MISSING)
+			continue;
+		msgpack_pack_object(pk, *k->name);
+		msgpack_pack_array(pk, k->nholders);
+		for (uint32_t j = 0; j < k->nholders; j++)
+			tw_msgpack_pack_str(pk, k->holders[j]);
+	}
+}
+
 static void gather_done(struct gather_op *op)
 {
 	tw_builder *b = reply_builder(op->r);
 	msgpack_packer *pk = tw_builder_packer(b);
+	uint32_t nmissing = 0;
+	for (uint32_t i = 0; i < op->nkeys; i++)
+		nmissing += op->keys[i].state == GK_MISSING;
 	msgpack_pack_map(pk, 2);
 	tw_msgpack_pack_str(pk, "status");
-	if (op->nmissing > 0) {
+	if (nmissing > 0) {
 		/* Dask: {"status": "error", "keys": missing}; the client then
 		 * asks report-key and learns they are lost (cancelled-key). */
+		say("gather: %u of %u key(s) missing; %zu worker(s) failed\n", nmissing, op->nkeys,
+		    op->failed.n);
+		table_filter(&op->failed, remove_failed, NULL);
 		tw_msgpack_pack_str(pk, "error");
 		tw_msgpack_pack_str(pk, "keys");
-		msgpack_pack_map(pk, op->nmissing);
-		pk->callback(pk->data, op->missing.data, op->missing.size);
+		pack_missing(pk, op, nmissing);
 	} else {
 		tw_msgpack_pack_str(pk, "OK");
 		tw_msgpack_pack_str(pk, "data");
@@ -914,15 +950,21 @@ static void gather_done(struct gather_op *op)
 					abort();
 			}
 		}
-	}
-	if (op->nmissing == 0)
 		log_relay(op);
+	}
 	/* The sent message holds the payloads; the replies can go. */
 	reply_send(op->r);
 	for (size_t i = 0; i < op->nreplies; i++)
 		tw_decoded_free(op->replies[i]);
 	free(op->replies);
-	msgpack_sbuffer_destroy(&op->missing);
+	for (uint32_t i = 0; i < op->nkeys; i++) {
+		for (uint32_t j = 0; j < op->keys[i].nholders; j++)
+			free(op->keys[i].holders[j]);
+		free(op->keys[i].holders);
+	}
+	free(op->keys);
+	table_fini(&op->bad);
+	table_fini(&op->failed);
 	free(op);
 }
 
@@ -938,35 +980,43 @@ static int index_keys(struct table *t, const msgpack_object *map)
 	return 0;
 }
 
-/* Keys the worker did not send are missing (Dask: bad keys). */
-static void part_missing(struct gather_part *part, const msgpack_object *data)
+static void gather_round(struct gather_op *op);
+
+static void round_done(struct gather_op *op)
 {
-	struct table sent = {0};
-	msgpack_unpacked keys;
-	size_t off = 0;
-	if (data != NULL && index_keys(&sent, data) != 0)
-		abort();
-	msgpack_unpacked_init(&keys);
-	while (msgpack_unpack_next(&keys, part->keys.data, part->keys.size, &off) ==
-	       MSGPACK_UNPACK_SUCCESS) {
-		const char *s = "";
-		size_t n = 0;
-		obj_str(&keys.data, &s, &n);
-		if (data == NULL || table_get(&sent, s, n) == NULL)
-			add_missing(part->op, &keys.data, part->address);
-	}
-	msgpack_unpacked_destroy(&keys);
-	table_fini(&sent);
+	if (--op->pending == 0)
+		gather_round(op); /* the next round, or the end */
 }
 
 static void gather_part_done(struct gather_part *part)
 {
 	struct gather_op *op = part->op;
-	msgpack_sbuffer_destroy(&part->keys);
-	free(part->address);
+	free(part->idx);
 	free(part);
-	if (--op->pending == 0)
-		gather_done(op);
+	round_done(op);
+}
+
+/* The keys of part that data (NULL: none) holds came; the worker is bad
+ * if it lacked any. */
+static void part_got(struct gather_part *part, const msgpack_object *data)
+{
+	struct gather_op *op = part->op;
+	struct table sent = {0};
+	int lacked = 0;
+	if (data != NULL && index_keys(&sent, data) != 0)
+		abort();
+	for (uint32_t i = 0; i < part->n; i++) {
+		struct gkey *k = &op->keys[part->idx[i]];
+		const char *s;
+		size_t n;
+		if (data != NULL && obj_str(k->name, &s, &n) == 0 && table_get(&sent, s, n) != NULL)
+			k->state = GK_GOT;
+		else
+			lacked = 1;
+	}
+	table_fini(&sent);
+	if (lacked)
+		mark(&op->bad, part->address);
 }
 
 /* A get_data reply (the pool wrote "OK" back after it: TW_CALL_ACK_OK). */
@@ -976,16 +1026,25 @@ static void on_get_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 	struct gather_op *op = part->op;
 	const msgpack_object *root = reply ? tw_decoded_root(reply) : NULL;
 	const msgpack_object *data = tw_msgpack_map_get(root, "data");
-	if (err != 0)
+	if (err != 0) {
 		say("gather: %s\n", tw_call_error(call));
-	else if (!tw_msgpack_str_eq(tw_msgpack_map_get(root, "status"), "OK") || data == NULL ||
-		 data->type != MSGPACK_OBJECT_MAP)
+		mark(&op->failed, part->address);
+	} else if (!tw_msgpack_str_eq(tw_msgpack_map_get(root, "status"), "OK") || data == NULL ||
+		   data->type != MSGPACK_OBJECT_MAP) {
 		say("gather: %s: get_data replied without status OK and data\n", part->address);
+	}
 	if (err != 0 || data == NULL || data->type != MSGPACK_OBJECT_MAP)
 		data = NULL;
-	if (data == NULL || data->via.map.size != part->nkeys)
-		part_missing(part, data);
+	part_got(part, data);
 	if (data != NULL) {
+		if (op->nreplies == op->creplies) {
+			size_t c = op->creplies ? 2 * op->creplies : 4;
+			tw_decoded **a = realloc(op->replies, c * sizeof(*a));
+			if (a == NULL)
+				abort();
+			op->replies = a;
+			op->creplies = c;
+		}
 		op->ndata += data->via.map.size;
 		op->replies[op->nreplies++] = reply;
 	} else {
@@ -1003,8 +1062,9 @@ static tw_msg *get_data_request(const struct gather_part *part)
 	tw_msgpack_pack_str(pk, "op");
 	tw_msgpack_pack_str(pk, "get_data");
 	tw_msgpack_pack_str(pk, "keys");
-	msgpack_pack_array(pk, part->nkeys);
-	pk->callback(pk->data, part->keys.data, part->keys.size);
+	msgpack_pack_array(pk, part->n);
+	for (uint32_t i = 0; i < part->n; i++)
+		msgpack_pack_object(pk, *part->op->keys[part->idx[i]].name);
 	tw_msgpack_pack_str(pk, "who");
 	msgpack_pack_nil(pk);
 	tw_msgpack_pack_str(pk, "max_connections");
@@ -1014,71 +1074,111 @@ static tw_msg *get_data_request(const struct gather_part *part)
 	return builder_done(b);
 }
 
-/* Dask's gather: get_data from a holder of each key, one call per worker,
- * through the pool, which writes get_data's "OK" acknowledgement. */
+/* The part of the round for address (made on first use). */
+static struct gather_part *round_part(struct gather_op *op, struct table *parts,
+				      const char *address, struct gather_part **list, size_t *n)
+{
+	struct gather_part *part = table_get(parts, address, strlen(address));
+	if (part != NULL)
+		return part;
+	if ((part = calloc(1, sizeof(*part))) == NULL ||
+	    table_put(parts, address, strlen(address), part) != 0)
+		abort();
+	part->op = op;
+	part->address = address;
+	list[(*n)++] = part;
+	return part;
+}
+
+/* One round: each wanted key to its first holder not bad, one get_data
+ * per worker through the pool (which writes get_data's "OK"
+ * acknowledgement); with no key left to ask, the reply. */
+static void gather_round(struct gather_op *op)
+{
+	struct table parts = {0};
+	struct gather_part **list;
+	size_t nparts = 0;
+	if ((list = calloc(op->nkeys + 1, sizeof(*list))) == NULL)
+		abort();
+	for (uint32_t i = 0; i < op->nkeys; i++) {
+		struct gkey *k = &op->keys[i];
+		struct gather_part *part;
+		const char *address = NULL;
+		if (k->state != GK_WANTED)
+			continue;
+		for (uint32_t j = 0; j < k->nholders && address == NULL; j++)
+			if (table_get(&op->bad, k->holders[j], strlen(k->holders[j])) == NULL)
+				address = k->holders[j];
+		if (address == NULL) {
+			k->state = GK_MISSING;
+			continue;
+		}
+		part = round_part(op, &parts, address, list, &nparts);
+		if (part->n == part->cap) {
+			uint32_t c = part->cap ? 2 * part->cap : 4;
+			uint32_t *a = realloc(part->idx, c * sizeof(*a));
+			if (a == NULL)
+				abort();
+			part->idx = a;
+			part->cap = c;
+		}
+		part->idx[part->n++] = i;
+	}
+	table_fini(&parts);
+	if (nparts == 0) {
+		free(list);
+		gather_done(op);
+		return;
+	}
+	op->pending = (int)nparts + 1; /* + 1 until every call is out */
+	for (size_t i = 0; i < nparts; i++) {
+		tw_msg *m = get_data_request(list[i]);
+		int rv = tw_pool_call_flags(S.pool, list[i]->address, m, 0, TW_CALL_ACK_OK,
+					    on_get_data, list[i], NULL);
+		if (rv != 0) { /* Dask: connecting raised OSError */
+			say("gather: get_data to %s not sent: %s\n", list[i]->address,
+			    tw_strerror(rv));
+			tw_msg_free(m);
+			mark(&op->failed, list[i]->address);
+			part_got(list[i], NULL);
+			gather_part_done(list[i]);
+		}
+	}
+	free(list);
+	round_done(op); /* every call is out */
+}
+
 void op_gather(tw_request *r, void *arg)
 {
 	const msgpack_object *keys = tw_request_arg(r, "keys");
 	struct gather_op *op;
-	struct gather_part **parts;
-	size_t nparts = 0;
 	(void)arg;
 	if (keys == NULL || keys->type != MSGPACK_OBJECT_ARRAY) {
 		reply_error(r, "gather needs keys (a list)");
 		return;
 	}
 	if ((op = calloc(1, sizeof(*op))) == NULL ||
-	    (parts = calloc(S.nworkers + 1, sizeof(*parts))) == NULL)
+	    (op->keys = calloc(keys->via.array.size + 1, sizeof(*op->keys))) == NULL)
 		abort();
-	msgpack_sbuffer_init(&op->missing);
-	for (struct worker *w = S.workers; w != NULL; w = w->next)
-		w->tmp = NULL;
-	for (uint32_t i = 0; i < keys->via.array.size; i++) {
-		const msgpack_object *ko = &keys->via.array.ptr[i];
+	op->r = r;
+	op->nkeys = keys->via.array.size;
+	for (uint32_t i = 0; i < op->nkeys; i++) {
+		struct gkey *gk = &op->keys[i];
 		struct key *k = NULL;
 		const char *s;
 		size_t n;
-		struct gather_part *part;
-		msgpack_packer pk;
-		if (obj_str(ko, &s, &n) == 0)
+		gk->name = &keys->via.array.ptr[i];
+		if (obj_str(gk->name, &s, &n) == 0)
 			k = table_get(&S.keys, s, n);
-		if (k == NULL || k->nwho == 0) {
-			add_missing(op, ko, NULL);
-			continue;
-		}
-		if ((part = k->who[0]->tmp) == NULL) {
-			if ((part = calloc(1, sizeof(*part))) == NULL ||
-			    (part->address = strdup(k->who[0]->address)) == NULL)
+		if (k == NULL || k->nwho == 0)
+			continue; /* no holder: missing in the first round */
+		if ((gk->holders = calloc(k->nwho, sizeof(*gk->holders))) == NULL)
+			abort();
+		for (uint32_t j = 0; j < k->nwho; j++)
+			if ((gk->holders[gk->nholders++] = strdup(k->who[j]->address)) == NULL)
 				abort();
-			part->op = op;
-			msgpack_sbuffer_init(&part->keys);
-			k->who[0]->tmp = parts[nparts++] = part;
-		}
-		msgpack_packer_init(&pk, &part->keys, msgpack_sbuffer_write);
-		msgpack_pack_object(&pk, *ko);
-		part->nkeys++;
 	}
-	for (struct worker *w = S.workers; w != NULL; w = w->next)
-		w->tmp = NULL;
-	if ((op->replies = calloc(nparts + 1, sizeof(*op->replies))) == NULL)
-		abort();
-	op->r = r;
-	op->pending = (int)nparts + 1; /* + 1 until every call is out */
-	for (size_t i = 0; i < nparts; i++) {
-		tw_msg *m = get_data_request(parts[i]);
-		int rv = tw_pool_call_flags(S.pool, parts[i]->address, m, 0, TW_CALL_ACK_OK,
-					    on_get_data, parts[i], NULL);
-		if (rv != 0) {
-			say("gather: get_data to %s not sent: %s\n", parts[i]->address,
-			    tw_strerror(rv));
-			tw_msg_free(m);
-			part_missing(parts[i], NULL);
-			gather_part_done(parts[i]);
-		}
-	}
-	free(parts);
-	if (--op->pending == 0) /* every key was missing, or no call went out */
-		gather_done(op);
+	gather_round(op);
 }
 
 /* Dask's get_who_has: {key: [addresses]} for the keys asked (all: nil). */
@@ -1092,7 +1192,7 @@ static void pack_who(msgpack_packer *pk, const struct key *k)
 static int pack_each_key(void *val, void *arg)
 {
 	struct key *k = val;
-	pack_key_name(arg, k->name, k->len);
+	pack_strn(arg, k->name, k->len);
 	pack_who(arg, k);
 	return 0;
 }

@@ -124,7 +124,7 @@ static void stop_all(void)
 	tw_server_free(S.server);
 	scatters_stop();
 	while (S.workers != NULL)
-		worker_remove(S.workers, TW_ECANCELED, "the scheduler stopped");
+		worker_remove(S.workers, TW_ECANCELED, "the scheduler stopped", 0);
 	while (S.clients != NULL)
 		client_remove(S.clients);
 	tw_pool_free(S.pool);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "examples/common.h"
 #include "examples/mini-scheduler/sched.h"
 
 static void out_of_memory(void)
@@ -104,6 +105,13 @@ void stream_send(tw_batched *out, const msgpack_sbuffer *sb)
 {
 	int rv = tw_batched_send(out, sb->data, sb->size);
 	/* TW_EAGAIN: one map is always taken, and the scheduler sends few. */
+	if (rv != 0 && rv != TW_ECLOSED)
+		say("stream message not sent: %s\n", tw_strerror(rv));
+}
+
+void stream_send_op(tw_batched *out, const char *op, const char *field, const char *value, size_t n)
+{
+	int rv = tw_ex_batch_op(out, op, field, value, n);
 	if (rv != 0 && rv != TW_ECLOSED)
 		say("stream message not sent: %s\n", tw_strerror(rv));
 }

@@ -101,6 +101,9 @@ tw_builder *builder_new(void);
 tw_msg *builder_done(tw_builder *b);
 /* Pack one map (from sb) into a stream's batch. */
 void stream_send(tw_batched *out, const msgpack_sbuffer *sb);
+/* {"op": op, field: value (a str of n bytes)} into a stream's batch. */
+void stream_send_op(tw_batched *out, const char *op, const char *field, const char *value,
+		    size_t n);
 /* A str or bin as a NUL-less string view: 0, or -1 when o is neither. */
 int obj_str(const msgpack_object *o, const char **s, size_t *n);
 void pack_strn(msgpack_packer *pk, const char *s, size_t n);
@@ -112,8 +115,11 @@ void op_unregister(tw_request *r, void *arg);
 void op_identity(tw_request *r, void *arg);
 void worker_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg);
 /* Remove w (Dask's remove_worker): its calls fail with err and why, its
- * keys go, its stream is aborted. */
-void worker_remove(struct worker *w, int err, const char *why);
+ * keys go, its stream is aborted; with close (Dask's close=True, which
+ * Scheduler.gather passes) it is sent {"op": "close", "reason":
+ * "scheduler-remove-worker"} first and closed in order, and the worker
+ * shuts itself down. */
+void worker_remove(struct worker *w, int err, const char *why, int close);
 struct worker *worker_find(const char *addr, size_t len);
 /* Whether o names w as Dask's coerce_address reads it: its address, the
  * address without the default scheme "tcp://", or its name. */

@@ -115,7 +115,7 @@ static void on_worker_end(tw_comm *comm, int err, void *arg)
 	w->watch = NULL; /* it ran: never unwatch it */
 	snprintf(why, sizeof(why), "its stream ended: %s%s%s", err ? tw_strerror(err) : "closed",
 		 *tw_comm_last_error(comm) ? ": " : "", tw_comm_last_error(comm));
-	worker_remove(w, TW_ECLOSED, why);
+	worker_remove(w, TW_ECLOSED, why, 0);
 }
 
 /* The fields of register-worker that identity shows, kept as map pairs
@@ -271,7 +271,7 @@ void op_unregister(tw_request *r, void *arg)
 	if (obj_str(tw_request_arg(r, "address"), &addr, &alen) == 0)
 		w = worker_find(addr, alen);
 	if (w != NULL)
-		worker_remove(w, TW_ECLOSED, "it unregistered");
+		worker_remove(w, TW_ECLOSED, "it unregistered", 0);
 	tw_msgpack_pack_str(reply_packer(r), "OK");
 	reply_send(r);
 }
@@ -304,7 +304,7 @@ void worker_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *
 
 /* Unlinked first, so nothing that runs from here (failed calls' callbacks
  * inside tw_pool_fail_address) finds it. */
-void worker_remove(struct worker *w, int err, const char *why)
+void worker_remove(struct worker *w, int err, const char *why, int close)
 {
 	struct worker **p = &S.workers;
 	char text[512];
@@ -318,8 +318,13 @@ void worker_remove(struct worker *w, int err, const char *why)
 	keys_worker_gone(w);
 	if (w->watch != NULL)
 		tw_comm_unwatch(w->watch);
-	tw_batched_free(w->out);
-	tw_comm_abort(w->comm); /* a no-op once it ended */
+	if (close) /* Dask: the worker closes itself on this */
+		stream_send_op(w->out, "close", "reason", "scheduler-remove-worker", 23);
+	tw_batched_free(w->out); /* flushes */
+	if (close)
+		tw_comm_close(w->comm); /* what is queued goes first */
+	else
+		tw_comm_abort(w->comm); /* a no-op once it ended */
 	tw_comm_release(w->comm);
 	msgpack_sbuffer_destroy(&w->ident);
 	msgpack_sbuffer_destroy(&w->metrics);
@@ -337,7 +342,7 @@ void workers_check_ttl(void)
 		if (now - w->last_seen > S.worker_ttl) {
 			snprintf(why, sizeof(why), "no heartbeat for %.1f s (worker TTL %g s)",
 				 now - w->last_seen, S.worker_ttl);
-			worker_remove(w, TW_ETIMEDOUT, why);
+			worker_remove(w, TW_ETIMEDOUT, why, 0);
 		}
 	}
 }

@@ -11,8 +11,9 @@ instead of hanging; a broadcast scatter of large (relayed) values reaches
 all 4 workers, each copy byte-identical; a worker SIGKILLed in the middle
 of sending a large value to a gather (relayed to the client over tcp) fails
 that gather at once and its keys are reported lost; scatter with
-broadcast=True and with direct=True; a scatter sent before any worker
-registered waits for one, and without workers fails with Dask's
+broadcast=True and with direct=True; a get_data that fails removes its
+worker (told to close) and loses the keys only it held; a scatter sent
+before any worker registered waits for one, and without workers fails with Dask's
 TimeoutError("No valid workers found") after its timeout; a SIGSTOPped
 worker is removed at the worker TTL, and a gather of its keys started while
 it is stopped fails then.
@@ -53,9 +54,14 @@ procs = []
 # itself (SIGSTOP), in the middle of that reply, for the test to SIGKILL
 # it there (tornado's IOStream.write_to_fd, which Dask's tcp and tls comms
 # and tornado's websocket write through).
+#
+# Every worker's get_data, asked for FAIL_KEY, aborts its comm without a
+# reply (the worker stays up): the get_data of a gather fails.
 STOP_KEY = "tw-stop-midway"
+FAIL_KEY = "tw-fail-get-data"
 WORKER = """
 import os, signal, sys, tornado.iostream, tornado.tcpserver, distributed.worker
+from distributed.core import Status
 stop_after = int(os.environ.get("TW_MINI_STOP_AFTER", "0"))
 left = None
 def stop_midway(cls):
@@ -81,7 +87,14 @@ if stop_after:
             left = stop_after
         return await get_data(self, comm, keys=keys, **kw)
     distributed.worker.Worker.get_data = get_data_armed
-""" % STOP_KEY + """
+get_data_failing = distributed.worker.Worker.get_data
+async def get_data_fails(self, comm, keys=(), **kw):
+    if "%s" in keys:
+        comm.abort()
+        return Status.dont_reply
+    return await get_data_failing(self, comm, keys=keys, **kw)
+distributed.worker.Worker.get_data = get_data_fails
+""" % (STOP_KEY, FAIL_KEY) + """
 listen = tornado.tcpserver.TCPServer.listen
 def loopback_listen(self, port, address=None, *a, **kw):
     return listen(self, port, address or "127.0.0.1", *a, **kw)
@@ -111,6 +124,15 @@ def cleanup():
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def raises(exc, what, fn, *args, **kw):
+    """fn(*args, **kw) must raise exc (a type or a tuple): the exception."""
+    try:
+        fn(*args, **kw)
+    except exc as e:
+        return e
+    raise AssertionError(what + " succeeded")
 
 
 def wait_until(what, pred, guard=GUARD, step=0.02):
@@ -266,12 +288,7 @@ def main():
     wait_until("the SIGKILLed worker to leave", lambda: victim not in ident())
     print("SIGKILL: worker gone after %.3f s" % (time.monotonic() - t), flush=True)
     t = time.monotonic()
-    try:
-        client.gather(lost, direct=False)
-    except CancelledError:
-        pass
-    else:
-        raise AssertionError("gather of a lost key succeeded")
+    raises(CancelledError, "gather of a lost key", client.gather, lost, direct=False)
     print("SIGKILL: gather of its keys failed (CancelledError) after %.3f s"
           % (time.monotonic() - t), flush=True)
     keep = [f for f in futures if f not in lost and victim not in who[f.key]]
@@ -318,22 +335,13 @@ def main():
         workers["scheduler"].log.wait("relaying", relays + 1)
     workers["w4"].kill()
     k = time.monotonic()
-    try:
-        gathering.result(timeout=GUARD)
-    except (CommClosedError, CancelledError) as e:
-        failed = e
-    else:
-        raise AssertionError("gather from a worker killed mid-value succeeded")
+    failed = raises((CommClosedError, CancelledError), "gather from a worker killed mid-value",
+                    gathering.result, timeout=GUARD)
     assert isinstance(failed, CommClosedError if transport == "tcp" else CancelledError), failed
     print("SIGKILL mid-value: gather failed after %.3f s: %r" % (time.monotonic() - k, failed),
           flush=True)
     wait_until("its key to be reported lost", lambda: hf.status == "cancelled")
-    try:
-        client.gather([hf], direct=False)
-    except CancelledError:
-        pass
-    else:
-        raise AssertionError("gather of a lost key succeeded")
+    raises(CancelledError, "gather of a lost key", client.gather, [hf], direct=False)
     assert by_name["w4"] not in ident() and len(ident()) == 3
     back = client.gather(bc, direct=False)  # the other holders serve the broadcast keys
     assert all(a.tobytes() == b.tobytes() for a, b in zip(large, back))
@@ -341,6 +349,32 @@ def main():
     print("SIGKILL mid-value: key reported lost, other keys served (%.1f s)"
           % (time.monotonic() - t), flush=True)
     del bc, back, hf, huge
+
+    # 7. a get_data that fails while the worker stays up (w3 aborts the comm
+    # when asked for FAIL_KEY): as Dask's Scheduler.gather, the scheduler
+    # removes w3 (remove_worker(close=True): it is told to close, and
+    # exits), the keys only w3 held are lost, and the client's gather
+    # raises CancelledError(FAIL_KEY). Real `dask scheduler`, same workers
+    # and calls: CancelledError('tw-fail-get-data'), w3 removed and exited
+    # with 0, its other key cancelled, the other workers' keys served.
+    t = time.monotonic()
+    fk = client.scatter({FAIL_KEY: b"f" * 1000}, workers=["w3"])[FAIL_KEY]
+    only = client.scatter({"tw-only-on-w3": b"o" * 1000}, workers=["w3"])["tw-only-on-w3"]
+    on1 = client.scatter({"tw-on-w1": b"1" * 1000}, workers=["w1"])["tw-on-w1"]
+    assert list(client.who_has([fk])[fk.key]) == [by_name["w3"]]
+    failed = raises(CancelledError, "gather from a worker whose get_data failed", client.gather,
+                    [fk, on1], direct=False)
+    assert failed.args == (FAIL_KEY,), repr(failed)
+    assert by_name["w3"] not in ident(), ident()
+    wait_until("w3 to exit", lambda: workers["w3"].poll() is not None)
+    assert workers["w3"].returncode == 0, workers["w3"].returncode
+    wait_until("w3's other key to be reported lost", lambda: only.status == "cancelled")
+    raises(CancelledError, "gather of a lost key", client.gather, [only], direct=False)
+    assert client.gather([on1], direct=False) == [b"1" * 1000]
+    assert sorted(w["name"] for w in ident().values()) == ["w1", "w2"], ident()
+    print("get_data failed: %r; the worker removed and exited (0), its keys lost "
+          "(%.1f s)" % (failed, time.monotonic() - t), flush=True)
+    del fk, only, on1
 
     client.close()
 
@@ -356,12 +390,8 @@ def main():
     # TimeoutError("No valid workers found"); a payload of 1 MiB is relayed
     # over tcp, and waits in its socket meanwhile
     t = time.monotonic()
-    try:
-        client.scatter([arrays[0]], timeout=0.5)
-    except TimeoutError as e:
-        assert str(e) == "No valid workers found", repr(e)
-    else:
-        raise AssertionError("scatter with no worker succeeded")
+    e = raises(TimeoutError, "scatter with no worker", client.scatter, [arrays[0]], timeout=0.5)
+    assert str(e) == "No valid workers found", repr(e)
     print("scatter with no worker: TimeoutError after %.2f s (timeout 0.5 s)"
           % (time.monotonic() - t), flush=True)
     waits = sched2.log.count("no running worker yet")
@@ -407,12 +437,7 @@ def main():
     assert lost, who
     workers2["s0"].send_signal(signal.SIGSTOP)
     t = time.monotonic()
-    try:
-        client.gather(lost)
-    except CancelledError:
-        pass
-    else:
-        raise AssertionError("gather from a stopped worker succeeded")
+    raises(CancelledError, "gather from a stopped worker", client.gather, lost)
     waited = time.monotonic() - t
     idents = client.sync(client.scheduler.identity)["workers"]
     assert list(idents) == [by_name["s1"]], idents
