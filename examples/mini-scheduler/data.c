@@ -670,6 +670,21 @@ static int scatter_start(tw_request *r)
 	return 0;
 }
 
+/* Whether r's `workers` names a worker that is not there (must_exist)
+ * or no address at all: then r is answered with the exception Dask's
+ * scheduler raises (workers_arg_error), which the client raises. */
+static int workers_bad(tw_request *r, int must_exist)
+{
+	const char *type;
+	char text[512];
+	if (workers_arg_error(tw_request_arg(r, "workers"), must_exist, &type, text,
+			      sizeof(text)) == 0)
+		return 0;
+	say("%s(%s) to a request naming workers\n", type, text);
+	reply_exception(r, type, text);
+	return 1;
+}
+
 /* A scatter that found no running worker waits for one, as Dask's
  * Scheduler.scatter does: it looks again every 0.1 s, and once more than
  * `timeout` seconds (the client's, which it passes; 2 by default) have
@@ -703,6 +718,7 @@ static void on_scatter_wait(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (tw_request_comm(sw->r) == NULL) { /* its client left: drop it */
 		reply_send(sw->r);
+	} else if (workers_bad(sw->r, 1)) { /* Dask coerces them on each look */
 	} else if (scatter_start(sw->r) != 0) {
 		if (now_mono() <= sw->deadline) {
 			event_add(sw->ev, &poll);
@@ -739,7 +755,7 @@ void op_scatter(tw_request *r, void *arg)
 		reply_error(r, "scatter needs data (a map, not empty)");
 		return;
 	}
-	if (scatter_start(r) == 0)
+	if (workers_bad(r, 1) || scatter_start(r) == 0)
 		return;
 	timeout = scatter_timeout(r);
 	if ((sw = calloc(1, sizeof(*sw))) == NULL ||
@@ -1224,9 +1240,12 @@ void op_who_has(tw_request *r, void *arg)
 void op_ncores(tw_request *r, void *arg)
 {
 	const msgpack_object *only = tw_request_arg(r, "workers");
-	msgpack_packer *pk = reply_packer(r);
+	msgpack_packer *pk;
 	int running_only = arg != NULL;
 	uint32_t n = 0;
+	if (workers_bad(r, 0)) /* Dask's get_ncores skips unknown addresses */
+		return;
+	pk = reply_packer(r);
 	for (int pass = 0; pass < 2; pass++) {
 		if (pass == 1)
 			msgpack_pack_map(pk, n);

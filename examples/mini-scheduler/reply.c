@@ -62,6 +62,7 @@ void reply_exception(tw_request *r, const char *type, const char *text)
 {
 	msgpack_packer *pk = reply_packer(r);
 	msgpack_sbuffer sb;
+	int q = strchr(text, '\'') != NULL && strchr(text, '"') == NULL;
 	msgpack_sbuffer_init(&sb);
 	pickle_exception(&sb, type, text);
 	msgpack_pack_map(pk, 5);
@@ -75,9 +76,9 @@ void reply_exception(tw_request *r, const char *type, const char *text)
 	tw_msgpack_pack_str(pk, "exception_text"); /* repr(e) */
 	msgpack_pack_str(pk, strlen(type) + strlen(text) + 4);
 	msgpack_pack_str_body(pk, type, strlen(type));
-	msgpack_pack_str_body(pk, "('", 2);
+	msgpack_pack_str_body(pk, q ? "(\"" : "('", 2); /* Python's choice of quote */
 	msgpack_pack_str_body(pk, text, strlen(text));
-	msgpack_pack_str_body(pk, "')", 2);
+	msgpack_pack_str_body(pk, q ? "\")" : "')", 2);
 	tw_msgpack_pack_str(pk, "traceback_text");
 	tw_msgpack_pack_str(pk, "");
 	msgpack_sbuffer_destroy(&sb);

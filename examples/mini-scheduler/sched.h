@@ -92,8 +92,9 @@ void reply_error(tw_request *r, const char *text);
 /* The same error reply with the exception a Dask scheduler would raise:
  * Python's builtin `type` (e.g. "TimeoutError") with the one argument
  * `text`, pickled as core.py error_message sends it, so that the rpc
- * raises type(text), not Exception(text). type and text: ASCII without
- * quotes (exception_text is repr(e)). Frees r. */
+ * raises type(text), not Exception(text). type: ASCII; text: UTF-8 (in
+ * exception_text, repr(e), it is quoted as Python does but not escaped).
+ * Frees r. */
 void reply_exception(tw_request *r, const char *type, const char *text);
 /* A builder for a request to a worker (no compression: forwarded
  * payloads go as they came). Exits on out-of-memory. */
@@ -125,6 +126,19 @@ struct worker *worker_find(const char *addr, size_t len);
  * address without the default scheme "tcp://", or its name. */
 int worker_is(const struct worker *w, const msgpack_object *o);
 void workers_check_ttl(void);
+/* A `workers=` argument (list; NULL or not a list: none) as Dask reads
+ * it: coerce_address of every entry, then self.workers[address] of each
+ * (Scheduler.scatter; must_exist 0: get_ncores, which skips unknown
+ * ones). 0 when it holds; else -1 with the exception Dask's scheduler
+ * raises, its type (a Python builtin) in *type and its one argument in
+ * text:
+ *   KeyError    the address of an entry that names no registered worker,
+ *               coerced ("tcp://" added to one without a scheme)
+ *   ValueError  "missing port number in address '...'" (neither a
+ *               worker's name nor host:port)
+ *   TypeError   "addresses should be strings or tuples, got ..." */
+int workers_arg_error(const msgpack_object *list, int must_exist, const char **type, char *text,
+		      size_t len);
 
 /* data.c */
 void op_register_client(tw_request *r, void *arg);

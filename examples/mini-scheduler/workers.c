@@ -74,6 +74,79 @@ int worker_is(const struct worker *w, const msgpack_object *o)
 	return named;
 }
 
+/* Whether some registered worker is o (worker_is). */
+static int known(const msgpack_object *o)
+{
+	for (struct worker *w = S.workers; w != NULL; w = w->next)
+		if (worker_is(w, o))
+			return 1;
+	return 0;
+}
+
+/* Dask's coerce_address of an entry that names no worker: into text the
+ * address (a string with "tcp://" when it has no scheme; a (host, port)
+ * tuple, which msgpack brings as an array, as host:port), and 0; or the
+ * exception coerce_address raises (*type, and its text in text). */
+static int coerce(const msgpack_object *o, const char **type, char *text, size_t len)
+{
+	const char *s, *loc, *port;
+	char buf[420];
+	size_t n;
+	if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
+	    obj_str(&o->via.array.ptr[0], &s, &n) == 0 &&
+	    o->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+		int v6 = memchr(s, ':', n) != NULL; /* unparse_host_port brackets it */
+		snprintf(text, len, "tcp://%s%.*s%s:%llu", v6 ? "[" : "", (int)n, s, v6 ? "]" : "",
+			 (unsigned long long)o->via.array.ptr[1].via.u64);
+		return 0;
+	}
+	if (obj_str(o, &s, &n) != 0 || memchr(s, 0, n) != NULL) {
+		*type = "TypeError";
+		if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+			snprintf(text, len, "addresses should be strings or tuples, got %llu",
+				 (unsigned long long)o->via.u64);
+		else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+			snprintf(text, len, "addresses should be strings or tuples, got %lld",
+				 (long long)o->via.i64);
+		else if (o->type == MSGPACK_OBJECT_NIL)
+			snprintf(text, len, "addresses should be strings or tuples, got None");
+		else
+			snprintf(text, len, "addresses should be strings or tuples");
+		return -1;
+	}
+	snprintf(buf, sizeof(buf), "%.*s", (int)(n < 400 ? n : 400), s);
+	loc = strstr(buf, "://") ? strstr(buf, "://") + 3 : buf;
+	/* parse_host_port of what follows the scheme: "[v6]:port" or
+	 * "host:port" */
+	port = *loc == '[' ? strchr(loc, ']') : loc;
+	if (port == NULL || strchr(port, ':') == NULL) {
+		*type = "ValueError";
+		snprintf(text, len, "missing port number in address '%s'", loc);
+		return -1;
+	}
+	snprintf(text, len, "%s%s", loc == buf ? "tcp://" : "", buf);
+	return 0;
+}
+
+int workers_arg_error(const msgpack_object *list, int must_exist, const char **type, char *text,
+		      size_t len)
+{
+	if (list == NULL || list->type != MSGPACK_OBJECT_ARRAY)
+		return 0;
+	/* Dask coerces the whole list first, then looks each up. */
+	for (uint32_t i = 0; i < list->via.array.size; i++)
+		if (!known(&list->via.array.ptr[i]) &&
+		    coerce(&list->via.array.ptr[i], type, text, len) != 0)
+			return -1;
+	for (uint32_t i = 0; must_exist && i < list->via.array.size; i++)
+		if (!known(&list->via.array.ptr[i])) {
+			coerce(&list->via.array.ptr[i], type, text, len);
+			*type = "KeyError";
+			return -1;
+		}
+	return 0;
+}
+
 static void pack_status_reply(msgpack_packer *pk, int with_plugins)
 {
 	msgpack_pack_map(pk, with_plugins ? 4 : 3);

@@ -12,7 +12,8 @@ all 4 workers, each copy byte-identical; a worker SIGKILLed in the middle
 of sending a large value to a gather (relayed to the client over tcp) fails
 that gather at once and its keys are reported lost; scatter with
 broadcast=True and with direct=True; a get_data that fails removes its
-worker (told to close) and loses the keys only it held; a scatter sent
+worker (told to close) and loses the keys only it held; workers= naming
+an unknown worker fails at once with Dask's KeyError; a scatter sent
 before any worker registered waits for one, and without workers fails with Dask's
 TimeoutError("No valid workers found") after its timeout; a SIGSTOPped
 worker is removed at the worker TTL, and a gather of its keys started while
@@ -430,6 +431,32 @@ def main():
         assert list(client.who_has(h).values()) == [(by_name["s1"],)], client.who_has(h)
     del b, d, n
     print("broadcast, direct, by name and by host:port scatter: ok", flush=True)
+    # workers= naming no registered worker: Dask's Scheduler.scatter looks
+    # each up (self.workers[coerce_address(w)]) and the client raises that
+    # KeyError at once, instead of waiting for the timeout; an entry that is
+    # neither a name nor host:port fails coerce_address with ValueError;
+    # get_ncores skips unknown addresses. Real `dask scheduler`:
+    # KeyError('tcp://127.0.0.1:1') for "tcp://127.0.0.1:1" and for
+    # "127.0.0.1:1", with a known worker beside it too; ValueError("missing
+    # port number in address 'nosuchname'"); ncores {} and that ValueError.
+    # The 1 MiB value is relayed over tcp and dropped with the request.
+    t = time.monotonic()
+    for wl in (["tcp://127.0.0.1:1"], [by_name["s1"], "127.0.0.1:1"]):
+        unknown = raises(KeyError, "scatter to an unknown worker", client.scatter, [arrays[2]],
+                         workers=wl, timeout=3 * GUARD)
+        assert unknown.args == ("tcp://127.0.0.1:1",), repr(unknown)
+    print("scatter to an unknown worker: %r after %.2f s (timeout %.0f s)"
+          % (unknown, time.monotonic() - t, 3 * GUARD), flush=True)
+    for call in (lambda: client.scatter([b"v"], workers=["nosuchname"], timeout=3 * GUARD),
+                 lambda: client.ncores(workers=["nosuchname"])):
+        unknown = raises(ValueError, "workers=['nosuchname']", call)
+        assert unknown.args == ("missing port number in address 'nosuchname'",), repr(unknown)
+    assert client.ncores(workers=["tcp://127.0.0.1:1"]) == {}
+    assert client.ncores(workers=["s1"]) == {by_name["s1"]: 1}
+    (v,) = client.scatter([arrays[2]], workers=["s1"])  # the comm still serves
+    assert client.gather(v, direct=False).tobytes() == arrays[2].tobytes()
+    print("workers= unknown: KeyError; not an address: %r; ncores ok" % (unknown,), flush=True)
+    del v
     futures = client.scatter(arrays[:4])
     who = client.who_has(futures)
     victim = by_name["s0"]
