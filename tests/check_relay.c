@@ -49,6 +49,9 @@ struct fx {
 };
 
 static struct fx F;
+/* setup's minimum receive rate (bytes/s, grace 200 ms) for the comms it
+ * accepts; 0: the default. teardown resets it. */
+static uint32_t setup_rate;
 
 static void acc_recv(tw_comm *c, tw_msg *m, void *arg)
 {
@@ -126,6 +129,8 @@ static void setup(void)
 	ck_assert_int_eq(tw_context_new(F.base, &F.ctx), 0);
 	ck_assert_int_eq(tw_context_set_relay_bytes(F.ctx, 1000), TW_EINVAL);
 	ck_assert_int_eq(tw_context_set_relay_bytes(F.ctx, 0), 0);
+	if (setup_rate != 0)
+		ck_assert_int_eq(tw_context_set_min_receive_rate(F.ctx, setup_rate, 200), 0);
 	ck_assert_int_eq(tw_listener_new(F.ctx, "tcp://127.0.0.1:0", on_accept, &F, &F.l), 0);
 	ck_assert_int_eq(tw_listener_address(F.l, F.addr, sizeof(F.addr)), 0);
 	F.src = ts_raw_connect(F.addr);
@@ -158,6 +163,7 @@ static void teardown(void)
 	tw_listener_free(F.l);
 	tw_context_free(F.ctx);
 	event_base_free(F.base);
+	setup_rate = 0;
 }
 
 /* The wire bytes of a message of nf frames, lengths lens, frame i filled
@@ -504,6 +510,60 @@ START_TEST(relay_source_killed)
 }
 END_TEST
 
+/* --- a source that stops in the middle of a relayed frame (its kernel
+ * still acknowledging): the relay runs the source's minimum receive rate
+ * on the bytes it takes, so the source is cut as any other message in
+ * progress, the destination that got part of the frame ends with that
+ * error, and the other comms go on --- */
+START_TEST(relay_source_stalls_mid_frame)
+{
+	static const size_t big[] = {10, 4 * MiB};
+	static const char hi[] = "the others go on";
+	int zero = 0;
+	size_t n;
+	uint8_t *p;
+	tw_msg *m;
+	setup_rate = 1 << 20; /* the hub's comm: 1 MiB/s, grace 200 ms */
+	setup();
+	/* the clients and their accepted comms have no minimum: only the
+	 * relay's source may be cut */
+	ck_assert_int_eq(tw_context_set_min_receive_rate(F.ctx, 0, 0), 0);
+	add_peers(2);
+	one_lens[0] = big[0];
+	one_lens[1] = big[1];
+	F.on_hub = hub_one;
+	p = wire(big, 2, &n);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, 1 * MiB, GUARD_MS), 1 * MiB);
+	free(p);
+	/* then nothing: F.src stays open, its kernel acknowledging */
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_err[0], TW_ETIMEDOUT);
+	ck_assert_msg(strstr(tw_comm_last_error(F.acc[0]),
+			     "while a relayed frame was in progress (frame 1 of 1") != NULL &&
+			      strstr(tw_comm_last_error(F.acc[0]),
+				     "below the minimum of 1048576 bytes/s") != NULL,
+		      "%s", tw_comm_last_error(F.acc[0]));
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, (int[]){1}, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_err[1], TW_ETIMEDOUT);
+	ck_assert_msg(strstr(tw_comm_last_error(F.acc[1]), "its message is corrupt: peer sent") !=
+			      NULL,
+		      "%s", tw_comm_last_error(F.acc[1]));
+	ck_assert_int_eq(ts_wait_flag(F.base, &F.peers[1].ended, GUARD_MS), 1);
+	ck_assert_int_eq(F.peers[1].err, TW_ETRUNCATED); /* cut short on its wire */
+	ck_assert_ptr_null(F.peers[1].got);
+	/* another comm on the loop is unaffected */
+	ck_assert_int_eq(F.acc_ended[2], 0);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, hi, sizeof(hi)), 0);
+	ck_assert_int_eq(tw_comm_write(F.acc[2], m), 0);
+	wait_peer(2);
+	ck_assert_uint_eq(tw_msg_nframes(F.peers[2].got), 1);
+	ck_assert_mem_eq(tw_slice_data(tw_msg_frame(F.peers[2].got, 0)), hi, sizeof(hi));
+	ck_assert_int_eq(F.peers[2].ended, 0);
+	teardown();
+}
+END_TEST
+
 /* --- the source's socket wakes its reader per large chunk while the
  * relay waits for it (SO_RCVLOWAT), and per byte again once it is over
  * --- */
@@ -694,5 +754,6 @@ int main(void)
 					   relay_source_killed, relay_lowat_restored,
 					   relay_source_closed_while_waiting,
 					   relay_source_reset_while_waiting,
+					   relay_source_stalls_mid_frame,
 					   relay_destination_closed_no_sigpipe))));
 }

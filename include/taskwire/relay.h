@@ -25,6 +25,15 @@
  * - If the source's bytes end early, every comm that claimed one of its
  *   frames ends with the relay's error (its message is cut short on the
  *   wire), and the source ends with TW_ETRUNCATED.
+ * - The source's minimum receive rate (tw_context_set_min_receive_rate)
+ *   holds for its relayed frames too, by the same rule, on the bytes the
+ *   relay takes from its socket: the clock runs while the relay waits for
+ *   the source, not while it waits for a destination (a full socket, a
+ *   frame not yet claimed). A source that stalls in the middle of a
+ *   relayed frame, its kernel still acknowledging, ends with TW_ETIMEDOUT
+ *   ("peer sent N bytes in S s while a relayed frame was in progress ...,
+ *   below the minimum of R bytes/s"), and so does every comm that claimed
+ *   one of its frames ("its message is corrupt: " and that text).
  * tls, ws and wss comms ignore the setting (their bytes are decrypted or
  * unframed in user space anyway). */
 #ifndef TASKWIRE_RELAY_H

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,11 +19,14 @@
 #include "core/stats.h"
 #include "transport/comm_impl.h"
 #include "transport/relay.h"
+#include "transport/upper.h"
 
 /* The pipe between the sockets; Linux's default is 64 KiB, 1 MiB (the
  * unprivileged maximum) takes a quarter of the splice calls. */
 #define PIPE_BYTES  (1 << 20)
 #define DRAIN_CHUNK 65536
+/* Rate checks closer together than this gain nothing (comm.c's too). */
+#define RATE_MIN_CHECK_MS 100
 /* While the relay waits for its source, the source's socket reports
  * readable only once this many bytes (or all the relay still expects, or
  * its end) are in (SO_RCVLOWAT): one wakeup and one splice per large
@@ -56,6 +60,13 @@ struct tw__relay {
 	size_t map_len;
 	uint64_t sock_left; /* bytes of the frames still in the socket */
 	int lowat;          /* the socket's SO_RCVLOWAT as we set it (1: the default) */
+	/* The source's minimum receive rate, on the relay's progress: the
+	 * clock runs while the relay waits for the source (tw__relay_new). */
+	uint64_t min_rate, grace_ms;
+	uint64_t taken; /* bytes taken from the socket (spliced or drained) */
+	struct event *rate_ev;
+	int rate_on;
+	uint64_t rate_start_ms, rate_taken;
 	int err;
 	int done;
 	int refs; /* one per frame's block, the source's */
@@ -98,6 +109,7 @@ static void fail(struct tw__relay *r, int err, const char *fmt, ...)
 	vsnprintf(r->error, sizeof(r->error), fmt, ap);
 	va_end(ap);
 	event_del(r->src_ev);
+	event_del(r->rate_ev);
 	for (size_t i = r->cursor; i < r->n; i++)
 		if (r->f[i].state == F_CLAIMED)
 			r->f[i].wake(r->f[i].warg);
@@ -134,6 +146,57 @@ static void wait_source(struct tw__relay *r)
 	uint64_t want = r->sock_left < WAKE_BYTES ? r->sock_left : WAKE_BYTES;
 	set_lowat(r, want > 0 ? (int)want : 1);
 	event_add(r->src_ev, NULL);
+	if (r->min_rate != 0 && !r->rate_on) { /* the source's time starts */
+		struct timeval tv = {(time_t)(r->grace_ms / 1000),
+				     (suseconds_t)(r->grace_ms % 1000) * 1000};
+		r->rate_start_ms = tw__mono_ms();
+		r->rate_taken = r->taken;
+		r->rate_on = evtimer_add(r->rate_ev, &tv) == 0;
+	}
+}
+
+/* Milliseconds that `bytes` cover at `rate` bytes/s (no overflow). */
+static uint64_t covered_ms(uint64_t bytes, uint64_t rate)
+{
+	return bytes / rate * 1000 + bytes % rate * 1000 / rate;
+}
+
+/* The minimum receive rate's rule (comm.c tw__comm_rate_due), on the
+ * bytes the relay took since its clock started: the clock runs while the
+ * relay waits for the source; time it waits for its destinations (the
+ * pipe full, a frame's claimant not writable, a frame not claimed yet)
+ * is ours, and stops it. */
+static void on_rate(evutil_socket_t fd, short what, void *arg)
+{
+	struct tw__relay *r = arg;
+	uint64_t elapsed, got, covered, next;
+	int unread = 0;
+	struct timeval tv;
+	(void)fd;
+	(void)what;
+	r->rate_on = 0;
+	if (r->err != 0 || r->done || r->fd < 0 || !event_pending(r->src_ev, EV_READ, NULL))
+		return;
+	elapsed = tw__mono_ms() - r->rate_start_ms;
+	got = r->taken - r->rate_taken;
+	/* bytes in the socket below SO_RCVLOWAT came too */
+	if (ioctl(r->fd, FIONREAD, &unread) == 0 && unread > 0)
+		got += (uint64_t)unread;
+	covered = covered_ms(got, r->min_rate);
+	if (elapsed >= r->grace_ms && covered < elapsed) {
+		fail(r, TW_ETIMEDOUT,
+		     "peer sent %llu bytes in %.1f s while a relayed frame was in progress (frame "
+		     "%zu of %zu, %llu of its %llu bytes), below the minimum of %llu bytes/s",
+		     (unsigned long long)got, (double)elapsed / 1000, r->cursor + 1, r->n,
+		     (unsigned long long)(r->cur_off + r->pipe_bytes),
+		     (unsigned long long)r->f[r->cursor].len, (unsigned long long)r->min_rate);
+		return;
+	}
+	next = (covered + 1 > r->grace_ms ? covered + 1 : r->grace_ms) - elapsed;
+	next = next > RATE_MIN_CHECK_MS ? next : RATE_MIN_CHECK_MS;
+	tv.tv_sec = (time_t)(next / 1000);
+	tv.tv_usec = (suseconds_t)(next % 1000) * 1000;
+	r->rate_on = evtimer_add(r->rate_ev, &tv) == 0;
 }
 
 /* Drop the rest of frame `cursor`. 1: done, 0: wait (src_ev armed), -1:
@@ -167,6 +230,7 @@ static int drain(struct tw__relay *r)
 			if (n <= 0)
 				return lost(r, n), -1;
 			r->sock_left -= (uint64_t)n;
+			r->taken += (uint64_t)n;
 		}
 		r->cur_off += (uint64_t)n;
 	}
@@ -231,7 +295,8 @@ static int append_frame(struct tw__relay *r, size_t i, tw_msg *m)
 
 int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
 		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
-		  void (*kick)(void *arg), void *kick_arg, tw_msg *m, struct tw__relay **out)
+		  void (*kick)(void *arg), void *kick_arg, uint64_t min_rate, uint64_t grace_ms,
+		  tw_msg *m, struct tw__relay **out)
 {
 	int rv = 0;
 	struct tw__relay *r = calloc(1, sizeof(*r));
@@ -243,6 +308,8 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	r->n = n;
 	r->kick = kick;
 	r->kick_arg = kick_arg;
+	r->min_rate = grace_ms > 0 ? min_rate : 0;
+	r->grace_ms = grace_ms;
 	if ((r->f = calloc(n, sizeof(*r->f))) == NULL)
 		goto nomem;
 	for (size_t i = 0; i < n; i++) {
@@ -258,7 +325,8 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	}
 	r->src_ev = event_new(base, fd, EV_READ, on_kick, r);
 	r->kick_ev = event_new(base, -1, 0, on_kick, r);
-	if (r->src_ev == NULL || r->kick_ev == NULL)
+	r->rate_ev = evtimer_new(base, on_rate, r);
+	if (r->src_ev == NULL || r->kick_ev == NULL || r->rate_ev == NULL)
 		goto nomem;
 	/* Address space only: a frame's bytes never land here. */
 	r->map_len = total > 0 ? (size_t)total : 1;
@@ -292,6 +360,8 @@ nomem:
 		event_free(r->src_ev);
 	if (r->kick_ev)
 		event_free(r->kick_ev);
+	if (r->rate_ev)
+		event_free(r->rate_ev);
 	free(r->f);
 	free(r);
 	return TW_ENOMEM;
@@ -315,7 +385,8 @@ void tw__relay_detach(struct tw__relay *r, int err, const char *why)
 	/* the events go now: frames may outlive the loop (freed after it) */
 	event_free(r->src_ev);
 	event_free(r->kick_ev);
-	r->src_ev = r->kick_ev = NULL;
+	event_free(r->rate_ev);
+	r->src_ev = r->kick_ev = r->rate_ev = NULL;
 	set_lowat(r, 1); /* the socket's next message wakes its reader */
 	close(r->pipe[0]);
 	close(r->pipe[1]);
@@ -374,6 +445,7 @@ static int fill(struct tw__relay *r, uint64_t left)
 		if (n > 0) {
 			r->pipe_bytes += (uint64_t)n;
 			r->sock_left -= (uint64_t)n;
+			r->taken += (uint64_t)n;
 			return 1;
 		}
 		if (n < 0 && errno == EINTR)

@@ -42,10 +42,18 @@ struct tw__relay;
  * prefix in prefix_block (held, not copied). Appends the n relay frames to m: each a placeholder
  * block of its own (address space in one PROT_NONE mapping). kick(kick_arg) runs (from a libevent
  * callback) when the relay is done or failed. Sets *r (the source's reference). 0, TW_ENOMEM or
- * TW_EIO (no pipe): then nothing is set and m may hold some frames (free it). */
+ * TW_EIO (no pipe): then nothing is set and m may hold some frames (free it).
+ * min_rate (bytes/s; 0: off) and grace_ms: the source comm's minimum
+ * receive rate (tw_context_set_min_receive_rate), applied by the same rule
+ * to the bytes the relay takes from the socket: its clock runs while the
+ * relay waits for the source (not while it waits for a destination), and
+ * a source below it fails the relay with TW_ETIMEDOUT ("... below the
+ * minimum of N bytes/s"), which every claimant and the source then end
+ * with, as with any other message in progress. */
 int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
 		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
-		  void (*kick)(void *arg), void *kick_arg, tw_msg *m, struct tw__relay **r);
+		  void (*kick)(void *arg), void *kick_arg, uint64_t min_rate, uint64_t grace_ms,
+		  tw_msg *m, struct tw__relay **r);
 
 /* tw__relay_state: 0 while frames remain, 1 when every frame was
  * consumed or drained, or the negative TW_E* code it failed with. */

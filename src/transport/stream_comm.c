@@ -540,15 +540,18 @@ static int relay_start(struct stream *s, tw_msg *m)
 {
 	struct tw__rx *rx = &s->rx;
 	const uint8_t *pre = rx->carry_len ? tw_block_data(rx->carry) + rx->carry_off : NULL;
+	const struct tw__limits *lim = &s->sock.base.limits;
 	int rv = tw__relay_new(event_get_base(s->sock.rev), s->sock.fd, rx->relay_lens, rx->relay_n,
-			       rx->carry, pre, rx->carry_len, relay_kick, s, m, &s->relay);
+			       rx->carry, pre, rx->carry_len, relay_kick, s, lim->min_rate_bytes,
+			       lim->min_rate_grace_ms, m, &s->relay);
 	if (rv == 0)
 		tw__rx_drop_carry(rx);
 	free(rx->relay_lens);
 	rx->relay_lens = NULL;
 	rx->relay_n = 0;
 	event_del(s->sock.rev);
-	tw__comm_rate_stop(&s->sock.base); /* the wait is for our destinations */
+	/* the relay runs the rate clock on its own progress (relay.h) */
+	tw__comm_rate_stop(&s->sock.base);
 	s->sock.base.relaying = s->relay != NULL;
 	return rv;
 }
