@@ -150,6 +150,29 @@ void tw__limits_init(struct tw__limits *l)
 	l->relay_min_bytes = 0;
 }
 
+void tw__event_free(struct event *ev)
+{
+	if (ev != NULL)
+		event_free(ev);
+}
+
+/* What tw_context_new makes, freed: the end of tw__ctx_free, and of a
+ * tw_context_new that failed part way (what it did not make is NULL, or
+ * -1 for wake_fd). */
+static void release(tw_context *ctx)
+{
+	tw__event_free(ctx->pass_ev);
+	tw__event_free(ctx->rbudget_ev);
+	tw__event_free(ctx->wbudget_ev);
+	tw__event_free(ctx->call_ev);
+	if (ctx->wake_fd >= 0)
+		close(ctx->wake_fd);
+	if (ctx->own_base && ctx->base != NULL)
+		event_base_free(ctx->base);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+}
+
 int tw_context_new(struct event_base *base, tw_context **out)
 {
 	tw_context *ctx;
@@ -196,20 +219,7 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	*out = ctx;
 	return 0;
 fail:
-	if (ctx->pass_ev != NULL)
-		event_free(ctx->pass_ev);
-	if (ctx->rbudget_ev != NULL)
-		event_free(ctx->rbudget_ev);
-	if (ctx->wbudget_ev != NULL)
-		event_free(ctx->wbudget_ev);
-	if (ctx->call_ev != NULL)
-		event_free(ctx->call_ev);
-	if (ctx->wake_fd >= 0)
-		close(ctx->wake_fd);
-	if (ctx->own_base && ctx->base != NULL)
-		event_base_free(ctx->base);
-	pthread_mutex_destroy(&ctx->lock);
-	free(ctx);
+	release(ctx);
 	return TW_EIO;
 }
 
@@ -299,15 +309,7 @@ void tw__ctx_free(tw_context *ctx)
 		if (ctx->ext[i].ops != NULL)
 			tw__ctx_set_ext(ctx, ctx->ext[i].ops, NULL);
 	run_calls(-1, 0, ctx);
-	event_free(ctx->pass_ev);
-	event_free(ctx->rbudget_ev);
-	event_free(ctx->wbudget_ev);
-	event_free(ctx->call_ev);
-	close(ctx->wake_fd);
-	if (ctx->own_base)
-		event_base_free(ctx->base);
-	pthread_mutex_destroy(&ctx->lock);
-	free(ctx);
+	release(ctx);
 }
 
 void *tw__ctx_ext(const tw_context *ctx, const struct tw__ext_ops *ops)

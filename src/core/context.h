@@ -114,6 +114,10 @@ struct tw_context {
 	unsigned next_loop; /* round robin of accepted comms */
 };
 
+/* event_free that accepts NULL (libevent's does not), as every _free
+ * here does. */
+void tw__event_free(struct event *ev);
+
 /* The body of a limit's setter: TW_EINVAL when ctx is NULL or the value
  * is outside its range (valid is false), else the limit takes v and 0.
  *   return TW__SET_LIMIT(ctx, close_linger_ms, ms, ms > 0); */

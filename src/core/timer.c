@@ -9,6 +9,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/context.h"
 #include "core/timer.h"
 
 static void set(struct tw__timer *t, uint64_t at_ms)
@@ -44,8 +45,7 @@ int tw__timer_init(struct tw__timer *t, struct event_base *base, void (*cb)(void
 		return TW_EIO;
 	t->ev = event_new(base, t->fd, EV_READ | EV_PERSIST, on_fire, t);
 	if (t->ev == NULL || event_add(t->ev, NULL) != 0) {
-		if (t->ev != NULL)
-			event_free(t->ev);
+		tw__event_free(t->ev);
 		close(t->fd);
 		t->ev = NULL;
 		return TW_EIO;

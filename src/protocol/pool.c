@@ -259,8 +259,7 @@ static void finish(tw_call *c, int err, tw_decoded *reply)
 			 c->retries == 1 ? "y" : "ies");
 	}
 	tw_msg_free(c->orig);
-	if (c->retry_ev != NULL)
-		event_free(c->retry_ev);
+	tw__event_free(c->retry_ev);
 	c->cb(c, err, reply, c->arg);
 	free(c);
 }
@@ -815,8 +814,7 @@ int tw_pool_new(tw_context *ctx, tw_pool **out)
 	    (rv = tw__timer_init(&p->sweep, ctx->base, on_sweep, p)) != 0 ||
 	    (rv = tw__timer_init(&p->deadline, ctx->base, on_deadline, p)) != 0) {
 		tw__timer_fini(&p->sweep);
-		if (p->kick != NULL)
-			event_free(p->kick);
+		tw__event_free(p->kick);
 		free(p);
 		return rv;
 	}

@@ -85,17 +85,14 @@ static void destroy_comm(tw_comm *c)
 		unlink_end_watch(w);
 		free(w);
 	}
-	if (c->end_ev != NULL)
-		event_free(c->end_ev);
+	tw__event_free(c->end_ev);
 	while (c->watchers != NULL) {
 		struct tw__watch *w = c->watchers;
 		tw__comm_unwatch(w);
 		w->gone(w);
 	}
-	if (c->timeout_ev != NULL)
-		event_free(c->timeout_ev);
-	if (c->deadline_ev != NULL)
-		event_free(c->deadline_ev);
+	tw__event_free(c->timeout_ev);
+	tw__event_free(c->deadline_ev);
 	tw__comm_set_upper(c, NULL, NULL);
 	c->ops->destroy(c);
 }

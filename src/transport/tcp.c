@@ -162,8 +162,7 @@ struct connect_req {
 
 static void end_attempt(struct connect_req *r)
 {
-	if (r->ev != NULL)
-		event_free(r->ev);
+	tw__event_free(r->ev);
 	r->ev = NULL;
 	if (r->fd >= 0)
 		close(r->fd);
@@ -174,10 +173,8 @@ static void end_attempt(struct connect_req *r)
 static void connect_free(struct connect_req *r)
 {
 	end_attempt(r);
-	if (r->step != NULL)
-		event_free(r->step);
-	if (r->timer != NULL)
-		event_free(r->timer);
+	tw__event_free(r->step);
+	tw__event_free(r->timer);
 	r->step = r->timer = NULL;
 	if (r->ai != NULL)
 		evutil_freeaddrinfo(r->ai);

@@ -399,8 +399,7 @@ struct handshake {
 
 static void hs_free(struct handshake *h)
 {
-	if (h->ev != NULL)
-		event_free(h->ev);
+	tw__event_free(h->ev);
 	SSL_free(h->ssl);
 	if (h->fd >= 0)
 		close(h->fd);
