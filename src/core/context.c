@@ -452,26 +452,28 @@ void tw__ctx_write_unheld(tw_context *ctx, uint64_t n)
 		tw__budget_admit(&ctx->rbudget); /* the write queues count there too */
 }
 
+/* A budget's limit and use, each where the caller asked for it. */
+static int budget_out(uint64_t lim, uint64_t use, uint64_t *limit, uint64_t *used)
+{
+	if (limit != NULL)
+		*limit = lim;
+	if (used != NULL)
+		*used = use;
+	return 0;
+}
+
 int tw_context_receive_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used)
 {
 	if (ctx == NULL)
 		return TW_EINVAL;
-	if (limit != NULL)
-		*limit = ctx->rbudget.limit;
-	if (used != NULL)
-		*used = ctx->rbudget.used;
-	return 0;
+	return budget_out(ctx->rbudget.limit, ctx->rbudget.used, limit, used);
 }
 
 int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used)
 {
 	if (ctx == NULL)
 		return TW_EINVAL;
-	if (limit != NULL)
-		*limit = ctx->wbudget.limit;
-	if (used != NULL)
-		*used = ctx->wbudget.used;
-	return 0;
+	return budget_out(ctx->wbudget.limit, ctx->wbudget.used, limit, used);
 }
 
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)

@@ -58,14 +58,20 @@ static void unlink_end_watch(tw_comm_watch *w)
 		w->comm->end_tail = w->pprev;
 }
 
+static void set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
+			  tw_drain_cb drain_cb, void *arg)
+{
+	c->recv_cb = recv_cb;
+	c->close_cb = close_cb;
+	c->drain_cb = drain_cb;
+	c->arg = arg;
+}
+
 /* The owner no longer hears from c: its callbacks are cleared and the
  * upper layer is told, so nothing runs for an owner that freed c. */
 static void owner_detach(tw_comm *c)
 {
-	c->recv_cb = NULL;
-	c->close_cb = NULL;
-	c->drain_cb = NULL;
-	c->arg = NULL;
+	set_callbacks(c, NULL, NULL, NULL, NULL);
 	if (c->up_ops != NULL && c->up_ops->owner_gone != NULL)
 		c->up_ops->owner_gone(c, c->up);
 }
@@ -444,10 +450,7 @@ int tw__comm_attach(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb, void *
 {
 	if (c->ended)
 		return TW_ECLOSED;
-	c->recv_cb = recv_cb;
-	c->close_cb = close_cb;
-	c->drain_cb = NULL;
-	c->arg = arg;
+	set_callbacks(c, recv_cb, close_cb, NULL, arg);
 	return c->ops->start(c);
 }
 
@@ -758,12 +761,9 @@ int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
 		return TW_EINVAL;
 	if (c->ended)
 		return TW_ECLOSED;
-	c->recv_cb = recv_cb;
-	c->close_cb = close_cb;
-	c->drain_cb = drain_cb;
-	c->arg = arg;
+	set_callbacks(c, recv_cb, close_cb, drain_cb, arg);
 	if ((rv = c->ops->start(c)) != 0) /* a callback that failed never runs */
-		c->recv_cb = NULL, c->close_cb = NULL, c->drain_cb = NULL, c->arg = NULL;
+		set_callbacks(c, NULL, NULL, NULL, NULL);
 	return rv;
 }
 
