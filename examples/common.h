@@ -113,6 +113,15 @@ static inline const char *tw_ex_uri_arg(int argc, char **argv, void (*usage)(FIL
 	return argv[optind];
 }
 
+/* A client gives up: its comm freed, its run marked failed, its loop
+ * stopped. */
+static inline void tw_ex_give_up(tw_comm *comm, int *failed, struct event_base *base)
+{
+	tw_comm_free(comm);
+	*failed = 1;
+	event_base_loopbreak(base);
+}
+
 /* Give ctx the TLS configuration the options name (none given: nothing).
  * Exits with a message naming the file on error. */
 static inline void tw_ex_tls_setup(tw_context *ctx, const struct tw_ex_tls *t)

@@ -141,9 +141,7 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 	if (err != 0) {
 		fprintf(stderr, "tw-echo-client: handshake failed: %s: %s\n", tw_strerror(err),
 			tw_comm_last_error(comm));
-		tw_comm_free(comm);
-		cl->failed = 1;
-		event_base_loopbreak(cl->base);
+		tw_ex_give_up(comm, &cl->failed, cl->base);
 		return;
 	}
 	tw_comm_set_callbacks(comm, on_recv, on_close, NULL, cl);
@@ -163,9 +161,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 		fprintf(stderr, "tw-echo-client: connect failed: %s%s%s\n", tw_strerror(err),
 			*tw_context_last_error(cl->ctx) ? ": " : "",
 			tw_context_last_error(cl->ctx));
-		tw_comm_free(comm);
-		cl->failed = 1;
-		event_base_loopbreak(cl->base);
+		tw_ex_give_up(comm, &cl->failed, cl->base);
 	}
 }
 

@@ -184,9 +184,7 @@ static void on_connect(tw_comm *comm, int err, void *arg)
 		return;
 	fprintf(stderr, "tw-scheduler-probe: connect: %s: %s\n", tw_strerror(err),
 		tw_context_last_error(p->ctx));
-	tw_comm_free(comm);
-	p->failed = 1;
-	event_base_loopbreak(p->base);
+	tw_ex_give_up(comm, &p->failed, p->base);
 }
 
 static void usage(FILE *f)
