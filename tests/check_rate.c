@@ -28,6 +28,7 @@
 
 #include <check.h>
 
+#include "core/pass.h"
 #include "tests/support/harness.h"
 #include "tests/support/tls.h"
 #include "tests/support/tran.h"
@@ -264,6 +265,34 @@ START_TEST(stalled_peer_cut)
 	expect_cut(&h, _i, &r, sp);
 	wu_raw_close(&r);
 	tt_canary(cli, 2);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A peer that stops where a read of the server's ended on its pass
+ * allowance is cut too. Under load a pass's time runs out after a few
+ * reads (core/pass.h), and when the read that took the socket's last
+ * bytes had asked exactly for what the allowance left, the comm moved on
+ * to the next pass with no more bytes coming: epoll never reported the
+ * socket again, the clock never started, and the message stalled for
+ * ever (check_faults comm_stall_mid_message, twice at load 15-30). Here
+ * every read ends so: a comm moves at most 1 byte per wakeup
+ * (tw__pass_cap), whatever the machine's speed. */
+START_TEST(stalled_at_pass_allowance_cut)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = setup(&h, _i, GRACE_MS);
+	uint8_t head[64 + 5] = {0};
+	size_t n = msg_head(_i, 100000, head) + 5; /* and 5 bytes of the frame */
+	raw_open(&h, _i, &r, &sp);
+	tw__pass_cap(1);
+	wu_raw_send(&r, head, n);
+	expect_cut(&h, _i, &r, sp);
+	tw__pass_cap(0);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	wu_raw_close(&r);
+	tt_canary(cli, 3);
 	tt_fini(&h);
 }
 END_TEST
@@ -588,8 +617,8 @@ int main(void)
 {
 	TCase *tc = ts_tcase("rate", 120, TS_TESTS(setter));
 	ts_add_loop(tc, 4,
-		    TS_TESTS(dripping_peer_cut, stalled_peer_cut, steady_peers_not_cut,
-			     paused_not_cut, idle_not_cut, rate_off));
+		    TS_TESTS(dripping_peer_cut, stalled_peer_cut, stalled_at_pass_allowance_cut,
+			     steady_peers_not_cut, paused_not_cut, idle_not_cut, rate_off));
 	ts_add_loop(tc, 2, TS_TESTS(slow_server_cut, many_drippers, memory_refused));
 	/* raw TLS peers write to closed sockets */
 	return ts_main("rate", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));

@@ -2,6 +2,7 @@
 #include "core/pass.h"
 
 #include <event2/event.h>
+#include <stdatomic.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -20,6 +21,9 @@
  * busy machine, budget-bench), and past this a comm gets one page. */
 #define COLD_BYTES ((size_t)128 << 10)
 #define COLD_MIN   ((size_t)4096)
+
+/* tw__pass_cap's cap (0: none); process-wide, set by tests. */
+static atomic_size_t test_cap;
 
 /* One loop per thread: the pass is the thread's. */
 static _Thread_local struct {
@@ -41,7 +45,9 @@ static long pass_ran(void)
 size_t tw__pass_allow(struct event_base *base, size_t want)
 {
 	struct timeval now;
-	size_t left;
+	size_t left, most = atomic_load_explicit(&test_cap, memory_order_relaxed);
+	if (most != 0 && want > most)
+		want = most;
 	if (event_base_gettimeofday_cached(base, &now) == 0 &&
 	    (now.tv_sec != pass.tv.tv_sec || now.tv_usec != pass.tv.tv_usec)) {
 		pass.tv = now;
@@ -97,6 +103,11 @@ size_t tw__pass_read(struct event_base *base, size_t want)
 void tw__pass_close(void)
 {
 	pass.open = 0;
+}
+
+void tw__pass_cap(size_t bytes)
+{
+	atomic_store_explicit(&test_cap, bytes, memory_order_relaxed);
 }
 
 int tw__iov_cap(struct iovec *iov, int k, size_t cap)

@@ -41,6 +41,11 @@ size_t tw__pass_spent(size_t left, size_t n);
 size_t tw__pass_cold(size_t want);
 /* A comm's read ends (its read callback returns). */
 void tw__pass_close(void);
+/* Tests: from now on a comm moves at most `bytes` per wakeup (0: no cap
+ * beyond the above), in every loop of the process, so that each read of
+ * a comm ends on its allowance, as reads under load do when the pass's
+ * time is up, however many bytes the socket holds. Any thread. */
+void tw__pass_cap(size_t bytes);
 /* Keep the first iovecs of iov[0..k-1] that hold at most cap bytes (cap >
  * 0): the count left. A comm asks the kernel for no more than its
  * allowance: one recv or writev of a socket buffer moves megabytes, and

@@ -240,6 +240,11 @@ void tw__sock_ran_dry(struct tw__sock *s)
 	tw__comm_rate_watch(&s->base, s->hooks->open(s) && s->hooks->rx_busy(s));
 }
 
+void tw__sock_yield(struct tw__sock *s)
+{
+	tw__sock_ran_dry(s);
+}
+
 void tw__sock_rx_wait(struct tw__sock *s)
 {
 	tw__comm_rate_stop(&s->base);

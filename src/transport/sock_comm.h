@@ -142,6 +142,14 @@ void tw__sock_read_again(struct tw__sock *s);
 /* The socket ran dry: a message left partly received starts the clock
  * of the minimum receive rate; none in progress stops it. */
 void tw__sock_ran_dry(struct tw__sock *s);
+/* Reading stops for this pass, the comm's allowance spent (core/pass.h),
+ * which leaves the socket's bytes to the next pass: epoll reports it
+ * again while it holds any. But the last read may have taken exactly
+ * what the allowance left and the socket's last byte (reads end so
+ * often under load, when a pass's time is up): then no event comes until
+ * the peer sends more, so a message left partly received starts the
+ * clock of the minimum receive rate here, as when the socket ran dry. */
+void tw__sock_yield(struct tw__sock *s);
 /* A large message's next bytes do not fit the receive budget: stop
  * reading (and the rate clock: the wait is ours, not the peer's) until
  * the budget grants them (rx_claim.granted reads on). */

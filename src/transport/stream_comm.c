@@ -693,7 +693,9 @@ static void read_messages(struct stream *s, size_t budget)
 	/* Budget spent. What is already in memory (read ahead, decrypted by
 	 * TLS) epoll cannot report: go on with it now. The socket's bytes
 	 * wait for the next pass (rev persists), behind the comms whose bytes
-	 * arrived meanwhile (core/pass.h). */
+	 * arrived meanwhile (core/pass.h); if it holds none, the rate clock
+	 * runs (tw__sock_yield). */
+	tw__sock_yield(&s->sock);
 	if (tw__rx_pending(&s->rx) || io_more(s))
 		read_again(s);
 }

@@ -413,8 +413,12 @@ static void read_frames(struct ws *w)
 	}
 	/* Budget spent: the socket's bytes wait for the next pass (rev
 	 * persists), behind the comms whose bytes arrived meanwhile
-	 * (core/pass.h); what is in memory already epoll cannot report. */
-	if (w->sock.reading && !w->sock.base.ended && io_more(w))
+	 * (core/pass.h), and if it holds none the rate clock runs
+	 * (tw__sock_yield); what is in memory already epoll cannot report. */
+	if (!w->sock.reading || w->sock.base.ended)
+		return;
+	tw__sock_yield(&w->sock);
+	if (io_more(w))
 		tw__sock_read_again(&w->sock);
 }
 
