@@ -41,6 +41,19 @@ size_t tw__pass_spent(size_t left, size_t n);
 size_t tw__pass_cold(size_t want);
 /* A comm's read ends (its read callback returns). */
 void tw__pass_close(void);
+/* The most one read or write call of a stream comm (tcp, tls) or a ws
+ * send moves of a comm's allowance `allowed`. The pass's time is looked
+ * at between calls (tw__pass_spent), so one call is what a pass cannot
+ * cut short: whole 4 MiB allowances in one recv or send were in
+ * budget-bench's longest passes at load 7-10 (5-13 ms of loop CPU
+ * counted; a loopback send also runs the receiving socket's TCP in the
+ * sender's thread). 1 MiB bounds that unit to a quarter, for 3 more
+ * calls per 4 MiB. */
+#define TW__PASS_CALL ((size_t)1 << 20)
+static inline size_t tw__pass_call(size_t allowed)
+{
+	return allowed < TW__PASS_CALL ? allowed : TW__PASS_CALL;
+}
 /* Tests: from now on a comm moves at most `bytes` per wakeup (0: no cap
  * beyond the above), in every loop of the process, so that each read of
  * a comm ends on its allowance, as reads under load do when the pass's

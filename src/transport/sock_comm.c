@@ -199,7 +199,7 @@ ssize_t tw__sock_write1(struct tw__sock *s, const void *p, size_t n)
 ssize_t tw__sock_send(struct tw__sock *s, struct iovec *iov, int k, size_t budget)
 {
 	if (!tw__sock_write_held(s))
-		k = tw__iov_cap(iov, k, budget);
+		k = tw__iov_cap(iov, k, tw__pass_call(budget));
 	return s->io->writev(s->io_arg, s->fd, iov, k);
 }
 

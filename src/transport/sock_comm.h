@@ -119,9 +119,10 @@ int tw__sock_write_held(const struct tw__sock *s);
 /* One read or write of one buffer, readv/writev's returns. */
 ssize_t tw__sock_read1(struct tw__sock *s, void *p, size_t n);
 ssize_t tw__sock_write1(struct tw__sock *s, const void *p, size_t n);
-/* Write iov[0..k-1], at most budget bytes (> 0) of it unless the I/O
- * layer holds a record of the last write: its retry must offer at least
- * as many bytes (OpenSSL fails a shorter one with "bad length"). */
+/* Write iov[0..k-1], at most budget bytes (> 0) of it and at most one
+ * call's (tw__pass_call), unless the I/O layer holds a record of the
+ * last write: its retry must offer at least as many bytes (OpenSSL fails
+ * a shorter one with "bad length"). */
 ssize_t tw__sock_send(struct tw__sock *s, struct iovec *iov, int k, size_t budget);
 
 /* n bytes went out: counted, and off the queue and the write budget. */

@@ -604,7 +604,7 @@ static int read_step(struct stream *s, size_t *budget, struct step *st)
 		return k;
 	if ((k = within_budget(s, iov, k)) == 0)
 		return STEP_STOP;
-	k = tw__iov_cap(iov, k, *budget);
+	k = tw__iov_cap(iov, k, tw__pass_call(*budget));
 	for (int i = 0; i < k; i++)
 		st->asked += iov[i].iov_len;
 	if (k == 1 && s->sock.io->peek != NULL && tw__rx_reads_ahead(&s->rx))
