@@ -27,7 +27,12 @@
  * RSS (VmHWM) is read after phase 1. Prints one line per phase. --gaps MS
  * logs (stderr) every gap between ticks of more than MS ms of loop CPU,
  * with its CLOCK_MONOTONIC bounds, to find its work in `perf record -k
- * mono -p PID` samples.
+ * mono -p PID` samples, and says what each such pass did: the bytes and
+ * calls of its reads and writes (recv, readv, send, sendmsg: the tcp
+ * transport's), its calls that map, unmap or prefault memory, its page
+ * faults and context switches. A pass that did what a 1 ms pass does yet
+ * counted 10 ms of CPU was not busy with its work (docs/design.md,
+ * Loop passes).
  * Built with -DBUDGET_BENCH_NO_BUDGETS it runs against a library that has
  * no budgets (the numbers before issue 17). */
 #include <pthread.h>
@@ -38,6 +43,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -64,6 +70,12 @@ struct srv {
 	double pass_cpu0, pass_wall0, pass_max_cpu, pass_max_wall;
 	unsigned long passes, passes_over;
 	int ctl_fd;
+	/* --gaps: the work of the pass in progress */
+	struct work {
+		unsigned long reads, writes, mm;
+		unsigned long long rbytes, wbytes;
+		struct rusage ru;
+	} w;
 };
 
 /* The calling thread's CPU time, in seconds. */
@@ -93,9 +105,85 @@ static void pass_done(struct srv *s)
 		s->pass_max_cpu = cpu;
 	if (wall > s->pass_max_wall)
 		s->pass_max_wall = wall;
-	if (s->log_ms > 0 && cpu > s->log_ms)
-		fprintf(stderr, "server: pass %.6f-%.6f: %.1f ms (%.1f ms CPU)\n", s->pass_wall0,
-			s->pass_wall0 + wall * 1e-3, wall, cpu);
+	if (s->log_ms > 0 && cpu > s->log_ms) {
+		struct rusage ru;
+		getrusage(RUSAGE_THREAD, &ru);
+		fprintf(stderr,
+			"server: pass %.6f-%.6f: %.1f ms (%.1f ms CPU): read %lu x %.2f MB, "
+			"wrote %lu x %.2f MB, %lu memory calls, %ld page faults, %ld+%ld "
+			"switches\n",
+			s->pass_wall0, s->pass_wall0 + wall * 1e-3, wall, cpu, s->w.reads,
+			(double)s->w.rbytes * 1e-6, s->w.writes, (double)s->w.wbytes * 1e-6,
+			s->w.mm, ru.ru_minflt - s->w.ru.ru_minflt, ru.ru_nvcsw - s->w.ru.ru_nvcsw,
+			ru.ru_nivcsw - s->w.ru.ru_nivcsw);
+	}
+}
+
+/* --gaps: the server loop's reads, writes and memory calls, counted for
+ * the pass (the library's calls reach these before libc's, as
+ * epoll_wait below). */
+static ssize_t counted(ssize_t n, int write)
+{
+	struct srv *s = watched;
+	if (s == NULL || s->log_ms <= 0)
+		return n;
+	if (write)
+		s->w.writes++;
+	else
+		s->w.reads++;
+	if (n > 0 && write)
+		s->w.wbytes += (unsigned long long)n;
+	else if (n > 0)
+		s->w.rbytes += (unsigned long long)n;
+	return n;
+}
+
+__attribute__((visibility("default"))) ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+	return counted(syscall(SYS_recvfrom, fd, buf, len, flags, NULL, NULL), 0);
+}
+
+__attribute__((visibility("default"))) ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	return counted(syscall(SYS_readv, fd, iov, n), 0);
+}
+
+__attribute__((visibility("default"))) ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+	return counted(syscall(SYS_sendto, fd, buf, len, flags, NULL, 0), 1);
+}
+
+__attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+	return counted(syscall(SYS_sendmsg, fd, m, flags), 1);
+}
+
+static long mm_call(long rv)
+{
+	struct srv *s = watched;
+	if (s != NULL)
+		s->w.mm++;
+	return rv;
+}
+
+__attribute__((visibility("default"))) int mprotect(void *p, size_t len, int prot)
+{
+	return (int)mm_call(syscall(SYS_mprotect, p, len, prot));
+}
+
+__attribute__((visibility("default"))) int munmap(void *p, size_t len)
+{
+	return (int)mm_call(syscall(SYS_munmap, p, len));
+}
+
+__attribute__((visibility("default"))) int madvise(void *p, size_t len, int advice)
+{
+	return (int)mm_call(syscall(SYS_madvise, p, len, advice));
+}
+
+__attribute__((visibility("default"))) int mincore(void *p, size_t len, unsigned char *vec)
+{
+	return (int)mm_call(syscall(SYS_mincore, p, len, vec));
 }
 
 __attribute__((visibility("default"))) int epoll_wait(int epfd, struct epoll_event *events,
@@ -107,6 +195,10 @@ __attribute__((visibility("default"))) int epoll_wait(int epfd, struct epoll_eve
 		pass_done(s);
 	n = (int)syscall(SYS_epoll_wait, epfd, events, maxevents, timeout);
 	if (s != NULL) {
+		if (s->log_ms > 0) {
+			memset(&s->w, 0, sizeof(s->w));
+			getrusage(RUSAGE_THREAD, &s->w.ru);
+		}
 		s->pass_cpu0 = thread_cpu();
 		s->pass_wall0 = tw_ex_now();
 	}
