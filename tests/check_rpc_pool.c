@@ -1464,21 +1464,6 @@ START_TEST(context_free_aborts_every_stage)
 }
 END_TEST
 
-struct connect_result {
-	tw_context *ctx;
-	int done, err;
-	char why[512];
-};
-
-static void result_cb(tw_comm *c, int err, void *arg)
-{
-	struct connect_result *r = arg;
-	r->done = 1;
-	r->err = err;
-	snprintf(r->why, sizeof(r->why), "%s", tw_context_last_error(r->ctx));
-	tw_comm_free(c);
-}
-
 /* The connect timeout covers everything until a comm is usable: TCP, the
  * TLS handshake and the ws upgrade (issue 17: with a 1 s connect timeout,
  * tls, ws and wss connects to a silent peer failed after 10 s, and ws said
@@ -1487,7 +1472,7 @@ static void result_cb(tw_comm *c, int err, void *arg)
 START_TEST(connect_timeout_covers_upgrade)
 {
 	const char *scheme = silent_schemes[_i + 1]; /* tls, ws, wss */
-	struct connect_result r = {NULL, 0, 0, ""};
+	struct tu_connect_result r = {NULL, 0, 0, ""};
 	struct tu h;
 	struct bh b;
 	char uri[96];
@@ -1497,7 +1482,7 @@ START_TEST(connect_timeout_covers_upgrade)
 	bh_start(&b, h.base, NULL, 0);
 	silent_uri(&b, scheme, uri, sizeof(uri));
 	r.ctx = h.ctx;
-	ck_assert_int_eq(tw_comm_connect(h.ctx, uri, result_cb, &r), 0);
+	ck_assert_int_eq(tw_comm_connect(h.ctx, uri, tu_connect_result_cb, &r), 0);
 	ck_assert_msg(tu_wait_flag(&h, &r.done, TU_WAIT_MS), "%s: no result", scheme);
 	ck_assert_int_eq(r.err, TW_ETIMEDOUT);
 	ck_assert_msg(strstr(r.why, "timed out") != NULL && strstr(r.why, "300 ms") != NULL,

@@ -575,25 +575,9 @@ START_TEST(connect_dns_nxdomain)
 }
 END_TEST
 
-/* One connect's outcome and tw_context_last_error in its callback. */
-struct named {
-	tw_context *ctx;
-	int done, err;
-	char why[512];
-};
-
-static void named_cb(tw_comm *c, int err, void *arg)
-{
-	struct named *n = arg;
-	n->done = 1;
-	n->err = err;
-	snprintf(n->why, sizeof(n->why), "%s", tw_context_last_error(n->ctx));
-	tw_comm_free(c);
-}
-
 static int all_named(void *arg)
 {
-	struct named *n = arg;
+	struct tu_connect_result *n = arg;
 	for (int i = 0; i < 4; i++)
 		if (!n[i].done)
 			return 0;
@@ -608,7 +592,7 @@ START_TEST(connect_failures_own_text)
 					    "tcp://third.invalid:1"};
 	struct tu h;
 	struct fake_dns f;
-	struct named n[4];
+	struct tu_connect_result n[4];
 	char refused[64], want[64];
 	/* bound, not listening: refuses */
 	int fd = ts_raw_listen("tcp", -1, 0, refused, sizeof(refused));
@@ -617,7 +601,8 @@ START_TEST(connect_failures_own_text)
 	memset(n, 0, sizeof(n));
 	for (int i = 0; i < 4; i++) {
 		n[i].ctx = h.ctx;
-		ck_assert_int_eq(tw_comm_connect(h.ctx, i < 3 ? uris[i] : refused, named_cb, &n[i]),
+		ck_assert_int_eq(tw_comm_connect(h.ctx, i < 3 ? uris[i] : refused,
+						 tu_connect_result_cb, &n[i]),
 				 0);
 	}
 	ck_assert(tu_run_until(&h, all_named, n, TU_WAIT_MS));

@@ -355,6 +355,15 @@ static void connected_then_handshake(tw_comm *c, int err, void *arg)
 	handshake_done(c, err, NULL, arg);
 }
 
+void tu_connect_result_cb(tw_comm *c, int err, void *arg)
+{
+	struct tu_connect_result *r = arg;
+	r->done = 1;
+	r->err = err;
+	snprintf(r->why, sizeof(r->why), "%s", tw_context_last_error(r->ctx));
+	tw_comm_free(c);
+}
+
 int tu_connect_handshake(tw_context *ctx, const char *uri, tw_handshake_cb cb, void *arg)
 {
 	struct connect_hs *w = malloc(sizeof(*w));

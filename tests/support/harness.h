@@ -129,6 +129,17 @@ int tu_connect_async(struct tu *h, const char *uri, struct tu_peer **out, int *e
  * it fails). */
 int tu_connect_handshake(tw_context *ctx, const char *uri, tw_handshake_cb cb, void *arg);
 
+/* One tw_comm_connect's outcome as its callback saw it: err, and
+ * tw_context_last_error(ctx) at that moment (ctx set by the caller). */
+struct tu_connect_result {
+	tw_context *ctx;
+	int done, err;
+	char why[512];
+};
+/* The tw_connect_cb filling a struct tu_connect_result (arg); it frees
+ * the comm. */
+void tu_connect_result_cb(tw_comm *c, int err, void *arg);
+
 /* Wait until a tu_connect_async finished (*err != 1); returns 1 then. */
 int tu_wait_connected(struct tu *h, const int *err, int ms);
 
