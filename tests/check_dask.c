@@ -514,11 +514,9 @@ END_TEST
 
 struct echo_srv {
 	struct tu *loop;
-	tw_listener *lis;
-	char addr[128];
-	tw_comm *comms[8];
-	size_t ncomms, closed;
-	int hs_failures, write_failures, decode_failures;
+	struct du_srv srv;
+	size_t closed;
+	int write_failures, decode_failures;
 	char why[256];
 	size_t msgs;
 	/* the 70 MiB message, decoded on arrival */
@@ -585,34 +583,6 @@ static void srv_close(tw_comm *comm, int err, void *arg)
 	s->closed++;
 }
 
-static void srv_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
-{
-	struct echo_srv *s = arg;
-	(void)info;
-	if (err != 0 || tw_comm_set_callbacks(comm, srv_recv, srv_close, NULL, s) != 0)
-		s->hs_failures++;
-}
-
-static void srv_accept(tw_listener *l, tw_comm *comm, void *arg)
-{
-	struct echo_srv *s = arg;
-	(void)l;
-	if (s->ncomms == 8 ||
-	    tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, srv_handshake, s) != 0) {
-		tw_comm_free(comm);
-		s->hs_failures++;
-		return;
-	}
-	s->comms[s->ncomms++] = comm;
-}
-
-static void srv_fini(struct echo_srv *s)
-{
-	for (size_t i = 0; i < s->ncomms; i++)
-		tw_comm_free(s->comms[i]);
-	tw_listener_free(s->lis);
-}
-
 static int proc_exited(void *arg)
 {
 	return ts_proc_wait_exit(arg, NULL, 0);
@@ -623,7 +593,7 @@ static void run_python_client(const char *codec)
 	struct echo_srv s = {.loop = &loop, .big_diff = -2};
 	struct ts_proc py;
 	char script[4096], env_codec[64], tail[1024];
-	char *argv[] = {TS_PYTHON, script, s.addr, NULL};
+	char *argv[] = {TS_PYTHON, script, s.srv.addr, NULL};
 	char *env[] = {"PYTHONNOUSERSITE=1", codec != NULL ? env_codec : NULL, NULL};
 	int ok;
 	ts_script("dask_client.py", script, sizeof(script));
@@ -632,8 +602,7 @@ static void run_python_client(const char *codec)
 	tu_init(&loop);
 	if (codec != NULL)
 		ck_assert_int_eq(tw_context_set_compression(loop.ctx, codec), 0);
-	ck_assert_int_eq(tw_listener_new(loop.ctx, "tcp://127.0.0.1:0", srv_accept, &s, &s.lis), 0);
-	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
+	du_srv_start(&s.srv, loop.ctx, "tcp://127.0.0.1:0", srv_recv, srv_close, &s);
 	ck_assert_int_eq(ts_spawn(&py, argv, env), 0);
 	ok = tu_run_until(&loop, proc_exited, &py, 2 * DU_WAIT_MS);
 	ts_proc_log_tail(&py, tail, sizeof(tail));
@@ -641,7 +610,7 @@ static void run_python_client(const char *codec)
 	ck_assert_msg(ok, "the Python client did not finish: %s", tail);
 	ck_assert_msg(WIFEXITED(py.status) && WEXITSTATUS(py.status) == 0,
 		      "the Python client failed (status %d): %s", py.status, tail);
-	ck_assert_int_eq(s.hs_failures, 0);
+	ck_assert_int_eq(s.srv.hs_failures, 0);
 	ck_assert_msg(s.decode_failures == 0, "decode: %s", s.why);
 	ck_assert_int_eq(s.write_failures, 0);
 	ck_assert_uint_eq(s.msgs, 7);
@@ -657,7 +626,7 @@ static void run_python_client(const char *codec)
 		ck_assert_uint_eq(s.copied, 0);
 		ck_assert_uint_eq(s.bytes_copied, 0);
 	}
-	srv_fini(&s);
+	du_srv_stop(&s.srv);
 	tu_fini(&loop);
 }
 

@@ -1210,10 +1210,7 @@ END_TEST
  * ones and aborts the comm of a bad one. */
 
 struct dec_srv {
-	tw_listener *lis;
-	char addr[128];
-	tw_comm *comms[8];
-	size_t ncomms;
+	struct du_srv srv;
 	int decode_err; /* the last decode error */
 	char why[256];
 	int aborted; /* comms closed with TW_ECANCELED */
@@ -1244,25 +1241,6 @@ static void dec_close(tw_comm *comm, int err, void *arg)
 		s->aborted++;
 	else
 		s->other_closes++;
-}
-
-static void dec_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
-{
-	(void)info;
-	if (err == 0)
-		tw_comm_set_callbacks(comm, dec_recv, dec_close, NULL, arg);
-}
-
-static void dec_accept(tw_listener *l, tw_comm *comm, void *arg)
-{
-	struct dec_srv *s = arg;
-	(void)l;
-	if (s->ncomms == 8 ||
-	    tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, dec_handshake, s) != 0) {
-		tw_comm_free(comm);
-		return;
-	}
-	s->comms[s->ncomms++] = comm;
 }
 
 /* A good request on cli, and its echo. */
@@ -1327,11 +1305,10 @@ START_TEST(bad_over_comm)
 		return;
 	}
 	tu_init(&l);
-	ck_assert_int_eq(tw_listener_new(l.ctx, "tcp://127.0.0.1:0", dec_accept, &s, &s.lis), 0);
-	ck_assert_int_eq(tw_listener_address(s.lis, s.addr, sizeof(s.addr)), 0);
-	ck_assert_int_eq(du_client_open(&l, s.addr, &cli), 0);
+	du_srv_start(&s.srv, l.ctx, "tcp://127.0.0.1:0", dec_recv, dec_close, &s);
+	ck_assert_int_eq(du_client_open(&l, s.srv.addr, &cli), 0);
 	echo_ok(cli, 0);
-	ck_assert_msg(raw_send_bad(&l, s.addr, bad), "%s: no EOF for the bad peer", c->name);
+	ck_assert_msg(raw_send_bad(&l, s.srv.addr, bad), "%s: no EOF for the bad peer", c->name);
 	ck_assert_msg(s.decode_err == c->err, "%s: server saw %s (%s)", c->name,
 		      tw_strerror(s.decode_err), s.why);
 	ck_assert_int_eq(s.aborted, 1);
@@ -1339,9 +1316,7 @@ START_TEST(bad_over_comm)
 	ck_assert_int_eq(cli->closed, 0);
 	ck_assert_int_eq(s.other_closes, 0);
 	du_client_free(cli);
-	for (size_t i = 0; i < s.ncomms; i++)
-		tw_comm_free(s.comms[i]);
-	tw_listener_free(s.lis);
+	du_srv_stop(&s.srv);
 	tu_fini(&l);
 	tw_msg_free(bad);
 }

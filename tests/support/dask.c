@@ -102,6 +102,48 @@ void du_client_free(struct du_client *c)
 	free(c);
 }
 
+/* Handshake server. */
+
+static void srv_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
+{
+	struct du_srv *s = arg;
+	(void)info;
+	if (err != 0 || tw_comm_set_callbacks(comm, s->recv, s->close, NULL, s->arg) != 0)
+		s->hs_failures++;
+}
+
+static void srv_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	struct du_srv *s = arg;
+	(void)l;
+	if (s->ncomms == DU_SRV_MAX_COMMS ||
+	    tw_comm_handshake(comm, TW_HANDSHAKE_LISTENER, srv_handshake, s) != 0) {
+		tw_comm_free(comm);
+		s->hs_failures++;
+		return;
+	}
+	s->comms[s->ncomms++] = comm;
+}
+
+void du_srv_start(struct du_srv *s, tw_context *ctx, const char *uri, tw_recv_cb recv,
+		  tw_close_cb close, void *arg)
+{
+	s->recv = recv;
+	s->close = close;
+	s->arg = arg;
+	ck_assert_int_eq(tw_listener_new(ctx, uri, srv_accept, s, &s->lis), 0);
+	ck_assert_int_eq(tw_listener_address(s->lis, s->addr, sizeof(s->addr)), 0);
+}
+
+void du_srv_stop(struct du_srv *s)
+{
+	for (size_t i = 0; i < s->ncomms; i++)
+		tw_comm_free(s->comms[i]);
+	s->ncomms = 0;
+	tw_listener_free(s->lis);
+	s->lis = NULL;
+}
+
 /* Raw client. */
 
 /* Read exactly n bytes into p, driving the loop while none are there;

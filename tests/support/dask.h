@@ -49,6 +49,29 @@ int du_client_write(struct du_client *c, tw_msg *msg);
 tw_msg *du_client_msg(struct du_client *c, size_t i, int ms);
 void du_client_free(struct du_client *c);
 
+/* A taskwire listener that runs the Dask handshake (listener side) on
+ * each comm it accepts, at most DU_SRV_MAX_COMMS of them (more are
+ * freed), then gives each comm recv and close with arg. */
+#define DU_SRV_MAX_COMMS 8
+struct du_srv {
+	tw_listener *lis;
+	char addr[128]; /* its address, a URI */
+	tw_comm *comms[DU_SRV_MAX_COMMS];
+	size_t ncomms;
+	/* comms refused (over the limit, tw_comm_handshake failed), whose
+	 * handshake failed or whose callbacks were refused */
+	int hs_failures;
+	tw_recv_cb recv;
+	tw_close_cb close;
+	void *arg;
+};
+/* Listen on uri (a tcp:// URI, port 0 for any) with ctx; s->addr says
+ * where. Asserts on failure. */
+void du_srv_start(struct du_srv *s, tw_context *ctx, const char *uri, tw_recv_cb recv,
+		  tw_close_cb close, void *arg);
+/* Free its comms and the listener. */
+void du_srv_stop(struct du_srv *s);
+
 /* Raw POSIX client for bad peers (ts_raw_connect; sending: tu_raw_send). */
 
 /* Drive the loop until one whole stream message arrives on fd; its frames
