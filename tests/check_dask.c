@@ -25,6 +25,7 @@
 #include <check.h>
 
 #include "tests/support/dask.h"
+#include "tests/support/pack.h"
 #include "tests/support/suite.h"
 
 #define BIG   ((size_t)70 << 20)
@@ -674,9 +675,7 @@ static tw_msg *get_data_req(const char *key)
 	tw_builder *b;
 	tw_msg *m;
 	msgpack_packer *pk;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 4);
+	pk = ts_builder_map(&b, 4);
 	pack_str(pk, "op");
 	pack_str(pk, "get_data");
 	pack_str(pk, "keys");

@@ -19,6 +19,7 @@
 #include <check.h>
 
 #include "tests/support/dask.h"
+#include "tests/support/pack.h"
 #include "tests/support/rpc.h"
 #include "tests/support/harness.h"
 #include "tests/support/suite.h"
@@ -166,9 +167,7 @@ static tw_msg *handshake_msg(void)
 	tw_builder *b;
 	msgpack_packer *pk;
 	tw_msg *m;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 3);
+	pk = ts_builder_map(&b, 3);
 	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_nil(pk);
 	tw_msgpack_pack_str(pk, "python");

@@ -15,6 +15,7 @@
 
 #include <taskwire/taskwire.h>
 
+#include "tests/support/pack.h"
 #include "tests/support/tls.h"
 #include "tests/support/suite.h"
 
@@ -125,8 +126,7 @@ static tw_msg *request(const char *op)
 {
 	tw_builder *b;
 	tw_msg *m = NULL;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	msgpack_pack_map(tw_builder_packer(b), 1);
+	ts_builder_map(&b, 1);
 	tw_msgpack_pack_str(tw_builder_packer(b), "op");
 	tw_msgpack_pack_str(tw_builder_packer(b), op);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);

@@ -279,8 +279,7 @@ START_TEST(rt_msgpack)
 	msgpack_pack_map(pk, 1);
 	tw_msgpack_pack_str(pk, "k");
 	msgpack_pack_nil(pk);
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	msgpack_pack_map(tw_builder_packer(b), 1);
+	ts_builder_map(&b, 1);
 	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	ck_assert_int_eq(tw_builder_pack_msgpack(b, v.sb.data, v.sb.size), 0);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
@@ -307,9 +306,7 @@ START_TEST(rt_nested)
 	tw_builder *b;
 	tw_msg *m;
 	tw_decoded *d;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 3);
+	pk = ts_builder_map(&b, 3);
 	tw_msgpack_pack_str(pk, "a");
 	msgpack_pack_array(pk, 2);
 	ck_assert_int_eq(tw_builder_pack_bytes(b, &(tw_slice){pat, 0, 3}), 0);
@@ -1330,8 +1327,7 @@ static tw_msg *forward(const tw_decoded *d)
 {
 	tw_builder *b;
 	tw_msg *out;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	msgpack_pack_map(tw_builder_packer(b), 1);
+	ts_builder_map(&b, 1);
 	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	ck_assert_int_eq(
 		tw_builder_pack_object(b, d, tw_msgpack_map_get(tw_decoded_root(d), "data")), 0);
@@ -1347,8 +1343,7 @@ START_TEST(forward_as_it_came)
 	tw_msg *m, *fw;
 	tw_decoded *d, *d2;
 	const msgpack_object *arr;
-	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
-	msgpack_pack_map(tw_builder_packer(b), 1);
+	ts_builder_map(&b, 1);
 	tw_msgpack_pack_str(tw_builder_packer(b), "data");
 	msgpack_pack_array(tw_builder_packer(b), 3);
 	for (int i = 0; i < 3; i++)

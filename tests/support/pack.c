@@ -16,3 +16,12 @@ void ts_pack_append(struct ts_pack *p, tw_msg *msg)
 	ck_assert_int_eq(tw_msg_append_copy(msg, p->sb.data, p->sb.size), 0);
 	msgpack_sbuffer_destroy(&p->sb);
 }
+
+msgpack_packer *ts_builder_map(tw_builder **b, uint32_t n)
+{
+	msgpack_packer *pk;
+	ck_assert_int_eq(tw_builder_new(NULL, b), 0);
+	pk = tw_builder_packer(*b);
+	msgpack_pack_map(pk, n);
+	return pk;
+}

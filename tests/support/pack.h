@@ -8,6 +8,7 @@
 
 #include <msgpack.h>
 #include <taskwire/msg.h>
+#include <taskwire/serial.h>
 
 struct ts_pack {
 	msgpack_sbuffer sb;
@@ -19,5 +20,9 @@ msgpack_packer *ts_pack_start(struct ts_pack *p);
 /* Append what was packed as the next frame of msg (a copy) and free p's
  * buffer. Asserts. */
 void ts_pack_append(struct ts_pack *p, tw_msg *msg);
+
+/* A new builder in *b (asserted) whose message starts with a map of n
+ * entries; returns the builder's packer. */
+msgpack_packer *ts_builder_map(tw_builder **b, uint32_t n);
 
 #endif
