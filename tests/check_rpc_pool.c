@@ -344,7 +344,7 @@ START_TEST(late_reply_not_taken)
 {
 	struct rf f;
 	struct fp relay;
-	struct rc a, b;
+	struct rc a;
 	rf_init(&f);
 	fp_start(&relay, f.h.base, f.s.addr, &pass);
 	/* an idle comm first, to carry A: A's 100 ms then cover its request,
@@ -353,16 +353,12 @@ START_TEST(late_reply_not_taken)
 	rc_clear(&a);
 	ck_assert_uint_eq(relay.accepts, 1);
 	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_slow(0.3), 100, &a), TW_ETIMEDOUT);
-	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_echo_str("B"), 10000, &b), 0);
-	rc_assert_str(&b, "B");
-	rc_clear(&b);
+	rc_echo_ok(&f.h, f.pool, relay.addr, "B", 10000);
 	ck_assert_uint_eq(relay.accepts, 2);
 	/* the server answers A's request after all, into the aborted comm */
 	ck_assert(tu_wait_count(&f.h, &f.s.slow_peak, 1, TU_WAIT_MS));
 	ck_assert(tu_run_until(&f.h, rs_no_slow, &f.s, TU_WAIT_MS));
-	ck_assert_int_eq(rc_call(&f.h, f.pool, relay.addr, rq_echo_str("C"), 10000, &b), 0);
-	rc_assert_str(&b, "C");
-	rc_clear(&b);
+	rc_echo_ok(&f.h, f.pool, relay.addr, "C", 10000);
 	ck_assert_uint_eq(relay.accepts, 2);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, relay.addr), 1);
 	tw_pool_free(f.pool);
@@ -377,7 +373,7 @@ END_TEST
 START_TEST(timeout_while_waiting)
 {
 	struct rf f;
-	struct rc a, b, c;
+	struct rc a, b;
 	rf_init(&f);
 	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
 	rc_start(f.pool, f.s.addr, rq_op("later"), 0, &a);
@@ -389,9 +385,7 @@ START_TEST(timeout_while_waiting)
 	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
 	rc_assert_str(&a, "later");
 	rc_clear(&a);
-	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("c"), 0, &c), 0);
-	rc_assert_str(&c, "c");
-	rc_clear(&c);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "c", 0);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
 	rf_fini(&f);
 }
@@ -738,7 +732,7 @@ static void fp_first_done(tw_call *call, int err, tw_decoded *reply, void *arg)
 START_TEST(pool_call_after_closing_reply)
 {
 	struct rf f;
-	struct rc first = {0}, third;
+	struct rc first = {0};
 	tw_builder *b;
 	rf_init(&f);
 	dl_pool = f.pool;
@@ -753,9 +747,7 @@ START_TEST(pool_call_after_closing_reply)
 	ck_assert(tw_msgpack_str_eq(tw_decoded_root(first.reply), "bye"));
 	tw_decoded_free(first.reply);
 	ck_assert_int_eq(fp_second.err, TW_ECLOSED);
-	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("third"), 0, &third), 0);
-	rc_assert_str(&third, "third");
-	rc_clear(&third);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "third", 0);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
 	rf_fini(&f);
 }
@@ -851,7 +843,7 @@ END_TEST
 START_TEST(pool_cancel)
 {
 	struct rf f;
-	struct rc a, b, c;
+	struct rc a, b;
 	char want[160];
 	rf_init(&f);
 	ck_assert_int_eq(tw_pool_set_limit(f.pool, 1), 0);
@@ -870,9 +862,7 @@ START_TEST(pool_cancel)
 	ck_assert_int_eq(a.err, TW_ECANCELED);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 0);
 	assert_ndests(&f.h, f.pool, 0);
-	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("c"), 0, &c), 0);
-	rc_assert_str(&c, "c");
-	rc_clear(&c);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "c", 0);
 	assert_ndests(&f.h, f.pool, 1);
 	rf_fini(&f);
 }

@@ -234,9 +234,7 @@ START_TEST(server_error_reply)
 	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"), "fail_late: gave up halfway"));
 	rc_clear(&rc);
 	/* the comm is still good */
-	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("ok"), 0, &rc), 0);
-	rc_assert_str(&rc, "ok");
-	rc_clear(&rc);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "ok", 0);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
 	rf_fini(&f);
 }
@@ -289,9 +287,7 @@ START_TEST(server_unknown_op)
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("no-such-op"), 0, &rc), 0);
 	ck_assert_int_eq(tw_decoded_root(rc.reply)->type, MSGPACK_OBJECT_NIL);
 	rc_clear(&rc);
-	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("after"), 0, &rc), 0);
-	rc_assert_str(&rc, "after");
-	rc_clear(&rc);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "after", 0);
 	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
 	rf_fini(&f);
 }
@@ -388,9 +384,7 @@ START_TEST(server_close)
 	rc_assert_str(&rc, "OK");
 	rc_clear(&rc);
 	ck_assert(tu_run_until(&f.h, no_comms, &f, TU_WAIT_MS));
-	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_echo_str("again"), 0, &rc), 0);
-	rc_assert_str(&rc, "again");
-	rc_clear(&rc);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "again", 0);
 	rf_fini(&f);
 }
 END_TEST

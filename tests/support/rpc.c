@@ -177,6 +177,14 @@ void rc_assert_str(const struct rc *rc, const char *s)
 	ck_assert_msg(tw_msgpack_str_eq(o, s), "reply is not \"%s\" (type %d)", s, (int)o->type);
 }
 
+void rc_echo_ok(struct tu *h, tw_pool *p, const char *uri, const char *s, uint32_t timeout_ms)
+{
+	struct rc rc;
+	ck_assert_int_eq(rc_call(h, p, uri, rq_echo_str(s), timeout_ms, &rc), 0);
+	rc_assert_str(&rc, s);
+	rc_clear(&rc);
+}
+
 void rc_assert_why(const struct rc *rc, const char *part)
 {
 	ck_assert_msg(strstr(rc->why, part) != NULL, "tw_call_error \"%s\" lacks \"%s\"", rc->why,

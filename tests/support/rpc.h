@@ -55,6 +55,9 @@ int rc_call(struct tu *h, tw_pool *p, const char *uri, tw_msg *req, uint32_t tim
 void rc_clear(struct rc *rc);
 /* Assert that the reply is the str s. */
 void rc_assert_str(const struct rc *rc, const char *s);
+/* rc_call of echo with s to uri (timeout_ms, 0 for none): asserts the call
+ * succeeded and its reply is s. */
+void rc_echo_ok(struct tu *h, tw_pool *p, const char *uri, const char *s, uint32_t timeout_ms);
 /* Assert that the call's tw_call_error text contains part. */
 void rc_assert_why(const struct rc *rc, const char *part);
 
