@@ -418,8 +418,7 @@ static void raw_request(void (*put)(msgpack_packer *pk), void (*check)(const tw_
 	msgpack_sbuffer sb;
 	msgpack_packer pk;
 	const tw_decoded *d;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rf_init_rw(&f, &w);
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	put(&pk);
@@ -506,8 +505,7 @@ START_TEST(reply_flag_is_python_truth)
 	void (*yes[])(msgpack_packer *) = {put_one, put_str};
 	struct rf f;
 	struct rw w;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rf_init_rw(&f, &w);
 	for (size_t i = 0; i < 4; i++)
 		rw_send(&w, identity_with_reply(no[i]));
 	for (size_t i = 0; i < 2; i++)

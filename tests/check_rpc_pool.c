@@ -131,6 +131,19 @@ START_TEST(timeout_slow_handler)
 }
 END_TEST
 
+/* A harness, a black hole (accepts, never answers) and a pool;
+ * handshake_ms > 0 sets the context's handshake timeout. */
+static tw_pool *black_hole_pool(struct tu *h, struct bh *b, uint32_t handshake_ms)
+{
+	tw_pool *p;
+	tu_init(h);
+	if (handshake_ms > 0)
+		ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h->ctx, handshake_ms), 0);
+	bh_start(b, h->base, NULL, 0);
+	ck_assert_int_eq(tw_pool_new(h->ctx, &p), 0);
+	return p;
+}
+
 /* A listener that accepts and never sends: the connector waits for the
  * listener's handshake. The handshake timeout ends it with TW_EHANDSHAKE;
  * a shorter call timeout ends the call first with TW_ETIMEDOUT. */
@@ -181,9 +194,7 @@ START_TEST(timeout_never_early)
 	struct tu h;
 	struct bh b;
 	tw_pool *p;
-	tu_init(&h);
-	bh_start(&b, h.base, NULL, 0);
-	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	p = black_hole_pool(&h, &b, 0);
 	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
 		for (int k = 0; k < 25; k++) {
 			struct timed t = {0, 0, 0};
@@ -281,10 +292,7 @@ START_TEST(connect_failure_fails_waiting)
 	struct bh b;
 	tw_pool *p;
 	char refused[64];
-	tu_init(&h);
-	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h.ctx, 200), 0);
-	bh_start(&b, h.base, NULL, 0);
-	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	p = black_hole_pool(&h, &b, 200);
 	all_fail(&h, p, b.addr, 10, TW_EHANDSHAKE);
 	/* the black hole may accept after the handshakes timed out (a loaded
 	 * machine): wait for its accepts, then check no more come */
@@ -385,8 +393,7 @@ START_TEST(timeout_while_waiting)
 	ck_assert(rc_wait(&f.h, &a, TU_WAIT_MS));
 	rc_assert_str(&a, "later");
 	rc_clear(&a);
-	rc_echo_ok(&f.h, f.pool, f.s.addr, "c", 0);
-	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_serves_on(&f, "c");
 	rf_fini(&f);
 }
 END_TEST
@@ -747,8 +754,7 @@ START_TEST(pool_call_after_closing_reply)
 	ck_assert(tw_msgpack_str_eq(tw_decoded_root(first.reply), "bye"));
 	tw_decoded_free(first.reply);
 	ck_assert_int_eq(fp_second.err, TW_ECLOSED);
-	rc_echo_ok(&f.h, f.pool, f.s.addr, "third", 0);
-	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_serves_on(&f, "third");
 	rf_fini(&f);
 }
 END_TEST
@@ -1204,10 +1210,7 @@ START_TEST(pool_free_connecting)
 	struct tu h;
 	struct bh b;
 	tw_pool *p;
-	tu_init(&h);
-	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h.ctx, 200), 0);
-	bh_start(&b, h.base, NULL, 0);
-	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	p = black_hole_pool(&h, &b, 200);
 	for (size_t i = 0; i < NFREE; i++)
 		rc_start(p, b.addr, rq_op("identity"), 0, &rc[i]);
 	ck_assert(tu_wait_count(&h, &b.n, NFREE, TU_WAIT_MS));
@@ -1306,9 +1309,7 @@ START_TEST(pool_free_then_context)
 	struct tu h;
 	struct bh b;
 	tw_pool *p;
-	tu_init(&h);
-	bh_start(&b, h.base, NULL, 0);
-	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	p = black_hole_pool(&h, &b, 0);
 	for (size_t i = 0; i < 8; i++)
 		rc_start(p, b.addr, rq_op("identity"), 0, &rc[i]);
 	ck_assert(tu_wait_count(&h, &b.n, 8, TU_WAIT_MS));

@@ -188,20 +188,19 @@ START_TEST(server_reply_false)
 {
 	struct rf f;
 	struct rw w;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rf_init_rw(&f, &w);
 	rw_send(&w, count_req(0));
 	rw_send(&w, echo_no_reply("silent"));
 	rw_send(&w, rq_echo_str("first"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "first"));
+	rw_assert_str(&w, 0, "first");
 	ck_assert_uint_eq(f.s.counted, 1);
 	ck_assert_int_eq(f.s.count_wanted_reply, 0);
 	ck_assert_int_eq(f.s.last_reply_rv, 0);
 	rw_send(&w, count_req(1));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 1)), "counted"));
+	rw_assert_str(&w, 1, "counted");
 	ck_assert_int_eq(f.s.count_wanted_reply, 1);
 	rw_send(&w, rq_echo_str("last"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 2)), "last"));
+	rw_assert_str(&w, 2, "last");
 	ck_assert_uint_eq(w.n, 3);
 	ck_assert_int_eq(w.closed, 0);
 	rw_free(&w);
@@ -234,8 +233,7 @@ START_TEST(server_error_reply)
 	ck_assert(tw_msgpack_str_eq(field(&rc, "exception_text"), "fail_late: gave up halfway"));
 	rc_clear(&rc);
 	/* the comm is still good */
-	rc_echo_ok(&f.h, f.pool, f.s.addr, "ok", 0);
-	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_serves_on(&f, "ok");
 	rf_fini(&f);
 }
 END_TEST
@@ -287,8 +285,7 @@ START_TEST(server_unknown_op)
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("no-such-op"), 0, &rc), 0);
 	ck_assert_int_eq(tw_decoded_root(rc.reply)->type, MSGPACK_OBJECT_NIL);
 	rc_clear(&rc);
-	rc_echo_ok(&f.h, f.pool, f.s.addr, "after", 0);
-	ck_assert_uint_eq(tw_pool_open_comms(f.pool, f.s.addr), 1);
+	rf_serves_on(&f, "after");
 	rf_fini(&f);
 }
 END_TEST
@@ -364,17 +361,16 @@ START_TEST(server_close)
 	struct rf f;
 	struct rw w;
 	struct rc rc;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rf_init_rw(&f, &w);
 	rw_send(&w, echo_close("bye"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "bye"));
+	rw_assert_str(&w, 0, "bye");
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	ck_assert_uint_eq(w.n, 1);
 	rw_free(&w);
 	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
 	rw_send(&w, rq_op("close"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "OK"));
+	rw_assert_str(&w, 0, "OK");
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	ck_assert_uint_eq(w.n, 1);
@@ -395,20 +391,19 @@ START_TEST(server_in_order)
 {
 	struct rf f;
 	struct rw w;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rf_init_rw(&f, &w);
 	rw_send(&w, rq_slow(0.05));
 	rw_send(&w, rq_echo_str("second"));
 	rw_send(&w, rq_op("later"));
 	rw_send(&w, rq_echo_str("fourth"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 0)), "done"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 1)), "second"));
+	rw_assert_str(&w, 0, "done");
+	rw_assert_str(&w, 1, "second");
 	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
 	tu_run_for(&f.h, 50); /* "fourth" must wait for "later" */
 	ck_assert_uint_eq(w.n, 2);
 	rs_release(&f.s, 0);
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 2)), "later"));
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 3)), "fourth"));
+	rw_assert_str(&w, 2, "later");
+	rw_assert_str(&w, 3, "fourth");
 	ck_assert_int_eq(w.closed, 0);
 	rw_free(&w);
 	rf_fini(&f);
@@ -559,7 +554,7 @@ START_TEST(server_reply_backpressure)
 		ck_assert_int_eq(ts_check(tw_slice_data(&pl->frames[0]), n, i), -1);
 	}
 	ck_assert_msg(rw_msg(&w, 3) != NULL, "the reply to close:true was lost");
-	ck_assert(tw_msgpack_str_eq(tw_decoded_root(rw_msg(&w, 3)), "closing"));
+	rw_assert_str(&w, 3, "closing");
 	ck_assert(tu_wait_flag(&f.h, &w.closed, TU_WAIT_MS));
 	ck_assert_int_eq(w.close_err, 0);
 	rw_free(&w);

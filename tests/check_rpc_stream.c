@@ -235,8 +235,7 @@ START_TEST(stream_single_map_and_bad)
 	static const uint8_t number[] = {0x07};
 	struct rf f;
 	struct rw w;
-	rf_init(&f);
-	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rf_init_rw(&f, &w);
 	rw_send(&w, stream_start());
 	rw_send(&w, rq_raw(no_op, sizeof(no_op)));
 	rw_send(&w, rq_raw(item0, sizeof(item0)));

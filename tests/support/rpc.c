@@ -454,6 +454,12 @@ void rf_fini(struct rf *f)
 	tu_fini(&f->h);
 }
 
+void rf_serves_on(struct rf *f, const char *s)
+{
+	rc_echo_ok(&f->h, f->pool, f->s.addr, s, 0);
+	ck_assert_uint_eq(tw_pool_open_comms(f->pool, f->s.addr), 1);
+}
+
 /* The raw client comm. */
 
 static void rw_recv(tw_comm *c, tw_msg *m, void *arg)
@@ -507,6 +513,19 @@ const tw_decoded *rw_msg(struct rw *w, size_t i)
 	ck_assert_msg(tu_wait_count_or(w->h, &w->n, i + 1, &w->closed, TU_WAIT_MS),
 		      "no message %zu", i);
 	return i < w->n ? w->msgs[i] : NULL;
+}
+
+void rw_assert_str(struct rw *w, size_t i, const char *s)
+{
+	const tw_decoded *d = rw_msg(w, i);
+	ck_assert_msg(d != NULL && tw_msgpack_str_eq(tw_decoded_root(d), s),
+		      "message %zu is not \"%s\"", i, s);
+}
+
+void rf_init_rw(struct rf *f, struct rw *w)
+{
+	rf_init(f);
+	ck_assert_int_eq(rw_open(&f->h, f->h.ctx, f->s.addr, w), 0);
 }
 
 void rw_free(struct rw *w)

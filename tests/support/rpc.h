@@ -112,6 +112,9 @@ struct rf {
 void rf_init(struct rf *f);
 /* Free the pool, stop the server, free the harness. */
 void rf_fini(struct rf *f);
+/* f still serves: rc_echo_ok of s through f's pool (no deadline), and the
+ * pool holds exactly one comm to f's server. */
+void rf_serves_on(struct rf *f, const char *s);
 
 /* A raw client comm: connect, Dask handshake, decoded messages kept. */
 #define RW_MAX_MSGS 64
@@ -126,6 +129,10 @@ int rw_open(struct tu *h, tw_context *ctx, const char *uri, struct rw *w);
 void rw_send(struct rw *w, tw_msg *m);
 /* Message i, waiting for it; NULL when the comm closed first. */
 const tw_decoded *rw_msg(struct rw *w, size_t i);
+/* Message i, waited for, is the string s. */
+void rw_assert_str(struct rw *w, size_t i, const char *s);
+/* rf_init(f), then rw_open(w) to f's server (asserted). */
+void rf_init_rw(struct rf *f, struct rw *w);
 void rw_free(struct rw *w);
 
 /* A listener that accepts and then never reads; on accept it writes
