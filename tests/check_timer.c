@@ -64,53 +64,56 @@ static void teardown(struct fired *f, struct tw__timer *t)
 	event_base_free(f->base);
 }
 
+/* Every test's timer and what it saw, set up and torn down around it (a
+ * checked fixture: in the test's own process). */
+static struct tw__timer tm;
+static struct fired fr;
+
+static void fx_setup(void)
+{
+	setup(&fr, &tm);
+}
+
+static void fx_teardown(void)
+{
+	teardown(&fr, &tm);
+}
+
 /* Fires once, not before its time; a later arming replaces it. */
 START_TEST(fires_once_at_its_time)
 {
-	struct tw__timer t;
-	struct fired f;
 	uint64_t start;
-	setup(&f, &t);
 	start = now_ms();
-	tw__timer_arm(&t, start + 10);
-	tw__timer_arm(&t, start + 40); /* replaces +10 */
-	ck_assert_uint_eq(t.at_ms, start + 40);
-	run(&f, GUARD_MS);
-	ck_assert_int_eq(f.n, 1);
-	ck_assert_uint_ge(f.at[0], start + 40);
-	ck_assert_uint_eq(t.at_ms, 0);
-	teardown(&f, &t);
+	tw__timer_arm(&tm, start + 10);
+	tw__timer_arm(&tm, start + 40); /* replaces +10 */
+	ck_assert_uint_eq(tm.at_ms, start + 40);
+	run(&fr, GUARD_MS);
+	ck_assert_int_eq(fr.n, 1);
+	ck_assert_uint_ge(fr.at[0], start + 40);
+	ck_assert_uint_eq(tm.at_ms, 0);
 }
 END_TEST
 
 /* A sooner arming replaces a far one: it fires long before the first. */
 START_TEST(sooner_replaces)
 {
-	struct tw__timer t;
-	struct fired f;
-	setup(&f, &t);
-	tw__timer_arm(&t, now_ms() + 3600 * 1000);
-	tw__timer_arm(&t, now_ms() + 5);
-	run(&f, GUARD_MS);
-	ck_assert_int_eq(f.n, 1);
-	teardown(&f, &t);
+	tw__timer_arm(&tm, now_ms() + 3600 * 1000);
+	tw__timer_arm(&tm, now_ms() + 5);
+	run(&fr, GUARD_MS);
+	ck_assert_int_eq(fr.n, 1);
 }
 END_TEST
 
 /* A time already past, and 0, fire on the next loop turn. */
 START_TEST(past_fires_at_once)
 {
-	struct tw__timer t;
-	struct fired f;
-	setup(&f, &t);
-	tw__timer_arm(&t, now_ms() - 1000);
-	ck_assert_int_eq(event_base_loop(f.base, EVLOOP_ONCE), 0);
-	ck_assert_int_eq(f.n, 1);
-	tw__timer_arm(&t, 0);
-	ck_assert_uint_ne(t.at_ms, 0);
-	ck_assert_int_eq(event_base_loop(f.base, EVLOOP_ONCE), 0);
-	ck_assert_int_eq(f.n, 2);
-	teardown(&f, &t);
+	tw__timer_arm(&tm, now_ms() - 1000);
+	ck_assert_int_eq(event_base_loop(fr.base, EVLOOP_ONCE), 0);
+	ck_assert_int_eq(fr.n, 1);
+	tw__timer_arm(&tm, 0);
+	ck_assert_uint_ne(tm.at_ms, 0);
+	ck_assert_int_eq(event_base_loop(fr.base, EVLOOP_ONCE), 0);
+	ck_assert_int_eq(fr.n, 2);
 }
 END_TEST
 
@@ -118,16 +121,12 @@ END_TEST
  * sweep). */
 START_TEST(rearm_from_callback)
 {
-	struct tw__timer t;
-	struct fired f;
-	setup(&f, &t);
-	f.again = 3;
-	tw__timer_arm(&t, now_ms() + 5);
-	run(&f, GUARD_MS);
-	ck_assert_int_eq(f.n, 4);
+	fr.again = 3;
+	tw__timer_arm(&tm, now_ms() + 5);
+	run(&fr, GUARD_MS);
+	ck_assert_int_eq(fr.n, 4);
 	for (int i = 1; i < 4; i++)
-		ck_assert_uint_ge(f.at[i], f.at[i - 1] + 5);
-	teardown(&f, &t);
+		ck_assert_uint_ge(fr.at[i], fr.at[i - 1] + 5);
 }
 END_TEST
 
@@ -136,21 +135,19 @@ END_TEST
  * never fires. */
 START_TEST(no_loop_timeout_while_armed)
 {
-	struct tw__timer t;
-	struct fired f;
-	setup(&f, &t);
-	tw__timer_arm(&t, now_ms() + 5);
-	ck_assert_int_eq(loop_timeouts(f.base), 0);
-	tw__timer_fini(&t);
-	run(&f, 50);
-	ck_assert_int_eq(f.n, 0);
-	teardown(&f, &t);
+	tw__timer_arm(&tm, now_ms() + 5);
+	ck_assert_int_eq(loop_timeouts(fr.base), 0);
+	tw__timer_fini(&tm);
+	run(&fr, 50);
+	ck_assert_int_eq(fr.n, 0);
 }
 END_TEST
 
 int main(void)
 {
-	return ts_main_one("timer", 0, 0,
-			   TS_TESTS(fires_once_at_its_time, sooner_replaces, past_fires_at_once,
-				    rearm_from_callback, no_loop_timeout_while_armed));
+	TCase *tc = ts_tcase("timer", 0,
+			     TS_TESTS(fires_once_at_its_time, sooner_replaces, past_fires_at_once,
+				      rearm_from_callback, no_loop_timeout_while_armed));
+	tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
+	return ts_main("timer", 0, TS_CASES(tc));
 }
