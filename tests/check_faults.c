@@ -133,16 +133,22 @@ static int back_to(void *arg)
 	return tt_fd_count() == w->fds && ts_blocks_live() == w->blocks;
 }
 
-/* The proxy lets go of every connection; then the comms on both sides
- * must be gone: the descriptors and blocks of before the proxy. */
+/* The proxy px lets go of every connection; then the comms on both
+ * sides must be gone: the descriptors (fds) and blocks of before the
+ * proxy (transport t). */
+static void nothing_left(struct tu *h, struct fp *px, int t, int fds, uint64_t blocks)
+{
+	struct fd_wait w = {fds, blocks};
+	fp_stop(px);
+	ck_assert_msg(run_until_abs(h, back_to, &w, WAIT_MS),
+		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
+		      ts_tran_scheme(t), tt_fd_count(), fds, (unsigned long long)ts_blocks_live(),
+		      (unsigned long long)blocks);
+}
+
 static void assert_nothing_left(struct ff *f)
 {
-	struct fd_wait w = {f->fds, f->blocks};
-	fp_stop(&f->px);
-	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
-		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
-		      ts_tran_scheme(f->t), tt_fd_count(), f->fds,
-		      (unsigned long long)ts_blocks_live(), (unsigned long long)f->blocks);
+	nothing_left(&f->h, &f->px, f->t, f->fds, f->blocks);
 }
 
 static void ff_fini(struct ff *f)
@@ -151,6 +157,15 @@ static void ff_fini(struct ff *f)
 	tw_pool_free(f->pool);
 	rs_stop(&f->s);
 	tu_fini(&f->h);
+}
+
+/* The end of a failed call's case: the server still serves (canary),
+ * nothing is left once the proxy lets go, the fixture is freed. */
+static void ff_end(struct ff *f)
+{
+	canary(f);
+	assert_nothing_left(f);
+	ff_fini(f);
 }
 
 /* echo(data=<n pattern bytes, out of band>): the reply is the bytes. */
@@ -247,83 +262,51 @@ START_TEST(pool_black_hole)
 	ff_init(&f, _i, &o);
 	call_fails_in(&f, rq_op("identity"), dl(300), TW_ETIMEDOUT, "black hole", 1);
 	ck_assert_uint_eq(f.px.accepts, 1);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
+	ff_end(&f);
 }
 END_TEST
 
-/* The reply stops coming 64 KiB in: the call's deadline ends it. */
-START_TEST(pool_stall_reply)
-{
-	struct fp_opts o = {.fault = FP_STALL, .dir = FP_DOWN, .after = AFTER};
-	struct ff f;
-	ff_init(&f, _i, &o);
-	warm(&f, 64 * KiB);
-	call_fails(&f, echo_bytes(MiB, 3), dl(500), TW_ETIMEDOUT, "stalled reply");
-	assert_stalled(&f);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
-}
-END_TEST
+/* One fault in the middle of a 1 MiB pool call (the proxy lets AFTER
+ * bytes through first), on every transport: _i = case * 4 + transport. */
+static const struct pool_fault {
+	enum fp_fault fault;
+	int dir;
+	int warm;      /* a warm call first (the stall cases): assert_stalled */
+	unsigned seed; /* of the request's pattern */
+	uint32_t ms;   /* the call's deadline, dl(ms); 0: FAR_MS */
+	int want;
+	const char *what;
+} pool_faults[] = {
+	/* The reply stops coming 64 KiB in: the call's deadline ends it. */
+	{FP_STALL, FP_DOWN, 1, 3, 500, TW_ETIMEDOUT, "stalled reply"},
+	/* The request stops going 64 KiB in: the call's deadline ends it. */
+	{FP_STALL, FP_UP, 1, 4, 500, TW_ETIMEDOUT, "stalled request"},
+	/* A reset in the middle of the reply: the call fails at once with
+	 * the socket error (ECONNRESET), not at its deadline (FAR_MS). */
+	{FP_RESET, FP_DOWN, 0, 5, 0, TW_EIO, "reset reply"},
+	/* A reset in the middle of the request. */
+	{FP_RESET, FP_UP, 0, 6, 0, TW_EIO, "reset request"},
+	/* The server's direction ends (FIN) in the middle of the reply
+	 * while the client's stays open: the message was cut,
+	 * TW_ETRUNCATED, at once. */
+	{FP_HALF_OPEN, FP_DOWN, 0, 7, 0, TW_ETRUNCATED, "half-open reply"},
+};
+enum { STALL_REPLY, STALL_REQUEST, RESET_REPLY, RESET_REQUEST, HALF_OPEN_REPLY };
 
-/* The request stops going 64 KiB in: the call's deadline ends it. */
-START_TEST(pool_stall_request)
+START_TEST(pool_fault_mid_call)
 {
-	struct fp_opts o = {.fault = FP_STALL, .dir = FP_UP, .after = AFTER};
+	const struct pool_fault *c = &pool_faults[_i / 4];
+	struct fp_opts o = {.fault = c->fault, .dir = c->dir, .after = AFTER};
 	struct ff f;
-	ff_init(&f, _i, &o);
-	warm(&f, 64 * KiB);
-	call_fails(&f, echo_bytes(MiB, 4), dl(500), TW_ETIMEDOUT, "stalled request");
-	assert_stalled(&f);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
-}
-END_TEST
-
-/* A reset in the middle of the reply: the call fails at once with the
- * socket error (ECONNRESET), not at its deadline (FAR_MS). */
-START_TEST(pool_reset_reply)
-{
-	struct fp_opts o = {.fault = FP_RESET, .dir = FP_DOWN, .after = AFTER};
-	struct ff f;
-	ff_init(&f, _i, &o);
-	call_fails(&f, echo_bytes(MiB, 5), FAR_MS, TW_EIO, "reset reply");
-	ck_assert_uint_eq(f.px.faults, 1);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
-}
-END_TEST
-
-/* A reset in the middle of the request. */
-START_TEST(pool_reset_request)
-{
-	struct fp_opts o = {.fault = FP_RESET, .dir = FP_UP, .after = AFTER};
-	struct ff f;
-	ff_init(&f, _i, &o);
-	call_fails(&f, echo_bytes(MiB, 6), FAR_MS, TW_EIO, "reset request");
-	ck_assert_uint_eq(f.px.faults, 1);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
-}
-END_TEST
-
-/* The server's direction ends (FIN) in the middle of the reply while the
- * client's stays open: the message was cut, TW_ETRUNCATED, at once. */
-START_TEST(pool_half_open_reply)
-{
-	struct fp_opts o = {.fault = FP_HALF_OPEN, .dir = FP_DOWN, .after = AFTER};
-	struct ff f;
-	ff_init(&f, _i, &o);
-	call_fails(&f, echo_bytes(MiB, 7), FAR_MS, TW_ETRUNCATED, "half-open reply");
-	ck_assert_uint_eq(f.px.faults, 1);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
+	ff_init(&f, _i % 4, &o);
+	if (c->warm)
+		warm(&f, 64 * KiB);
+	call_fails(&f, echo_bytes(MiB, c->seed), c->ms != 0 ? dl(c->ms) : FAR_MS, c->want, c->what);
+	if (c->warm)
+		assert_stalled(&f);
+	else
+		ck_assert_uint_eq(f.px.faults, 1);
+	ff_end(&f);
 }
 END_TEST
 
@@ -338,29 +321,22 @@ START_TEST(pool_delay_throttle)
 	struct fp_opts slow = {.fault = FP_THROTTLE, .rate = 256 * KiB};
 	struct ff f;
 	struct rc rc;
-	ff_init(&f, _i, &d);
-	rc_start(f.pool, f.via, echo_bytes(MiB, 8), WAIT_MS, &rc);
-	ck_assert(run_until_abs(&f.h, rc_is_done, &rc, WAIT_MS + 1000));
-	assert_echo(&rc, MiB, 8);
-	rc_clear(&rc);
-	assert_nothing_left(&f);
-	ff_fini(&f);
-
-	ff_init(&f, _i, &th);
-	rc_start(f.pool, f.via, echo_bytes(MiB, 9), WAIT_MS, &rc);
-	ck_assert(run_until_abs(&f.h, rc_is_done, &rc, WAIT_MS + 1000));
-	assert_echo(&rc, MiB, 9);
-	rc_clear(&rc);
-	assert_nothing_left(&f);
-	ff_fini(&f);
+	const struct fp_opts *carry[] = {&d, &th}; /* seeds 8 and 9 */
+	for (unsigned k = 0; k < 2; k++) {
+		ff_init(&f, _i, carry[k]);
+		rc_start(f.pool, f.via, echo_bytes(MiB, 8 + k), WAIT_MS, &rc);
+		ck_assert(run_until_abs(&f.h, rc_is_done, &rc, WAIT_MS + 1000));
+		assert_echo(&rc, MiB, 8 + k);
+		rc_clear(&rc);
+		assert_nothing_left(&f);
+		ff_fini(&f);
+	}
 
 	ff_init(&f, _i, &slow);
 	warm(&f, 0);
 	call_fails(&f, echo_bytes(MiB, 10), 500, TW_ETIMEDOUT, "throttled");
 	ck_assert_uint_gt(f.px.moved[0], 0);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
+	ff_end(&f);
 }
 END_TEST
 
@@ -413,12 +389,7 @@ static void pf_init(struct pf *f, int t, const struct fp_opts *o)
 
 static void pf_nothing_left(struct pf *f, int t)
 {
-	struct fd_wait w = {f->fds, f->blocks};
-	fp_stop(&f->px);
-	ck_assert_msg(run_until_abs(&f->h, back_to, &w, WAIT_MS),
-		      "%s: %d descriptors open (%d before), %llu blocks live (%llu before)",
-		      ts_tran_scheme(t), tt_fd_count(), f->fds,
-		      (unsigned long long)ts_blocks_live(), (unsigned long long)f->blocks);
+	nothing_left(&f->h, &f->px, t, f->fds, f->blocks);
 }
 
 static void pf_fini(struct pf *f)
@@ -436,6 +407,15 @@ static void pf_canary(struct pf *f)
 	c->keep = 1;
 	tu_echo_check(c, &len, 1, 11, WAIT_MS);
 	tu_peer_free(c);
+}
+
+/* The end of a plain-comm case: the listener still echoes, nothing is
+ * left once the proxy lets go, the fixture is freed. */
+static void pf_end(struct pf *f, int t)
+{
+	pf_canary(f);
+	pf_nothing_left(f, t);
+	pf_fini(f);
 }
 
 static int connect_ended(void *arg)
@@ -479,9 +459,7 @@ START_TEST(comm_connect_black_hole)
 	 * valgrind (CI failed so): it gets the default deadline back */
 	ck_assert_int_eq(tw_context_set_connect_timeout_ms(f.h.ctx, TW_DEFAULT_CONNECT_TIMEOUT_MS),
 			 0);
-	pf_canary(&f);
-	pf_nothing_left(&f, _i);
-	pf_fini(&f);
+	pf_end(&f, _i);
 }
 END_TEST
 
@@ -548,9 +526,7 @@ START_TEST(comm_stall_writer)
 		      tw_strerror(c->close_err), c->last_error);
 	ck_assert_uint_eq(tw_comm_queued_bytes(c->comm), 0);
 	tu_peer_free(c);
-	pf_canary(&f);
-	pf_nothing_left(&f, _i);
-	pf_fini(&f);
+	pf_end(&f, _i);
 }
 END_TEST
 
@@ -591,34 +567,39 @@ START_TEST(stream_reset)
 	ck_assert_uint_eq(f.s.item_errors, 0);
 	tw_batched_free(b);
 	rw_free(&w);
-	canary(&f);
-	assert_nothing_left(&f);
-	ff_fini(&f);
+	ff_end(&f);
 }
 END_TEST
 
-static TCase *tc(const char *name, const TTest *t)
+/* A TCase called name running t over every transport, _i = k * 4 +
+ * transport (k: a row of t's table, 0 for the other tests). */
+static TCase *tc_row(const char *name, const TTest *t, int k)
 {
 	TCase *c = tcase_create(name);
 	tcase_set_timeout(c, 300);
 	if (ts_quick()) { /* valgrind: tcp and wss cover the code of all four */
-		tcase_add_loop_test(c, t, TCP, TCP + 1);
-		tcase_add_loop_test(c, t, WSS, WSS + 1);
+		tcase_add_loop_test(c, t, k * 4 + TCP, k * 4 + TCP + 1);
+		tcase_add_loop_test(c, t, k * 4 + WSS, k * 4 + WSS + 1);
 	} else {
-		tcase_add_loop_test(c, t, TCP, WSS + 1);
+		tcase_add_loop_test(c, t, k * 4 + TCP, k * 4 + WSS + 1);
 	}
 	return c;
+}
+
+static TCase *tc(const char *name, const TTest *t)
+{
+	return tc_row(name, t, 0);
 }
 
 int main(void)
 {
 	Suite *s = suite_create("faults");
 	suite_add_tcase(s, tc("pool_black_hole", pool_black_hole));
-	suite_add_tcase(s, tc("pool_stall_reply", pool_stall_reply));
-	suite_add_tcase(s, tc("pool_stall_request", pool_stall_request));
-	suite_add_tcase(s, tc("pool_reset_reply", pool_reset_reply));
-	suite_add_tcase(s, tc("pool_reset_request", pool_reset_request));
-	suite_add_tcase(s, tc("pool_half_open_reply", pool_half_open_reply));
+	suite_add_tcase(s, tc_row("pool_stall_reply", pool_fault_mid_call, STALL_REPLY));
+	suite_add_tcase(s, tc_row("pool_stall_request", pool_fault_mid_call, STALL_REQUEST));
+	suite_add_tcase(s, tc_row("pool_reset_reply", pool_fault_mid_call, RESET_REPLY));
+	suite_add_tcase(s, tc_row("pool_reset_request", pool_fault_mid_call, RESET_REQUEST));
+	suite_add_tcase(s, tc_row("pool_half_open_reply", pool_fault_mid_call, HALF_OPEN_REPLY));
 	suite_add_tcase(s, tc("pool_delay_throttle", pool_delay_throttle));
 	suite_add_tcase(s, tc("pool_free_black_hole", pool_free_black_hole));
 	suite_add_tcase(s, tc("comm_connect_black_hole", comm_connect_black_hole));
