@@ -241,5 +241,6 @@ int main(void)
 	ox_init();
 	suite_add_tcase(s, offload_order_tcase());
 	suite_add_tcase(s, offload_life_tcase());
+	suite_add_tcase(s, offload_life_other_tcase());
 	return ts_run(s, 0);
 }

@@ -6,6 +6,9 @@
 #include <check.h>
 
 TCase *offload_order_tcase(void); /* tests/check_offload.c: order, threads, thresholds */
-TCase *offload_life_tcase(void);  /* tests/check_offload_life.c: close, free, errors, server */
+/* tests/check_offload_life.c: close, free, pause in the pool ("life");
+ * decoding, context free, errors, server ("life-other") */
+TCase *offload_life_tcase(void);
+TCase *offload_life_other_tcase(void);
 
 #endif

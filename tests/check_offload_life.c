@@ -49,48 +49,84 @@ static void held_fini(struct held *t)
 	ox_job_free(t->marker);
 }
 
+/* The end of a case whose message never arrives: release, nothing
+ * delivered on comm 0, its close callback ran (closed 1) or not (0). */
+static void release_none_delivered(struct held *t, int closed)
+{
+	release(t);
+	ck_assert_uint_eq(t->o.rx[0].n, 0);
+	ck_assert_int_eq(t->o.rx[0].closed, closed);
+}
+
+/* The end of a case that closes in order: release; comm 0's n messages
+ * arrive, in order, then its close callback with 0, nothing after it. */
+static void release_then_closed(struct held *t, size_t n)
+{
+	release(t);
+	ck_assert(tu_wait_flag(&t->o.h, &t->o.rx[0].closed, TU_WAIT_MS));
+	ck_assert_int_eq(t->o.rx[0].close_err, 0);
+	ck_assert_uint_eq(t->o.rx[0].n, n);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_msg(ox_rx_is(&t->o.rx[0], i, i), "message %zu", i);
+	ck_assert_uint_lt(t->o.rx[0].got[n - 1].order, t->o.rx[0].close_order);
+	ck_assert_uint_eq(t->o.rx[0].after_close, 0);
+}
+
+/* tw_comm_close of c (comm 0 or its client), until the client's side of
+ * comm 0 has closed (the FIN went both ways). */
+static void close_both_ways(struct held *t, tw_comm *c)
+{
+	tw_comm_close(c);
+	ck_assert(tu_wait_flag(&t->o.h, &t->o.cli[0]->closed, TU_WAIT_MS));
+}
+
+/* tw_comm_free of comm 0, which the harness then forgets. */
+static void free_comm0(struct ox *o)
+{
+	tw_comm_free(o->rx[0].comm);
+	ox_forget(o, 0);
+}
+
+/* The cases of the "held" TCase share one fixture: hold_large before,
+ * held_fini after (a checked fixture: in the test's own process). */
+static struct held fx;
+
+static void fx_setup(void)
+{
+	hold_large(&fx);
+}
+
+static void fx_teardown(void)
+{
+	held_fini(&fx);
+}
+
 /* tw_comm_abort: the close callback runs at once with TW_ECANCELED; the
  * message, decoded later, is never delivered. */
 START_TEST(abort_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	tw_comm_abort(t.o.rx[0].comm);
-	ck_assert_int_eq(t.o.rx[0].closed, 1);
-	ck_assert_int_eq(t.o.rx[0].close_err, TW_ECANCELED);
-	release(&t);
-	ck_assert_uint_eq(t.o.rx[0].n, 0);
-	ck_assert_int_eq(t.o.rx[0].closed, 1);
-	held_fini(&t);
+	tw_comm_abort(fx.o.rx[0].comm);
+	ck_assert_int_eq(fx.o.rx[0].closed, 1);
+	ck_assert_int_eq(fx.o.rx[0].close_err, TW_ECANCELED);
+	release_none_delivered(&fx, 1);
 }
 END_TEST
 
 /* The same, freeing the comm inside its close callback. */
 START_TEST(abort_free_in_close_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	t.o.rx[0].free_in_close = 1;
-	tw_comm_abort(t.o.rx[0].comm);
-	ck_assert_ptr_null(t.o.rx[0].comm);
-	release(&t);
-	ck_assert_uint_eq(t.o.rx[0].n, 0);
-	ck_assert_int_eq(t.o.rx[0].closed, 1);
-	held_fini(&t);
+	fx.o.rx[0].free_in_close = 1;
+	tw_comm_abort(fx.o.rx[0].comm);
+	ck_assert_ptr_null(fx.o.rx[0].comm);
+	release_none_delivered(&fx, 1);
 }
 END_TEST
 
 /* tw_comm_free: no callback of the comm ever runs again. */
 START_TEST(free_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	tw_comm_free(t.o.rx[0].comm);
-	ox_forget(&t.o, 0);
-	release(&t);
-	ck_assert_uint_eq(t.o.rx[0].n, 0);
-	ck_assert_int_eq(t.o.rx[0].closed, 0);
-	held_fini(&t);
+	free_comm0(&fx.o);
+	release_none_delivered(&fx, 0);
 }
 END_TEST
 
@@ -98,18 +134,8 @@ END_TEST
  * then the close callback runs with 0; nothing after it. */
 START_TEST(close_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	tw_comm_close(t.o.rx[0].comm);
-	ck_assert(tu_wait_flag(&t.o.h, &t.o.cli[0]->closed, TU_WAIT_MS)); /* our FIN arrived */
-	release(&t);
-	ck_assert(tu_wait_flag(&t.o.h, &t.o.rx[0].closed, TU_WAIT_MS));
-	ck_assert_int_eq(t.o.rx[0].close_err, 0);
-	ck_assert_uint_eq(t.o.rx[0].n, 1);
-	ck_assert(ox_rx_is(&t.o.rx[0], 0, 0));
-	ck_assert_uint_lt(t.o.rx[0].got[0].order, t.o.rx[0].close_order);
-	ck_assert_uint_eq(t.o.rx[0].after_close, 0);
-	held_fini(&t);
+	close_both_ways(&fx, fx.o.rx[0].comm); /* our FIN arrived */
+	release_then_closed(&fx, 1);
 }
 END_TEST
 
@@ -118,22 +144,11 @@ END_TEST
  * be without the pool. */
 START_TEST(peer_close_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	ox_send(&t.o, 0, ox_small(1, NULL));
-	ox_send(&t.o, 0, ox_small(2, NULL));
-	tw_comm_close(t.o.cli[0]->comm);
-	ck_assert(tu_wait_flag(&t.o.h, &t.o.cli[0]->closed, TU_WAIT_MS));
-	ck_assert_uint_eq(t.o.rx[0].n, 0);
-	release(&t);
-	ck_assert(tu_wait_flag(&t.o.h, &t.o.rx[0].closed, TU_WAIT_MS));
-	ck_assert_int_eq(t.o.rx[0].close_err, 0);
-	ck_assert_uint_eq(t.o.rx[0].n, 3);
-	for (size_t i = 0; i < 3; i++)
-		ck_assert_msg(ox_rx_is(&t.o.rx[0], i, i), "message %zu", i);
-	ck_assert_uint_lt(t.o.rx[0].got[2].order, t.o.rx[0].close_order);
-	ck_assert_uint_eq(t.o.rx[0].after_close, 0);
-	held_fini(&t);
+	ox_send(&fx.o, 0, ox_small(1, NULL));
+	ox_send(&fx.o, 0, ox_small(2, NULL));
+	close_both_ways(&fx, fx.o.cli[0]->comm);
+	ck_assert_uint_eq(fx.o.rx[0].n, 0);
+	release_then_closed(&fx, 3);
 }
 END_TEST
 
@@ -141,17 +156,10 @@ END_TEST
  * pool: no callback at all after the free. */
 START_TEST(free_after_peer_close_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	tw_comm_close(t.o.cli[0]->comm);
 	/* the client's close finishes after our end saw its FIN and ended */
-	ck_assert(tu_wait_flag(&t.o.h, &t.o.cli[0]->closed, TU_WAIT_MS));
-	tw_comm_free(t.o.rx[0].comm);
-	ox_forget(&t.o, 0);
-	release(&t);
-	ck_assert_uint_eq(t.o.rx[0].n, 0);
-	ck_assert_int_eq(t.o.rx[0].closed, 0);
-	held_fini(&t);
+	close_both_ways(&fx, fx.o.cli[0]->comm);
+	free_comm0(&fx.o);
+	release_none_delivered(&fx, 0);
 }
 END_TEST
 
@@ -161,19 +169,16 @@ END_TEST
  * the resume last. */
 START_TEST(pause_while_in_pool)
 {
-	struct held t;
-	hold_large(&t);
-	ox_send(&t.o, 0, ox_small(1, NULL));
-	ox_wait_received(&t.o, 0, 2);
-	tw_comm_pause(t.o.rx[0].comm);
-	release(&t);
-	ck_assert_uint_eq(t.o.rx[0].n, 0);
-	ox_send(&t.o, 0, ox_small(2, NULL));
-	tw_comm_resume(t.o.rx[0].comm);
-	ox_wait_delivered(&t.o, 0, 3);
+	ox_send(&fx.o, 0, ox_small(1, NULL));
+	ox_wait_received(&fx.o, 0, 2);
+	tw_comm_pause(fx.o.rx[0].comm);
+	release(&fx);
+	ck_assert_uint_eq(fx.o.rx[0].n, 0);
+	ox_send(&fx.o, 0, ox_small(2, NULL));
+	tw_comm_resume(fx.o.rx[0].comm);
+	ox_wait_delivered(&fx.o, 0, 3);
 	for (size_t i = 0; i < 3; i++)
-		ck_assert_msg(ox_rx_is(&t.o.rx[0], i, i), "message %zu", i);
-	held_fini(&t);
+		ck_assert_msg(ox_rx_is(&fx.o.rx[0], i, i), "message %zu", i);
 }
 END_TEST
 
@@ -188,8 +193,7 @@ static void while_decoding(int free_it)
 	ox_wait_received(&o, 0, 1);
 	marker = ox_marker(o.h.ctx);
 	if (free_it) {
-		tw_comm_free(o.rx[0].comm);
-		ox_forget(&o, 0);
+		free_comm0(&o);
 	} else {
 		tw_comm_abort(o.rx[0].comm);
 	}
@@ -509,11 +513,19 @@ END_TEST
 
 TCase *offload_life_tcase(void)
 {
-	return ts_tcase("life", 120,
-			TS_TESTS(abort_while_in_pool, abort_free_in_close_while_in_pool,
-				 free_while_in_pool, close_while_in_pool, peer_close_while_in_pool,
-				 free_after_peer_close_while_in_pool, pause_while_in_pool,
-				 abort_while_decoding, free_while_decoding,
+	TCase *held =
+		ts_tcase("life", 120,
+			 TS_TESTS(abort_while_in_pool, abort_free_in_close_while_in_pool,
+				  free_while_in_pool, close_while_in_pool, peer_close_while_in_pool,
+				  free_after_peer_close_while_in_pool, pause_while_in_pool));
+	tcase_add_checked_fixture(held, fx_setup, fx_teardown);
+	return held;
+}
+
+TCase *offload_life_other_tcase(void)
+{
+	return ts_tcase("life-other", 120,
+			TS_TESTS(abort_while_decoding, free_while_decoding,
 				 context_free_with_jobs_queued,
 				 own_thread_context_free_with_jobs_queued, worker_error_reported,
 				 server_small_while_large_decodes));
