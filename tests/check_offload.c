@@ -22,9 +22,7 @@
 START_TEST(order_large_then_small)
 {
 	struct ox o;
-	struct ox_job *gate;
-	ox_setup(&o, 1, 1);
-	gate = ox_gate(o.h.ctx);
+	struct ox_job *gate = ox_setup_gated(&o, 1);
 	ox_send(&o, 0, ox_large(0, NULL));
 	ox_send(&o, 0, ox_small(1, NULL));
 	ox_wait_received(&o, 0, 2);
@@ -37,9 +35,7 @@ START_TEST(order_large_then_small)
 	ck_assert_uint_eq(o.rx[0].got[0].bytes, ox_large_bytes());
 	ck_assert(ox_rx_is(&o.rx[0], 1, 1));
 	ck_assert_uint_eq(o.rx[0].got[1].bytes, OX_SMALL_BYTES);
-	ox_wait_job(&o.h, gate);
-	ox_teardown(&o);
-	ox_job_free(gate);
+	ox_teardown_gated(&o, gate);
 }
 END_TEST
 
@@ -74,9 +70,7 @@ END_TEST
 START_TEST(comms_do_not_wait)
 {
 	struct ox o;
-	struct ox_job *gate;
-	ox_setup(&o, 2, 1);
-	gate = ox_gate(o.h.ctx);
+	struct ox_job *gate = ox_setup_gated(&o, 2);
 	ox_send(&o, 0, ox_large(0, NULL));
 	ox_wait_received(&o, 0, 1);
 	ox_send(&o, 1, ox_small(1, NULL));
@@ -87,9 +81,7 @@ START_TEST(comms_do_not_wait)
 	ck_assert(ox_rx_is(&o.rx[0], 0, 0));
 	ck_assert(ox_rx_is(&o.rx[1], 0, 1));
 	ck_assert_uint_lt(o.rx[1].got[0].order, o.rx[0].got[0].order);
-	ox_wait_job(&o.h, gate);
-	ox_teardown(&o);
-	ox_job_free(gate);
+	ox_teardown_gated(&o, gate);
 }
 END_TEST
 
@@ -167,10 +159,8 @@ END_TEST
 START_TEST(threshold_zero_offloads_small)
 {
 	struct ox o;
-	struct ox_job *gate;
-	ox_setup(&o, 1, 1);
+	struct ox_job *gate = ox_setup_gated(&o, 1);
 	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(o.h.ctx, 0), 0);
-	gate = ox_gate(o.h.ctx);
 	for (size_t i = 0; i < 5; i++)
 		ox_send(&o, 0, ox_small(i, NULL));
 	ox_wait_received(&o, 0, 5);
@@ -182,9 +172,7 @@ START_TEST(threshold_zero_offloads_small)
 	ox_wait_delivered(&o, 0, 20);
 	for (size_t i = 0; i < 20; i++)
 		ck_assert_msg(ox_rx_is(&o.rx[0], i, i), "message %zu", i);
-	ox_wait_job(&o.h, gate);
-	ox_teardown(&o);
-	ox_job_free(gate);
+	ox_teardown_gated(&o, gate);
 }
 END_TEST
 

@@ -23,8 +23,7 @@ struct held {
 
 static void hold_large(struct held *t)
 {
-	ox_setup(&t->o, 2, 1);
-	t->gate = ox_gate(t->o.h.ctx);
+	t->gate = ox_setup_gated(&t->o, 2);
 	ox_send(&t->o, 0, ox_large(0, NULL));
 	ox_wait_received(&t->o, 0, 1);
 	t->marker = ox_marker(t->o.h.ctx);
@@ -341,10 +340,8 @@ END_TEST
 START_TEST(worker_error_reported)
 {
 	struct ox o;
-	struct ox_job *gate;
+	struct ox_job *gate = ox_setup_gated(&o, 2);
 	const struct ox_got *g;
-	ox_setup(&o, 2, 1);
-	gate = ox_gate(o.h.ctx);
 	ox_send(&o, 0, ox_corrupt(0));
 	ox_send(&o, 0, ox_small(1, NULL));
 	ox_send(&o, 0, ox_large(2, NULL));
@@ -368,9 +365,7 @@ START_TEST(worker_error_reported)
 	ck_assert(ox_rx_is(&o.rx[1], 1, 11));
 	ck_assert(ox_rx_is(&o.rx[0], 3, 3));
 	ck_assert_uint_eq(o.rx[0].off_thread + o.rx[1].off_thread, 0);
-	ox_wait_job(&o.h, gate);
-	ox_teardown(&o);
-	ox_job_free(gate);
+	ox_teardown_gated(&o, gate);
 }
 END_TEST
 

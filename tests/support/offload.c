@@ -434,6 +434,19 @@ void ox_wait_job(struct tu *h, struct ox_job *j)
 	ck_assert_msg(tu_wait_flag(h, &j->done, TU_WAIT_MS), "job never finished");
 }
 
+struct ox_job *ox_setup_gated(struct ox *o, size_t ncomms)
+{
+	ox_setup(o, ncomms, 1);
+	return ox_gate(o->h.ctx);
+}
+
+void ox_teardown_gated(struct ox *o, struct ox_job *gate)
+{
+	ox_wait_job(&o->h, gate);
+	ox_teardown(o);
+	ox_job_free(gate);
+}
+
 /* Threads named "tw-offload": a sanitizer's own threads (TSan starts a
  * background one when it likes) are not counted. */
 size_t ox_nthreads(void)

@@ -145,6 +145,12 @@ void ox_job_free(struct ox_job *j);
 /* Wait for j's done on the harness loop. */
 void ox_wait_job(struct tu *h, struct ox_job *j);
 
+/* A gated case: ox_setup of ncomms with one worker, which a gate
+ * (returned) holds until ox_open. */
+struct ox_job *ox_setup_gated(struct ox *o, size_t ncomms);
+/* Its end: the gate's done ran; ox_teardown; the gate freed. */
+void ox_teardown_gated(struct ox *o, struct ox_job *gate);
+
 /* Offload worker threads of this process (named "tw-offload"). */
 size_t ox_nthreads(void);
 
