@@ -242,25 +242,9 @@ struct sched {
 	size_t keep_alives, status_changes, heartbeats;
 	int comm_matches; /* stream handlers got the kept comm */
 	char status[32];
-	int worker_ended, worker_err, client_ended, client_err;
+	struct tu_ended worker_end, client_end;
 	int push_at_register; /* a batch right behind the register reply */
 };
-
-static void worker_ended(tw_comm *comm, int err, void *arg)
-{
-	struct sched *sc = arg;
-	(void)comm;
-	sc->worker_ended++;
-	sc->worker_err = err;
-}
-
-static void client_ended(tw_comm *comm, int err, void *arg)
-{
-	struct sched *sc = arg;
-	(void)comm;
-	sc->client_ended++;
-	sc->client_err = err;
-}
 
 static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
 {
@@ -282,7 +266,7 @@ static void op_register_worker(tw_request *r, void *arg)
 	ck_assert_int_eq(tw_request_keep_stream(r, &sc->worker), 0);
 	ck_assert_ptr_eq(sc->worker, tw_request_comm(r));
 	sc->double_keep = tw_request_keep_stream(r, &again);
-	ck_assert_int_eq(tw_comm_watch_end(sc->worker, worker_ended, sc, NULL), 0);
+	ck_assert_int_eq(tw_comm_watch_end(sc->worker, tu_ended_cb, &sc->worker_end, NULL), 0);
 	ck_assert_int_eq(tw_batched_new(sc->worker, 0, &sc->to_worker), 0);
 	pk = tw_builder_packer(tw_request_reply_builder(r));
 	msgpack_pack_map(pk, 4);
@@ -304,7 +288,7 @@ static void op_register_client(tw_request *r, void *arg)
 	msgpack_packer *pk;
 	ck_assert_int_eq(tw_request_wants_reply(r), 0);
 	ck_assert_int_eq(tw_request_keep_stream(r, &sc->client), 0);
-	ck_assert_int_eq(tw_comm_watch_end(sc->client, client_ended, sc, NULL), 0);
+	ck_assert_int_eq(tw_comm_watch_end(sc->client, tu_ended_cb, &sc->client_end, NULL), 0);
 	pk = tw_builder_packer(tw_request_reply_builder(r));
 	msgpack_pack_array(pk, 1);
 	msgpack_pack_map(pk, 1);
@@ -448,14 +432,14 @@ START_TEST(register_worker_keeps_stream)
 	s = start_sched(&h, &sc, addr, sizeof(addr));
 	start_peer("register-worker", addr);
 	expect_ok(&h, "ALL OK register-worker");
-	ck_assert(tu_wait_flag(&h, &sc.worker_ended, DU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &sc.worker_end.n, DU_WAIT_MS));
 	ck_assert_int_eq(sc.reg_reply_flag, 0);
 	ck_assert_int_eq(sc.double_keep, TW_EINVAL);
 	ck_assert_uint_eq(sc.keep_alives, 1);
 	ck_assert_uint_eq(sc.status_changes, 1);
 	ck_assert_int_eq(sc.comm_matches, 2);
 	ck_assert_str_eq(sc.status, "paused");
-	ck_assert_int_eq(sc.worker_err, 0); /* close-stream: an orderly end */
+	ck_assert_int_eq(sc.worker_end.err, 0); /* close-stream: an orderly end */
 	ck_assert_int_eq(tw_comm_peer_address(sc.worker, peer_addr, sizeof(peer_addr)), 0);
 	ck_assert_str_eq(peer_addr, sc.worker_peer);
 	ck_assert_int_eq(tw_batched_send(sc.to_worker, "\x80", 1), TW_ECLOSED);
@@ -479,9 +463,9 @@ START_TEST(register_client_keeps_stream)
 	s = start_sched(&h, &sc, addr, sizeof(addr));
 	start_peer("register-client", addr);
 	expect_ok(&h, "ALL OK register-client");
-	ck_assert(tu_wait_flag(&h, &sc.client_ended, DU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &sc.client_end.n, DU_WAIT_MS));
 	ck_assert_uint_eq(sc.heartbeats, 1);
-	ck_assert_int_eq(sc.client_err, 0);
+	ck_assert_int_eq(sc.client_end.err, 0);
 	tw_comm_release(sc.client);
 	tw_server_free(s);
 	ts_proc_stop(&peer);
@@ -500,7 +484,7 @@ struct worker {
 	int old_close_ran;
 	size_t computes, frees;
 	int64_t n;
-	int ended, ended_err;
+	struct tu_ended end;
 };
 
 static void wk_compute(tw_comm *comm, const tw_decoded *d, const msgpack_object *m, void *arg)
@@ -526,14 +510,6 @@ static void wk_free_keys(tw_comm *comm, const tw_decoded *d, const msgpack_objec
 	w->frees++;
 }
 
-static void wk_ended(tw_comm *comm, int err, void *arg)
-{
-	struct worker *w = arg;
-	(void)comm;
-	w->ended++;
-	w->ended_err = err;
-}
-
 static void wk_old_close(tw_comm *comm, int err, void *arg)
 {
 	(void)comm;
@@ -548,8 +524,8 @@ static void wk_reply(tw_comm *comm, tw_decoded *d, int err, const char *detail, 
 	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "status"), "OK"));
 	tw_decoded_free(d);
 	w->replied++;
-	w->dispatch_rv = tw_comm_dispatch_stream(comm, w->ops, wk_ended, w);
-	w->again_rv = tw_comm_dispatch_stream(comm, w->ops, wk_ended, w);
+	w->dispatch_rv = tw_comm_dispatch_stream(comm, w->ops, tu_ended_cb, &w->end);
+	w->again_rv = tw_comm_dispatch_stream(comm, w->ops, tu_ended_cb, &w->end);
 }
 
 static void wk_handshake(tw_comm *comm, int err, const tw_handshake_info *info, void *arg)
@@ -587,20 +563,20 @@ START_TEST(worker_side_dispatches_by_op)
 	ck_assert_int_eq(tu_connect_handshake(h.ctx, addr, wk_handshake, &w), 0);
 	ck_assert(tu_wait_flag(&h, &w.done, TU_WAIT_MS));
 	ck_assert_int_eq(w.err, 0);
-	ck_assert(tu_wait_flag(&h, &w.ended, TU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &w.end.n, TU_WAIT_MS));
 	ck_assert_int_eq(w.replied, 1);
 	ck_assert_int_eq(w.dispatch_rv, 0);
 	ck_assert_int_eq(w.again_rv, TW_EINVAL);
 	ck_assert_uint_eq(w.computes, 1); /* the one after close-stream is dropped */
 	ck_assert_int_eq(w.n, 2);
 	ck_assert_uint_eq(w.frees, 1);
-	ck_assert_int_eq(w.ended_err, 0);
+	ck_assert_int_eq(w.end.err, 0);
 	ck_assert_int_eq(w.old_close_ran, 0);
 	/* the scheduler sees the worker's stream end too */
-	ck_assert(tu_wait_flag(&h, &sc.worker_ended, TU_WAIT_MS));
+	ck_assert(tu_wait_flag(&h, &sc.worker_end.n, TU_WAIT_MS));
 	tu_run_for(&h, 20);
-	ck_assert_int_eq(w.ended, 1);
-	ck_assert_int_eq(tw_comm_dispatch_stream(w.comm, w.ops, wk_ended, &w), TW_ECLOSED);
+	ck_assert_int_eq(w.end.n, 1);
+	ck_assert_int_eq(tw_comm_dispatch_stream(w.comm, w.ops, tu_ended_cb, &w.end), TW_ECLOSED);
 	tw_comm_free(w.comm);
 	tw_stream_ops_free(w.ops);
 	tw_batched_free(sc.to_worker);

@@ -355,6 +355,14 @@ static void connected_then_handshake(tw_comm *c, int err, void *arg)
 	handshake_done(c, err, NULL, arg);
 }
 
+void tu_ended_cb(tw_comm *comm, int err, void *arg)
+{
+	struct tu_ended *e = arg;
+	(void)comm;
+	e->n++;
+	e->err = err;
+}
+
 void tu_connect_result_cb(tw_comm *c, int err, void *arg)
 {
 	struct tu_connect_result *r = arg;

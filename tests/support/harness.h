@@ -140,6 +140,16 @@ struct tu_connect_result {
  * the comm. */
 void tu_connect_result_cb(tw_comm *c, int err, void *arg);
 
+/* A comm's end as a test records it: how many times the end callback
+ * ran, and its last err. */
+struct tu_ended {
+	int n;
+	int err;
+};
+/* A tw_comm_ended_fn (tw_comm_watch_end, tw_comm_dispatch_stream)
+ * recording into the struct tu_ended arg. */
+void tu_ended_cb(tw_comm *comm, int err, void *arg);
+
 /* Wait until a tu_connect_async finished (*err != 1); returns 1 then. */
 int tu_wait_connected(struct tu *h, const int *err, int ms);
 
