@@ -109,31 +109,30 @@ struct side {
 	char raw_uri[64];
 };
 
+static struct side sides[2];
+
+static void make_side(int i, tw_context *ctx)
+{
+	struct side *s = &sides[i];
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	check(tw_listener_new(ctx, "tcp://127.0.0.1:0", on_accept, NULL, &s->l) == 0);
+	check(tw_listener_address(s->l, s->uri, sizeof(s->uri)) == 0);
+	s->raw = socket(AF_INET, SOCK_STREAM, 0);
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	check(bind(s->raw, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(s->raw, 16) == 0 &&
+	      getsockname(s->raw, (struct sockaddr *)&sa, &sl) == 0);
+	snprintf(s->raw_uri, sizeof(s->raw_uri), "tcp://127.0.0.1:%u",
+		 (unsigned)ntohs(sa.sin_port));
+}
+
 static struct side *side_of(int k)
 {
-	static struct side s[2];
 	static int made;
-	if (!made) {
-		struct fp_env *e = fp_env();
-		for (int i = 0; i < 2; i++) {
-			struct sockaddr_in sa;
-			socklen_t sl = sizeof(sa);
-			check(tw_listener_new(e->ctx[i], "tcp://127.0.0.1:0", on_accept, NULL,
-					      &s[i].l) == 0);
-			check(tw_listener_address(s[i].l, s[i].uri, sizeof(s[i].uri)) == 0);
-			s[i].raw = socket(AF_INET, SOCK_STREAM, 0);
-			memset(&sa, 0, sizeof(sa));
-			sa.sin_family = AF_INET;
-			sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-			check(bind(s[i].raw, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-			      listen(s[i].raw, 16) == 0 &&
-			      getsockname(s[i].raw, (struct sockaddr *)&sa, &sl) == 0);
-			snprintf(s[i].raw_uri, sizeof(s[i].raw_uri), "tcp://127.0.0.1:%u",
-				 (unsigned)ntohs(sa.sin_port));
-		}
-		made = 1;
-	}
-	return &s[k];
+	fp_once(&made, make_side);
+	return &sides[k];
 }
 
 int peer_fuzz_handshake(const uint8_t *data, size_t size)

@@ -39,6 +39,17 @@ struct fp_env *fp_env(void)
 	return &e;
 }
 
+void fp_once(int *made, void (*make)(int i, tw_context *ctx))
+{
+	struct fp_env *e;
+	if (*made)
+		return;
+	e = fp_env();
+	for (int i = 0; i < 2; i++)
+		make(i, e->ctx[i]);
+	*made = 1;
+}
+
 size_t fp_live(const tw_context *ctx)
 {
 	size_t n = 0;

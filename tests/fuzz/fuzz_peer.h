@@ -30,6 +30,10 @@ struct fp_env {
 	tw_context *ctx[2];
 };
 struct fp_env *fp_env(void);
+/* The first time (*made 0): make(i, ctx[i]) for both contexts, then
+ * *made = 1. For what a target keeps for the process (listeners,
+ * servers), one per context. */
+void fp_once(int *made, void (*make)(int i, tw_context *ctx));
 
 /* Append the wire bytes of the messages in p[0..n) to *buf (malloc'd,
  * *len bytes so far). Aborts when out of memory. */

@@ -130,27 +130,28 @@ struct srv {
 	char uri[64];
 };
 
+static struct srv srvs[2];
+
+static void make_server(int i, tw_context *ctx)
+{
+	struct srv *s = &srvs[i];
+	check(tw_server_new(ctx, &s->s) == 0);
+	check(tw_server_add_op(s->s, "fail", op_fail, NULL) == 0);
+	check(tw_server_add_op(s->s, "later", op_later, NULL) == 0);
+	check(tw_server_add_op(s->s, "back", op_back, NULL) == 0);
+	check(tw_server_add_op(s->s, "bytes", op_bytes, NULL) == 0);
+	check(tw_server_add_stream_op(s->s, "count", s_count, NULL) == 0);
+	check(tw_server_add_stream_op(s->s, "look", s_look, NULL) == 0);
+	check(tw_server_add_stream_op(s->s, "abort", s_abort, NULL) == 0);
+	check(tw_server_listen(s->s, "tcp://127.0.0.1:0") == 0);
+	check(tw_server_address(s->s, 0, s->uri, sizeof(s->uri)) == 0);
+}
+
 static struct srv *server_of(int k)
 {
-	static struct srv s[2];
 	static int made;
-	if (!made) {
-		struct fp_env *e = fp_env();
-		for (int i = 0; i < 2; i++) {
-			check(tw_server_new(e->ctx[i], &s[i].s) == 0);
-			check(tw_server_add_op(s[i].s, "fail", op_fail, NULL) == 0);
-			check(tw_server_add_op(s[i].s, "later", op_later, NULL) == 0);
-			check(tw_server_add_op(s[i].s, "back", op_back, NULL) == 0);
-			check(tw_server_add_op(s[i].s, "bytes", op_bytes, NULL) == 0);
-			check(tw_server_add_stream_op(s[i].s, "count", s_count, NULL) == 0);
-			check(tw_server_add_stream_op(s[i].s, "look", s_look, NULL) == 0);
-			check(tw_server_add_stream_op(s[i].s, "abort", s_abort, NULL) == 0);
-			check(tw_server_listen(s[i].s, "tcp://127.0.0.1:0") == 0);
-			check(tw_server_address(s[i].s, 0, s[i].uri, sizeof(s[i].uri)) == 0);
-		}
-		made = 1;
-	}
-	return &s[k];
+	fp_once(&made, make_server);
+	return &srvs[k];
 }
 
 /* {"op": "connection_stream", "reply": false} */
