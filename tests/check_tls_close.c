@@ -337,6 +337,32 @@ static void raw_tls_free(struct raw_tls *r)
 	ERR_clear_error();
 }
 
+/* Around a test whose hand-driven client writes with write(2) to a
+ * socket the server may have closed: SIGPIPE is ignored meanwhile (only
+ * the library must never raise it), and the blocks live at the start are
+ * kept. */
+struct hand_driven {
+	struct sigaction old;
+	uint64_t live0;
+};
+
+static void hand_begin(struct hand_driven *d)
+{
+	struct sigaction ign = {.sa_handler = SIG_IGN};
+	d->live0 = ts_blocks_live();
+	sigaction(SIGPIPE, &ign, &d->old);
+}
+
+/* tt_fini(h); with check_blocks, the live blocks are back where they
+ * were; SIGPIPE's action is restored. */
+static void hand_end(struct hand_driven *d, struct tu *h, int check_blocks)
+{
+	tt_fini(h);
+	if (check_blocks)
+		ck_assert_uint_eq(ts_blocks_live(), d->live0);
+	sigaction(SIGPIPE, &d->old, NULL);
+}
+
 /* The listener is freed while a client's TLS handshake is in progress:
  * that connection is dropped (it has no one to be handed to), and
  * nothing touches the freed listener. */
@@ -344,11 +370,9 @@ START_TEST(listener_freed_mid_handshake)
 {
 	struct tu h;
 	struct raw_tls r;
-	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+	struct hand_driven hd;
 	int fd0;
-	/* The hand-driven client writes with write(2) to a socket the server
-	 * may have closed; only the library must never raise SIGPIPE. */
-	sigaction(SIGPIPE, &ign, &old);
+	hand_begin(&hd);
 	tt_init(&h);
 	ck_assert_int_eq(tu_listen(&h, "tls://127.0.0.1:0"), 0);
 	fd0 = tt_fd_count();
@@ -361,8 +385,7 @@ START_TEST(listener_freed_mid_handshake)
 	ck_assert_uint_eq(h.nsrv, 0);
 	raw_tls_free(&r);
 	ck_assert_int_eq(tt_fd_count(), fd0 - 1); /* the listening socket */
-	tt_fini(&h);
-	sigaction(SIGPIPE, &old, NULL);
+	hand_end(&hd, &h, 0);
 }
 END_TEST
 
@@ -409,14 +432,13 @@ static void end_mid_message(struct tu *h, int how, size_t idx, int want)
 START_TEST(peer_ends_mid_message)
 {
 	struct tu h;
-	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
+	struct hand_driven hd;
+	hand_begin(&hd);
 	keep_listener(&h);
 	end_mid_message(&h, END_NOTIFY, 0, TW_ETRUNCATED);
 	end_mid_message(&h, END_EOF, 1, TW_ETRUNCATED);
 	end_mid_message(&h, END_RESET, 2, TW_EIO);
-	tt_fini(&h);
-	sigaction(SIGPIPE, &old, NULL);
+	hand_end(&hd, &h, 0);
 }
 END_TEST
 
@@ -491,14 +513,11 @@ START_TEST(readahead_scenarios)
 {
 	struct tu h;
 	struct ra_env e;
-	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	uint64_t live0 = ts_blocks_live();
-	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
+	struct hand_driven hd;
+	hand_begin(&hd);
 	ra_tls_setup(&h, &e, ra_cases[_i].dask);
 	ra_cases[_i].run(&e);
-	tt_fini(&h);
-	ck_assert_uint_eq(ts_blocks_live(), live0);
-	sigaction(SIGPIPE, &old, NULL);
+	hand_end(&hd, &h, 1);
 }
 END_TEST
 
@@ -752,9 +771,8 @@ START_TEST(key_update_while_our_send_is_full)
 	struct ra_buf b = {0};
 	struct pump u = {0};
 	size_t lens[] = {5, 3000};
-	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	uint64_t live0 = ts_blocks_live();
-	sigaction(SIGPIPE, &ign, &old); /* the hand-driven client's writes */
+	struct hand_driven hd;
+	hand_begin(&hd);
 	keep_listener(&h);
 	ku_open(&h, &p, &k, &sp);
 	noise_msg_init(&ours, (ts_quick() ? 16 : 48) * MiB, 1);
@@ -786,9 +804,7 @@ START_TEST(key_update_while_our_send_is_full)
 	free(u.in);
 	free(ours.wire);
 	ra_buf_free(&b);
-	tt_fini(&h);
-	ck_assert_uint_eq(ts_blocks_live(), live0);
-	sigaction(SIGPIPE, &old, NULL);
+	hand_end(&hd, &h, 1);
 }
 END_TEST
 
@@ -808,9 +824,8 @@ START_TEST(key_update_while_peer_send_is_full)
 	struct ra_buf out = {0};
 	struct read_past past;
 	size_t lens[] = {9, 20000}, before;
-	struct sigaction ign = {.sa_handler = SIG_IGN}, old;
-	uint64_t live0 = ts_blocks_live();
-	sigaction(SIGPIPE, &ign, &old);
+	struct hand_driven hd;
+	hand_begin(&hd);
 	keep_listener(&h);
 	ku_open(&h, &p, &k, &sp);
 	noise_msg_init(&ours, (ts_quick() ? 16 : 48) * MiB, 2);
@@ -872,9 +887,7 @@ START_TEST(key_update_while_peer_send_is_full)
 	free(ours.wire);
 	free(theirs.wire);
 	ra_buf_free(&out);
-	tt_fini(&h);
-	ck_assert_uint_eq(ts_blocks_live(), live0);
-	sigaction(SIGPIPE, &old, NULL);
+	hand_end(&hd, &h, 1);
 }
 END_TEST
 
