@@ -41,6 +41,20 @@ static void certs(struct certs *c)
 	snprintf(c->key, sizeof(c->key), "%s", ts_cert("key.pem"));
 }
 
+/* Start the Python WebSocket client `name` (tests/interop) against addr:
+ * over ws (wss 0) with no more arguments, over wss with CA CERT KEY. */
+static void spawn_ws_client(struct ts_proc *py, const char *name, char *addr, int wss)
+{
+	struct certs c;
+	char path[512];
+	script(name, path, sizeof(path));
+	certs(&c);
+	char *argv[] = {TS_PYTHON, path, addr, c.ca, c.cert, c.key, NULL};
+	if (!wss)
+		argv[3] = NULL;
+	ck_assert_int_eq(ts_spawn(py, argv, NULL), 0);
+}
+
 static int frame_is(const tw_msg *m, size_t i, size_t len, unsigned seed)
 {
 	const tw_slice *f = tw_msg_frame(m, i);
@@ -64,8 +78,7 @@ START_TEST(websockets_client)
 {
 	struct tu h;
 	static struct ts_proc py;
-	struct certs c;
-	char path[512], uri[64];
+	char uri[64];
 	struct tu_peer *sp;
 	const tw_msg *m;
 	wu_init(&h, wu_scheme(_i));
@@ -75,12 +88,7 @@ START_TEST(websockets_client)
 	h.sopts.keep = 1;
 	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", wu_scheme(_i));
 	ck_assert_int_eq(tu_listen(&h, uri), 0);
-	script("ws_client.py", path, sizeof(path));
-	certs(&c);
-	char *argv[] = {TS_PYTHON, path, h.addr, c.ca, c.cert, c.key, NULL};
-	if (_i == 0)
-		argv[3] = NULL;
-	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
+	spawn_ws_client(&py, "ws_client.py", h.addr, _i);
 	wait_ok(&h, &py, "OK 3");
 	sp = tu_server_peer(&h, 0);
 	ck_assert_uint_eq(sp->nmsgs, 3);
@@ -222,13 +230,20 @@ START_TEST(pongs_while_writes_block)
 }
 END_TEST
 
+/* A TCase of Python-peer tests, each over ws and wss (_i 0, 1); the
+ * peers a failed test left are stopped after it. */
+static TCase *peers_tcase(const char *name, const TTest *const tests[])
+{
+	TCase *tc = ts_tcase(name, 300, NULL);
+	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
+	ts_add_loop(tc, 2, tests);
+	return tc;
+}
+
 TCase *ws_peers_tcase(void)
 {
-	TCase *tc = ts_tcase("websockets", 300, NULL);
-	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
-	ts_add_loop(tc, 2,
-		    TS_TESTS(websockets_client, websockets_server, pongs_while_writes_block));
-	return tc;
+	return peers_tcase("websockets", TS_TESTS(websockets_client, websockets_server,
+						  pongs_while_writes_block));
 }
 
 /* Dask. */
@@ -350,19 +365,13 @@ START_TEST(dask_client_to_taskwire_server)
 	static struct ts_proc py;
 	static struct wu_dask_srv srv;
 	struct big_seen big = {0};
-	struct certs c;
-	char path[512], uri[64];
+	char uri[64];
 	wu_init(&h, wu_scheme(_i));
 	setenv("DASK_DISTRIBUTED__COMM__COMPRESSION", "False", 1);
 	srv = (struct wu_dask_srv){.hook = decode_hook, .user = &big};
 	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", wu_scheme(_i));
 	wu_dask_listen(&h, uri, &srv);
-	script("ws_dask_client.py", path, sizeof(path));
-	certs(&c);
-	char *argv[] = {TS_PYTHON, path, srv.addr, c.ca, c.cert, c.key, NULL};
-	if (_i == 0)
-		argv[3] = NULL;
-	ck_assert_int_eq(ts_spawn(&py, argv, NULL), 0);
+	spawn_ws_client(&py, "ws_dask_client.py", srv.addr, _i);
 	wait_ok(&h, &py, "OK 4");
 	ck_assert_int_eq(srv.failed, 0);
 	ck_assert_int_eq(big.msgs, 4);
@@ -383,9 +392,6 @@ END_TEST
 
 TCase *ws_dask_tcase(void)
 {
-	TCase *tc = ts_tcase("dask", 300, NULL);
-	tcase_add_checked_fixture(tc, NULL, ts_proc_stop_all);
-	ts_add_loop(tc, 2,
-		    TS_TESTS(taskwire_client_to_dask_scheduler, dask_client_to_taskwire_server));
-	return tc;
+	return peers_tcase("dask", TS_TESTS(taskwire_client_to_dask_scheduler,
+					    dask_client_to_taskwire_server));
 }
