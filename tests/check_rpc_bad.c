@@ -21,6 +21,7 @@
 #include <event2/event.h>
 #include <msgpack.h>
 
+#include "tests/support/pack.h"
 #include "tests/support/rpc.h"
 #include "tests/support/harness.h"
 #include "tests/support/suite.h"
@@ -77,26 +78,31 @@ static void pk_str(msgpack_packer *pk, const char *s, size_t n)
 static void handshake_map(msgpack_packer *pk, uint32_t extra)
 {
 	msgpack_pack_map(pk, 3 + extra);
-	pk_str(pk, "compression", 11);
+	tw_msgpack_pack_str(pk, "compression");
 	msgpack_pack_nil(pk);
-	pk_str(pk, "python", 6);
+	tw_msgpack_pack_str(pk, "python");
 	msgpack_pack_array(pk, 3);
 	msgpack_pack_uint8(pk, 3);
 	msgpack_pack_uint8(pk, 11);
 	msgpack_pack_uint8(pk, 2);
-	pk_str(pk, "pickle-protocol", 15);
+	tw_msgpack_pack_str(pk, "pickle-protocol");
 	msgpack_pack_uint8(pk, 5);
 }
 
 static void handshake_bytes(msgpack_sbuffer *out)
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	handshake_map(&pk, 0);
-	wire1(out, sb.data, sb.size);
-	msgpack_sbuffer_destroy(&sb);
+	struct ts_pack p;
+	handshake_map(ts_pack_start(&p), 0);
+	wire1(out, p.sb.data, p.sb.size);
+	msgpack_sbuffer_destroy(&p.sb);
+}
+
+/* A request whose header is what was packed into p (p's buffer freed). */
+static tw_msg *packed_req(struct ts_pack *p)
+{
+	tw_msg *m = rq_raw(p->sb.data, p->sb.size);
+	msgpack_sbuffer_destroy(&p->sb);
+	return m;
 }
 
 /* Whole messages (8-byte little-endian length, then that many bytes) at
@@ -191,33 +197,32 @@ START_TEST(handshake_zstd_bomb)
 {
 	enum { NBLOCKS = 16000 };
 	static uint8_t z[16 + 4 * NBLOCKS], buf[4096];
-	msgpack_sbuffer f0, f1, wire;
-	msgpack_packer pk;
+	struct ts_pack f0, f1;
+	msgpack_sbuffer wire;
+	msgpack_packer *pk;
 	tw_stats before, after;
 	struct rf f;
 	struct rc rc;
 	int fd;
 	rf_init(&f);
-	msgpack_sbuffer_init(&f0);
-	msgpack_packer_init(&pk, &f0, msgpack_sbuffer_write);
-	handshake_map(&pk, 1);
-	pk_str(&pk, "x", 1);
-	msgpack_pack_map(&pk, 1);
-	pk_str(&pk, "__Serialized__", 14);
-	msgpack_pack_uint8(&pk, 1);
-	msgpack_sbuffer_init(&f1);
-	msgpack_packer_init(&pk, &f1, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 3);
-	pk_str(&pk, "serializer", 10);
-	pk_str(&pk, "dask", 4);
-	pk_str(&pk, "num-sub-frames", 14);
-	msgpack_pack_uint8(&pk, 1);
-	pk_str(&pk, "compression", 11);
-	msgpack_pack_array(&pk, 1);
-	pk_str(&pk, "zstd", 4);
+	pk = ts_pack_start(&f0);
+	handshake_map(pk, 1);
+	tw_msgpack_pack_str(pk, "x");
+	msgpack_pack_map(pk, 1);
+	tw_msgpack_pack_str(pk, "__Serialized__");
+	msgpack_pack_uint8(pk, 1);
+	pk = ts_pack_start(&f1);
+	msgpack_pack_map(pk, 3);
+	tw_msgpack_pack_str(pk, "serializer");
+	tw_msgpack_pack_str(pk, "dask");
+	tw_msgpack_pack_str(pk, "num-sub-frames");
+	msgpack_pack_uint8(pk, 1);
+	tw_msgpack_pack_str(pk, "compression");
+	msgpack_pack_array(pk, 1);
+	tw_msgpack_pack_str(pk, "zstd");
 	{
-		const void *fr[3] = {f0.data, f1.data, z};
-		size_t n[3] = {f0.size, f1.size, zstd_rle_bomb(z, NBLOCKS)};
+		const void *fr[3] = {f0.sb.data, f1.sb.data, z};
+		size_t n[3] = {f0.sb.size, f1.sb.size, zstd_rle_bomb(z, NBLOCKS)};
 		msgpack_sbuffer_init(&wire);
 		wire_n(&wire, fr, n, 3);
 	}
@@ -237,8 +242,8 @@ START_TEST(handshake_zstd_bomb)
 	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("identity"), 5000, &rc), 0);
 	rc_clear(&rc);
 	close(fd);
-	msgpack_sbuffer_destroy(&f0);
-	msgpack_sbuffer_destroy(&f1);
+	msgpack_sbuffer_destroy(&f0.sb);
+	msgpack_sbuffer_destroy(&f1.sb);
 	msgpack_sbuffer_destroy(&wire);
 	rf_fini(&f);
 }
@@ -331,8 +336,8 @@ static tw_server *stream_batch(struct tu *h, const char *op, tw_stream_fn fn, st
 {
 	tw_server *srv;
 	char addr[128];
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
+	struct ts_pack p;
+	msgpack_packer *pk;
 	tw_builder *b = rq_begin("connection_stream", 1);
 	ck_assert_int_eq(tw_server_new(h->ctx, &srv), 0);
 	ck_assert_int_eq(tw_server_add_stream_op(srv, op, fn, srv), 0);
@@ -341,16 +346,14 @@ static tw_server *stream_batch(struct tu *h, const char *op, tw_stream_fn fn, st
 	ck_assert_int_eq(rw_open(h, h->ctx, addr, w), 0);
 	rq_bool(b, "reply", 0);
 	rw_send(w, rq_end(b));
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_array(&pk, 3);
+	pk = ts_pack_start(&p);
+	msgpack_pack_array(pk, 3);
 	for (int i = 0; i < 3; i++) {
-		msgpack_pack_map(&pk, 1);
-		pk_str(&pk, "op", 2);
-		pk_str(&pk, op, strlen(op));
+		msgpack_pack_map(pk, 1);
+		tw_msgpack_pack_str(pk, "op");
+		tw_msgpack_pack_str(pk, op);
 	}
-	rw_send(w, rq_raw(sb.data, sb.size));
-	msgpack_sbuffer_destroy(&sb);
+	rw_send(w, packed_req(&p));
 	tu_wait_flag(h, &w->closed, TU_WAIT_MS);
 	return srv;
 }
@@ -415,15 +418,11 @@ static void raw_request(void (*put)(msgpack_packer *pk), void (*check)(const tw_
 {
 	struct rf f;
 	struct rw w;
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
+	struct ts_pack p;
 	const tw_decoded *d;
 	rf_init_rw(&f, &w);
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	put(&pk);
-	rw_send(&w, rq_raw(sb.data, sb.size));
-	msgpack_sbuffer_destroy(&sb);
+	put(ts_pack_start(&p));
+	rw_send(&w, packed_req(&p));
 	d = rw_msg(&w, 0);
 	ck_assert_ptr_nonnull(d);
 	check(d);
@@ -437,7 +436,7 @@ static void raw_request(void (*put)(msgpack_packer *pk), void (*check)(const tw_
 static void put_nul_op(msgpack_packer *pk)
 {
 	msgpack_pack_map(pk, 1);
-	pk_str(pk, "op", 2);
+	tw_msgpack_pack_str(pk, "op");
 	pk_str(pk, "close\0junk", 10);
 }
 
@@ -459,19 +458,14 @@ END_TEST
 
 static tw_msg *identity_with_reply(void (*put)(msgpack_packer *pk))
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	tw_msg *m;
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 2);
-	pk_str(&pk, "op", 2);
-	pk_str(&pk, "identity", 8);
-	pk_str(&pk, "reply", 5);
-	put(&pk);
-	m = rq_raw(sb.data, sb.size);
-	msgpack_sbuffer_destroy(&sb);
-	return m;
+	struct ts_pack p;
+	msgpack_packer *pk = ts_pack_start(&p);
+	msgpack_pack_map(pk, 2);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "identity");
+	tw_msgpack_pack_str(pk, "reply");
+	put(pk);
+	return packed_req(&p);
 }
 
 static void put_zero(msgpack_packer *pk)
@@ -484,7 +478,7 @@ static void put_nil(msgpack_packer *pk)
 }
 static void put_empty_str(msgpack_packer *pk)
 {
-	pk_str(pk, "", 0);
+	tw_msgpack_pack_str(pk, "");
 }
 static void put_empty_array(msgpack_packer *pk)
 {
@@ -496,7 +490,7 @@ static void put_one(msgpack_packer *pk)
 }
 static void put_str(msgpack_packer *pk)
 {
-	pk_str(pk, "x", 1);
+	tw_msgpack_pack_str(pk, "x");
 }
 
 START_TEST(reply_flag_is_python_truth)
@@ -528,17 +522,17 @@ END_TEST
 static void put_dup_keys(msgpack_packer *pk)
 {
 	msgpack_pack_map(pk, 6);
-	pk_str(pk, "op", 2);
-	pk_str(pk, "close", 5);
-	pk_str(pk, "reply", 5);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "close");
+	tw_msgpack_pack_str(pk, "reply");
 	msgpack_pack_false(pk);
-	pk_str(pk, "data", 4);
-	pk_str(pk, "first", 5);
-	pk_str(pk, "op", 2);
-	pk_str(pk, "echo", 4);
-	pk_str(pk, "data", 4);
-	pk_str(pk, "last", 4);
-	pk_str(pk, "reply", 5);
+	tw_msgpack_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "first");
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "echo");
+	tw_msgpack_pack_str(pk, "data");
+	tw_msgpack_pack_str(pk, "last");
+	tw_msgpack_pack_str(pk, "reply");
 	msgpack_pack_true(pk);
 }
 
@@ -707,8 +701,9 @@ END_TEST
 START_TEST(pipelined_handshake_big_request)
 {
 	struct rf f;
-	msgpack_sbuffer out, fr;
-	msgpack_packer pk;
+	msgpack_sbuffer out;
+	struct ts_pack fr;
+	msgpack_packer *pk;
 	int fd;
 	static uint8_t buf[4 << 20];
 	size_t got;
@@ -717,15 +712,14 @@ START_TEST(pipelined_handshake_big_request)
 	memset(data, 'a', 1 << 20);
 	msgpack_sbuffer_init(&out);
 	handshake_bytes(&out);
-	msgpack_sbuffer_init(&fr);
-	msgpack_packer_init(&pk, &fr, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, 2);
-	pk_str(&pk, "op", 2);
-	pk_str(&pk, "nbytes", 6);
-	pk_str(&pk, "data", 4);
-	msgpack_pack_bin(&pk, 1 << 20);
-	msgpack_pack_bin_body(&pk, data, 1 << 20);
-	wire1(&out, fr.data, fr.size);
+	pk = ts_pack_start(&fr);
+	msgpack_pack_map(pk, 2);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, "nbytes");
+	tw_msgpack_pack_str(pk, "data");
+	msgpack_pack_bin(pk, 1 << 20);
+	msgpack_pack_bin_body(pk, data, 1 << 20);
+	wire1(&out, fr.sb.data, fr.sb.size);
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_int_ge(fd, 0);
 	tu_raw_send(&f.h, fd, out.data, out.size);
@@ -748,7 +742,7 @@ START_TEST(pipelined_handshake_big_request)
 	}
 	close(fd);
 	msgpack_sbuffer_destroy(&out);
-	msgpack_sbuffer_destroy(&fr);
+	msgpack_sbuffer_destroy(&fr.sb);
 	free(data);
 	rf_fini(&f);
 }
@@ -802,23 +796,39 @@ END_TEST
 
 /* ---- 9. close-stream, then more maps in the same read (offloaded) ---- */
 
+/* out (initialized here): our handshake, then {"op":
+ * "connection_stream", "reply": false}. */
+static void stream_start(msgpack_sbuffer *out)
+{
+	msgpack_sbuffer_init(out);
+	handshake_bytes(out);
+	wire1(out,
+	      "\x82\xa2op\xb1"
+	      "connection_stream\xa5reply\xc2",
+	      29);
+}
+
+/* {"op": op, "i": i, "name": "m<i>"} */
+static void pack_item(msgpack_packer *pk, const char *op, int64_t i)
+{
+	char name[32];
+	snprintf(name, sizeof(name), "m%lld", (long long)i);
+	msgpack_pack_map(pk, 3);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, op);
+	tw_msgpack_pack_str(pk, "i");
+	msgpack_pack_int64(pk, i);
+	tw_msgpack_pack_str(pk, "name");
+	tw_msgpack_pack_str(pk, name);
+}
+
+/* Append a message of one item map to out. */
 static void item_map(msgpack_sbuffer *out, const char *op, int64_t i)
 {
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-	char name[32];
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	snprintf(name, sizeof(name), "m%lld", (long long)i);
-	msgpack_pack_map(&pk, 3);
-	pk_str(&pk, "op", 2);
-	pk_str(&pk, op, strlen(op));
-	pk_str(&pk, "i", 1);
-	msgpack_pack_int64(&pk, i);
-	pk_str(&pk, "name", 4);
-	pk_str(&pk, name, strlen(name));
-	wire1(out, sb.data, sb.size);
-	msgpack_sbuffer_destroy(&sb);
+	struct ts_pack p;
+	pack_item(ts_pack_start(&p), op, i);
+	wire1(out, p.sb.data, p.sb.size);
+	msgpack_sbuffer_destroy(&p.sb);
 }
 
 START_TEST(stream_data_after_close_stream)
@@ -828,12 +838,7 @@ START_TEST(stream_data_after_close_stream)
 	int fd;
 	rf_init(&f);
 	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 0), 0);
-	msgpack_sbuffer_init(&out);
-	handshake_bytes(&out);
-	wire1(&out,
-	      "\x82\xa2op\xb1"
-	      "connection_stream\xa5reply\xc2",
-	      29);
+	stream_start(&out);
 	item_map(&out, "item", 0);
 	item_map(&out, "close-stream", 99);
 	item_map(&out, "item", 1);
@@ -1010,30 +1015,17 @@ START_TEST(stream_big_batch)
 	int64_t nmaps = ts_quick() ? 10000 : 100000; /* quick: valgrind */
 	int fd;
 	rf_init(&f);
-	msgpack_sbuffer_init(&out);
-	handshake_bytes(&out);
-	wire1(&out,
-	      "\x82\xa2op\xb1"
-	      "connection_stream\xa5reply\xc2",
-	      29);
+	stream_start(&out);
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
 	msgpack_pack_array(&pk, (uint32_t)nmaps + 3);
 	msgpack_pack_int(&pk, 7); /* not a map */
 	msgpack_pack_map(&pk, 0); /* no op */
 	msgpack_pack_map(&pk, 1); /* op not a str */
-	pk_str(&pk, "op", 2);
+	tw_msgpack_pack_str(&pk, "op");
 	msgpack_pack_int(&pk, 3);
 	for (int64_t i = 0; i < nmaps; i++) {
-		char name[32];
-		snprintf(name, sizeof(name), "m%lld", (long long)i);
-		msgpack_pack_map(&pk, 3);
-		pk_str(&pk, "op", 2);
-		pk_str(&pk, "item", 4);
-		pk_str(&pk, "i", 1);
-		msgpack_pack_int64(&pk, i);
-		pk_str(&pk, "name", 4);
-		pk_str(&pk, name, strlen(name));
+		pack_item(&pk, "item", i);
 	}
 	wire1(&out, sb.data, sb.size);
 	wire1(&out, "\x90", 1); /* an empty batch */
@@ -1150,7 +1142,7 @@ static void raw_reply(int fd, const char *s, int partial_after)
 	msgpack_sbuffer_init(&out);
 	msgpack_sbuffer_init(&sb);
 	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	pk_str(&pk, s, strlen(s));
+	tw_msgpack_pack_str(&pk, s);
 	wire1(&out, sb.data, sb.size);
 	if (partial_after) {
 		/* the header of a next message (one frame of 100 bytes), 2 of them sent */
