@@ -678,38 +678,46 @@ END_TEST
 
 /* --- limits ------------------------------------------------------------------ */
 
-/* The message limit: a 1 GiB declared length against a 16 MiB limit fails with 1009
- * right after the 8 length bytes (before the key, before any payload). */
+/* The message limit, whole frames decoded against it: rv and used are
+ * checked where given (not ANY). */
+#define ANY (-999)
+static const struct limit_case {
+	const char *hex;
+	enum tw__ws_role side;
+	uint64_t limit;
+	const char *log;
+	int rv;
+	long used;
+} limit_cases[] = {
+	/* a 1 GiB declared length against a 16 MiB limit fails with 1009
+	 * right after the 8 length bytes (before the key, before any
+	 * payload) */
+	{"82 ff 00 00 00 00 40 00 00 00 37 fa 21 3d 41", TW__WS_SERVER, 16 * MIB,
+	 "error(1009,message too big)", TW_ETOOBIG, 10},
+	/* the limit itself is allowed, one more is not; lengths of every
+	 * form */
+	{"82 7e 01 00", TW__WS_CLIENT, 256, "data(op=2,fin=1,first=1,len=256,msg=256,frags=1)", ANY,
+	 ANY},
+	{"82 7e 01 00", TW__WS_CLIENT, 255, "error(1009,message too big)", ANY, 4},
+	{"82 06 61 62 63 64 65 66", TW__WS_CLIENT, 5, "error(1009,message too big)", ANY, 2},
+};
+
 START_TEST(limit_declared)
 {
-	struct bytes b = {0};
-	struct ws_log l;
-	bytes_hex(&b, "82 ff 00 00 00 00 40 00 00 00 37 fa 21 3d 41");
-	decode_all(TW__WS_SERVER, 16 * MIB, 0, b.p, b.len, &l);
-	ck_assert_str_eq(l.s, "error(1009,message too big)");
-	ck_assert_int_eq(l.rv, TW_ETOOBIG);
-	ck_assert_uint_eq(l.used, 10);
-	ws_log_free(&l);
-	/* The limit itself is allowed, one more is not; lengths of every
-	 * form. */
-	free(b.p);
-	memset(&b, 0, sizeof(b));
-	bytes_hex(&b, "82 7e 01 00");
-	decode_all(TW__WS_CLIENT, 256, 0, b.p, b.len, &l);
-	ck_assert_str_eq(l.s, "data(op=2,fin=1,first=1,len=256,msg=256,frags=1)");
-	ws_log_free(&l);
-	decode_all(TW__WS_CLIENT, 255, 0, b.p, b.len, &l);
-	ck_assert_str_eq(l.s, "error(1009,message too big)");
-	ck_assert_uint_eq(l.used, 4);
-	ws_log_free(&l);
-	free(b.p);
-	memset(&b, 0, sizeof(b));
-	bytes_hex(&b, "82 06 61 62 63 64 65 66");
-	decode_all(TW__WS_CLIENT, 5, 0, b.p, b.len, &l);
-	ck_assert_str_eq(l.s, "error(1009,message too big)");
-	ck_assert_uint_eq(l.used, 2);
-	ws_log_free(&l);
-	free(b.p);
+	for (size_t i = 0; i < sizeof(limit_cases) / sizeof(limit_cases[0]); i++) {
+		const struct limit_case *c = &limit_cases[i];
+		struct bytes b = {0};
+		struct ws_log l;
+		bytes_hex(&b, c->hex);
+		decode_all(c->side, c->limit, 0, b.p, b.len, &l);
+		ck_assert_str_eq(l.s, c->log);
+		if (c->rv != ANY)
+			ck_assert_int_eq(l.rv, c->rv);
+		if (c->used != ANY)
+			ck_assert_uint_eq(l.used, (size_t)c->used);
+		ws_log_free(&l);
+		free(b.p);
+	}
 }
 END_TEST
 
