@@ -165,18 +165,9 @@ static uint8_t *wire(tw_msg *m, size_t *len)
 static tw_msg *handshake_msg(void)
 {
 	tw_builder *b;
-	msgpack_packer *pk;
 	tw_msg *m;
-	pk = ts_builder_map(&b, 3);
-	tw_msgpack_pack_str(pk, "compression");
-	msgpack_pack_nil(pk);
-	tw_msgpack_pack_str(pk, "python");
-	msgpack_pack_array(pk, 3);
-	msgpack_pack_int(pk, 3);
-	msgpack_pack_int(pk, 11);
-	msgpack_pack_int(pk, 2);
-	tw_msgpack_pack_str(pk, "pickle-protocol");
-	msgpack_pack_int(pk, 5);
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	ts_pack_handshake_info(tw_builder_packer(b), 0);
 	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
 	tw_builder_free(b);
 	return m;

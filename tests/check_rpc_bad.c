@@ -73,26 +73,10 @@ static void pk_str(msgpack_packer *pk, const char *s, size_t n)
 	msgpack_pack_str_body(pk, s, n);
 }
 
-/* Dask's handshake info map, with `extra` more entries for the caller to
- * pack after it. */
-static void handshake_map(msgpack_packer *pk, uint32_t extra)
-{
-	msgpack_pack_map(pk, 3 + extra);
-	tw_msgpack_pack_str(pk, "compression");
-	msgpack_pack_nil(pk);
-	tw_msgpack_pack_str(pk, "python");
-	msgpack_pack_array(pk, 3);
-	msgpack_pack_uint8(pk, 3);
-	msgpack_pack_uint8(pk, 11);
-	msgpack_pack_uint8(pk, 2);
-	tw_msgpack_pack_str(pk, "pickle-protocol");
-	msgpack_pack_uint8(pk, 5);
-}
-
 static void handshake_bytes(msgpack_sbuffer *out)
 {
 	struct ts_pack p;
-	handshake_map(ts_pack_start(&p), 0);
+	ts_pack_handshake_info(ts_pack_start(&p), 0);
 	wire1(out, p.sb.data, p.sb.size);
 	msgpack_sbuffer_destroy(&p.sb);
 }
@@ -206,7 +190,7 @@ START_TEST(handshake_zstd_bomb)
 	int fd;
 	rf_init(&f);
 	pk = ts_pack_start(&f0);
-	handshake_map(pk, 1);
+	ts_pack_handshake_info(pk, 1);
 	tw_msgpack_pack_str(pk, "x");
 	msgpack_pack_map(pk, 1);
 	tw_msgpack_pack_str(pk, "__Serialized__");

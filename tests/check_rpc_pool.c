@@ -22,6 +22,7 @@
 #include "tests/check_rpc.h"
 #include "tests/support/dask.h"
 #include "tests/support/fault_proxy.h"
+#include "tests/support/pack.h"
 #include "tests/loop_timeouts.h"
 #include "tests/support/rpc.h"
 #include "tests/support/tls.h"
@@ -75,12 +76,6 @@ static uint8_t *encoded(const void *info, size_t n, size_t *len)
 	ck_assert_ptr_nonnull(p);
 	return p;
 }
-
-/* {"compression": nil, "python": [3, 11, 2], "pickle-protocol": 5} */
-static const uint8_t handshake_info[] = {0x83, 0xab, 'c',  'o',  'm', 'p', 'r', 'e', 's', 's', 'i',
-					 'o',  'n',  0xc0, 0xa6, 'p', 'y', 't', 'h', 'o', 'n', 0x93,
-					 0x03, 0x0b, 0x02, 0xaf, 'p', 'i', 'c', 'k', 'l', 'e', '-',
-					 'p',  'r',  'o',  't',  'o', 'c', 'o', 'l', 0x05};
 
 /* The last call_peer's tw_call_error. */
 static struct rc peer_rc;
@@ -223,7 +218,7 @@ START_TEST(timeout_half_handshake)
 					    'e',  's',  's', 'i', 'o', 'n', 0xc0};
 	struct tu h;
 	size_t len, n;
-	uint8_t *full = encoded(handshake_info, sizeof(handshake_info), &len);
+	uint8_t *full = encoded(ts_handshake_info, sizeof(ts_handshake_info), &len);
 	tu_init(&h);
 	for (size_t cut = 4; cut < len; cut += len / 3)
 		ck_assert_int_eq(call_peer(&h, full, cut, 300, 20000, &n), TW_EHANDSHAKE);
@@ -237,7 +232,7 @@ START_TEST(timeout_half_handshake)
 	rc_assert_why(&peer_rc, "`pickle-protocol` missing");
 	free(full);
 	/* a whole, valid handshake and then silence: the call times out */
-	full = encoded(handshake_info, sizeof(handshake_info), &len);
+	full = encoded(ts_handshake_info, sizeof(ts_handshake_info), &len);
 	ck_assert_int_eq(call_peer(&h, full, len, 300, 300, &n), TW_ETIMEDOUT);
 	rc_assert_why(&peer_rc, "the request was sent and no reply came");
 	free(full);

@@ -1267,16 +1267,7 @@ static int raw_send_bad(struct tu *l, const char *addr, const tw_msg *bad)
 	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(du_raw_recv_msg(l, fd, &theirs, DU_WAIT_MS), 0);
 	tw_msg_free(theirs);
-	msgpack_pack_map(pk, 3);
-	tw_msgpack_pack_str(pk, "compression");
-	msgpack_pack_nil(pk);
-	tw_msgpack_pack_str(pk, "python");
-	msgpack_pack_array(pk, 3);
-	msgpack_pack_uint8(pk, 3);
-	msgpack_pack_uint8(pk, 11);
-	msgpack_pack_uint8(pk, 2);
-	tw_msgpack_pack_str(pk, "pickle-protocol");
-	msgpack_pack_uint8(pk, 5);
+	ts_pack_handshake_info(pk, 0);
 	ts_pack_append(&hs, ours);
 	wire = du_encode(ours, &len);
 	ck_assert_uint_eq(tu_raw_send(l, fd, wire, len), len);
