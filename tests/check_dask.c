@@ -302,21 +302,28 @@ END_TEST
 
 static const size_t echo_sizes[] = {0, 3, 20000, BIG};
 
+/* call(op with n pattern bytes of seed, out of band): the reply's bytes
+ * are the pattern. Returns the reply (the caller frees it); *pl is its
+ * payload, NULL for inline bytes. */
+static tw_decoded *call_oob(const char *op, size_t n, unsigned seed, const tw_payload **pl)
+{
+	tw_block *pat = pattern_block(n);
+	const uint8_t *p;
+	size_t got;
+	tw_decoded *d = call(req_oob(op, &(tw_slice){pat, seed, n}));
+	get_bytes(d, tw_decoded_root(d), &p, &got, pl);
+	check_pattern(p, got, n, seed);
+	tw_block_free(pat);
+	return d;
+}
+
 /* echo of out-of-band bytes; the reply may be inline (a server that
  * deserialized them) or out of band (the scheduler echoes them as it got
  * them). */
 START_TEST(echo_oob)
 {
-	size_t n = echo_sizes[_i], got;
-	unsigned seed = (unsigned)(_i * 17 % 251);
-	tw_block *pat = pattern_block(n);
 	const tw_payload *pl;
-	const uint8_t *p;
-	tw_decoded *d = call(req_oob("echo", &(tw_slice){pat, seed, n}));
-	get_bytes(d, tw_decoded_root(d), &p, &got, &pl);
-	check_pattern(p, got, n, seed);
-	tw_decoded_free(d);
-	tw_block_free(pat);
+	tw_decoded_free(call_oob("echo", echo_sizes[_i], (unsigned)(_i * 17 % 251), &pl));
 }
 END_TEST
 
@@ -492,14 +499,10 @@ END_TEST
 /* Server only: Python compresses the sub-frames of its reply. */
 START_TEST(codec_reply_oob)
 {
-	size_t n = codec_sizes[_i], got;
-	tw_block *pat = pattern_block(n);
+	size_t n = codec_sizes[_i];
 	const tw_payload *pl;
-	const uint8_t *p;
-	tw_decoded *d = call(req_oob("echo_oob", &(tw_slice){pat, 3, n}));
-	get_bytes(d, tw_decoded_root(d), &p, &got, &pl);
+	tw_decoded *d = call_oob("echo_oob", n, 3, &pl);
 	ck_assert_ptr_nonnull(pl);
-	check_pattern(p, got, n, 3);
 	ck_assert_uint_eq(sub_frames(pl), n > SHARD ? 2 : 1);
 	for (uint32_t j = 0; j < sub_frames(pl); j++) {
 		char codec[16];
@@ -507,7 +510,6 @@ START_TEST(codec_reply_oob)
 		ck_assert_str_eq(codec, peer_codec);
 	}
 	tw_decoded_free(d);
-	tw_block_free(pat);
 }
 END_TEST
 
@@ -758,6 +760,18 @@ static void add_codec(TCase *tc, int server)
 		tcase_add_loop_test(tc, codec_reply_oob, 0, 2);
 }
 
+/* The peers that negotiate a codec, in their TCases' order. */
+static const struct {
+	const char *name;
+	void (*start)(void);
+	int server; /* add_codec's server */
+} codec_peers[] = {
+	{"scheduler_zstd", start_scheduler_zstd, 0},
+	{"scheduler_lz4", start_scheduler_lz4, 0},
+	{"server_zstd", start_server_zstd, 1},
+	{"server_lz4", start_server_lz4, 1},
+};
+
 static Suite *dask_suite(void)
 {
 	Suite *s = suite_create("dask");
@@ -770,18 +784,11 @@ static Suite *dask_suite(void)
 	ts_add_loop(tc, 4, TS_TESTS(reply_oob));
 	ts_add(tc, TS_TESTS(pool_get_data_ack));
 	suite_add_tcase(s, tc);
-	tc = peer_tcase("scheduler_zstd", start_scheduler_zstd);
-	add_codec(tc, 0);
-	suite_add_tcase(s, tc);
-	tc = peer_tcase("scheduler_lz4", start_scheduler_lz4);
-	add_codec(tc, 0);
-	suite_add_tcase(s, tc);
-	tc = peer_tcase("server_zstd", start_server_zstd);
-	add_codec(tc, 1);
-	suite_add_tcase(s, tc);
-	tc = peer_tcase("server_lz4", start_server_lz4);
-	add_codec(tc, 1);
-	suite_add_tcase(s, tc);
+	for (size_t i = 0; i < sizeof(codec_peers) / sizeof(codec_peers[0]); i++) {
+		tc = peer_tcase(codec_peers[i].name, codec_peers[i].start);
+		add_codec(tc, codec_peers[i].server);
+		suite_add_tcase(s, tc);
+	}
 	tc = tcase_create("python_client");
 	tcase_set_timeout(tc, 180);
 	ts_add(tc, TS_TESTS(python_client_plain, python_client_zstd, python_client_lz4));
