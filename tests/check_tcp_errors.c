@@ -204,15 +204,13 @@ START_TEST(recv_deadline)
 	ck_assert_int_eq(sp->closed, 0);
 	/* the client now sends nothing: the server's comm ends at 200 ms */
 	ck_assert_int_eq(tw_comm_set_recv_deadline_ms(sp->comm, 200), 0);
-	ck_assert(tu_wait_flag(&h, &sp->closed, TU_WAIT_MS));
-	ck_assert_int_eq(sp->close_err, TW_ETIMEDOUT);
+	tu_expect_closed(&h, sp, TW_ETIMEDOUT);
 	ck_assert_msg(strstr(sp->last_error, "no message from tcp://127.0.0.1:") != NULL &&
 			      strstr(sp->last_error, "within 200 ms") != NULL,
 		      "%s", sp->last_error);
 	ck_assert_int_eq(tw_comm_set_recv_deadline_ms(sp->comm, 100), TW_ECLOSED);
 	/* the client sees its peer go, between messages, with a text */
-	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
-	ck_assert_int_eq(cli->close_err, 0);
+	tu_expect_closed(&h, cli, 0);
 	ck_assert_str_eq(cli->last_error, "peer closed the connection between messages");
 	tu_fini(&h);
 }
@@ -677,13 +675,11 @@ START_TEST(close_after_write)
 	late = ts_msg_pattern(lens, 1, 0);
 	ck_assert_int_eq(tw_comm_write(cli->comm, late), TW_ECLOSED);
 	tw_msg_free(late); /* refused: still ours */
-	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
-	ck_assert_msg(srv->close_err == 0, "%s: %s", tw_strerror(srv->close_err), srv->last_error);
+	tu_expect_closed(&h, srv, 0);
 	ck_assert_uint_eq(srv->nmsgs_at_close, 1);
 	ck_assert_uint_eq(srv->nmsgs, 1);
 	ck_assert(ts_msg_matches(srv->msgs[0], lens, 3, 40));
-	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
-	ck_assert_int_eq(cli->close_err, 0);
+	tu_expect_closed(&h, cli, 0);
 	ck_assert_uint_eq(cli->nmsgs, 0);
 	tu_fini(&h);
 }
@@ -706,8 +702,7 @@ START_TEST(free_in_recv)
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
 	ck_assert(tu_wait_count(&h, &srv->nmsgs, 1, TU_WAIT_MS));
 	ck_assert_ptr_null(srv->comm);
-	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
-	ck_assert_msg(cli->close_err == 0, "%s: %s", tw_strerror(cli->close_err), cli->last_error);
+	tu_expect_closed(&h, cli, 0);
 	ck_assert_int_eq(srv->closed, 0);
 	/* ... with a second message behind the first one */
 	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
@@ -727,8 +722,7 @@ START_TEST(free_in_recv)
 	ck_assert(tu_wait_count(&h, &cli->nmsgs, 1, TU_WAIT_MS));
 	ck_assert_ptr_null(cli->comm);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 2));
-	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
-	ck_assert_int_eq(srv->close_err, 0);
+	tu_expect_closed(&h, srv, 0);
 	ck_assert_int_eq(cli->closed, 0);
 	tu_fini(&h);
 }
@@ -749,11 +743,9 @@ START_TEST(free_in_close)
 	tu_echo_check(cli, lens, 2, 7, TU_WAIT_MS);
 	tw_comm_close(cli->comm);
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 0));
-	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
-	ck_assert_int_eq(srv->close_err, 0);
+	tu_expect_closed(&h, srv, 0);
 	ck_assert_ptr_null(srv->comm);
-	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
-	ck_assert_int_eq(cli->close_err, 0);
+	tu_expect_closed(&h, cli, 0);
 	ck_assert_ptr_null(cli->comm);
 	/* abort: our close callback runs with TW_ECANCELED, the peer sees an
 	 * orderly end (no message was in flight) */
@@ -761,11 +753,9 @@ START_TEST(free_in_close)
 	cli->free_in_close = 1;
 	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, 1));
 	tw_comm_abort(cli->comm);
-	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
-	ck_assert_int_eq(cli->close_err, TW_ECANCELED);
+	tu_expect_closed(&h, cli, TW_ECANCELED);
 	ck_assert_ptr_null(cli->comm);
-	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
-	ck_assert_int_eq(srv->close_err, 0);
+	tu_expect_closed(&h, srv, 0);
 	ck_assert_ptr_null(srv->comm);
 	tu_fini(&h);
 }
@@ -793,12 +783,10 @@ START_TEST(close_in_recv)
 	srv->on_recv = close_after_echo;
 	for (unsigned i = 0; i < 3; i++)
 		ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 2, i)), 0);
-	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
-	ck_assert_msg(cli->close_err == 0, "%s: %s", tw_strerror(cli->close_err), cli->last_error);
+	tu_expect_closed(&h, cli, 0);
 	ck_assert_uint_eq(cli->nmsgs, 1);
 	ck_assert(ts_msg_matches(cli->msgs[0], lens, 2, 0));
-	ck_assert(tu_wait_flag(&h, &srv->closed, TU_WAIT_MS));
-	ck_assert_int_eq(srv->close_err, 0);
+	tu_expect_closed(&h, srv, 0);
 	ck_assert_uint_eq(srv->nmsgs, 1);
 	tu_fini(&h);
 }

@@ -73,6 +73,13 @@ int tu_wait_flag(struct tu *h, const int *p, int ms)
 	return ts_wait_flag(h->base, p, ms);
 }
 
+void tu_expect_closed(struct tu *h, struct tu_peer *p, int err)
+{
+	ck_assert_msg(tu_wait_flag(h, &p->closed, TU_WAIT_MS), "no close (%s)", p->last_error);
+	ck_assert_msg(p->close_err == err, "closed with %s, not %s: %s", tw_strerror(p->close_err),
+		      tw_strerror(err), p->last_error);
+}
+
 struct count_wait {
 	const size_t *p;
 	size_t n;

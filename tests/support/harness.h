@@ -102,6 +102,8 @@ void tu_run_for(struct tu *h, int ms);
 
 /* Wait until *p != 0 (or the deadline); returns *p != 0. */
 int tu_wait_flag(struct tu *h, const int *p, int ms);
+/* Wait (TU_WAIT_MS) until p's close callback ran; assert it got err. */
+void tu_expect_closed(struct tu *h, struct tu_peer *p, int err);
 /* Wait until *p >= n; returns *p >= n. */
 int tu_wait_count(struct tu *h, const size_t *p, size_t n, int ms);
 /* Wait until *p >= n or *stop != 0 (stop may be NULL: a comm's closed
