@@ -550,14 +550,13 @@ START_TEST(rt_split_compressed)
 }
 END_TEST
 
-/* {"__Pickled__": 1}: the same shape, kind PICKLED. */
-START_TEST(rt_pickled)
+/* A message {"data": {"__Pickled__": 1}} whose group is a pickle
+ * (b"\x80\x05N") with nsub sub-frames, which the caller appends. */
+static tw_msg *pickled_msg(unsigned nsub)
 {
 	struct ts_pack f;
 	msgpack_packer *pk;
 	tw_msg *m = new_msg();
-	tw_decoded *d;
-	const tw_payload *pl;
 	frame0_holder(m, "__Pickled__", 1);
 	pk = ts_pack_start(&f);
 	msgpack_pack_map(pk, 2);
@@ -565,8 +564,17 @@ START_TEST(rt_pickled)
 	msgpack_pack_bin(pk, 3);
 	msgpack_pack_bin_body(pk, "\x80\x05N", 3);
 	tw_msgpack_pack_str(pk, "num-sub-frames");
-	msgpack_pack_uint8(pk, 1);
+	msgpack_pack_uint8(pk, (uint8_t)nsub);
 	ts_pack_append(&f, m);
+	return m;
+}
+
+/* {"__Pickled__": 1}: the same shape, kind PICKLED. */
+START_TEST(rt_pickled)
+{
+	tw_msg *m = pickled_msg(1);
+	tw_decoded *d;
+	const tw_payload *pl;
 	append(m, "0123456789", 10);
 	d = decode_ok(m);
 	pl = data_payload(d);
@@ -582,20 +590,9 @@ END_TEST
 /* A group with no sub-frames (a pickle without buffers): no frames. */
 START_TEST(rt_no_sub_frames)
 {
-	struct ts_pack f;
-	msgpack_packer *pk;
-	tw_msg *m = new_msg();
+	tw_msg *m = pickled_msg(0);
 	tw_decoded *d;
 	const tw_payload *pl;
-	frame0_holder(m, "__Pickled__", 1);
-	pk = ts_pack_start(&f);
-	msgpack_pack_map(pk, 2);
-	tw_msgpack_pack_str(pk, "pickled-obj");
-	msgpack_pack_bin(pk, 3);
-	msgpack_pack_bin_body(pk, "\x80\x05N", 3);
-	tw_msgpack_pack_str(pk, "num-sub-frames");
-	msgpack_pack_uint8(pk, 0);
-	ts_pack_append(&f, m);
 	d = decode_ok(m);
 	pl = data_payload(d);
 	ck_assert_int_eq(pl->kind, TW_PAYLOAD_PICKLED);
