@@ -45,6 +45,20 @@ static void open_peer(struct ra_env *e, struct ra_peer *p)
 	ck_assert_ptr_nonnull(p->sp);
 }
 
+/* One SSL_write_ex of w[0..n) (w not NULL) or SSL_read_ex into r[0..n):
+ * 1 when *moved bytes moved, 0 when it must wait (SSL_ERROR_WANT_READ or
+ * WANT_WRITE), else minus the SSL_get_error code. */
+static int ssl_step(SSL *ssl, const uint8_t *w, uint8_t *r, size_t n, size_t *moved)
+{
+	int rv, e;
+	ERR_clear_error();
+	rv = w != NULL ? SSL_write_ex(ssl, w, n, moved) : SSL_read_ex(ssl, r, n, moved);
+	if (rv == 1)
+		return 1;
+	e = SSL_get_error(ssl, rv);
+	return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? 0 : -e;
+}
+
 void ra_send(struct ra_peer *p, const void *buf, size_t n)
 {
 	const uint8_t *b = buf;
@@ -56,17 +70,13 @@ void ra_send(struct ra_peer *p, const void *buf, size_t n)
 	}
 	while (done < n) {
 		size_t put = 0;
-		int rv, e;
-		ERR_clear_error();
-		rv = SSL_write_ex(p->ssl, b + done, n - done, &put);
+		int rv = ssl_step(p->ssl, b + done, NULL, n - done, &put);
 		if (rv == 1) {
 			done += put;
 			deadline = ts_now_ms() + TU_WAIT_MS; /* a hang guard: slow is not stuck */
 			continue;
 		}
-		e = SSL_get_error(p->ssl, rv);
-		ck_assert_msg(e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ,
-			      "SSL_write_ex: error %d", e);
+		ck_assert_msg(rv == 0, "SSL_write_ex: error %d", -rv);
 		ck_assert_msg(ts_now_ms() < deadline, "raw tls send stalled at %zu of %zu bytes",
 			      done, n);
 		event_base_loop(p->h->base, EVLOOP_ONCE);
@@ -81,16 +91,13 @@ int ra_recv(struct ra_peer *p, void *buf, size_t n)
 	while (done < n) {
 		if (p->ssl != NULL) {
 			size_t got = 0;
-			int rv, e;
-			ERR_clear_error();
-			rv = SSL_read_ex(p->ssl, b + done, n - done, &got);
+			int rv = ssl_step(p->ssl, NULL, b + done, n - done, &got);
 			if (rv == 1) {
 				done += got;
 				deadline = ts_now_ms() + TU_WAIT_MS;
 				continue;
 			}
-			e = SSL_get_error(p->ssl, rv);
-			if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE)
+			if (rv < 0)
 				return 0;
 		} else {
 			ssize_t k = recv(p->fd, b + done, n - done, MSG_DONTWAIT);
