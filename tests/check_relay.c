@@ -5,6 +5,7 @@
  * forwards frames to other accepted comms, whose tw clients check every
  * byte against a pattern. Waits are on progress, never on a clock (the
  * run_until bound is the hang guard only). */
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@
 #define KiB      ((size_t)1 << 10)
 #define MiB      ((size_t)1 << 20)
 #define GUARD_MS 120000
-#define MAXC     8
+#define MAXC     32
 
 struct peer { /* a tw client: what it received, how it ended */
 	tw_comm *c;
@@ -41,8 +42,10 @@ struct fx {
 	char addr[128];
 	tw_comm *acc[MAXC]; /* accepted comms, in order */
 	int nacc, acc_ended[MAXC], acc_err[MAXC];
-	tw_msg *hub_msgs[16]; /* what the hub (acc[0]) received, kept */
+	tw_msg *hub_msgs[16]; /* what the hubs received, kept */
 	int nhub;
+	int nhubs; /* acc[0..nhubs-1] are hubs (raw sources' comms); 1 unless set */
+	int cur;   /* during on_hub: the hub's index in acc */
 	void (*on_hub)(struct fx *f, tw_msg *m);
 	struct peer peers[MAXC];
 	int src; /* the raw source's socket */
@@ -56,7 +59,9 @@ static uint32_t setup_rate;
 static void acc_recv(tw_comm *c, tw_msg *m, void *arg)
 {
 	struct fx *f = arg;
-	if (c != f->acc[0])
+	for (f->cur = 0; f->cur < (f->nhubs ? f->nhubs : 1) && f->acc[f->cur] != c; f->cur++)
+		;
+	if (f->cur == (f->nhubs ? f->nhubs : 1))
 		return;
 	if (f->on_hub != NULL)
 		f->on_hub(f, m);
@@ -742,6 +747,154 @@ START_TEST(relay_destination_closed_no_sigpipe)
 }
 END_TEST
 
+/* --- more relays at once than the loop has pipes (8): each relay takes a
+ * pipe only while bytes sit in it, one that finds none free goes through
+ * a buffer of its own, and every destination gets its frame byte for
+ * byte. The destinations read nothing at first, so the relays stall with
+ * bytes held: the loop's pipes are all taken, never more --- */
+#define NREL     12
+#define POOL_FDS 16 /* 8 pipes, 2 ends each (relay.c POOL_PIPES) */
+static int rel_src[NREL];
+static uint8_t *rel_wire;
+static size_t rel_n, rel_sent[NREL];
+static int pipe_base, pipe_max;
+
+static int pipe_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+	char path[300], link[64];
+	ck_assert_ptr_nonnull(d);
+	while ((e = readdir(d)) != NULL) {
+		ssize_t k;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		k = readlink(path, link, sizeof(link) - 1);
+		if (k > 5 && memcmp(link, "pipe:", 5) == 0)
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static int port_of(const char *uri)
+{
+	return atoi(strrchr(uri, ':') + 1);
+}
+
+/* The socket of ours whose local port is local and peer's port remote. */
+static int fd_of(int local, int remote)
+{
+	for (int fd = 3; fd < 4096; fd++) {
+		struct sockaddr_in a, b;
+		socklen_t n = sizeof(a), m = sizeof(b);
+		if (getsockname(fd, (struct sockaddr *)&a, &n) == 0 && n == sizeof(a) &&
+		    getpeername(fd, (struct sockaddr *)&b, &m) == 0 && m == sizeof(b) &&
+		    a.sin_family == AF_INET && ntohs(a.sin_port) == local &&
+		    ntohs(b.sin_port) == remote)
+			return fd;
+	}
+	ck_abort_msg("socket %d -> %d not found", local, remote);
+	return -1;
+}
+
+/* Destination d (an accepted comm) and its client hold little: 64 KiB
+ * socket buffers instead of tcp_rmem's autotuned megabytes. */
+static void small_buffers(tw_comm *d)
+{
+	char peer[128];
+	int small = 64 * 1024, l = port_of(F.addr), p;
+	ck_assert_int_eq(tw_comm_peer_address(d, peer, sizeof(peer)), 0);
+	p = port_of(peer);
+	ck_assert_int_eq(setsockopt(fd_of(l, p), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+	ck_assert_int_eq(setsockopt(fd_of(p, l), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+}
+
+static void hub_fan(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1};
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 1), 1);
+	forward(f->acc[NREL + f->cur], m, w, 1);
+}
+
+/* Feed every source as far as its socket takes; track the relays' pipes. */
+static void feed_all(void)
+{
+	int p = pipe_fds() - pipe_base;
+	if (p > pipe_max)
+		pipe_max = p;
+	for (int i = 0; i < NREL; i++)
+		while (rel_sent[i] < rel_n) {
+			ssize_t k = send(rel_src[i], rel_wire + rel_sent[i], rel_n - rel_sent[i],
+					 MSG_DONTWAIT | MSG_NOSIGNAL);
+			if (k <= 0)
+				break;
+			rel_sent[i] += (size_t)k;
+		}
+}
+
+static int pool_all_taken(void *arg)
+{
+	(void)arg;
+	feed_all();
+	return pipe_fds() - pipe_base == POOL_FDS;
+}
+
+static int all_delivered(void *arg)
+{
+	(void)arg;
+	feed_all();
+	for (int i = 0; i < NREL; i++)
+		if (F.peers[i].got == NULL)
+			return 0;
+	return 1;
+}
+
+START_TEST(relay_more_than_the_pipes)
+{
+	static const size_t lens[] = {10, 4 * MiB};
+	struct event *tick;
+	setup();
+	rel_src[0] = F.src;
+	for (int i = 1; i < NREL; i++) {
+		int want = i + 1;
+		ck_assert_int_ge(rel_src[i] = ts_raw_connect(F.addr), 0);
+		ck_assert_int_eq(ts_run_until(F.base, n_accepted, &want, GUARD_MS), 1);
+	}
+	for (int i = 0; i < NREL; i++) { /* peers[i] reads what acc[NREL + i] writes */
+		int want = NREL + i + 1;
+		ck_assert_int_eq(tw_comm_connect(F.ctx, F.addr, on_connect, &F.peers[i]), 0);
+		ck_assert_int_eq(ts_run_until(F.base, peer_up, &F.peers[i], GUARD_MS), 1);
+		ck_assert_int_eq(ts_run_until(F.base, n_accepted, &want, GUARD_MS), 1);
+		small_buffers(F.acc[NREL + i]);
+		tw_comm_pause(F.peers[i].c);
+	}
+	F.nhubs = NREL;
+	F.on_hub = hub_fan;
+	rel_wire = wire(lens, 2, &rel_n);
+	memset(rel_sent, 0, sizeof(rel_sent));
+	pipe_base = pipe_fds();
+	pipe_max = 0;
+	tick = ts_tick_new(F.base, 1); /* the feeding runs while the loop waits */
+	/* 12 relays of 4 MiB, their destinations not reading: the relays
+	 * stall with bytes held, 8 of them in the loop's pipes */
+	ck_assert_int_eq(ts_run_until(F.base, pool_all_taken, NULL, GUARD_MS), 1);
+	for (int i = 0; i < NREL; i++)
+		tw_comm_resume(F.peers[i].c);
+	ck_assert_int_eq(ts_run_until(F.base, all_delivered, NULL, GUARD_MS), 1);
+	for (int i = 0; i < NREL; i++)
+		check_got(i, lens, (const size_t[]){1}, 1);
+	ck_assert_int_eq(pipe_max, POOL_FDS); /* never more than the pool */
+	event_free(tick);
+	free(rel_wire);
+	/* every relay is over: the pool is gone with its pipes */
+	ck_assert_int_eq(pipe_fds(), pipe_base);
+	for (int i = 1; i < NREL; i++)
+		close(rel_src[i]);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -754,6 +907,6 @@ int main(void)
 					   relay_source_killed, relay_lowat_restored,
 					   relay_source_closed_while_waiting,
 					   relay_source_reset_while_waiting,
-					   relay_source_stalls_mid_frame,
+					   relay_source_stalls_mid_frame, relay_more_than_the_pipes,
 					   relay_destination_closed_no_sigpipe))));
 }

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Relay of large frames, socket -> pipe -> socket (transport/relay.h). */
+/* Relay of large frames, socket -> pipe -> socket (transport/relay.h);
+ * the pipes are the loop's (POOL_PIPES). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,9 +22,18 @@
 #include "transport/relay.h"
 #include "transport/upper.h"
 
-/* The pipe between the sockets; Linux's default is 64 KiB, 1 MiB (the
+/* A pipe between the sockets; Linux's default is 64 KiB, 1 MiB (the
  * unprivileged maximum) takes a quarter of the splice calls. */
-#define PIPE_BYTES  (1 << 20)
+#define PIPE_BYTES (1 << 20)
+/* Pipes belong to the loop: at most POOL_PIPES per event_base, taken by a
+ * relay while bytes sit in it and given back as soon as it is empty; a
+ * relay that finds none free moves its bytes through a buffer of its own
+ * (recv, send: BUF_BYTES at a time) until one is. Linux lets an
+ * unprivileged user hold pipes of 1 MiB up to fs/pipe-user-pages-soft
+ * (16384 pages: 64 MiB, 16 such pipes) in all; past it, new pipes get one
+ * page. With one pipe per relay, 16 relays at once took them all. */
+#define POOL_PIPES  8
+#define BUF_BYTES   65536
 #define DRAIN_CHUNK 65536
 /* Rate checks closer together than this gain nothing (comm.c's too). */
 #define RATE_MIN_CHECK_MS 100
@@ -35,6 +45,58 @@
 
 enum fstate { F_FREE, F_CLAIMED, F_DEAD };
 
+/* The pipes of one loop; made on demand, kept while a relay of the loop
+ * lives. Only that loop's thread takes and gives; the list of pools is
+ * shared (pools_mu). */
+struct pipe_pool {
+	struct pipe_pool *next;
+	struct event_base *base;
+	int users; /* relays of the loop */
+	int made;  /* pipes in existence: free ones and taken ones */
+	int nfree;
+	int free[POOL_PIPES][2];
+};
+
+static struct pipe_pool *pools;
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct pipe_pool *pool_get(struct event_base *base)
+{
+	struct pipe_pool *p;
+	pthread_mutex_lock(&pools_mu);
+	for (p = pools; p != NULL && p->base != base; p = p->next)
+		;
+	if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL) {
+		p->base = base;
+		p->next = pools;
+		pools = p;
+	}
+	if (p != NULL)
+		p->users++;
+	pthread_mutex_unlock(&pools_mu);
+	return p;
+}
+
+static void pool_put(struct pipe_pool *p)
+{
+	struct pipe_pool **pp;
+	pthread_mutex_lock(&pools_mu);
+	if (--p->users > 0) {
+		pthread_mutex_unlock(&pools_mu);
+		return;
+	}
+	for (pp = &pools; *pp != p; pp = &(*pp)->next)
+		;
+	*pp = p->next;
+	pthread_mutex_unlock(&pools_mu);
+	while (p->nfree > 0) {
+		p->nfree--;
+		close(p->free[p->nfree][0]);
+		close(p->free[p->nfree][1]);
+	}
+	free(p);
+}
+
 struct frame {
 	struct tw__relay *r;
 	uint64_t off, len;
@@ -45,9 +107,12 @@ struct frame {
 };
 
 struct tw__relay {
-	int fd;      /* the source's socket; -1 once detached */
-	int pipe[2]; /* holds bytes of frame `cursor` only */
+	int fd; /* the source's socket; -1 once detached */
+	struct pipe_pool *pool;
+	int pipe[2]; /* from the pool while bytes of frame `cursor` are in it; else -1 */
 	uint64_t pipe_bytes;
+	uint8_t *buf; /* without a pipe: bytes of frame `cursor` between recv and send */
+	size_t buf_off, buf_len;
 	struct event *src_ev;   /* one-shot: the source became readable */
 	struct event *kick_ev;  /* progress from the loop */
 	tw_block *prefix_block; /* bytes of the first frame read ahead: in it */
@@ -75,12 +140,58 @@ struct tw__relay {
 	char error[200];
 };
 
+/* Bytes of frame `cursor` taken from the socket and not gone out. */
+static uint64_t held(const struct tw__relay *r)
+{
+	return r->pipe_bytes + (r->buf_len - r->buf_off);
+}
+
+/* A pipe from the loop's pool: 1, or 0 when all POOL_PIPES are taken. */
+static int take_pipe(struct tw__relay *r)
+{
+	struct pipe_pool *p = r->pool;
+	if (r->pipe[0] >= 0)
+		return 1;
+	if (p->nfree > 0) {
+		p->nfree--;
+		r->pipe[0] = p->free[p->nfree][0];
+		r->pipe[1] = p->free[p->nfree][1];
+		return 1;
+	}
+	if (p->made == POOL_PIPES || pipe2(r->pipe, O_NONBLOCK | O_CLOEXEC) != 0)
+		return 0;
+	(void)fcntl(r->pipe[1], F_SETPIPE_SZ, PIPE_BYTES); /* a smaller one works too */
+	p->made++;
+	return 1;
+}
+
+/* The pipe back to the pool once empty; one with bytes in it (the relay
+ * stops) is closed. */
+static void give_pipe(struct tw__relay *r)
+{
+	struct pipe_pool *p = r->pool;
+	if (r->pipe[0] < 0)
+		return;
+	if (r->pipe_bytes == 0) {
+		p->free[p->nfree][0] = r->pipe[0];
+		p->free[p->nfree][1] = r->pipe[1];
+		p->nfree++;
+	} else {
+		close(r->pipe[0]);
+		close(r->pipe[1]);
+		p->made--;
+		r->pipe_bytes = 0;
+	}
+	r->pipe[0] = r->pipe[1] = -1;
+}
+
 static void unref(struct tw__relay *r)
 {
 	if (--r->refs > 0)
 		return;
 	munmap(r->map, r->map_len);
 	tw_block_free(r->prefix_block);
+	free(r->buf);
 	free(r->f);
 	free(r);
 }
@@ -123,7 +234,7 @@ static void lost(struct tw__relay *r, ssize_t n)
 		fail(r, TW_ETRUNCATED,
 		     "peer closed in the middle of a relayed frame: frame %zu of %zu, after "
 		     "%llu of its %llu bytes",
-		     r->cursor + 1, r->n, (unsigned long long)(r->cur_off + r->pipe_bytes),
+		     r->cursor + 1, r->n, (unsigned long long)(r->cur_off + held(r)),
 		     (unsigned long long)r->f[r->cursor].len);
 	else
 		fail(r, tw__io_err(errno), "read of a relayed frame failed: %s", strerror(errno));
@@ -188,7 +299,7 @@ static void on_rate(evutil_socket_t fd, short what, void *arg)
 		     "peer sent %llu bytes in %.1f s while a relayed frame was in progress (frame "
 		     "%zu of %zu, %llu of its %llu bytes), below the minimum of %llu bytes/s",
 		     (unsigned long long)got, (double)elapsed / 1000, r->cursor + 1, r->n,
-		     (unsigned long long)(r->cur_off + r->pipe_bytes),
+		     (unsigned long long)(r->cur_off + held(r)),
 		     (unsigned long long)r->f[r->cursor].len, (unsigned long long)r->min_rate);
 		return;
 	}
@@ -214,6 +325,12 @@ static int drain(struct tw__relay *r)
 			if (n <= 0)
 				return fail(r, TW_EIO, "relay pipe: %s", strerror(errno)), -1;
 			r->pipe_bytes -= (uint64_t)n;
+			if (r->pipe_bytes == 0)
+				give_pipe(r);
+		} else if (r->buf_off < r->buf_len) {
+			n = (ssize_t)(r->buf_len - r->buf_off < want ? r->buf_len - r->buf_off
+								     : want);
+			r->buf_off += (size_t)n;
 		} else if (r->prefix_off < r->prefix_len) {
 			n = (ssize_t)(r->prefix_len - r->prefix_off < want
 					      ? r->prefix_len - r->prefix_off
@@ -305,6 +422,10 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 		return TW_ENOMEM;
 	r->pipe[0] = r->pipe[1] = -1;
 	r->fd = fd;
+	if ((r->pool = pool_get(base)) == NULL) {
+		free(r);
+		return TW_ENOMEM;
+	}
 	r->n = n;
 	r->kick = kick;
 	r->kick_arg = kick_arg;
@@ -337,10 +458,6 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	r->refs = 1; /* the source's */
 	r->sock_left = total - prefix_len;
 	r->lowat = 1;
-	if (pipe2(r->pipe, O_NONBLOCK | O_CLOEXEC) != 0)
-		rv = TW_EIO;
-	else
-		(void)fcntl(r->pipe[1], F_SETPIPE_SZ, PIPE_BYTES); /* a smaller one works too */
 	for (size_t i = 0; i < n && rv == 0; i++)
 		rv = append_frame(r, i, m);
 	if (rv != 0) { /* m (the caller frees it) holds what was appended */
@@ -352,10 +469,7 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	*out = r;
 	return 0;
 nomem:
-	if (r->pipe[0] >= 0) {
-		close(r->pipe[0]);
-		close(r->pipe[1]);
-	}
+	pool_put(r->pool);
 	if (r->src_ev)
 		event_free(r->src_ev);
 	if (r->kick_ev)
@@ -388,9 +502,10 @@ void tw__relay_detach(struct tw__relay *r, int err, const char *why)
 	event_free(r->rate_ev);
 	r->src_ev = r->kick_ev = r->rate_ev = NULL;
 	set_lowat(r, 1); /* the socket's next message wakes its reader */
-	close(r->pipe[0]);
-	close(r->pipe[1]);
-	r->pipe[0] = r->pipe[1] = -1;
+	give_pipe(r);
+	pool_put(r->pool);
+	r->pool = NULL;
+	r->buf_off = r->buf_len = 0;
 	r->fd = -1;
 	unref(r);
 }
@@ -434,16 +549,29 @@ void tw__relay_unclaim(struct tw__relay *r, size_t i)
 		event_active(r->kick_ev, 0, 0);
 }
 
-/* Bytes of frame i into the pipe, from the prefix or the socket: > 0
- * there are some, 0 wait, < 0 failed. */
+/* Bytes of frame `cursor` from the socket into the relay's pipe, or into
+ * its buffer when it holds no pipe: > 0 there are some, 0 wait, < 0
+ * failed. */
 static int fill(struct tw__relay *r, uint64_t left)
 {
-	size_t want = left < PIPE_BYTES ? (size_t)left : PIPE_BYTES;
+	int piped = r->pipe[0] >= 0;
+	size_t cap = piped ? PIPE_BYTES : BUF_BYTES;
+	size_t want = left < cap ? (size_t)left : cap;
+	if (!piped && r->buf == NULL && (r->buf = malloc(BUF_BYTES)) == NULL) {
+		fail(r, TW_ENOMEM, "relay buffer: out of memory");
+		return -1;
+	}
 	for (;;) {
-		ssize_t n = splice(r->fd, NULL, r->pipe[1], NULL, want,
-				   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+		ssize_t n = piped ? splice(r->fd, NULL, r->pipe[1], NULL, want,
+					   SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
+				  : recv(r->fd, r->buf, want, MSG_DONTWAIT);
 		if (n > 0) {
-			r->pipe_bytes += (uint64_t)n;
+			if (piped) {
+				r->pipe_bytes += (uint64_t)n;
+			} else {
+				r->buf_off = 0;
+				r->buf_len = (size_t)n;
+			}
 			r->sock_left -= (uint64_t)n;
 			r->taken += (uint64_t)n;
 			return 1;
@@ -517,7 +645,7 @@ static int pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *move
 			next_frame(r);
 			break;
 		}
-		if (r->pipe_bytes == 0 && r->prefix_off < r->prefix_len) {
+		if (held(r) == 0 && r->prefix_off < r->prefix_len) {
 			size_t k = r->prefix_len - r->prefix_off;
 			n = send(dfd, r->prefix + r->prefix_off, k < left ? k : (size_t)left,
 				 MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -529,17 +657,27 @@ static int pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *move
 				return TW_EIO;
 			r->prefix_off += (size_t)n;
 		} else {
-			int rv = r->pipe_bytes > 0 ? 1 : fill(r, left);
-			if (rv <= 0)
+			/* a pipe of the loop's; with all taken, through user space */
+			int piped = r->pipe_bytes > 0 || (r->buf_off == r->buf_len && take_pipe(r));
+			int rv = held(r) > 0 ? 1 : fill(r, left);
+			if (rv <= 0) {
+				give_pipe(r); /* empty: another relay may use it meanwhile */
 				return rv < 0 ? r->err : 0;
-			n = splice_out(g, r->pipe[0], dfd, (size_t)r->pipe_bytes);
+			}
+			n = piped ? splice_out(g, r->pipe[0], dfd, (size_t)r->pipe_bytes)
+				  : send(dfd, r->buf + r->buf_off, r->buf_len - r->buf_off,
+					 MSG_NOSIGNAL | MSG_DONTWAIT);
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 				return dest_busy(*moved);
 			if (n <= 0)
 				return TW_EIO;
-			r->pipe_bytes -= (uint64_t)n;
+			if (!piped) {
+				r->buf_off += (size_t)n;
+			} else if ((r->pipe_bytes -= (uint64_t)n) == 0) {
+				give_pipe(r);
+			}
 		}
 		r->cur_off += (uint64_t)n;
 		*moved += (size_t)n;

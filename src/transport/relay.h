@@ -12,7 +12,19 @@
  * A relay frame is single-use: a message written to another tcp comm may
  * carry it (one claim); that comm's writer moves its bytes socket -> pipe
  * -> socket with splice(2) when the source's cursor reaches it, so they
- * never enter user space. A frame whose claim is dropped unwritten (the
+ * never enter user space.
+ *
+ * Pipes belong to the loop: each event_base has a pool of at most 8 pipes
+ * of 1 MiB (POOL_PIPES in relay.c: 8 MiB of pipe buffers), made on demand
+ * and kept while a relay of that loop lives. A relay takes one only while
+ * bytes sit in it (from the splice in to the splice out that empties it)
+ * and gives it back at once; a relay that finds all 8 taken (their
+ * destinations slow) moves its bytes with recv and send through a 64 KiB
+ * buffer of its own until one is free, so any number of relays run at
+ * once. Linux allows an unprivileged user 1 MiB pipes up to
+ * fs/pipe-user-pages-soft (16384 pages, 64 MiB: 16 pipes) in all, after
+ * which new pipes shrink to one page; a pipe per relay took them all at 16
+ * relays. A frame whose claim is dropped unwritten (the
  * destination ended), or that nobody claimed by the time the placeholder
  * block is freed, is drained (read and dropped). When the source's bytes
  * end early, every claimant is woken and fails with the relay's error.
@@ -41,8 +53,8 @@ struct tw__relay;
  * socket fd, of which the first prefix_len bytes were already read, to
  * prefix in prefix_block (held, not copied). Appends the n relay frames to m: each a placeholder
  * block of its own (address space in one PROT_NONE mapping). kick(kick_arg) runs (from a libevent
- * callback) when the relay is done or failed. Sets *r (the source's reference). 0, TW_ENOMEM or
- * TW_EIO (no pipe): then nothing is set and m may hold some frames (free it).
+ * callback) when the relay is done or failed. Sets *r (the source's reference). 0 or TW_ENOMEM:
+ * then nothing is set and m may hold some frames (free it).
  * min_rate (bytes/s; 0: off) and grace_ms: the source comm's minimum
  * receive rate (tw_context_set_min_receive_rate), applied by the same rule
  * to the bytes the relay takes from the socket: its clock runs while the
