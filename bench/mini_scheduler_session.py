@@ -28,50 +28,18 @@ import sys
 import time
 import traceback
 
-PY = "/usr/bin/python3"
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "interop"))
+from mini_procs import PY, cleanup, start  # noqa: E402,F401 (also ms.* of the break cases)
+from mini_procs import WORKER_MAIN as WORKER  # noqa: E402
+
 NAMES = ["w0", "w1", "w2", "w3"]
-
-# `dask worker`, except that a server given no address binds 127.0.0.1:
-# Dask 2022.12.1's ws listener (comm/ws.py WSListener.start) calls
-# HTTPServer.listen(port) with no address (as tests/interop/mini_scheduler.py).
-WORKER = """
-import sys, tornado.tcpserver
-listen = tornado.tcpserver.TCPServer.listen
-def loopback_listen(self, port, address=None, *a, **kw):
-    return listen(self, port, address or "127.0.0.1", *a, **kw)
-tornado.tcpserver.TCPServer.listen = loopback_listen
-sys.argv[0] = "dask-worker"
-from distributed.cli.dask_worker import main
-main()
-"""
-
-procs = []
 
 
 class Failed(Exception):
     pass
 
-
-def start(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    procs.append(p)
-    return p
-
-
-def cleanup():
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except OSError:
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            print("could not reap pid %d" % p.pid, file=sys.stderr)
-    procs.clear()
 
 
 def on_alarm(signum, frame):

@@ -12,6 +12,7 @@ expectation is written beside each case). It prints one line per case,
 process it starts is killed on the way out, on failure too.
 """
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -22,20 +23,11 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mini_scheduler_session as ms  # noqa: E402
+import mini_procs  # noqa: E402 (on the path mini_scheduler_session made)
 
 PY = ms.PY
 GUARD = 120
-
-
-def wait_until(what, pred, guard=GUARD, step=0.02):
-    end = time.monotonic() + guard
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > end:
-            raise AssertionError("still waiting after %d s for %s" % (guard, what))
-        time.sleep(step)
+wait_until = functools.partial(mini_procs.wait_until, guard=GUARD)
 
 
 class Cluster:
@@ -125,25 +117,27 @@ def case_worker_restart(c):
     client.close()
 
 
+def scattered_on(c, client, name):
+    """40 small values scattered: (their futures, those only worker
+    `name` holds)."""
+    names = c.names(client)
+    futs = client.scatter(list(range(40)), hash=False)
+    who = client.who_has(futs)
+    return futs, [f for f in futs if set(who[f.key]) == {names[name]}]
+
+
 def case_worker_sigterm(c):
     """A worker stopped with SIGTERM (the way `dask worker` is stopped):
     it leaves, its keys are lost, a gather of them fails at once.
     Dask: the worker unregisters (or its stream closes), keys cancelled."""
     client = c.client()
-    names = c.names(client)
-    futs = client.scatter(list(range(40)), hash=False)
-    who = client.who_has(futs)
-    lost = [f for f in futs if set(who[f.key]) == {names["w1"]}]
+    futs, lost = scattered_on(c, client, "w1")
     c.workers["w1"].send_signal(signal.SIGTERM)
     wait_until("w1 removed", lambda: "w1" not in c.names(client), guard=30)
     from concurrent.futures import CancelledError
     t = time.monotonic()
-    try:
-        client.gather(lost)
-    except CancelledError:
-        pass
-    else:
-        raise AssertionError("gather of keys only the stopped worker held succeeded")
+    mini_procs.raises(CancelledError, "gather of keys only the stopped worker held",
+                      client.gather, lost)
     assert time.monotonic() - t < 2, time.monotonic() - t
     client.close()
 
@@ -403,18 +397,10 @@ def case_worker_stopped_mid_gather(c):
     TTL (+1 s), not at the 30 s call timeout or never."""
     from concurrent.futures import CancelledError
     client = c.client()
-    names = c.names(client)
-    futs = client.scatter(list(range(40)), hash=False)
-    who = client.who_has(futs)
-    mine = [f for f in futs if set(who[f.key]) == {names["w3"]}]
+    futs, mine = scattered_on(c, client, "w3")
     c.workers["w3"].send_signal(signal.SIGSTOP)
     t = time.monotonic()
-    try:
-        client.gather(mine)
-    except CancelledError:
-        pass
-    else:
-        raise AssertionError("gather from a stopped worker succeeded")
+    mini_procs.raises(CancelledError, "gather from a stopped worker", client.gather, mine)
     took = time.monotonic() - t
     assert took <= c.ttl + 1, "gather failed after %.2f s (TTL %g)" % (took, c.ttl)
     c.workers["w3"].send_signal(signal.SIGCONT)

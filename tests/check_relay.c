@@ -266,6 +266,17 @@ static void then_small(int n_before)
 	ck_assert_int_eq(small_ok, 1);
 }
 
+/* Peer 1 got frames `which` of the source's message (lens), then the
+ * source's next, small message arrives whole (n_before hub messages
+ * before it); the fixture goes. */
+static void got_then_small(const size_t *lens, const size_t *which, size_t k, int n_before)
+{
+	wait_peer(1);
+	check_got(1, lens, which, k);
+	then_small(n_before);
+	teardown();
+}
+
 /* --- one source frame to one destination --- */
 static size_t one_lens[2];
 static void hub_one(struct fx *f, tw_msg *m)
@@ -275,6 +286,21 @@ static void hub_one(struct fx *f, tw_msg *m)
 	ck_assert_int_eq(tw_msg_frame_is_relay(m, 0), 0);
 	ck_assert_int_eq(tw_msg_frame_is_relay(m, 1), 1);
 	forward(f->acc[1], m, w, 1);
+}
+
+/* The source sends part of a message of two frames (lens big) whose
+ * frame 1 the hub relays to peer 1: `part` bytes (0: half of it). */
+static void send_part(const size_t *big, size_t part)
+{
+	size_t n;
+	uint8_t *p;
+	one_lens[0] = big[0];
+	one_lens[1] = big[1];
+	F.on_hub = hub_one;
+	p = wire(big, 2, &n);
+	part = part ? part : n / 2;
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, part, GUARD_MS), part);
+	free(p);
 }
 
 START_TEST(relay_64mib_intact)
@@ -347,10 +373,7 @@ START_TEST(relay_small_and_large)
 	add_peers(1);
 	F.on_hub = hub_mix;
 	send_msg(mix_lens, 7);
-	wait_peer(1);
-	check_got(1, mix_lens, w, 6);
-	then_small(1);
-	teardown();
+	got_then_small(mix_lens, w, 6, 1);
 }
 END_TEST
 
@@ -380,10 +403,7 @@ START_TEST(relay_unconsumed_drained)
 	F.on_hub = hub_drop_some;
 	send_msg(drop_lens, 4);
 	wait_hub(3);
-	wait_peer(1);
-	check_got(1, drop_lens, w, 1);
-	then_small(3);
-	teardown();
+	got_then_small(drop_lens, w, 1, 3);
 }
 END_TEST
 
@@ -408,10 +428,7 @@ START_TEST(relay_frame_single_use)
 	one_lens[1] = 1 * MiB;
 	F.on_hub = hub_twice;
 	send_msg(one_lens, 2);
-	wait_peer(1);
-	check_got(1, one_lens, w, 1);
-	then_small(1);
-	teardown();
+	got_then_small(one_lens, w, 1, 1);
 }
 END_TEST
 
@@ -489,16 +506,9 @@ START_TEST(relay_source_killed)
 	static const size_t big[] = {10, 4 * MiB};
 	static const size_t w[] = {1};
 	int zero = 0;
-	size_t n;
-	uint8_t *p;
 	setup();
 	add_peers(1);
-	one_lens[0] = big[0];
-	one_lens[1] = big[1];
-	F.on_hub = hub_one;
-	p = wire(big, 2, &n);
-	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, n / 2, GUARD_MS), n / 2);
-	free(p);
+	send_part(big, 0);
 	close(F.src); /* the source is gone mid-frame */
 	F.src = -1;
 	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
@@ -525,8 +535,6 @@ START_TEST(relay_source_stalls_mid_frame)
 	static const size_t big[] = {10, 4 * MiB};
 	static const char hi[] = "the others go on";
 	int zero = 0;
-	size_t n;
-	uint8_t *p;
 	tw_msg *m;
 	setup_rate = 1 << 20; /* the hub's comm: 1 MiB/s, grace 200 ms */
 	setup();
@@ -534,12 +542,7 @@ START_TEST(relay_source_stalls_mid_frame)
 	 * relay's source may be cut */
 	ck_assert_int_eq(tw_context_set_min_receive_rate(F.ctx, 0, 0), 0);
 	add_peers(2);
-	one_lens[0] = big[0];
-	one_lens[1] = big[1];
-	F.on_hub = hub_one;
-	p = wire(big, 2, &n);
-	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, 1 * MiB, GUARD_MS), 1 * MiB);
-	free(p);
+	send_part(big, 1 * MiB);
 	/* then nothing: F.src stays open, its kernel acknowledging */
 	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
 	ck_assert_int_eq(F.acc_err[0], TW_ETIMEDOUT);
@@ -640,17 +643,10 @@ static void source_dies_waiting(int reset)
 {
 	static const size_t big[] = {10, 8 * MiB};
 	int zero = 0, fd;
-	size_t n;
-	uint8_t *p;
 	setup();
 	add_peers(1);
 	fd = hub_fd();
-	one_lens[0] = big[0];
-	one_lens[1] = big[1];
-	F.on_hub = hub_one;
-	p = wire(big, 2, &n);
-	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, n / 2, GUARD_MS), n / 2);
-	free(p);
+	send_part(big, 0);
 	ck_assert_int_eq(ts_run_until(F.base, hub_waits_chunked, &fd, GUARD_MS), 1);
 	if (reset) {
 		struct linger lg = {1, 0};

@@ -467,16 +467,11 @@ static void replicate(struct scatter_op *op)
 			replica_free(rp);
 			continue;
 		}
-		b = builder_new();
+		b = request_new("gather", 1);
 		pk = tw_builder_packer(b);
-		msgpack_pack_map(pk, 3);
-		tw_msgpack_pack_str(pk, "op");
-		tw_msgpack_pack_str(pk, "gather");
 		tw_msgpack_pack_str(pk, "who_has");
 		msgpack_pack_map(pk, rp->n);
 		pk->callback(pk->data, rp->who.data, rp->who.size);
-		tw_msgpack_pack_str(pk, "reply");
-		msgpack_pack_true(pk);
 		op->pending++;
 		m = builder_done(b);
 		if ((rv = tw_pool_call(S.pool, rp->address, m, 0, on_replicated, rp, NULL)) != 0) {
@@ -525,15 +520,10 @@ static void add_replica(struct scatter_op *op, struct worker **wl, size_t to, si
 /* update_data's request header; the data map of n pairs follows. */
 static tw_builder *update_data_begin(uint32_t n)
 {
-	tw_builder *b = builder_new();
+	tw_builder *b = request_new("update_data", 2);
 	msgpack_packer *pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 4);
-	tw_msgpack_pack_str(pk, "op");
-	tw_msgpack_pack_str(pk, "update_data");
 	tw_msgpack_pack_str(pk, "report");
 	msgpack_pack_false(pk);
-	tw_msgpack_pack_str(pk, "reply");
-	msgpack_pack_true(pk);
 	tw_msgpack_pack_str(pk, "data");
 	msgpack_pack_map(pk, n);
 	return b;
@@ -1072,11 +1062,8 @@ static void on_get_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 /* get_data's request for the keys of part (Dask's get_data_from_worker). */
 static tw_msg *get_data_request(const struct gather_part *part)
 {
-	tw_builder *b = builder_new();
+	tw_builder *b = request_new("get_data", 3);
 	msgpack_packer *pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 5);
-	tw_msgpack_pack_str(pk, "op");
-	tw_msgpack_pack_str(pk, "get_data");
 	tw_msgpack_pack_str(pk, "keys");
 	msgpack_pack_array(pk, part->n);
 	for (uint32_t i = 0; i < part->n; i++)
@@ -1085,8 +1072,6 @@ static tw_msg *get_data_request(const struct gather_part *part)
 	msgpack_pack_nil(pk);
 	tw_msgpack_pack_str(pk, "max_connections");
 	msgpack_pack_false(pk);
-	tw_msgpack_pack_str(pk, "reply");
-	msgpack_pack_true(pk);
 	return builder_done(b);
 }
 

@@ -85,11 +85,18 @@ void reply_exception(tw_request *r, const char *type, const char *text)
 	reply_send(r);
 }
 
-tw_builder *builder_new(void)
+tw_builder *request_new(const char *op, uint32_t nargs)
 {
 	tw_builder *b;
+	msgpack_packer *pk;
 	if (tw_builder_new(NULL, &b) != 0)
 		out_of_memory();
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, nargs + 2);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, op);
+	tw_msgpack_pack_str(pk, "reply");
+	msgpack_pack_true(pk);
 	return b;
 }
 

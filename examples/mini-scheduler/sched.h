@@ -97,8 +97,10 @@ void reply_error(tw_request *r, const char *text);
  * Frees r. */
 void reply_exception(tw_request *r, const char *type, const char *text);
 /* A builder for a request to a worker (no compression: forwarded
- * payloads go as they came). Exits on out-of-memory. */
-tw_builder *builder_new(void);
+ * payloads go as they came), its map begun: "op": op, "reply": true, and
+ * room for nargs more pairs, which the caller packs. Exits on
+ * out-of-memory. */
+tw_builder *request_new(const char *op, uint32_t nargs);
 tw_msg *builder_done(tw_builder *b);
 /* Pack one map (from sb) into a stream's batch. */
 void stream_send(tw_batched *out, const msgpack_sbuffer *sb);

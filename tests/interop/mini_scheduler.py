@@ -34,7 +34,10 @@ import sys
 import threading
 import time
 
-PY = "/usr/bin/python3"
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mini_procs import PY, WORKER_MAIN, cleanup, raises, start, wait_until  # noqa: E402
+
 # TW_MINI_KEYS: the small-key round's size; TW_MINI_WRAP: a command the
 # schedulers run under (e.g. "valgrind --error-exitcode=9"), whose exit
 # status must be 0 after SIGTERM.
@@ -43,13 +46,7 @@ WRAP = os.environ.get("TW_MINI_WRAP", "").split()
 TTL = 5.0  # --worker-ttl of the SIGSTOP cluster
 GUARD = 60.0  # hang guard for any one wait
 
-procs = []
-
-# `dask worker`, except that a server given no address binds 127.0.0.1:
-# Dask 2022.12.1's ws listener (comm/ws.py WSListener.start) calls
-# HTTPServer.listen(port) with no address, so a ws worker bound every
-# interface and gave the scheduler a non-loopback contact address.
-#
+# `dask worker` (mini_procs.WORKER_MAIN: servers bind 127.0.0.1), patched:
 # TW_MINI_STOP_AFTER=BYTES in a worker's environment: once it is asked for
 # the key STOP_KEY (get_data), it sends BYTES more bytes and then stops
 # itself (SIGSTOP), in the middle of that reply, for the test to SIGKILL
@@ -61,7 +58,7 @@ procs = []
 STOP_KEY = "tw-stop-midway"
 FAIL_KEY = "tw-fail-get-data"
 WORKER = """
-import os, signal, sys, tornado.iostream, tornado.tcpserver, distributed.worker
+import os, signal, tornado.iostream, distributed.worker
 from distributed.core import Status
 stop_after = int(os.environ.get("TW_MINI_STOP_AFTER", "0"))
 left = None
@@ -95,56 +92,7 @@ async def get_data_fails(self, comm, keys=(), **kw):
         return Status.dont_reply
     return await get_data_failing(self, comm, keys=keys, **kw)
 distributed.worker.Worker.get_data = get_data_fails
-""" % (STOP_KEY, FAIL_KEY) + """
-listen = tornado.tcpserver.TCPServer.listen
-def loopback_listen(self, port, address=None, *a, **kw):
-    return listen(self, port, address or "127.0.0.1", *a, **kw)
-tornado.tcpserver.TCPServer.listen = loopback_listen
-sys.argv[0] = "dask-worker"
-from distributed.cli.dask_worker import main
-main()
-"""
-
-
-def start(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    procs.append(p)
-    return p
-
-
-def cleanup():
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            except OSError:
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def raises(exc, what, fn, *args, **kw):
-    """fn(*args, **kw) must raise exc (a type or a tuple): the exception."""
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        return e
-    raise AssertionError(what + " succeeded")
-
-
-def wait_until(what, pred, guard=GUARD, step=0.02):
-    end = time.monotonic() + guard
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > end:
-            raise AssertionError("hang guard: still waiting for " + what)
-        time.sleep(step)
+""" % (STOP_KEY, FAIL_KEY) + WORKER_MAIN
 
 
 class Log:
