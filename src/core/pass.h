@@ -41,8 +41,8 @@ size_t tw__pass_spent(size_t left, size_t n);
 size_t tw__pass_cold(size_t want);
 /* A comm's read ends (its read callback returns). */
 void tw__pass_close(void);
-/* The most one read or write call of a stream comm (tcp, tls) or a ws
- * send moves of a comm's allowance `allowed`. The pass's time is looked
+/* The most one read or write call of a comm (tcp, tls, ws, wss) moves
+ * of its allowance `allowed`. The pass's time is looked
  * at between calls (tw__pass_spent), so one call is what a pass cannot
  * cut short: whole 4 MiB allowances in one recv or send were in
  * budget-bench's longest passes at load 7-10 (5-13 ms of loop CPU

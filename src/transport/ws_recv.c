@@ -292,7 +292,7 @@ static void peer_gone(struct ws *w, ssize_t n)
 }
 
 /* Read up to want payload bytes into dst (committed) and feed them to the
- * decoder. The whole allowance is committed at once, as over tcp (256 KiB
+ * decoder. The call's bytes are committed at once, as over tcp (256 KiB
  * commits had the block's prefaulter walk pages already in, 7% of a ws
  * echo server's CPU); a server reads and unmasks it in UNMASK_BYTES
  * pieces. Only the last can complete the frame. *got: the bytes read;
@@ -335,7 +335,8 @@ static int read_once(struct ws *w, size_t *budget)
 	} else if (ph == TW__WS_DEC_PAYLOAD) {
 		uint64_t room = tw__ws_dec_payload_room(&w->dec);
 		uint8_t *dst = payload_dst(w);
-		size_t want = room < *budget ? (size_t)room : *budget, got;
+		/* one call moves at most TW__PASS_CALL (core/pass.h) */
+		size_t want = tw__pass_call(room < *budget ? (size_t)room : *budget), got;
 		if ((rv = within_budget(w, room, &want)) != 0)
 			return rv;
 		if (w->nframes != 0 && w->blk != NULL &&
