@@ -17,6 +17,7 @@
 #include <taskwire/error.h>
 
 #include "core/block.h"
+#include "core/context.h"
 #include "core/stats.h"
 #include "transport/comm_impl.h"
 #include "transport/relay.h"
@@ -410,6 +411,46 @@ static int append_frame(struct tw__relay *r, size_t i, tw_msg *m)
 	return rv;
 }
 
+/* r's frames laid out in its address range, lens[i] bytes each; the
+ * events; the range itself. */
+static int relay_init(struct tw__relay *r, struct event_base *base, const uint64_t *lens)
+{
+	uint64_t total = 0;
+	if ((r->f = calloc(r->n, sizeof(*r->f))) == NULL)
+		return TW_ENOMEM;
+	for (size_t i = 0; i < r->n; i++) {
+		r->f[i].r = r;
+		r->f[i].off = total;
+		r->f[i].len = lens[i];
+		total += lens[i];
+	}
+	r->src_ev = event_new(base, r->fd, EV_READ, on_kick, r);
+	r->kick_ev = event_new(base, -1, 0, on_kick, r);
+	r->rate_ev = evtimer_new(base, on_rate, r);
+	if (r->src_ev == NULL || r->kick_ev == NULL || r->rate_ev == NULL)
+		return TW_ENOMEM;
+	/* Address space only: a frame's bytes never land here. */
+	r->map_len = total > 0 ? (size_t)total : 1;
+	r->map = mmap(NULL, r->map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+		      0);
+	if (r->map == MAP_FAILED)
+		return TW_ENOMEM;
+	r->sock_left = total;
+	return 0;
+}
+
+/* What relay_init made of r, and r: it failed. */
+static void relay_init_undo(struct tw__relay *r)
+{
+	if (r->pool != NULL)
+		pool_put(r->pool);
+	tw__event_free(r->src_ev);
+	tw__event_free(r->kick_ev);
+	tw__event_free(r->rate_ev);
+	free(r->f);
+	free(r);
+}
+
 int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
 		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
 		  void (*kick)(void *arg), void *kick_arg, uint64_t min_rate, uint64_t grace_ms,
@@ -417,46 +458,26 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 {
 	int rv = 0;
 	struct tw__relay *r = calloc(1, sizeof(*r));
-	uint64_t total = 0;
 	if (r == NULL)
 		return TW_ENOMEM;
 	r->pipe[0] = r->pipe[1] = -1;
 	r->fd = fd;
-	if ((r->pool = pool_get(base)) == NULL) {
-		free(r);
-		return TW_ENOMEM;
-	}
 	r->n = n;
 	r->kick = kick;
 	r->kick_arg = kick_arg;
 	r->min_rate = grace_ms > 0 ? min_rate : 0;
 	r->grace_ms = grace_ms;
-	if ((r->f = calloc(n, sizeof(*r->f))) == NULL)
-		goto nomem;
-	for (size_t i = 0; i < n; i++) {
-		r->f[i].r = r;
-		r->f[i].off = total;
-		r->f[i].len = lens[i];
-		total += lens[i];
+	if ((r->pool = pool_get(base)) == NULL || relay_init(r, base, lens) != 0) {
+		relay_init_undo(r);
+		return TW_ENOMEM;
 	}
 	if (prefix_len > 0) { /* sent from where the read put it: no copy */
 		r->prefix_block = tw_block_hold(prefix_block);
 		r->prefix = prefix;
 		r->prefix_len = prefix_len;
 	}
-	r->src_ev = event_new(base, fd, EV_READ, on_kick, r);
-	r->kick_ev = event_new(base, -1, 0, on_kick, r);
-	r->rate_ev = evtimer_new(base, on_rate, r);
-	if (r->src_ev == NULL || r->kick_ev == NULL || r->rate_ev == NULL)
-		goto nomem;
-	/* Address space only: a frame's bytes never land here. */
-	r->map_len = total > 0 ? (size_t)total : 1;
-	r->map = mmap(NULL, r->map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-		      0);
-	if (r->map == MAP_FAILED)
-		goto nomem;
 	r->refs = 1; /* the source's */
-	r->sock_left = total - prefix_len;
+	r->sock_left -= prefix_len;
 	r->lowat = 1;
 	for (size_t i = 0; i < n && rv == 0; i++)
 		rv = append_frame(r, i, m);
@@ -468,17 +489,6 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	}
 	*out = r;
 	return 0;
-nomem:
-	pool_put(r->pool);
-	if (r->src_ev)
-		event_free(r->src_ev);
-	if (r->kick_ev)
-		event_free(r->kick_ev);
-	if (r->rate_ev)
-		event_free(r->rate_ev);
-	free(r->f);
-	free(r);
-	return TW_ENOMEM;
 }
 
 int tw__relay_state(const struct tw__relay *r)
