@@ -551,21 +551,9 @@ static void run_load(struct load *l, const char *addr, size_t n)
 static tw_msg *bomb(size_t size)
 {
 	tw_block *blk;
-	tw_builder *b;
-	tw_msg *m = NULL;
-	msgpack_packer *pk;
-	if (tw_block_new(size, &blk) != 0 || tw_builder_new("zstd", &b) != 0)
+	if (tw_block_new(size, &blk) != 0)
 		return NULL;
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 2);
-	tw_msgpack_pack_str(pk, "op");
-	tw_msgpack_pack_str(pk, "nbytes");
-	tw_msgpack_pack_str(pk, "data");
-	tw_builder_pack_bytes(b, &(tw_slice){blk, 0, size});
-	tw_builder_finish(b, &m);
-	tw_builder_free(b);
-	tw_block_free(blk);
-	return m;
+	return tw_ex_data_msg("nbytes", "zstd", blk, size);
 }
 
 struct bombs {

@@ -39,26 +39,14 @@ static tw_msg *big_message(uint64_t mib)
 {
 	size_t n = (size_t)mib << 20;
 	tw_block *blk;
-	tw_builder *b;
-	tw_msg *m = NULL;
-	msgpack_packer *pk;
 	uint32_t x = 12345;
-	if (tw_block_new(n, &blk) != 0 || tw_builder_new("zstd", &b) != 0)
+	if (tw_block_new(n, &blk) != 0)
 		return NULL;
 	for (size_t i = 0; i < n; i++) {
 		x = x * 1103515245u + 12345u;
 		tw_block_data(blk)[i] = (uint8_t)((x >> 16) & 0x0f);
 	}
-	pk = tw_builder_packer(b);
-	msgpack_pack_map(pk, 2);
-	tw_msgpack_pack_str(pk, "op");
-	tw_msgpack_pack_str(pk, "nbytes");
-	tw_msgpack_pack_str(pk, "data");
-	tw_builder_pack_bytes(b, &(tw_slice){blk, 0, n});
-	tw_builder_finish(b, &m);
-	tw_builder_free(b);
-	tw_block_free(blk);
-	return m;
+	return tw_ex_data_msg("nbytes", "zstd", blk, n);
 }
 
 static void send_a(struct run *r)

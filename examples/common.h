@@ -227,6 +227,31 @@ static inline void tw_ex_run_until_signal(struct event_base *base)
 	event_free(sigterm);
 }
 
+/* The request {"op": OP, "data": <blk's first n bytes, out of band>},
+ * its payload compressed with `compression` (NULL: none; tw_builder_new);
+ * takes blk (freed here, held by the message). NULL when out of memory. */
+static inline tw_msg *tw_ex_data_msg(const char *op, const char *compression, tw_block *blk,
+				     size_t n)
+{
+	tw_builder *b;
+	tw_msg *m = NULL;
+	msgpack_packer *pk;
+	if (tw_builder_new(compression, &b) != 0) {
+		tw_block_free(blk);
+		return NULL;
+	}
+	pk = tw_builder_packer(b);
+	msgpack_pack_map(pk, 2);
+	tw_msgpack_pack_str(pk, "op");
+	tw_msgpack_pack_str(pk, op);
+	tw_msgpack_pack_str(pk, "data");
+	tw_builder_pack_bytes(b, &(tw_slice){blk, 0, n});
+	tw_builder_finish(b, &m);
+	tw_builder_free(b);
+	tw_block_free(blk);
+	return m;
+}
+
 /* The request {"op": "echo", "data": <10 bytes "0123456789">}; NULL when
  * out of memory. */
 static inline tw_msg *tw_ex_small_echo(void)

@@ -76,14 +76,10 @@ static void rx_granted(struct tw__claim *claim)
 
 static void free_events(struct tw__sock *s)
 {
-	if (s->rev != NULL)
-		event_free(s->rev);
-	if (s->wev != NULL)
-		event_free(s->wev);
-	if (s->timer != NULL)
-		event_free(s->timer);
-	if (s->base.rate.ev != NULL)
-		event_free(s->base.rate.ev);
+	tw__event_free(s->rev);
+	tw__event_free(s->wev);
+	tw__event_free(s->timer);
+	tw__event_free(s->base.rate.ev);
 }
 
 int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
