@@ -569,6 +569,21 @@ static void scatter_send(struct scatter_op *op, struct worker **wl, tw_builder *
 		scatter_done(op);
 }
 
+/* The index of the worker that round-robin slot `slot` falls on: the
+ * first j with cum[j] > slot (cum: threads summed, increasing). */
+static size_t slot_worker(const uint64_t *cum, size_t n, uint64_t slot)
+{
+	size_t lo = 0, hi = n - 1;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (cum[mid] > slot)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return lo;
+}
+
 /* Dask's scatter_to_workers: keys go round robin over the running
  * workers, each repeated by its threads (with broadcast, to the next
  * workers too); one update_data per worker, whose values are the
@@ -581,29 +596,33 @@ static int scatter_start(tw_request *r)
 	const tw_decoded *d = tw_request_decoded(r);
 	const msgpack_object *data = tw_request_arg(r, "data");
 	const msgpack_object *only = tw_request_arg(r, "workers");
-	struct worker **wl, **slots = NULL;
-	size_t nw = 0, nslots = 0, ncopies, sent = 0;
+	struct worker **wl;
+	uint64_t *cum, nslots = 0; /* cum[j]: threads of wl[0..j], summed */
+	size_t nw = 0, ncopies, sent = 0;
 	uint32_t *counts;
 	tw_builder **builders;
 	struct scatter_op *op;
 	msgpack_packer kp;
 	const char *client = "";
 	size_t clen = 0;
-	if ((wl = calloc(S.nworkers + 1, sizeof(*wl))) == NULL)
+	if ((wl = calloc(S.nworkers + 1, sizeof(*wl))) == NULL ||
+	    (cum = calloc(S.nworkers + 1, sizeof(*cum))) == NULL)
 		abort();
+	/* Each worker repeated by its threads, as a count per worker, not a
+	 * slot per thread: a worker may claim any nthreads (2**40 made the
+	 * loop allocate a slot per thread and serve nobody). At most
+	 * UINT32_MAX per worker, so the sum cannot wrap. */
 	for (struct worker *w = S.workers; w != NULL; w = w->next) {
+		uint64_t t = w->nthreads > 0 ? (uint64_t)w->nthreads : 1;
 		if (strcmp(w->status, "running") != 0 || !in_list(only, w))
 			continue;
-		w->tmp = &wl[nw];
-		wl[nw++] = w;
-		for (int64_t t = 0; t < (w->nthreads > 0 ? w->nthreads : 1); t++) {
-			if ((slots = realloc(slots, (nslots + 1) * sizeof(*slots))) == NULL)
-				abort();
-			slots[nslots++] = w;
-		}
+		wl[nw] = w;
+		nslots += t < UINT32_MAX ? t : UINT32_MAX;
+		cum[nw++] = nslots;
 	}
 	if (nw == 0) {
 		free(wl);
+		free(cum);
 		return 1;
 	}
 	ncopies = copies(tw_request_arg(r, "broadcast"), nw);
@@ -621,7 +640,7 @@ static int scatter_start(tw_request *r)
 	}
 	/* Count per worker (index j in wl), then pack: key i goes to worker
 	 * first(i) and the ncopies - 1 after it in wl. */
-#define FIRST(i) ((size_t)((struct worker **)slots[(round_robin + (i)) % nslots]->tmp - wl))
+#define FIRST(i) slot_worker(cum, nw, (round_robin + (i)) % nslots)
 	if (sent == 0)
 		sent = ncopies;
 	for (uint32_t i = 0; i < data->via.map.size; i++)
@@ -647,13 +666,11 @@ static int scatter_start(tw_request *r)
 	}
 #undef FIRST
 	round_robin += data->via.map.size;
-	for (size_t j = 0; j < nw; j++)
-		wl[j]->tmp = NULL;
 	obj_str(tw_request_arg(r, "client"), &client, &clen);
 	op->client = strndup(client, clen);
 	op->r = r;
 	scatter_send(op, wl, builders, nw);
-	free(slots);
+	free(cum);
 	free(wl);
 	free(counts);
 	free(builders);

@@ -15,7 +15,8 @@ broadcast=True and with direct=True; a get_data that fails removes its
 worker (told to close) and loses the keys only it held; workers= naming
 an unknown worker fails at once with Dask's KeyError; a scatter sent
 before any worker registered waits for one, and without workers fails with Dask's
-TimeoutError("No valid workers found") after its timeout; a SIGSTOPped
+TimeoutError("No valid workers found") after its timeout; a peer
+registering as a worker with nthreads=2**40 gets its scatter answered; a SIGSTOPped
 worker is removed at the worker TTL, and a gather of its keys started while
 it is stopped fails then.
 
@@ -405,6 +406,27 @@ def main():
     assert client.gather(v, direct=False).tobytes() == arrays[2].tobytes()
     print("workers= unknown: KeyError; not an address: %r; ncores ok" % (unknown,), flush=True)
     del v
+    # A peer that registers as a worker claiming nthreads=2**40: a scatter's
+    # round robin made a slot per thread, so the scheduler's loop served
+    # nobody and grew until the kernel killed it (19.6 GB). Now the scatter
+    # is answered (nothing listens at the address) and the cluster serves.
+    from distributed.comm import connect
+
+    async def register_huge():
+        comm = await connect(addr2, **client.connection_args)
+        await comm.write({"op": "register-worker", "reply": False, "address": "tcp://127.0.0.1:1",
+                          "nthreads": 2**40, "name": "tw-huge", "status": "running",
+                          "nbytes": {}})
+        return comm, await comm.read()
+
+    huge_comm, reg = client.sync(register_huge)
+    assert reg["status"] == "OK", reg
+    e = raises(Exception, "scatter to a worker claiming 2**40 threads", client.scatter, [b"h"],
+               workers=["tw-huge"], timeout=3 * GUARD)
+    assert "tcp://127.0.0.1:1" in str(e), repr(e)
+    client.sync(huge_comm.close)
+    wait_until("tw-huge to leave", lambda: "tcp://127.0.0.1:1" not in ident())
+    print("worker claiming 2**40 threads: %r" % (e,), flush=True)
     futures = client.scatter(arrays[:4])
     who = client.who_has(futures)
     victim = by_name["s0"]
