@@ -16,7 +16,8 @@ worker (told to close) and loses the keys only it held; workers= naming
 an unknown worker fails at once with Dask's KeyError; a scatter sent
 before any worker registered waits for one, and without workers fails with Dask's
 TimeoutError("No valid workers found") after its timeout; a peer
-registering as a worker with nthreads=2**40 gets its scatter answered; a SIGSTOPped
+registering as a worker with nthreads=2**40 gets its scatter answered, and
+150,000 keys crafted to share one hash go in; a SIGSTOPped
 worker is removed at the worker TTL, and a gather of its keys started while
 it is stopped fails then.
 
@@ -27,6 +28,7 @@ seconds, so the first scheduler keeps Dask's long default TTL. Waits are on prog
 times it measures are printed, not asserted. Every process it starts is
 killed on the way out, on failure too.
 """
+import asyncio
 import concurrent.futures
 import os
 import signal
@@ -426,7 +428,25 @@ def main():
     assert "tcp://127.0.0.1:1" in str(e), repr(e)
     client.sync(huge_comm.close)
     wait_until("tw-huge to leave", lambda: "tcp://127.0.0.1:1" not in ident())
-    print("worker claiming 2**40 threads: %r" % (e,), flush=True)
+    # Keys crafted for one hash: with the table's old fixed start, 16-byte
+    # keys w1 || (state(w1) ^ X) all had the same 64-bit hash, and each
+    # insert walked the whole probe run (15,000 held the loop 19 s). With a
+    # per-process seed they are ordinary keys: update_data takes all of
+    # them and who_has lists them (the hang guard catches the old loop).
+    m64, k = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def crafted(i):
+        w1 = i | (0x61 << 56)
+        h = ((((16 * k) & m64) ^ w1) * k) & m64
+        return w1.to_bytes(8, "little") + ((h ^ (h >> 32)) ^ 0x4141414141414141).to_bytes(8, "little")
+
+    keys = [crafted(i) for i in range(150000)]
+    client.sync(lambda: asyncio.wait_for(client.scheduler.update_data(
+        who_has={c: [] for c in keys}, nbytes={}, client=client.id), GUARD))
+    has = client.sync(client.scheduler.who_has, keys=keys[::1000])
+    assert sorted(has) == sorted(keys[::1000]) and not any(has.values()), len(has)
+    print("worker claiming 2**40 threads: %r; 150,000 keys crafted for one hash: taken"
+          % (e,), flush=True)
     futures = client.scatter(arrays[:4])
     who = client.who_has(futures)
     victim = by_name["s0"]
