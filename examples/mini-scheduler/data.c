@@ -805,8 +805,10 @@ void op_update_data(tw_request *r, void *arg)
 		const char *addr;
 		size_t alen;
 		struct key *k;
+		int had;
 		if (obj_str(&kv->key, &s, &n) != 0 || kv->val.type != MSGPACK_OBJECT_ARRAY)
 			continue;
+		had = table_get(&S.keys, s, n) != NULL;
 		k = key_get_or_add(s, n);
 		for (uint32_t j = 0; j < kv->val.via.array.size; j++) {
 			struct worker *w = NULL;
@@ -825,6 +827,12 @@ void op_update_data(tw_request *r, void *arg)
 			k->nbytes = nb->via.u64;
 		if (cl != NULL)
 			push(&k->wants, &k->nwants, &k->cwants, cl);
+		/* A new key no registered worker holds and no client wants
+		 * would never be freed (nothing removes it): not kept. */
+		if (!had && k->nwho == 0 && k->nwants == 0) {
+			table_del(&S.keys, s, n);
+			key_free(k);
+		}
 	}
 	reply_send(r);
 }
