@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Write the seed corpus of tests/fuzz/fuzz_stream.c into corpus/stream/.
 
-Each file is a byte stream a peer could send over tcp (DESIGN.md, TCP and
-TLS): u64le total | u64le N | u64le len_0 .. len_N-1 | frames. Valid
+Each file is a byte stream a peer could send over tcp (docs/design.md,
+Receive path (tcp)): u64le total | u64le N | u64le len_0 .. len_N-1 | frames. Valid
 messages of several shapes, and one file per kind of bad prelude (the
 fuzz target runs with 1 MiB and 1,024-frame limits), and streams for the
 read-ahead receivers (gulp-*: runs of small messages, pipelined, then

@@ -6,8 +6,8 @@ Each file is one message in the target's layout: byte 0 = frame count
 (bits 0-6) | 0x80 when the frames share one block, then u16le frame
 lengths, then the frames. Most seeds are real Dask encodings made by
 distributed.protocol.dumps (Debian's python3-distributed: run with
-/usr/bin/python3), the rest hand-built bad inputs (BH-31/BH-32 zstd frames,
-msgpack bombs). Rewrites the files it owns and leaves others (crash
+/usr/bin/python3), the rest hand-built bad inputs (zstd frames that lie
+about their size or inflate past the limit, msgpack bombs). Rewrites the files it owns and leaves others (crash
 reproducers added by hand) alone.
 """
 import os

@@ -6,7 +6,10 @@ fuzz_ws_upgrade.c into corpus/ws_codec/ and corpus/ws_upgrade/.
 ws_codec files: one setup byte (bit 0: client role; bits 1-2: message
 limit default/64/1000/70000; bits 3-4: fragments limit default/1/3/16;
 bit 7: script mode), then a stream of frames: valid shapes, and the bad
-inputs of bug-cases.md (BH-23..BH-37, Autobahn 1.x-7.x). Client frames are
+inputs of WebSocket bugs other projects shipped (64-bit lengths that overflow,
+16-bit lengths read as signed, control frames over 125 bytes or between
+fragments, reassembled messages past the limit, frames after CLOSE; RFC 6455
+section 5) and the Autobahn test suite's cases 1.x-7.x. Client frames are
 masked with 37 fa 21 3d (RFC 6455 section 5.7). ws_upgrade files: one setup
 byte (bit 0: client; bits 1-2: header bytes default/64/256/1024; bits 3-4:
 fields default/1/5/20), then a request (server) or a response (client with
