@@ -20,6 +20,7 @@
 
 #include "tests/support/loop.h"
 #include "tests/support/pattern.h"
+#include "tests/support/rpc.h"
 #include "tests/support/sock.h"
 #include "tests/support/suite.h"
 #include "tests/unit.h"
@@ -891,6 +892,100 @@ START_TEST(relay_more_than_the_pipes)
 }
 END_TEST
 
+/* --- a pool's comm whose reply is still relayed, to a destination that
+ * reads nothing, carries no other call: a second call to the same peer
+ * goes on another comm and is answered while that relay stalls; once the
+ * relay is over, the comm takes the next waiting call (breaker's a11: a
+ * scheduler's gather waited for another client's stalled one) --- */
+
+/* Forward reply (its payload's frames relay frames) to destination d. */
+static void forward_reply(tw_comm *d, const tw_decoded *reply)
+{
+	tw_builder *b;
+	tw_msg *m;
+	ck_assert_int_eq(tw_builder_new(NULL, &b), 0);
+	ck_assert_int_eq(tw_builder_pack_object(b, reply, tw_decoded_root(reply)), 0);
+	ck_assert_int_eq(tw_builder_finish(b, &m), 0);
+	tw_builder_free(b);
+	ck_assert_int_eq(tw_comm_write(d, m), 0);
+}
+
+/* Peer i got a message with a frame of n bytes of pattern seed. */
+static void check_got_big(int i, size_t n, unsigned seed)
+{
+	tw_msg *m = F.peers[i].got;
+	size_t k = 0;
+	ck_assert_ptr_nonnull(m);
+	while (k < tw_msg_nframes(m) && tw_msg_frame(m, k)->len != n)
+		k++;
+	ck_assert_uint_lt(k, tw_msg_nframes(m));
+	ck_assert_int_eq(ts_check(tw_slice_data(tw_msg_frame(m, k)), n, seed), -1);
+}
+
+START_TEST(relay_pool_comm_not_idle_while_relaying)
+{
+	const size_t big = 32 * MiB;
+	tw_slice data = ts_pattern_slice(big, 11);
+	tw_context *wctx;
+	struct rs w;
+	tw_pool *pool;
+	tw_builder *b;
+	tw_stats st;
+	struct rc first, second, held, next;
+	setup();
+	add_peers(1); /* the destination: acc[1], whose client reads nothing */
+	small_buffers(F.acc[1]);
+	tw_comm_pause(F.peers[1].c);
+	/* the worker: a server on a context of its own, without relay */
+	ck_assert_int_eq(tw_context_new(F.base, &wctx), 0);
+	rs_start(&w, wctx, F.base, "tcp://127.0.0.1:0");
+	/* the pool's comms relay what they receive, as a scheduler's */
+	ck_assert_int_eq(tw_context_set_relay_bytes(F.ctx, 64 * KiB), 0);
+	ck_assert_int_eq(tw_pool_new(F.ctx, &pool), 0);
+	b = rq_begin("echo", 1);
+	rq_bytes(b, "data", &data);
+	tw_block_free(data.block);
+	rc_start(pool, w.addr, rq_end(b), 0, &first);
+	ck_assert_int_eq(ts_wait_flag(F.base, &first.done, GUARD_MS), 1);
+	ck_assert_int_eq(first.err, 0);
+	forward_reply(F.acc[1], first.reply);
+	rc_clear(&first); /* the frames live on in acc[1]'s queue */
+	/* the relay stalls on its destination; the same worker answers
+	 * another call meanwhile, on a second comm */
+	rc_start(pool, w.addr, rq_echo_str("second"), 0, &second);
+	ck_assert_msg(ts_wait_flag(F.base, &second.done, GUARD_MS) == 1,
+		      "a call waited for another call's relay");
+	rc_assert_str(&second, "second");
+	ck_assert_uint_eq(tw_pool_open_comms(pool, w.addr), 2);
+	tw_comm_stats(F.acc[1], &st, sizeof(st));
+	ck_assert_uint_lt(st.bytes_sent, big); /* the relay still stalls */
+	ck_assert_ptr_null(F.peers[1].got);
+	/* at the limit (2), the second comm carrying a held call: the next
+	 * call waits, and goes on the first comm when its relay is over */
+	ck_assert_int_eq(tw_pool_set_limit(pool, 2), 0);
+	rc_start(pool, w.addr, rq_op("later"), 0, &held);
+	ck_assert_int_eq(ts_run_until(F.base, rs_held_one, &w, GUARD_MS), 1);
+	rc_start(pool, w.addr, rq_echo_str("next"), 0, &next);
+	tw_comm_resume(F.peers[1].c);
+	wait_peer(1);
+	check_got_big(1, big, 11);
+	ck_assert_int_eq(ts_wait_flag(F.base, &next.done, GUARD_MS), 1);
+	rc_assert_str(&next, "next");
+	ck_assert_int_eq(held.done, 0); /* the second comm still carries it */
+	ck_assert_uint_eq(tw_pool_open_comms(pool, w.addr), 2);
+	rs_release(&w, 0);
+	ck_assert_int_eq(ts_wait_flag(F.base, &held.done, GUARD_MS), 1);
+	rc_assert_str(&held, "later");
+	rc_clear(&second);
+	rc_clear(&held);
+	rc_clear(&next);
+	tw_pool_free(pool);
+	rs_stop(&w);
+	tw_context_free(wctx);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -904,5 +999,6 @@ int main(void)
 					   relay_source_closed_while_waiting,
 					   relay_source_reset_while_waiting,
 					   relay_source_stalls_mid_frame, relay_more_than_the_pipes,
-					   relay_destination_closed_no_sigpipe))));
+					   relay_destination_closed_no_sigpipe,
+					   relay_pool_comm_not_idle_while_relaying))));
 }

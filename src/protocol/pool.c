@@ -32,6 +32,9 @@ struct pcomm {
 	tw_call *busy;
 	struct timeval idle_since;
 	int served; /* answered a call: not a peer that speaks first */
+	/* Set while its last reply is relayed (TW__COMM_RELAYING): the comm
+	 * takes no call until the relay is over (relay_over). */
+	struct tw__watch relay_watch;
 };
 
 /* An address's comms and calls. Freed by on_kick or on_sweep once it has
@@ -283,6 +286,7 @@ static void drop_comm(struct pcomm *pc)
 		pp = &(*pp)->next;
 	*pp = pc->next;
 	d->open--;
+	tw__comm_unwatch(&pc->relay_watch);
 	tw_comm_free(pc->comm);
 	free(pc);
 }
@@ -359,6 +363,21 @@ static int write_ack(tw_comm *comm, const tw_decoded *reply)
 	return rv;
 }
 
+/* pc's reply is relayed no more: it may carry the next call (a waiting
+ * one is dispatched from the loop, outside the comm's read). */
+static void relay_over(struct tw__watch *w)
+{
+	struct pcomm *pc = (struct pcomm *)((char *)w - offsetof(struct pcomm, relay_watch));
+	tw__comm_unwatch(w);
+	event_base_gettimeofday_cached(pc->dest->pool->ctx->base, &pc->idle_since);
+	kick(pc->dest);
+}
+
+static void relay_gone(struct tw__watch *w)
+{
+	(void)w; /* the comm went with its context: drop_comm unwatches nothing */
+}
+
 static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *detail, void *arg)
 {
 	struct pcomm *pc = arg;
@@ -379,11 +398,23 @@ static void on_reply(tw_comm *comm, tw_decoded *reply, int err, const char *deta
 	if (err != 0) {
 		say(c, "bad reply from %s: %s", d->uri, detail != NULL ? detail : tw_strerror(err));
 		drop_comm(pc);
+		pc = NULL;
 	} else if (is_error_reply(reply)) {
 		say_remote(c, reply);
 		err = TW_EREMOTE;
 	} else if (c->ack_ok && write_ack(comm, reply) != 0) {
 		drop_comm(pc); /* the peer would wait for the "OK" forever */
+		pc = NULL;
+	}
+	if (pc != NULL && (tw__comm_state(comm) & TW__COMM_RELAYING)) {
+		/* the reply's tail is still in the socket, and a request written
+		 * now would wait behind it for the relay's slowest destination
+		 * (a client that stopped reading): the comm is not idle until
+		 * the relay is over (Dask's scheduler reads get_data's value
+		 * before the comm goes back to its pool) */
+		pc->relay_watch.relayed = relay_over;
+		pc->relay_watch.gone = relay_gone;
+		tw__comm_watch(comm, &pc->relay_watch);
 	}
 	finish(c, err, reply);
 	dispatch(d);
@@ -549,11 +580,13 @@ static int connect_one(struct dest *d)
 	return rv;
 }
 
-/* Connected, handshaken and not serving a call. */
+/* Connected, handshaken, not serving a call and not relaying its last
+ * reply (a call written meanwhile waits for the relay's end). */
 static int unbusy(const struct pcomm *pc)
 {
 	return pc->node.next == NULL && pc->comm != NULL && pc->busy == NULL &&
-	       (tw__comm_state(pc->comm) & TW__COMM_HAS_CALLBACKS);
+	       (tw__comm_state(pc->comm) & (TW__COMM_HAS_CALLBACKS | TW__COMM_RELAYING)) ==
+		       TW__COMM_HAS_CALLBACKS;
 }
 
 /* A comm ready for a call. Not one that already took in bytes of a next

@@ -42,6 +42,15 @@ void tw__comm_unwatch(struct tw__watch *w)
 	w->pprev = NULL;
 }
 
+void tw__comm_relayed(tw_comm *c)
+{
+	for (struct tw__watch *w = c->watchers, *next; w != NULL; w = next) {
+		next = w->next; /* w may unwatch itself */
+		if (w->relayed != NULL)
+			w->relayed(w);
+	}
+}
+
 struct tw_comm_watch {
 	struct tw_comm_watch *next, **pprev;
 	tw_comm *comm;

@@ -79,6 +79,9 @@ struct tw_comm {
 	int relaying;
 };
 
+/* The relay of c's input is over (relaying cleared): tell the watchers
+ * that asked (tw__watch.relayed). */
+void tw__comm_relayed(tw_comm *c);
 /* The comm a context node belongs to, or NULL when it is no comm. */
 tw_comm *tw__node_comm(struct tw__node *n);
 /* Set up the common part (tracked by the context). */

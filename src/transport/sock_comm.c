@@ -151,8 +151,8 @@ void tw__sock_destroy(tw_comm *c)
 	free(s);
 }
 
-/* A running relay (stream comms) is not a next message: the comm may
- * carry the next call while it runs (its rx_busy says no). */
+/* A running relay (stream comms) is not a next message (its rx_busy says
+ * no); whether the comm takes a call meanwhile is TW__COMM_RELAYING's. */
 int tw__sock_rx_pending(const tw_comm *c)
 {
 	const struct tw__sock *s = (const struct tw__sock *)c;

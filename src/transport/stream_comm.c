@@ -579,6 +579,7 @@ static int relay_check(struct stream *s)
 		event_add(s->sock.rev, NULL);
 	if (s->sock.q.n > 0)
 		tw__sock_kick_write(&s->sock); /* writes held while it ran */
+	tw__comm_relayed(&s->sock.base);       /* a pool's comm may take its next call */
 	return 0;
 }
 
@@ -867,7 +868,8 @@ static void s_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 
 /* A running relay is not a next message: it holds the socket's bytes for
  * its destinations, and what is written to the comm meanwhile waits for it
- * (flush), so the comm may carry the next call. */
+ * (flush). A pool still gives such a comm no call (TW__COMM_RELAYING): the
+ * call would wait for the relay's slowest destination. */
 static int rx_busy(const struct tw__sock *sock)
 {
 	return !tw__rx_idle(&((const struct stream *)sock)->rx);

@@ -76,13 +76,18 @@ unsigned tw__comm_state(const tw_comm *c);
 struct tw__limits *tw__comm_limits(tw_comm *c);
 
 /* Told when a comm is freed, by whoever freed it: a batched sender on a
- * server's stream comm, which the server frees when it closes; and, if
+ * server's stream comm, which the server frees when it closes; if
  * `closing` is set, when tw_comm_close is about to run (a last chance to
- * write). */
+ * write); and, if `relayed` is set, when a relay of the comm's input
+ * (transport/relay.h) is over and the comm reads again (TW__COMM_RELAYING
+ * just cleared; a relay that fails ends the comm instead). `relayed` runs
+ * from the comm's read event and may unwatch w, nothing more of c: a
+ * pool's comm relaying a reply takes no call until then. */
 struct tw__watch {
 	struct tw__watch *next, **pprev;
 	void (*gone)(struct tw__watch *w);
 	void (*closing)(struct tw__watch *w);
+	void (*relayed)(struct tw__watch *w);
 };
 
 /* Watch c until it is freed, or until tw__comm_unwatch. */
