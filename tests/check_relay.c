@@ -49,8 +49,16 @@ struct fx {
 	int cur;   /* during on_hub: the hub's index in acc */
 	void (*on_hub)(struct fx *f, tw_msg *m);
 	struct peer peers[MAXC];
-	int src; /* the raw source's socket */
+	int src;      /* the raw source's socket */
+	tw_msg *kept; /* the last message hub_one relayed, held */
 };
+
+/* How the relay that hub_one watched ended (tw_relay_watch_end). */
+struct rend {
+	int ran, err;
+	char why[256];
+};
+static struct rend rend;
 
 static struct fx F;
 /* setup's minimum receive rate (bytes/s, grace 200 ms) for the comms it
@@ -131,6 +139,7 @@ static void setup(void)
 {
 	int one = 1;
 	memset(&F, 0, sizeof(F));
+	memset(&rend, 0, sizeof(rend));
 	F.base = event_base_new();
 	ck_assert_int_eq(tw_context_new(F.base, &F.ctx), 0);
 	ck_assert_int_eq(tw_context_set_relay_bytes(F.ctx, 1000), TW_EINVAL);
@@ -157,6 +166,7 @@ static void add_peers(int n)
 
 static void teardown(void)
 {
+	tw_msg_free(F.kept);
 	for (int i = 0; i < MAXC; i++) {
 		tw_msg_free(F.peers[i].got);
 		if (F.peers[i].c != NULL && !F.peers[i].ended)
@@ -278,7 +288,27 @@ static void got_then_small(const size_t *lens, const size_t *which, size_t k, in
 	teardown();
 }
 
-/* --- one source frame to one destination --- */
+static void on_rend(int err, const char *why, void *arg)
+{
+	struct rend *e = arg;
+	e->ran++; /* once: a second run fails the assertions on ran == 1 */
+	e->err = err;
+	snprintf(e->why, sizeof(e->why), "%s", why);
+}
+
+/* The relay hub_one watched ended once, with err, its text holding part. */
+static void relay_ended(struct rend *e, int err, const char *part)
+{
+	ck_assert_int_eq(ts_wait_flag(F.base, &e->ran, GUARD_MS), 1);
+	ck_assert_int_eq(e->ran, 1);
+	ck_assert_int_eq(e->err, err);
+	ck_assert_msg(strstr(e->why, part) != NULL, "\"%s\" lacks \"%s\"", e->why, part);
+	if (err == 0)
+		ck_assert_str_eq(e->why, "");
+}
+
+/* --- one source frame to one destination; the hub watches the relay's
+ * end and keeps the message --- */
 static size_t one_lens[2];
 static void hub_one(struct fx *f, tw_msg *m)
 {
@@ -287,6 +317,13 @@ static void hub_one(struct fx *f, tw_msg *m)
 	ck_assert_int_eq(tw_msg_frame_is_relay(m, 0), 0);
 	ck_assert_int_eq(tw_msg_frame_is_relay(m, 1), 1);
 	forward(f->acc[1], m, w, 1);
+	ck_assert_int_eq(tw_relay_watch_end(tw_msg_frame(m, 0), on_rend, &rend), TW_EINVAL);
+	ck_assert_int_eq(tw_relay_watch_end(tw_msg_frame(m, 1), NULL, &rend), TW_EINVAL);
+	ck_assert_int_eq(tw_relay_watch_end(NULL, on_rend, &rend), TW_EINVAL);
+	ck_assert_int_eq(tw_relay_watch_end(tw_msg_frame(m, 1), on_rend, &rend), 0);
+	ck_assert_int_eq(rend.ran, 0); /* never inside the call */
+	tw_msg_free(f->kept);
+	f->kept = tw_msg_hold(m);
 }
 
 /* The source sends part of a message of two frames (lens big) whose
@@ -321,6 +358,7 @@ START_TEST(relay_64mib_intact)
 	/* the hub read frame 0 and the prelude, never the 64 MiB (the
 	 * client copied nothing either: it reads into its blocks) */
 	ck_assert_uint_lt(s1.payload_bytes_copied - s0.payload_bytes_copied, 64 * KiB);
+	relay_ended(&rend, 0, ""); /* every byte went out */
 	then_small(1);
 	teardown();
 }
@@ -434,11 +472,6 @@ START_TEST(relay_frame_single_use)
 END_TEST
 
 /* --- the destination dies mid-frame: the source drains the rest --- */
-static void hub_to_paused(struct fx *f, tw_msg *m)
-{
-	static const size_t w[] = {1};
-	forward(f->acc[1], m, w, 1);
-}
 
 /* Feed the source without blocking until the destination has taken
  * some of the relayed frame. */
@@ -465,12 +498,14 @@ static int acc_ended(void *arg)
 
 /* After a destination was lost mid-frame: the rest of the frame is
  * drained, then the next message comes, and the other destination's
- * comm is still open. Frees p (n bytes, fed up to feed_done). */
+ * comm is still open. The relay did not fail: its source sent every byte.
+ * Frees p (n bytes, fed up to feed_done). */
 static void drained_then_next(uint8_t *p, size_t n)
 {
 	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + feed_done, n - feed_done, GUARD_MS),
 			  n - feed_done);
 	free(p);
+	relay_ended(&rend, 0, "");
 	then_small(1);
 	ck_assert_int_eq(F.acc_ended[0], 0);
 	teardown();
@@ -484,7 +519,7 @@ START_TEST(relay_destination_killed)
 	uint8_t *p;
 	setup();
 	add_peers(1);
-	F.on_hub = hub_to_paused;
+	F.on_hub = hub_one;
 	/* the source's bytes go in as the socket takes them, while the
 	 * destination stalls */
 	p = wire(big, 2, &n);
@@ -506,6 +541,7 @@ START_TEST(relay_source_killed)
 {
 	static const size_t big[] = {10, 4 * MiB};
 	static const size_t w[] = {1};
+	struct rend late = {0, 0, ""};
 	int zero = 0;
 	setup();
 	add_peers(1);
@@ -521,6 +557,14 @@ START_TEST(relay_source_killed)
 	ck_assert_int_eq(ts_wait_flag(F.base, &F.peers[1].ended, GUARD_MS), 1);
 	ck_assert_int_eq(F.peers[1].err, TW_ETRUNCATED); /* cut short on its wire */
 	ck_assert_ptr_null(F.peers[1].got);
+	/* the forwarder learns it, and whose fault it was */
+	relay_ended(&rend, TW_ETRUNCATED,
+		    "peer closed in the middle of a relayed frame: frame 1 of 1, after ");
+	/* a watch set once the relay is over runs on a next pass, told the same */
+	ck_assert_int_eq(tw_relay_watch_end(tw_msg_frame(F.kept, 1), on_rend, &late), 0);
+	ck_assert_int_eq(late.ran, 0);
+	relay_ended(&late, TW_ETRUNCATED, rend.why);
+	ck_assert_int_eq(rend.ran, 1);
 	(void)w;
 	teardown();
 }
@@ -560,6 +604,7 @@ START_TEST(relay_source_stalls_mid_frame)
 	ck_assert_int_eq(ts_wait_flag(F.base, &F.peers[1].ended, GUARD_MS), 1);
 	ck_assert_int_eq(F.peers[1].err, TW_ETRUNCATED); /* cut short on its wire */
 	ck_assert_ptr_null(F.peers[1].got);
+	relay_ended(&rend, TW_ETIMEDOUT, "below the minimum of 1048576 bytes/s");
 	/* another comm on the loop is unaffected */
 	ck_assert_int_eq(F.acc_ended[2], 0);
 	ck_assert_int_eq(tw_msg_new(&m), 0);
@@ -633,6 +678,7 @@ START_TEST(relay_lowat_restored)
 	wait_peer(1);
 	check_got(1, one_lens, w, 1);
 	ck_assert_int_eq(lowat_of(fd), 1); /* restored: a small message wakes it */
+	relay_ended(&rend, 0, "");
 	then_small(1);
 	teardown();
 }
@@ -666,6 +712,7 @@ static void source_dies_waiting(int reset)
 	ck_assert_int_eq(ts_wait_flag(F.base, &F.peers[1].ended, GUARD_MS), 1);
 	ck_assert_int_eq(F.peers[1].err, TW_ETRUNCATED); /* cut short on its wire */
 	ck_assert_ptr_null(F.peers[1].got);
+	relay_ended(&rend, reset ? TW_EIO : TW_ETRUNCATED, "relayed frame");
 	teardown();
 }
 
@@ -686,11 +733,6 @@ END_TEST
  * which raises no SIGPIPE (main keeps SIGPIPE's default: it would kill
  * the suite), and the source drains the rest and goes on --- */
 static int raw_dst = -1;
-static void hub_to_raw(struct fx *f, tw_msg *m)
-{
-	static const size_t w[] = {1};
-	forward(f->acc[1], m, w, 1);
-}
 
 /* Read what the raw destination has without blocking, until it has
  * some of the relayed frame. */
@@ -722,7 +764,7 @@ START_TEST(relay_destination_closed_no_sigpipe)
 	raw_dst = ts_raw_connect(F.addr);
 	ck_assert_int_ge(raw_dst, 0);
 	ck_assert_int_eq(ts_run_until(F.base, n_accepted, &two, GUARD_MS), 1);
-	F.on_hub = hub_to_raw;
+	F.on_hub = hub_one;
 	p = wire(big, 2, &n);
 	feed_p = p;
 	feed_n = n;
@@ -892,6 +934,28 @@ START_TEST(relay_more_than_the_pipes)
 }
 END_TEST
 
+/* --- the context is freed while a watched relay waits for its source:
+ * the watch runs then, once (its arg may be freed there) --- */
+START_TEST(relay_watch_context_freed)
+{
+	static const size_t big[] = {10, 4 * MiB};
+	int fd;
+	setup();
+	add_peers(1);
+	fd = hub_fd();
+	send_part(big, 0);
+	ck_assert_int_eq(ts_run_until(F.base, hub_waits_chunked, &fd, GUARD_MS), 1);
+	ck_assert_int_eq(rend.ran, 0);
+	tw_context_free(F.ctx); /* its comms and listener go with it */
+	ck_assert_int_eq(rend.ran, 1);
+	ck_assert_msg(rend.err == TW_ECANCELED || rend.err == TW_ECLOSED, "%d %s", rend.err,
+		      rend.why);
+	tw_msg_free(F.kept); /* relay frames outlive their context */
+	close(F.src);
+	event_base_free(F.base);
+}
+END_TEST
+
 /* --- a pool's comm whose reply is still relayed, to a destination that
  * reads nothing, carries no other call: a second call to the same peer
  * goes on another comm and is answered while that relay stalls; once the
@@ -1000,5 +1064,6 @@ int main(void)
 					   relay_source_reset_while_waiting,
 					   relay_source_stalls_mid_frame, relay_more_than_the_pipes,
 					   relay_destination_closed_no_sigpipe,
+					   relay_watch_context_freed,
 					   relay_pool_comm_not_idle_while_relaying))));
 }

@@ -77,6 +77,42 @@ int tw_comm_set_relay_bytes(tw_comm *comm, uint64_t min_frame_bytes);
  * thread. */
 int tw_msg_frame_is_relay(const tw_msg *m, size_t i);
 
+/* The end of a relay (the frames of one received message that stayed in
+ * its source's socket): err 0 when each of its frames was written out or
+ * drained (a destination that failed does not fail the relay: its frames
+ * are drained), else why its source's bytes did not all come, one of:
+ *   TW_ETRUNCATED  the source's peer closed in the middle of a frame
+ *   TW_EIO         ... or reset it (or another read error)
+ *   TW_ETIMEDOUT   the source sent below its minimum receive rate
+ *   TW_ECLOSED     the source comm was closed, aborted or freed first
+ *   TW_ENOMEM      no memory for the relay's buffer
+ *   TW_ECANCELED   the context was freed before the relay ended
+ * why: the relay's text ("peer closed in the middle of a relayed frame:
+ * frame F of N, after B of its L bytes", ...; "" when err is 0), valid
+ * during the call. */
+typedef void (*tw_relay_ended_fn)(int err, const char *why, void *arg);
+
+/* tw_relay_watch_end: run fn(err, why, arg) once when the relay that
+ * relay frame `frame` (all of it or a part: a tw_slice of a message, or a
+ * tw_payload's frame) belongs to ends: on the loop thread of its source
+ * comm, never inside this call nor inside the call that ended it (a
+ * tw_comm_free); when it has already ended, on the next loop pass. A
+ * watch that has not run when the context is freed runs from
+ * tw_context_free (with the end, if it was known, else TW_ECANCELED), so
+ * fn runs exactly once and may free arg. A forwarder learns this way that
+ * a message it wrote with the frame was cut short on the wire (its
+ * destination comm ended with the same error) and whose fault it was.
+ * Any number of watches per relay; they outlive the frame.
+ * Thread: the loop thread of the source comm's context, while it lives.
+ * Returns 0, or:
+ *   TW_EINVAL  frame or fn is NULL, or frame is no relay frame
+ *   TW_ENOMEM  out of memory (fn never runs)
+ * Source: Dask's Scheduler.gather removes a worker whose get_data failed
+ * (scheduler.py gather, utils_comm.py gather_from_workers); a relayed
+ * reply fails after the scheduler's own reply went out, and this is where
+ * it learns of it. */
+int tw_relay_watch_end(const tw_slice *frame, tw_relay_ended_fn fn, void *arg);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <taskwire/error.h>
+#include <taskwire/relay.h>
 
 #include "core/block.h"
 #include "core/context.h"
@@ -98,6 +99,19 @@ static void pool_put(struct pipe_pool *p)
 	free(p);
 }
 
+/* tw_relay_watch_end: fn runs from ev once the relay's end is known, or
+ * from the context's teardown (kill_watch). Tracked by the source's
+ * context; on r's list until the end is known. */
+struct relay_watch {
+	struct tw__node node;
+	struct relay_watch *next, **pprev;
+	struct event *ev;
+	tw_relay_ended_fn fn;
+	void *arg;
+	int err;
+	char why[200];
+};
+
 struct frame {
 	struct tw__relay *r;
 	uint64_t off, len;
@@ -135,7 +149,9 @@ struct tw__relay {
 	uint64_t rate_start_ms, rate_taken;
 	int err;
 	int done;
-	int refs; /* one per frame's block, the source's */
+	tw_context *ctx;             /* the source's: its loop runs the watches */
+	struct relay_watch *watches; /* waiting for the end (tw_relay_watch_end) */
+	int refs;                    /* one per frame's block, the source's */
 	void (*kick)(void *arg);
 	void *kick_arg;
 	char error[200];
@@ -208,6 +224,24 @@ static void relay_release(void *data, void *arg)
 	unref(r);
 }
 
+/* The relay's end is known (done, or failed): its watches run from the
+ * loop, never inside the call that ended it (a tw_comm_free). */
+static void told(struct relay_watch *w, int err, const char *why)
+{
+	w->err = err;
+	snprintf(w->why, sizeof(w->why), "%s", why);
+	if ((*w->pprev = w->next) != NULL)
+		w->next->pprev = w->pprev;
+	w->pprev = NULL;
+	event_active(w->ev, EV_TIMEOUT, 0);
+}
+
+static void ended(struct tw__relay *r)
+{
+	while (r->watches != NULL)
+		told(r->watches, r->err, r->error);
+}
+
 static void fail(struct tw__relay *r, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -222,6 +256,7 @@ static void fail(struct tw__relay *r, int err, const char *fmt, ...)
 	va_end(ap);
 	event_del(r->src_ev);
 	event_del(r->rate_ev);
+	ended(r);
 	for (size_t i = r->cursor; i < r->n; i++)
 		if (r->f[i].state == F_CLAIMED)
 			r->f[i].wake(r->f[i].warg);
@@ -369,6 +404,7 @@ static void progress(struct tw__relay *r)
 		struct frame *f;
 		if (r->cursor == r->n) {
 			r->done = 1;
+			ended(r);
 			r->kick(r->kick_arg);
 			return;
 		}
@@ -451,10 +487,9 @@ static void relay_init_undo(struct tw__relay *r)
 	free(r);
 }
 
-int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
-		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
-		  void (*kick)(void *arg), void *kick_arg, uint64_t min_rate, uint64_t grace_ms,
-		  tw_msg *m, struct tw__relay **out)
+int tw__relay_new(tw_context *ctx, int fd, const uint64_t *lens, size_t n, tw_block *prefix_block,
+		  const uint8_t *prefix, size_t prefix_len, void (*kick)(void *arg), void *kick_arg,
+		  uint64_t min_rate, uint64_t grace_ms, tw_msg *m, struct tw__relay **out)
 {
 	int rv = 0;
 	struct tw__relay *r = calloc(1, sizeof(*r));
@@ -467,7 +502,8 @@ int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t 
 	r->kick_arg = kick_arg;
 	r->min_rate = grace_ms > 0 ? min_rate : 0;
 	r->grace_ms = grace_ms;
-	if ((r->pool = pool_get(base)) == NULL || relay_init(r, base, lens) != 0) {
+	r->ctx = ctx;
+	if ((r->pool = pool_get(ctx->base)) == NULL || relay_init(r, ctx->base, lens) != 0) {
 		relay_init_undo(r);
 		return TW_ENOMEM;
 	}
@@ -711,4 +747,61 @@ int tw__relay_pump(struct tw__relay *r, size_t i, int dfd, size_t max, size_t *m
 	if (rv == 0 && r->cursor != i) /* the next frame's claimant, a drain, or the end */
 		event_active(r->kick_ev, 0, 0);
 	return rv;
+}
+
+/* tw_relay_watch_end's fn runs once: from the loop once the end is known
+ * (on_told), or from the context's teardown before that (kill_watch). */
+static void watch_free(struct relay_watch *w)
+{
+	event_free(w->ev);
+	free(w);
+}
+
+static void on_told(evutil_socket_t fd, short what, void *arg)
+{
+	struct relay_watch *w = arg;
+	(void)fd;
+	(void)what;
+	tw__ctx_untrack(&w->node);
+	w->fn(w->err, w->why, w->arg);
+	watch_free(w);
+}
+
+static void kill_watch(struct tw__node *n)
+{
+	struct relay_watch *w = (struct relay_watch *)n;
+	int waiting = w->pprev != NULL; /* on its relay's list: the end is not known */
+	if (waiting && (*w->pprev = w->next) != NULL)
+		w->next->pprev = w->pprev;
+	if (waiting)
+		w->fn(TW_ECANCELED, "the context was freed before the relay ended", w->arg);
+	else
+		w->fn(w->err, w->why, w->arg);
+	watch_free(w);
+}
+
+int tw_relay_watch_end(const tw_slice *frame, tw_relay_ended_fn fn, void *arg)
+{
+	struct tw__relay *r;
+	struct relay_watch *w;
+	size_t i;
+	if (frame == NULL || fn == NULL || (r = tw__relay_of(frame, &i)) == NULL)
+		return TW_EINVAL;
+	if ((w = calloc(1, sizeof(*w))) == NULL)
+		return TW_ENOMEM;
+	if ((w->ev = event_new(r->ctx->base, -1, 0, on_told, w)) == NULL) {
+		free(w);
+		return TW_ENOMEM;
+	}
+	w->fn = fn;
+	w->arg = arg;
+	tw__ctx_track(r->ctx, &w->node, kill_watch);
+	w->next = r->watches;
+	w->pprev = &r->watches;
+	if (r->watches != NULL)
+		r->watches->pprev = &w->next;
+	r->watches = w;
+	if (r->err != 0 || r->done) /* over already: told on the next pass */
+		ended(r);
+	return 0;
 }

@@ -41,6 +41,7 @@
 #include <event2/event.h>
 
 #include <taskwire/buf.h>
+#include <taskwire/context.h>
 #include <taskwire/msg.h>
 
 struct tw__relay;
@@ -62,10 +63,9 @@ struct tw__relay;
  * a source below it fails the relay with TW_ETIMEDOUT ("... below the
  * minimum of N bytes/s"), which every claimant and the source then end
  * with, as with any other message in progress. */
-int tw__relay_new(struct event_base *base, int fd, const uint64_t *lens, size_t n,
-		  tw_block *prefix_block, const uint8_t *prefix, size_t prefix_len,
-		  void (*kick)(void *arg), void *kick_arg, uint64_t min_rate, uint64_t grace_ms,
-		  tw_msg *m, struct tw__relay **r);
+int tw__relay_new(tw_context *ctx, int fd, const uint64_t *lens, size_t n, tw_block *prefix_block,
+		  const uint8_t *prefix, size_t prefix_len, void (*kick)(void *arg), void *kick_arg,
+		  uint64_t min_rate, uint64_t grace_ms, tw_msg *m, struct tw__relay **r);
 
 /* tw__relay_state: 0 while frames remain, 1 when every frame was
  * consumed or drained, or the negative TW_E* code it failed with. */

@@ -541,8 +541,8 @@ static int relay_start(struct stream *s, tw_msg *m)
 	struct tw__rx *rx = &s->rx;
 	const uint8_t *pre = rx->carry_len ? tw_block_data(rx->carry) + rx->carry_off : NULL;
 	const struct tw__limits *lim = &s->sock.base.limits;
-	int rv = tw__relay_new(event_get_base(s->sock.rev), s->sock.fd, rx->relay_lens, rx->relay_n,
-			       rx->carry, pre, rx->carry_len, relay_kick, s, lim->min_rate_bytes,
+	int rv = tw__relay_new(s->sock.base.ctx, s->sock.fd, rx->relay_lens, rx->relay_n, rx->carry,
+			       pre, rx->carry_len, relay_kick, s, lim->min_rate_bytes,
 			       lim->min_rate_grace_ms, m, &s->relay);
 	if (rv == 0)
 		tw__rx_drop_carry(rx);
