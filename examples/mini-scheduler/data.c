@@ -864,11 +864,16 @@ struct gather_op {
 	struct gkey *keys;
 	uint32_t nkeys;
 	int pending;
-	struct table bad;     /* Dask's bad_addresses (values: the address) */
-	struct table failed;  /* Dask's missing_workers: get_data failed */
-	tw_decoded **replies; /* get_data replies whose data goes out */
+	struct table bad;             /* Dask's bad_addresses (values: the address) */
+	struct table failed;          /* Dask's missing_workers: get_data failed */
+	struct gather_reply *replies; /* get_data replies whose data goes out */
 	size_t nreplies, creplies;
 	uint32_t ndata;
+};
+
+struct gather_reply {
+	tw_decoded *d;
+	const char *address; /* the worker's: a holder string of op's keys */
 };
 
 struct gather_part {
@@ -898,20 +903,66 @@ static uint64_t relay_bytes(const tw_decoded *d)
 	return n;
 }
 
-/* A reply that relays payloads is logged as it goes out: if a worker's
- * bytes end in the middle of one (it died), the client's comm ends (its
- * message was cut short on the wire; relay.h), so its gather fails at
- * once with a closed comm, and the worker's removal reports the keys
- * lost (cancelled-key), as Dask's remove_worker does. */
+/* A relayed get_data reply's end (tw_relay_watch_end; arg: the worker's
+ * address, ours). Cut short by the worker (its bytes ended, or came below
+ * the minimum rate) after our OK went out: the client's comm ended (its
+ * message was cut short on the wire) and its gather fails with a closed
+ * comm. Dask reads the value before replying, so there get_data fails
+ * and Scheduler.gather removes the worker (remove_worker(close=True)):
+ * so here too, or each gather of its keys would be cut again. */
+static void on_relay_end(int err, const char *why, void *arg)
+{
+	char *address = arg;
+	struct worker *w;
+	if (err != 0 && err != TW_ECANCELED) /* TW_ECANCELED: we stop */
+		say("gather: the relayed get_data reply of %s was cut short: %s\n", address, why);
+	/* the worker's doing (not TW_ECLOSED: we closed its comm, removing it) */
+	if (err == TW_ETRUNCATED || err == TW_EIO || err == TW_ETIMEDOUT) {
+		if ((w = worker_find(address, strlen(address))) != NULL)
+			worker_remove(w, TW_ECLOSED,
+				      "its relayed get_data reply was cut short (as Dask's "
+				      "Scheduler.gather does when get_data fails: "
+				      "remove_worker(close=True))",
+				      1);
+	}
+	free(address);
+}
+
+/* Watch the relay of reply's payloads (every relay frame of a reply is
+ * one relay's): the first frame it accepts. */
+static void watch_relay(const struct gather_reply *reply)
+{
+	for (size_t i = 0; i < tw_decoded_npayloads(reply->d); i++) {
+		const tw_payload *p = tw_decoded_payload_at(reply->d, i);
+		for (size_t j = 0; p->relay_sub_header != NULL && j < p->nframes; j++) {
+			char *address = strdup(reply->address);
+			int rv = address != NULL
+					 ? tw_relay_watch_end(&p->frames[j], on_relay_end, address)
+					 : TW_ENOMEM;
+			if (rv == 0)
+				return;
+			free(address);
+			if (rv != TW_EINVAL) /* TW_EINVAL: not a relay frame */
+				abort();
+		}
+	}
+}
+
+/* A reply that relays payloads is logged as it goes out, and its relay
+ * watched (on_relay_end). A worker that dies in the middle of one ends
+ * the client's comm the same way; its removal reports the keys lost
+ * (cancelled-key), as Dask's remove_worker does. */
 static void log_relay(const struct gather_op *op)
 {
 	uint64_t n = 0;
 	size_t from = 0;
 	char peer[256] = "?";
 	for (size_t i = 0; i < op->nreplies; i++) {
-		uint64_t b = relay_bytes(op->replies[i]);
+		uint64_t b = relay_bytes(op->replies[i].d);
 		n += b;
 		from += b > 0;
+		if (b > 0)
+			watch_relay(&op->replies[i]);
 	}
 	if (n == 0)
 		return;
@@ -973,10 +1024,10 @@ static void gather_done(struct gather_op *op)
 		msgpack_pack_map(pk, op->ndata);
 		for (size_t i = 0; i < op->nreplies; i++) {
 			const msgpack_object *data =
-				tw_msgpack_map_get(tw_decoded_root(op->replies[i]), "data");
+				tw_msgpack_map_get(tw_decoded_root(op->replies[i].d), "data");
 			for (uint32_t j = 0; j < data->via.map.size; j++) {
 				msgpack_pack_object(pk, data->via.map.ptr[j].key);
-				if (tw_builder_pack_object(b, op->replies[i],
+				if (tw_builder_pack_object(b, op->replies[i].d,
 							   &data->via.map.ptr[j].val) != 0)
 					abort();
 			}
@@ -986,7 +1037,7 @@ static void gather_done(struct gather_op *op)
 	/* The sent message holds the payloads; the replies can go. */
 	reply_send(op->r);
 	for (size_t i = 0; i < op->nreplies; i++)
-		tw_decoded_free(op->replies[i]);
+		tw_decoded_free(op->replies[i].d);
 	free(op->replies);
 	for (uint32_t i = 0; i < op->nkeys; i++) {
 		for (uint32_t j = 0; j < op->keys[i].nholders; j++)
@@ -1070,14 +1121,15 @@ static void on_get_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 	if (data != NULL) {
 		if (op->nreplies == op->creplies) {
 			size_t c = op->creplies ? 2 * op->creplies : 4;
-			tw_decoded **a = realloc(op->replies, c * sizeof(*a));
+			struct gather_reply *a = realloc(op->replies, c * sizeof(*a));
 			if (a == NULL)
 				abort();
 			op->replies = a;
 			op->creplies = c;
 		}
 		op->ndata += data->via.map.size;
-		op->replies[op->nreplies++] = reply;
+		op->replies[op->nreplies].d = reply;
+		op->replies[op->nreplies++].address = part->address;
 	} else {
 		tw_decoded_free(reply);
 	}

@@ -57,11 +57,14 @@ GUARD = 60.0  # hang guard for any one wait
 # and tornado's websocket write through).
 #
 # Every worker's get_data, asked for FAIL_KEY, aborts its comm without a
-# reply (the worker stays up): the get_data of a gather fails.
+# reply (the worker stays up): the get_data of a gather fails. Asked for
+# CUT_KEY, it closes that comm (shutdown) after 1 MiB of its reply and
+# stays up: a reply the scheduler relays is cut short after its OK.
 STOP_KEY = "tw-stop-midway"
 FAIL_KEY = "tw-fail-get-data"
+CUT_KEY = "tw-cut-get-data"
 WORKER = """
-import os, signal, tornado.iostream, distributed.worker
+import os, signal, socket, tornado.iostream, distributed.worker
 from distributed.core import Status
 stop_after = int(os.environ.get("TW_MINI_STOP_AFTER", "0"))
 left = None
@@ -93,9 +96,20 @@ async def get_data_fails(self, comm, keys=(), **kw):
     if "%s" in keys:
         comm.abort()
         return Status.dont_reply
+    if "%s" in keys:  # this comm's stream only (tcp's IOStream)
+        stream = comm.stream
+        write = stream.write_to_fd
+        left = [1 << 20]
+        def write_cut(data):
+            n = write(memoryview(data)[:left[0]]) if left[0] > 0 else 0
+            left[0] -= n
+            if left[0] <= 0:
+                stream.socket.shutdown(socket.SHUT_RDWR)
+            return n
+        stream.write_to_fd = write_cut
     return await get_data_failing(self, comm, keys=keys, **kw)
 distributed.worker.Worker.get_data = get_data_fails
-""" % (STOP_KEY, FAIL_KEY) + WORKER_MAIN
+""" % (STOP_KEY, FAIL_KEY, CUT_KEY) + WORKER_MAIN
 
 
 class Log:
@@ -326,7 +340,32 @@ def main():
     assert sorted(w["name"] for w in ident().values()) == ["w1", "w2"], ident()
     print("get_data failed: %r; the worker removed and exited (0), its keys lost "
           "(%.1f s)" % (failed, time.monotonic() - t), flush=True)
-    del fk, only, on1
+    del fk, only
+
+    # 8. (tcp: relayed) w2 cuts its get_data reply short after 1 MiB of a
+    # 4 MiB value and stays up. The scheduler's OK went out first, so the
+    # client's comm is cut (CommClosedError); the relay tells the scheduler
+    # (tw_relay_watch_end), which removes w2 as Dask's Scheduler.gather
+    # removes a worker whose get_data failed (told to close: exits with 0),
+    # so its key is lost and a second gather of it fails at once instead of
+    # cutting the client again. Dask reads the value before replying, so it
+    # has no such case.
+    if transport == "tcp":
+        t = time.monotonic()
+        ck = client.scatter({CUT_KEY: b"c" * (4 << 20)}, workers=["w2"])[CUT_KEY]
+        failed = raises(CommClosedError, "gather of a value cut short", client.gather, [ck],
+                        direct=False)
+        workers["scheduler"].log.wait("was cut short")
+        wait_until("w2 to be removed", lambda: by_name["w2"] not in ident())
+        wait_until("w2 to exit", lambda: workers["w2"].poll() is not None)
+        assert workers["w2"].returncode == 0, workers["w2"].returncode
+        wait_until("w2's key to be reported lost", lambda: ck.status == "cancelled")
+        raises(CancelledError, "gather of a lost key", client.gather, [ck], direct=False)
+        assert client.gather([on1], direct=False) == [b"1" * 1000]
+        print("relayed get_data cut short: %r; the worker removed and exited (0), its key "
+              "lost (%.1f s)" % (failed, time.monotonic() - t), flush=True)
+        del ck
+    del on1
 
     client.close()
 
