@@ -798,22 +798,35 @@ static uint8_t *rel_wire;
 static size_t rel_n, rel_sent[NREL];
 static int pipe_base, pipe_max;
 
-static int pipe_fds(void)
+/* The process's pipe fds; their links ("pipe:[inode]", in fd order)
+ * appended to names (len bytes) unless it is NULL. */
+static int pipe_fds_named(char *names, size_t len)
 {
 	DIR *d = opendir("/proc/self/fd");
 	struct dirent *e;
 	int n = 0;
 	char path[300], link[64];
 	ck_assert_ptr_nonnull(d);
+	if (names != NULL)
+		names[0] = '\0';
 	while ((e = readdir(d)) != NULL) {
 		ssize_t k;
 		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
 		k = readlink(path, link, sizeof(link) - 1);
-		if (k > 5 && memcmp(link, "pipe:", 5) == 0)
+		if (k > 5 && memcmp(link, "pipe:", 5) == 0) {
 			n++;
+			link[k] = '\0';
+			if (names != NULL)
+				snprintf(names + strlen(names), len - strlen(names), "%s ", link);
+		}
 	}
 	closedir(d);
 	return n;
+}
+
+static int pipe_fds(void)
+{
+	return pipe_fds_named(NULL, 0);
 }
 
 static int port_of(const char *uri)
@@ -893,6 +906,7 @@ START_TEST(relay_more_than_the_pipes)
 {
 	static const size_t lens[] = {10, 4 * MiB};
 	struct event *tick;
+	int outer = pipe_fds(); /* before the loop's own */
 	setup();
 	rel_src[0] = F.src;
 	for (int i = 1; i < NREL; i++) {
@@ -926,11 +940,43 @@ START_TEST(relay_more_than_the_pipes)
 	ck_assert_int_eq(pipe_max, POOL_FDS); /* never more than the pool */
 	event_free(tick);
 	free(rel_wire);
-	/* every relay is over: the pool is gone with its pipes */
-	ck_assert_int_eq(pipe_fds(), pipe_base);
+	/* every relay is over: the loop keeps its pipes, until its context goes */
+	ck_assert_int_eq(pipe_fds() - pipe_base, POOL_FDS);
 	for (int i = 1; i < NREL; i++)
 		close(rel_src[i]);
 	teardown();
+	ck_assert_int_eq(pipe_fds(), outer);
+}
+END_TEST
+
+/* --- relays one after another (a scheduler's gathers, one at a time):
+ * the loop keeps its pipe, and the second relay goes through the one the
+ * first made; the pipes close with the context --- */
+START_TEST(relay_pipes_kept)
+{
+	static const size_t w[] = {1};
+	char names[2][512];
+	int base, outer = pipe_fds();
+	setup();
+	add_peers(1);
+	base = pipe_fds();
+	one_lens[0] = 10;
+	one_lens[1] = 2 * MiB;
+	F.on_hub = hub_one;
+	for (int round = 0; round < 2; round++) {
+		memset(&rend, 0, sizeof(rend));
+		send_msg(one_lens, 2);
+		wait_peer(1);
+		check_got(1, one_lens, w, 1);
+		relay_ended(&rend, 0, "");
+		tw_msg_free(F.peers[1].got);
+		F.peers[1].got = NULL;
+		/* one pipe (two fds), kept after the relay */
+		ck_assert_int_eq(pipe_fds_named(names[round], sizeof(names[round])) - base, 2);
+	}
+	ck_assert_str_eq(names[1], names[0]); /* the same pipe */
+	teardown();
+	ck_assert_int_eq(pipe_fds(), outer);
 }
 END_TEST
 
@@ -1063,7 +1109,7 @@ int main(void)
 					   relay_source_closed_while_waiting,
 					   relay_source_reset_while_waiting,
 					   relay_source_stalls_mid_frame, relay_more_than_the_pipes,
-					   relay_destination_closed_no_sigpipe,
+					   relay_pipes_kept, relay_destination_closed_no_sigpipe,
 					   relay_watch_context_freed,
 					   relay_pool_comm_not_idle_while_relaying))));
 }

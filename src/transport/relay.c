@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Relay of large frames, socket -> pipe -> socket (transport/relay.h);
- * the pipes are the loop's (POOL_PIPES). */
+ * the pipes are the loop's (POOL_PIPES), kept with its context. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -27,7 +27,7 @@
 /* A pipe between the sockets; Linux's default is 64 KiB, 1 MiB (the
  * unprivileged maximum) takes a quarter of the splice calls. */
 #define PIPE_BYTES (1 << 20)
-/* Pipes belong to the loop: at most POOL_PIPES per event_base, taken by a
+/* Pipes belong to the loop: at most POOL_PIPES per loop's context, taken by a
  * relay while bytes sit in it and given back as soon as it is empty; a
  * relay that finds none free moves its bytes through a buffer of its own
  * (recv, send: BUF_BYTES at a time) until one is. Linux lets an
@@ -47,56 +47,40 @@
 
 enum fstate { F_FREE, F_CLAIMED, F_DEAD };
 
-/* The pipes of one loop; made on demand, kept while a relay of the loop
- * lives. Only that loop's thread takes and gives; the list of pools is
- * shared (pools_mu). */
+/* The pipes of one loop: its context's extension (core/context.h), made
+ * with the loop's first relay and closed with the context, so a loop that
+ * relays one message at a time makes one pipe, not one per relay. Only
+ * that loop's thread takes and gives. */
 struct pipe_pool {
-	struct pipe_pool *next;
-	struct event_base *base;
-	int users; /* relays of the loop */
-	int made;  /* pipes in existence: free ones and taken ones */
+	int made; /* pipes in existence: free ones and taken ones */
 	int nfree;
 	int free[POOL_PIPES][2];
 };
 
-static struct pipe_pool *pools;
-static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static struct pipe_pool *pool_get(struct event_base *base)
+/* The context is freed: its comms (and their relays, which give their
+ * pipes back or close them) went first. */
+static void pool_release(void *state)
 {
-	struct pipe_pool *p;
-	pthread_mutex_lock(&pools_mu);
-	for (p = pools; p != NULL && p->base != base; p = p->next)
-		;
-	if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL) {
-		p->base = base;
-		p->next = pools;
-		pools = p;
-	}
-	if (p != NULL)
-		p->users++;
-	pthread_mutex_unlock(&pools_mu);
-	return p;
-}
-
-static void pool_put(struct pipe_pool *p)
-{
-	struct pipe_pool **pp;
-	pthread_mutex_lock(&pools_mu);
-	if (--p->users > 0) {
-		pthread_mutex_unlock(&pools_mu);
-		return;
-	}
-	for (pp = &pools; *pp != p; pp = &(*pp)->next)
-		;
-	*pp = p->next;
-	pthread_mutex_unlock(&pools_mu);
+	struct pipe_pool *p = state;
 	while (p->nfree > 0) {
 		p->nfree--;
 		close(p->free[p->nfree][0]);
 		close(p->free[p->nfree][1]);
 	}
 	free(p);
+}
+
+static const struct tw__ext_ops pipes_ops = {.release = pool_release};
+
+static struct pipe_pool *pool_get(tw_context *ctx)
+{
+	struct pipe_pool *p = tw__ctx_ext(ctx, &pipes_ops);
+	if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL &&
+	    tw__ctx_set_ext(ctx, &pipes_ops, p) != 0) {
+		free(p);
+		p = NULL;
+	}
+	return p;
 }
 
 /* tw_relay_watch_end: fn runs from ev once the relay's end is known, or
@@ -478,8 +462,6 @@ static int relay_init(struct tw__relay *r, struct event_base *base, const uint64
 /* What relay_init made of r, and r: it failed. */
 static void relay_init_undo(struct tw__relay *r)
 {
-	if (r->pool != NULL)
-		pool_put(r->pool);
 	tw__event_free(r->src_ev);
 	tw__event_free(r->kick_ev);
 	tw__event_free(r->rate_ev);
@@ -503,7 +485,7 @@ int tw__relay_new(tw_context *ctx, int fd, const uint64_t *lens, size_t n, tw_bl
 	r->min_rate = grace_ms > 0 ? min_rate : 0;
 	r->grace_ms = grace_ms;
 	r->ctx = ctx;
-	if ((r->pool = pool_get(ctx->base)) == NULL || relay_init(r, ctx->base, lens) != 0) {
+	if ((r->pool = pool_get(ctx)) == NULL || relay_init(r, ctx->base, lens) != 0) {
 		relay_init_undo(r);
 		return TW_ENOMEM;
 	}
@@ -549,7 +531,6 @@ void tw__relay_detach(struct tw__relay *r, int err, const char *why)
 	r->src_ev = r->kick_ev = r->rate_ev = NULL;
 	set_lowat(r, 1); /* the socket's next message wakes its reader */
 	give_pipe(r);
-	pool_put(r->pool);
 	r->pool = NULL;
 	r->buf_off = r->buf_len = 0;
 	r->fd = -1;

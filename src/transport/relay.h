@@ -14,9 +14,11 @@
  * -> socket with splice(2) when the source's cursor reaches it, so they
  * never enter user space.
  *
- * Pipes belong to the loop: each event_base has a pool of at most 8 pipes
- * of 1 MiB (POOL_PIPES in relay.c: 8 MiB of pipe buffers), made on demand
- * and kept while a relay of that loop lives. A relay takes one only while
+ * Pipes belong to the loop: each loop's context has a pool of at most 8
+ * pipes of 1 MiB (POOL_PIPES in relay.c: 8 MiB of pipe buffers), made on
+ * demand and kept until the context is freed (a context extension,
+ * core/context.h), so relays one after another reuse one pipe instead of
+ * making one each. A relay takes one only while
  * bytes sit in it (from the splice in to the splice out that empties it)
  * and gives it back at once; a relay that finds all 8 taken (their
  * destinations slow) moves its bytes with recv and send through a 64 KiB
