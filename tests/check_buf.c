@@ -347,10 +347,11 @@ static void on_granted(struct tw__claim *c)
 /* The receive budget's rules (core/budget.h): alone, any size goes, and
  * only one at a time past the limit; waiters go on smallest first (the
  * largest stays paused), until the oldest has been passed over
- * TW__BUDGET_MAX_SKIPS times; a holder asking again passes a full budget
- * only as the oldest holder; the write queues count with the
- * reservations, and while they may drain nobody passes the limit until
- * tw__budget_pass. */
+ * TW__BUDGET_MAX_SKIPS times; past a full budget the message nearest to
+ * done passes, once a message in progress waits; the write queues count
+ * with the reservations, and while they may drain nobody passes the
+ * limit until tw__budget_pass; a passer that stops moving hands the pass
+ * to a waiter nearer to done. */
 START_TEST(budget_rules)
 {
 	struct tw__budget b;
@@ -389,14 +390,19 @@ START_TEST(budget_rules)
 	ck_assert_uint_eq(c[0].held, 1);
 	ck_assert_uint_eq(c[2].held, 10);
 	ck_assert_uint_eq(b.used, 91);
-	/* a holder asks again: past a full budget only the oldest goes */
+	/* holders ask again: past a full budget the message nearest to done
+	 * goes (c[1], 40 bytes to come, not c[2], 50), and only once no
+	 * message in progress and not waiting has fewer to come (c[0], 1) */
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], 50, 50), TW_EAGAIN);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 50, 50), 0);
-	ck_assert_uint_eq(b.used, 141);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 50, 40), TW_EAGAIN);
+	ck_assert_ptr_null(b.passer);
+	tw__budget_release(&b, &c[0]);
+	ck_assert_ptr_eq(b.passer, &c[1]);
+	ck_assert_uint_eq(c[1].held, 130);
+	ck_assert_uint_eq(b.used, 140);
 	tw__budget_release(&b, &c[1]); /* c[2]'s 50 fit now */
 	ck_assert_uint_eq(c[2].held, 60);
 	tw__budget_release(&b, &c[2]);
-	tw__budget_release(&b, &c[0]);
 	ck_assert_uint_eq(b.used, 0);
 	/* bytes queued for writing count: while they may still drain, even
 	 * a lone message waits for them, until the owner's pass (no bytes
@@ -415,6 +421,25 @@ START_TEST(budget_rules)
 	tw__budget_admit(&b);
 	ck_assert_uint_eq(c[1].held, 10);
 	tw__budget_release(&b, &c[1]);
+	ck_assert_uint_eq(b.used, 0);
+	/* a passer that moves keeps the pass; one that stopped (no step
+	 * until the owner's pass) hands it to a waiter with fewer bytes to
+	 * come, and waits when it asks again (breaker b1: a dripper held
+	 * the pass for ever) */
+	queued = 0;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 300, 1000), 0); /* alone: passes */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 10, 10), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10, 700), 0); /* it moves */
+	ck_assert_ptr_eq(b.passer, &c[0]);
+	tw__budget_pass(&b);
+	ck_assert_ptr_eq(b.passer, &c[1]);
+	ck_assert_uint_eq(c[1].held, 10);
+	ck_assert_uint_eq(b.used, 320);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10, 690), TW_EAGAIN);
+	tw__budget_release(&b, &c[1]); /* c[0], in progress, waits: it passes again */
+	ck_assert_ptr_eq(b.passer, &c[0]);
+	ck_assert_uint_eq(c[0].held, 320);
+	tw__budget_release(&b, &c[0]);
 	ck_assert_uint_eq(b.used, 0);
 	ck_assert_int_eq(b.tight, 0);
 }

@@ -230,21 +230,32 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * is trimmed to make room and takes in nothing while a comm waits. A
  * message larger than the small-frame size
  * (tw_context_set_small_frame_bytes) reserves its bytes as they arrive,
- * 4 MiB ahead of them (memory follows the bytes: a peer that declares
- * 1 GiB and sends 10 bytes holds 4 MiB of the budget, not 1 GiB), and
- * gives them back once it is complete and delivered (or its comm ends).
+ * ahead of them by as many bytes as it has received so far, at least
+ * 64 KiB and at most 4 MiB (memory follows the bytes: a peer that
+ * declares 1 GiB and sends 10 bytes holds 64 KiB of the budget, one that
+ * has sent 1 MiB holds about 2 MiB, and a fast message reserves 4 MiB at a time
+ * once 4 MiB are in), and gives them back once it is complete and
+ * delivered (or its comm ends).
  * A comm whose next bytes do not fit stops reading (nothing is dropped;
  * its peer is held back by TCP) until reservations given back make room;
  * then the waiting comm whose message has the fewest bytes still to come
  * goes on first (the largest messages pause first and longest), but one
  * passed over 8 times is passed no more, so a large message is not held
  * back for ever by smaller ones. Nothing deadlocks: one message at a
- * time goes on past the budget, to its end (the next waiter when nothing
- * is reserved, the oldest message in progress when the budget is full),
- * at once when nothing is being written, else after 100 ms in which no
- * bytes came back (the peers of our writes may wait for our reads), so
- * every message within the message limit is received (what Dask sends is
- * never refused, only queued). A paused comm's peer keeps its bytes: a
+ * time goes on past the budget, to its end: the next waiter when nothing
+ * is reserved; when the budget is full and a message in progress waits
+ * for its next bytes (or none came back for 100 ms), the message with the
+ * fewest bytes still to come, as it gives its bytes back soonest; at once
+ * when nothing is being written, else after 100 ms in which no bytes came
+ * back (the peers of our writes may wait for our reads). A message that
+ * passes and then gets no step for 100 ms (a peer dripping its bytes
+ * above the minimum receive rate) hands the pass to a waiting message
+ * with fewer bytes to come. So every message within the message limit
+ * is received (what Dask sends is never refused, only queued), and peers
+ * that drip their messages cannot hold back a message with fewer bytes to
+ * come than theirs, even when the bytes they sent fill the budget. Past the
+ * budget the passers hold at most one message and one step (up to
+ * 4 MiB) for each pass handed over. A paused comm's peer keeps its bytes: a
  * pause longer than the peer's TCP timeout (30 s in Dask and here) ends
  * the connection there, so size the budget for the traffic (a comm waits
  * about budget / throughput at most). Messages up

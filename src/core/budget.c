@@ -39,7 +39,7 @@ static void enqueue(struct tw__claim *head, struct tw__claim *c)
 static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
 {
 	b->progress++;
-	if (c->held == 0) { /* a new holder: the youngest */
+	if (c->held == 0) { /* a new holder */
 		c->hnext = &b->hold;
 		c->hprev = b->hold.hprev;
 		b->hold.hprev->hnext = c;
@@ -95,8 +95,7 @@ static int drains(const struct tw__budget *b)
  * before it reads). It may start when nothing can come back by itself,
  * or once the owner says no bytes came back for a while
  * (tw__budget_pass): while writes drain, waiters wait for them, and the
- * budget holds. Alone (nothing reserved), the next waiter is the passer;
- * with the budget full of messages in progress, the oldest of them. */
+ * budget holds. */
 static int may_start_pass(const struct tw__budget *b)
 {
 	return b->passer == NULL && (!drains(b) || b->may_pass);
@@ -107,10 +106,25 @@ static int alone(const struct tw__budget *b)
 	return b->used == 0 && may_start_pass(b);
 }
 
-static int must_pass(const struct tw__budget *b, const struct tw__claim *c, uint64_t bytes)
+/* A message in progress waits for bytes that do not fit: the messages
+ * holding the budget cannot all finish within it. */
+static int holder_waits(const struct tw__budget *b)
 {
-	return c->held > 0 && !fits(b, bytes) &&
-	       (c == b->passer || (b->hold.hnext == c && may_start_pass(b)));
+	for (const struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
+		if (waiting(h))
+			return 1;
+	return 0;
+}
+
+/* A message in progress that is not waiting has fewer bytes still to come
+ * than c: it goes on within what it holds, and is the one to pass when
+ * it asks for more. */
+static int nearer_holder(const struct tw__budget *b, const struct tw__claim *c)
+{
+	for (const struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
+		if (!waiting(h) && h->rest < c->rest)
+			return 1;
+	return 0;
 }
 
 static void set_passer(struct tw__budget *b, struct tw__claim *c)
@@ -119,24 +133,36 @@ static void set_passer(struct tw__budget *b, struct tw__claim *c)
 	b->may_pass = 0;
 }
 
-/* The waiter to go on next: the one with the fewest bytes of its message
- * still to come (comms with the largest messages are paused first, and
- * stay paused longest: a message done gives its bytes back, and the
- * nearest to done gives them back soonest), the oldest among equals; but once the oldest
- * waiter has been passed over TW__BUDGET_MAX_SKIPS times, nobody passes
- * it any more, so a large message is not kept waiting for ever by a
- * stream of smaller ones. */
-static struct tw__claim *next_waiter(struct tw__budget *b)
+/* The waiter whose message will give its bytes back soonest: the fewest
+ * bytes still to come, the oldest among equals. Past a full budget it is
+ * the one to pass, whether it holds bytes or not: passing the oldest
+ * message in progress (the rule before) let a peer that declared 1 GiB
+ * and dripped it above the minimum rate hold the pass for ever, while an
+ * honest 16 MiB message waited behind it (breaker b1, session 12). */
+static struct tw__claim *nearest_done(struct tw__budget *b)
 {
 	struct tw__claim *best = b->wait.next;
 	if (best == &b->wait)
 		return NULL;
-	if (best->skips >= TW__BUDGET_MAX_SKIPS)
-		return best;
 	for (struct tw__claim *c = best->next; c != &b->wait; c = c->next)
 		if (c->rest < best->rest)
 			best = c;
 	return best;
+}
+
+/* The waiter to go on next within the limit: the one with the fewest
+ * bytes of its message still to come (comms with the largest messages
+ * are paused first, and stay paused longest: a message done gives its
+ * bytes back, and the nearest to done gives them back soonest), the
+ * oldest among equals; but once the oldest waiter has been passed over
+ * TW__BUDGET_MAX_SKIPS times, nobody passes it any more, so a large
+ * message is not kept waiting for ever by a stream of smaller ones. */
+static struct tw__claim *next_waiter(struct tw__budget *b)
+{
+	struct tw__claim *best = b->wait.next;
+	if (best == &b->wait || best->skips >= TW__BUDGET_MAX_SKIPS)
+		return best == &b->wait ? NULL : best;
+	return nearest_done(b);
 }
 
 /* Grant c what it waits for; the waiters older than c were passed over.
@@ -164,27 +190,51 @@ static void set_tight(struct tw__budget *b)
 	b->tight = tight;
 }
 
+/* Past a full budget, who goes on past the limit: the message nearest to
+ * done (nearest_done). A pass starts when nothing is reserved (the next
+ * waiter, larger than the budget), or, with the budget full, when a
+ * message in progress waits for its next bytes or no bytes came back for
+ * a while (tw__budget_pass): then the waiter with the fewest bytes still
+ * to come goes, unless a message in progress that is not waiting has
+ * fewer (it passes when it asks). A passer that stops moving (no step
+ * granted to it until tw__budget_pass) hands the pass to a waiter with
+ * fewer bytes to come than it had when it last asked, so a passer that
+ * drips cannot keep a message that would finish sooner waiting, while a
+ * passer that moves keeps it (handing it over at once let every message
+ * nearer to done past the limit too); the passer replaced keeps what it
+ * holds (a step at most past what it received) and waits when it asks
+ * again. As each new passer has less to come than the one before had
+ * left, what the passers hold past the limit stays within one message
+ * and a step for each passer replaced. */
+static void pass(struct tw__budget *b, struct tw__claim *self)
+{
+	struct tw__claim *c = next_waiter(b);
+	if (c == NULL || fits(b, c->want))
+		return;
+	if (!alone(b)) {
+		c = nearest_done(b);
+		if (b->passer != NULL ? !b->may_pass || c->rest >= b->passer->rest
+				      : !may_start_pass(b) || !(b->may_pass || holder_waits(b)) ||
+						nearer_holder(b, c))
+			return;
+	}
+	set_passer(b, c);
+	make_room(b, need_for(b, c->want));
+	admit_one(b, c, self);
+}
+
 static void admit(struct tw__budget *b, struct tw__claim *self)
 {
-	struct tw__claim *c, *old;
-	while ((c = next_waiter(b)) != NULL) {
-		if (!fits(b, c->want)) {
-			if (!alone(b))
-				break;
-			set_passer(b, c);
-		}
+	struct tw__claim *c;
+	while ((c = next_waiter(b)) != NULL && fits(b, c->want)) {
 		make_room(b, need_for(b, c->want));
 		admit_one(b, c, self);
 	}
-	old = b->hold.hnext;
-	if (old != &b->hold && waiting(old) && must_pass(b, old, old->want)) {
-		set_passer(b, old);
-		admit_one(b, old, self);
-	}
+	pass(b, self);
 	set_tight(b);
-	/* Comms wait and nobody passes: the owner watches for bytes coming
-	 * back, and calls tw__budget_pass when none do. */
-	if (b->tight && b->passer == NULL && b->stuck != NULL)
+	/* Comms wait: the owner watches for bytes coming back (and for the
+	 * passer's steps), and calls tw__budget_pass when none do. */
+	if (b->tight && b->stuck != NULL)
 		b->stuck(b);
 	/* The reclaimer gives bytes back without telling anyone: look again
 	 * shortly while it has some and comms wait for room. */
@@ -216,8 +266,10 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 {
 	if (waiting(c))
 		return TW_EAGAIN;
-	if (must_pass(b, c, bytes)) {
-		set_passer(b, c);
+	if (c == b->passer) { /* to its end, fitting or not; it moves */
+		make_room(b, need_for(b, bytes));
+		c->rest = rest;
+		b->may_pass = 0;
 		grant(b, c, bytes);
 		return 0;
 	}
@@ -233,8 +285,10 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 {
 	unwait(c);
 	c->want = 0;
-	if (b->passer == c)
+	if (b->passer == c) { /* its bytes come back: a pass starts afresh */
 		b->passer = NULL;
+		b->may_pass = 0;
+	}
 	b->progress++;
 	if (c->held > 0) {
 		b->used -= c->held;

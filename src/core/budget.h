@@ -12,11 +12,11 @@
 /* One comm's place in a budget. Zeroed: holds nothing, waits for nothing. */
 struct tw__claim {
 	struct tw__claim *prev, *next;   /* in the waiting list, while waiting */
-	struct tw__claim *hprev, *hnext; /* in the holders, oldest first, while held > 0 */
+	struct tw__claim *hprev, *hnext; /* in the holders, while held > 0 */
 	uint64_t held;                   /* bytes reserved */
 	uint64_t want;                   /* bytes asked for while waiting */
-	uint64_t rest;                   /* bytes of its message still to come, then */
-	unsigned skips;                  /* younger waiters granted first, while waiting */
+	uint64_t rest;  /* bytes of its message still to come, when it last asked */
+	unsigned skips; /* younger waiters granted first, while waiting */
 	/* Waiting ended (the bytes asked for are reserved now, or, for the
 	 * write budget, the budget has room again). Runs inside
 	 * tw__budget_release or the setter: it must only schedule work (an
@@ -36,11 +36,16 @@ struct tw__claim {
  * TW__BUDGET_MAX_SKIPS times is passed no more. So that nothing
  * deadlocks, one message at a time (the passer) goes on past the limit,
  * whatever its size, to its end: the next waiter when nothing is
- * reserved, or the oldest holder when the budget is full; it starts at
- * once when no bytes can come back by themselves (nothing being written,
- * nothing with the reclaimer), else only after tw__budget_pass (no bytes
- * came back for a while: the writes' peers may be waiting for our
- * reads). While anyone waits, the block cache takes in nothing
+ * reserved; with the budget full, once a message in progress waits for
+ * its next bytes or no bytes came back for a while (tw__budget_pass),
+ * the message nearest to done (fewest bytes still to come, held or not);
+ * and once the passer stops moving (no step for a while:
+ * tw__budget_pass), a waiter with fewer bytes to come takes the pass over
+ * (so a passer that drips holds up nobody nearer to done). It
+ * starts at once when no bytes can come back by themselves (nothing
+ * being written, nothing with the reclaimer), else only after
+ * tw__budget_pass (the writes' peers may be waiting for our reads).
+ * While anyone waits, the block cache takes in nothing
  * (tw__block_cache_bypass). */
 #define TW__BUDGET_MAX_SKIPS 8
 struct tw__budget {
@@ -49,20 +54,19 @@ struct tw__budget {
 	 * against the one that goes on when nothing is reserved: the write
 	 * queues, whose peers may wait for our reads. */
 	const uint64_t *also;
-	struct tw__claim wait,
-		hold; /* list heads: waiting in arrival order, holders oldest first */
-	int tight;    /* comms wait: this budget keeps the block cache bypassed */
+	struct tw__claim wait, hold; /* list heads: waiting in arrival order, holders */
+	int tight;                   /* comms wait: this budget keeps the block cache bypassed */
 	/* Called when comms wait while the reclaimer still holds bytes,
 	 * which it gives back without a word: the owner calls
 	 * tw__budget_admit again soon (a timer). NULL: nobody does. */
 	void (*later)(struct tw__budget *b);
-	/* Called when comms wait and nobody passes the limit: the owner
-	 * calls tw__budget_pass if `progress` (grants, releases, and what
-	 * the owner adds: bytes written) and the reclaimer's bytes stay
+	/* Called when comms wait: the owner calls tw__budget_pass if
+	 * `progress` (grants, the passer's steps among them, releases, and
+	 * what the owner adds: bytes written) and the reclaimer's bytes stay
 	 * put for a while. NULL: nobody does. */
 	void (*stuck)(struct tw__budget *b);
 	struct tw__claim *passer; /* the one message past the limit, or NULL */
-	int may_pass;             /* tw__budget_pass said so, and nobody has passed since */
+	int may_pass; /* tw__budget_pass said so, and no passer started or moved since */
 	uint64_t progress;
 };
 

@@ -68,11 +68,12 @@ static void rbudget_later(struct tw__budget *b)
 		event_add(ctx->rbudget_ev, &ms);
 }
 
-/* Comms wait for the receive budget and nobody passes it: if no bytes
- * came back (none written, none unmapped, no grant or release) for
- * PASS_MS, the writes' peers may be waiting for our reads, so one
- * message may pass (tw__budget_pass); else look again. Not sooner:
- * while bytes come back, waiting for them keeps the budget. */
+/* Comms wait for the receive budget: if no bytes came back (none
+ * written, none unmapped, no grant or release, no step for the passer)
+ * for PASS_MS, the writes' peers may be waiting for our reads, so one
+ * message may pass, or the pass may go from a passer that stopped moving
+ * to a message nearer to done (tw__budget_pass); else look again. Not
+ * sooner: while bytes come back, waiting for them keeps the budget. */
 #define PASS_MS 100
 
 static void pass_arm(tw_context *ctx)
@@ -89,7 +90,7 @@ static void pass_due(evutil_socket_t fd, short what, void *arg)
 	struct tw__budget *b = &ctx->rbudget;
 	(void)fd;
 	(void)what;
-	if (!b->tight || b->passer != NULL)
+	if (!b->tight)
 		return;
 	if (b->progress != ctx->pass_progress || tw__reclaim_pending() < ctx->pass_pending) {
 		pass_arm(ctx);

@@ -13,13 +13,14 @@
 /* The receive budget (tw_context_set_receive_budget_bytes). Before a read
  * of up to *len bytes of a large message on c, of which `got` bytes have
  * arrived and at most `left` are still to come: the bytes are reserved a
- * step (TW__RX_STEP_BYTES) ahead of what arrived, and *len is cut to what
- * is reserved. 0, or TW_EAGAIN: stop reading; c->rx_claim.granted runs
- * (from inside some other comm's release: schedule the read, do not run
- * it) once the step is reserved. tw__comm_rx_release gives back all c
- * holds (a message complete, a comm ending) and drops c from the
- * waiters. */
-#define TW__RX_STEP_BYTES ((uint64_t)4 << 20)
+ * step ahead of what arrived (as many as arrived so far, at least
+ * TW__RX_MIN_STEP_BYTES, at most TW__RX_STEP_BYTES), and *len is cut to
+ * what is reserved. 0, or TW_EAGAIN: stop reading; c->rx_claim.granted runs (from inside some
+ * other comm's release: schedule the read, do not run it) once the step
+ * is reserved. tw__comm_rx_release gives back all c holds (a message
+ * complete, a comm ending) and drops c from the waiters. */
+#define TW__RX_MIN_STEP_BYTES ((uint64_t)64 << 10)
+#define TW__RX_STEP_BYTES     ((uint64_t)4 << 20)
 int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, size_t *len);
 void tw__comm_rx_release(tw_comm *c);
 /* The memory of c's write queue, for the receive budget: a message of
