@@ -12,7 +12,15 @@
 set -e
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${TW_BUILD_DIR:-$top/build}
-step() { printf '\n== %s\n' "$*"; }
+t0=$(date +%s)
+t_step=
+# Each step's heading; the step before it gets its wall time.
+step() {
+	now=$(date +%s)
+	[ -z "$t_step" ] || printf '(%s s)\n' $((now - t_step))
+	t_step=$now
+	printf '\n== %s\n' "$*"
+}
 
 step "build ($build)"
 "$top/scripts/build.sh"
@@ -49,4 +57,5 @@ step "make distcheck"
 cd "$build"
 make -j"$(nproc)" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >/dev/null 2>&1
 echo "distcheck: ok"
-printf '\ncheck.sh: all steps passed (format-check, abi-check, make check, netns, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n'
+printf '(%s s)\n' $(($(date +%s) - t_step))
+printf '\ncheck.sh: all steps passed in %s s (format-check, abi-check, make check, netns, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n' $(($(date +%s) - t0))

@@ -35,9 +35,11 @@ void tu_init(struct tu *h)
 	ck_assert_int_eq(tw_context_new(h->base, &h->ctx), 0);
 	/* The library's clocks get what a loaded machine needs: under
 	 * valgrind beside other suites, TLS handshakes outlasted the 10 s
-	 * defaults, and a raw peer that reads only after a long send must not
+	 * defaults (the connect timeout covers the handshake and the ws
+	 * upgrade too), and a raw peer that reads only after a long send must not
 	 * meet the 30 s TCP timeout (0: the kernel's). Tests of the timeouts
 	 * set their own. */
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(h->ctx, TU_WAIT_MS), 0);
 	ck_assert_int_eq(tw_context_set_handshake_timeout_ms(h->ctx, TU_WAIT_MS), 0);
 	ck_assert_int_eq(tw_context_set_tls_handshake_timeout_ms(h->ctx, TU_WAIT_MS), 0);
 	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(h->ctx, 0), 0);
