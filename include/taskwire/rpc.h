@@ -72,7 +72,10 @@ typedef void (*tw_reply_cb)(tw_call *call, int err, tw_decoded *reply, void *arg
 int tw_pool_new(tw_context *ctx, tw_pool **out);
 
 /* tw_pool_set_limit: comms open (or connecting) per address, at least 1
- * (default 512). tw_pool_set_idle: idle comms kept per address (default
+ * (default 512). A comm whose last reply is still being relayed (its
+ * payload's frames forwarded from its socket: include/taskwire/relay.h)
+ * counts and takes no call until that relay is over; a call meanwhile
+ * goes on another comm, or waits for one. tw_pool_set_idle: idle comms kept per address (default
  * 16) and how long one may stay idle, ms (default 60,000). Loop thread.
  * Return 0, or:
  *   TW_EINVAL  p NULL, or comms_per_address 0 (tw_pool_set_limit) */
