@@ -401,16 +401,6 @@ static void on_update_data(tw_call *call, int err, tw_decoded *reply, void *arg)
 	scatter_part_done(part, err, why);
 }
 
-static int in_list(const msgpack_object *list, const struct worker *w)
-{
-	if (list == NULL || list->type != MSGPACK_OBJECT_ARRAY)
-		return 1; /* no restriction */
-	for (uint32_t i = 0; i < list->via.array.size; i++)
-		if (worker_is(w, &list->via.array.ptr[i]))
-			return 1;
-	return 0;
-}
-
 static void replica_free(struct replica *rp)
 {
 	msgpack_sbuffer_destroy(&rp->who);
@@ -589,13 +579,12 @@ static size_t slot_worker(const uint64_t *cum, size_t n, uint64_t slot)
  * workers too); one update_data per worker, whose values are the
  * client's payloads, forwarded by reference (tw_builder_pack_object),
  * never decoded. Returns 1, with r untouched, when no running worker
- * (of `workers`, if given) is there; else 0 (r is answered when done). */
-static int scatter_start(tw_request *r)
+ * (of `only`) is there; else 0 (r is answered when done). */
+static int scatter_start(tw_request *r, const struct addrs *only)
 {
 	static uint64_t round_robin;
 	const tw_decoded *d = tw_request_decoded(r);
 	const msgpack_object *data = tw_request_arg(r, "data");
-	const msgpack_object *only = tw_request_arg(r, "workers");
 	struct worker **wl;
 	uint64_t *cum, nslots = 0; /* cum[j]: threads of wl[0..j], summed */
 	size_t nw = 0, ncopies, sent = 0;
@@ -614,7 +603,7 @@ static int scatter_start(tw_request *r)
 	 * UINT32_MAX per worker, so the sum cannot wrap. */
 	for (struct worker *w = S.workers; w != NULL; w = w->next) {
 		uint64_t t = w->nthreads > 0 ? (uint64_t)w->nthreads : 1;
-		if (strcmp(w->status, "running") != 0 || !in_list(only, w))
+		if (strcmp(w->status, "running") != 0 || !addrs_has(only, w->address))
 			continue;
 		wl[nw] = w;
 		nslots += t < UINT32_MAX ? t : UINT32_MAX;
@@ -677,19 +666,18 @@ static int scatter_start(tw_request *r)
 	return 0;
 }
 
-/* Whether r's `workers` names a worker that is not there (must_exist)
- * or no address at all: then r is answered with the exception Dask's
- * scheduler raises (workers_arg_error), which the client raises. */
-static int workers_bad(tw_request *r, int must_exist)
+/* r's `workers` as Dask reads it (workers_arg): 0 and *out, or -1 when
+ * it names a worker that is not there (must_exist) or no address at
+ * all: then r is answered with the exception Dask's scheduler raises,
+ * which the client raises. */
+static int workers_of(tw_request *r, int must_exist, struct addrs *out)
 {
-	const char *type;
-	char text[512];
-	if (workers_arg_error(tw_request_arg(r, "workers"), must_exist, &type, text,
-			      sizeof(text)) == 0)
+	struct exc e;
+	if (workers_arg(tw_request_arg(r, "workers"), must_exist, out, &e) == 0)
 		return 0;
-	say("%s(%s) to a request naming workers\n", type, text);
-	reply_exception(r, type, text);
-	return 1;
+	say("%s(%s) to a request naming workers\n", e.type, e.text);
+	reply_exc(r, &e);
+	return -1;
 }
 
 /* A scatter that found no running worker waits for one, as Dask's
@@ -703,7 +691,8 @@ struct scatter_wait {
 	struct scatter_wait *next;
 	tw_request *r;
 	struct event *ev;
-	double deadline; /* monotonic seconds */
+	double deadline;     /* monotonic seconds */
+	struct names *names; /* the host names its request's `workers` had */
 };
 static struct scatter_wait *scatter_waits;
 
@@ -714,6 +703,7 @@ static void scatter_wait_free(struct scatter_wait *sw)
 		p = &(*p)->next;
 	*p = sw->next;
 	event_free(sw->ev);
+	names_free(sw->names);
 	free(sw);
 }
 
@@ -721,19 +711,28 @@ static void on_scatter_wait(evutil_socket_t fd, short what, void *arg)
 {
 	static const struct timeval poll = {0, 100 * 1000}; /* Dask: asyncio.sleep(0.1) */
 	struct scatter_wait *sw = arg;
+	struct addrs only;
+	int started;
 	(void)fd;
 	(void)what;
+	names_use(sw->names);
 	if (tw_request_comm(sw->r) == NULL) { /* its client left: drop it */
 		reply_send(sw->r);
-	} else if (workers_bad(sw->r, 1)) { /* Dask coerces them on each look */
-	} else if (scatter_start(sw->r) != 0) {
-		if (now_mono() <= sw->deadline) {
+	} else if (workers_of(sw->r, 1, &only) != 0) { /* Dask coerces them on each look */
+	} else {
+		started = scatter_start(sw->r, &only) == 0;
+		addrs_free(&only);
+		if (!started && now_mono() <= sw->deadline) {
 			event_add(sw->ev, &poll);
+			names_use(NULL);
 			return;
 		}
-		say("scatter: no valid workers found in its timeout\n");
-		reply_exception(sw->r, "TimeoutError", "No valid workers found");
+		if (!started) {
+			say("scatter: no valid workers found in its timeout\n");
+			reply_exception(sw->r, "TimeoutError", "No valid workers found");
+		}
 	}
+	names_use(NULL);
 	scatter_wait_free(sw);
 }
 
@@ -756,19 +755,26 @@ void op_scatter(tw_request *r, void *arg)
 {
 	const msgpack_object *data = tw_request_arg(r, "data");
 	struct scatter_wait *sw;
+	struct addrs only;
 	double timeout;
+	int started;
 	(void)arg;
 	if (data == NULL || data->type != MSGPACK_OBJECT_MAP || data->via.map.size == 0) {
 		reply_error(r, "scatter needs data (a map, not empty)");
 		return;
 	}
-	if (workers_bad(r, 1) || scatter_start(r) == 0)
+	if (workers_of(r, 1, &only) != 0)
+		return;
+	started = scatter_start(r, &only) == 0;
+	addrs_free(&only);
+	if (started)
 		return;
 	timeout = scatter_timeout(r);
 	if ((sw = calloc(1, sizeof(*sw))) == NULL ||
 	    (sw->ev = evtimer_new(S.base, on_scatter_wait, sw)) == NULL)
 		abort();
 	sw->r = r;
+	sw->names = names_keep();
 	sw->deadline = now_mono() + timeout;
 	sw->next = scatter_waits;
 	scatter_waits = sw;
@@ -802,8 +808,7 @@ void op_update_data(tw_request *r, void *arg)
 	     who_has && who_has->type == MSGPACK_OBJECT_MAP && i < who_has->via.map.size; i++) {
 		const msgpack_object_kv *kv = &who_has->via.map.ptr[i];
 		const msgpack_object *nb = NULL;
-		const char *addr;
-		size_t alen;
+		char addr[512];
 		struct key *k;
 		int had;
 		if (obj_str(&kv->key, &s, &n) != 0 || kv->val.type != MSGPACK_OBJECT_ARRAY)
@@ -812,8 +817,10 @@ void op_update_data(tw_request *r, void *arg)
 		k = key_get_or_add(s, n);
 		for (uint32_t j = 0; j < kv->val.via.array.size; j++) {
 			struct worker *w = NULL;
-			if (obj_str(&kv->val.via.array.ptr[j], &addr, &alen) == 0)
-				w = worker_find(addr, alen);
+			struct exc e;
+			/* Dask: coerce_address of each */
+			if (coerce_address(&kv->val.via.array.ptr[j], addr, sizeof(addr), &e) == 0)
+				w = worker_find(addr, strlen(addr));
 			if (w != NULL)
 				push(&k->who, &k->nwho, &k->cwho, w);
 		}
@@ -1301,11 +1308,11 @@ void op_who_has(tw_request *r, void *arg)
 /* Dask's get_ncores / get_ncores_running: {address: nthreads}. */
 void op_ncores(tw_request *r, void *arg)
 {
-	const msgpack_object *only = tw_request_arg(r, "workers");
+	struct addrs only;
 	msgpack_packer *pk;
 	int running_only = arg != NULL;
 	uint32_t n = 0;
-	if (workers_bad(r, 0)) /* Dask's get_ncores skips unknown addresses */
+	if (workers_of(r, 0, &only) != 0) /* Dask's get_ncores skips unknown addresses */
 		return;
 	pk = reply_packer(r);
 	for (int pass = 0; pass < 2; pass++) {
@@ -1313,7 +1320,7 @@ void op_ncores(tw_request *r, void *arg)
 			msgpack_pack_map(pk, n);
 		for (struct worker *w = S.workers; w != NULL; w = w->next) {
 			if ((running_only && strcmp(w->status, "running") != 0) ||
-			    !in_list(only, w))
+			    !addrs_has(&only, w->address))
 				continue;
 			if (pass == 0) {
 				n++;
@@ -1323,5 +1330,6 @@ void op_ncores(tw_request *r, void *arg)
 			msgpack_pack_int64(pk, w->nthreads);
 		}
 	}
+	addrs_free(&only);
 	reply_send(r);
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <event2/dns.h>
 #include <event2/event.h>
 
 #include "examples/common.h"
@@ -76,26 +77,31 @@ static void usage(FILE *f)
 }
 
 /* The server: Dask's Scheduler handlers and stream handlers that this
- * scheduler has; other ops reply nil, other stream ops are skipped. */
+ * scheduler has; other ops reply nil (as Dask's Server.handle_comm,
+ * which logs "No handler ... found" and writes None), other stream ops
+ * are skipped. The ops whose requests hold addresses run through
+ * op_resolving (addr.c: their host names are looked up first). */
 static int add_ops(void)
 {
 	static int running_only = 1;
+	static struct resolving_op wrapped[16];
 	static const struct {
 		const char *name;
 		tw_op_fn fn;
 		void *arg;
+		int addresses;
 	} ops[] = {
-		{"identity", op_identity, NULL},
-		{"register-worker", op_register_worker, NULL},
-		{"heartbeat_worker", op_heartbeat_worker, NULL},
-		{"unregister", op_unregister, NULL},
-		{"register-client", op_register_client, NULL},
-		{"scatter", op_scatter, NULL},
-		{"update_data", op_update_data, NULL},
-		{"gather", op_gather, NULL},
-		{"who_has", op_who_has, NULL},
-		{"ncores", op_ncores, NULL},
-		{"ncores_running", op_ncores, &running_only},
+		{"identity", op_identity, NULL, 0},
+		{"register-worker", op_register_worker, NULL, 1},
+		{"heartbeat_worker", op_heartbeat_worker, NULL, 1},
+		{"unregister", op_unregister, NULL, 1},
+		{"register-client", op_register_client, NULL, 0},
+		{"scatter", op_scatter, NULL, 1},
+		{"update_data", op_update_data, NULL, 1},
+		{"gather", op_gather, NULL, 0},
+		{"who_has", op_who_has, NULL, 0},
+		{"ncores", op_ncores, NULL, 1},
+		{"ncores_running", op_ncores, &running_only, 1},
 	};
 	static const struct {
 		const char *name;
@@ -105,9 +111,14 @@ static int add_ops(void)
 		{"client-releases-keys", client_stream_op}, {"report-key", client_stream_op},
 		{"client-desires-keys", client_stream_op},
 	};
-	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
-		if (tw_server_add_op(S.server, ops[i].name, ops[i].fn, ops[i].arg) != 0)
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		wrapped[i].fn = ops[i].fn;
+		wrapped[i].arg = ops[i].arg;
+		if (tw_server_add_op(S.server, ops[i].name,
+				     ops[i].addresses ? op_resolving : ops[i].fn,
+				     ops[i].addresses ? (void *)&wrapped[i] : ops[i].arg) != 0)
 			return -1;
+	}
 	for (size_t i = 0; i < sizeof(stream_ops) / sizeof(stream_ops[0]); i++)
 		if (tw_server_add_stream_op(S.server, stream_ops[i].name, stream_ops[i].fn, NULL) !=
 		    0)
@@ -116,12 +127,14 @@ static int add_ops(void)
 }
 
 /* Stop: comms first (their end watches are canceled by the removals),
- * then scatters waiting for a worker, then every worker and client,
- * whose pending calls fail (their requests' replies are dropped), then
- * the pool. */
+ * then requests resolving names and scatters waiting for a worker, then
+ * every worker and client, whose pending calls fail (their requests'
+ * replies are dropped), then the pool. The resolver goes last (main),
+ * after one more pass of the loop: evdns reports canceled lookups there. */
 static void stop_all(void)
 {
 	tw_server_free(S.server);
+	resolving_stop();
 	scatters_stop();
 	while (S.workers != NULL)
 		worker_remove(S.workers, TW_ECANCELED, "the scheduler stopped", 0);
@@ -179,6 +192,14 @@ int main(int argc, char **argv)
 	if ((S.base = event_base_new()) == NULL || tw_context_new(S.base, &S.ctx) != 0)
 		return 1;
 	tw_ex_tls_setup(S.ctx, &tls);
+	/* Host names in addresses (addr.c, Dask's coerce_address) and in the
+	 * library's connects: libevent's resolver, never blocking the loop. */
+	if ((S.dns = evdns_base_new(S.base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+						    EVDNS_BASE_DISABLE_WHEN_INACTIVE)) == NULL ||
+	    tw_context_set_dns_base(S.ctx, S.dns) != 0) {
+		fputs("tw-mini-scheduler: no resolver (evdns_base_new)\n", stderr);
+		return 1;
+	}
 	/* A Dask peer writes a ws message frame by frame and may run other
 	 * work between frames: a busy worker (storing 25,000 keys on a loaded
 	 * machine) was seen pausing mid-message for over 10 s. Keep the drip
@@ -232,6 +253,8 @@ int main(int argc, char **argv)
 	event_free(ttl);
 	event_free(sigint);
 	event_free(sigterm);
+	event_base_loop(S.base, EVLOOP_NONBLOCK); /* evdns reports canceled lookups */
+	evdns_base_free(S.dns, 0);
 	event_base_free(S.base);
 	return 0;
 }

@@ -41,30 +41,50 @@ void reply_error(tw_request *r, const char *text)
 		say("error reply not sent: %s\n", tw_strerror(rv));
 }
 
-/* pickle.dumps(type(text), protocol=2) for a builtin exception type:
- * PROTO 2, GLOBAL "builtins" type, BINUNICODE text, TUPLE1, REDUCE, STOP
- * (Python's Lib/pickle.py opcodes; Python 3 unpickles "builtins"). */
-static void pickle_exception(msgpack_sbuffer *sb, const char *type, const char *text)
+/* pickle.dumps(e, protocol=2) of an exception of a module-level type
+ * ("builtins" unless e->type says "module.name") with the arguments
+ * (text), or (errnum, text) for socket.gaierror: PROTO 2, GLOBAL module
+ * name, [BININT errnum,] BINUNICODE text, TUPLE1 or TUPLE2, REDUCE, STOP
+ * (Python's Lib/pickle.py opcodes; OSError's __reduce__ is the same
+ * call, so the errno comes back too). */
+static void pickle_exception(msgpack_sbuffer *sb, const struct exc *e, int with_errno)
 {
-	size_t n = strlen(text);
+	const char *dot = strchr(e->type, '.');
+	size_t n = strlen(e->text);
 	unsigned char len[4] = {(unsigned char)n, (unsigned char)(n >> 8), (unsigned char)(n >> 16),
 				(unsigned char)(n >> 24)};
-	static const char head[] = {'\x80', 2, 'c', 'b', 'u', 'i', 'l', 't', 'i', 'n', 's', '\n'};
+	uint32_t en = (uint32_t)e->errnum;
+	unsigned char num[5] = {'J', (unsigned char)en, (unsigned char)(en >> 8),
+				(unsigned char)(en >> 16), (unsigned char)(en >> 24)};
+	static const char head[] = {'\x80', 2, 'c'}; /* PROTO 2, GLOBAL */
 	msgpack_sbuffer_write(sb, head, sizeof(head));
-	msgpack_sbuffer_write(sb, type, strlen(type));
-	msgpack_sbuffer_write(sb, "\nX", 2);
+	if (dot != NULL)
+		msgpack_sbuffer_write(sb, e->type, (size_t)(dot - e->type));
+	else
+		msgpack_sbuffer_write(sb, "builtins", 8);
+	msgpack_sbuffer_write(sb, "\n", 1);
+	msgpack_sbuffer_write(sb, dot ? dot + 1 : e->type, strlen(dot ? dot + 1 : e->type));
+	msgpack_sbuffer_write(sb, "\n", 1);
+	if (with_errno)
+		msgpack_sbuffer_write(sb, (const char *)num, 5);
+	msgpack_sbuffer_write(sb, "X", 1);
 	msgpack_sbuffer_write(sb, (const char *)len, 4);
-	msgpack_sbuffer_write(sb, text, n);
-	msgpack_sbuffer_write(sb, "\x85R.", 3);
+	msgpack_sbuffer_write(sb, e->text, n);
+	msgpack_sbuffer_write(sb, with_errno ? "\x86R." : "\x85R.", 3);
 }
 
-void reply_exception(tw_request *r, const char *type, const char *text)
+void reply_exc(tw_request *r, const struct exc *e)
 {
 	msgpack_packer *pk = reply_packer(r);
 	msgpack_sbuffer sb;
-	int q = strchr(text, '\'') != NULL && strchr(text, '"') == NULL;
+	const char *name = strchr(e->type, '.') ? strchr(e->type, '.') + 1 : e->type;
+	int with_errno = strcmp(e->type, "socket.gaierror") == 0;
+	int q = strchr(e->text, '\'') != NULL && strchr(e->text, '"') == NULL;
+	char num[16] = "";
 	msgpack_sbuffer_init(&sb);
-	pickle_exception(&sb, type, text);
+	pickle_exception(&sb, e, with_errno);
+	if (with_errno)
+		snprintf(num, sizeof(num), "%d, ", e->errnum);
 	msgpack_pack_map(pk, 5);
 	tw_msgpack_pack_str(pk, "status");
 	tw_msgpack_pack_str(pk, "uncaught-error");
@@ -74,15 +94,24 @@ void reply_exception(tw_request *r, const char *type, const char *text)
 	tw_msgpack_pack_str(pk, "traceback");
 	msgpack_pack_nil(pk);
 	tw_msgpack_pack_str(pk, "exception_text"); /* repr(e) */
-	msgpack_pack_str(pk, strlen(type) + strlen(text) + 4);
-	msgpack_pack_str_body(pk, type, strlen(type));
-	msgpack_pack_str_body(pk, q ? "(\"" : "('", 2); /* Python's choice of quote */
-	msgpack_pack_str_body(pk, text, strlen(text));
+	msgpack_pack_str(pk, strlen(name) + strlen(num) + strlen(e->text) + 4);
+	msgpack_pack_str_body(pk, name, strlen(name));
+	msgpack_pack_str_body(pk, "(", 1);
+	msgpack_pack_str_body(pk, num, strlen(num));
+	msgpack_pack_str_body(pk, q ? "\"" : "'", 1); /* Python's choice of quote */
+	msgpack_pack_str_body(pk, e->text, strlen(e->text));
 	msgpack_pack_str_body(pk, q ? "\")" : "')", 2);
 	tw_msgpack_pack_str(pk, "traceback_text");
 	tw_msgpack_pack_str(pk, "");
 	msgpack_sbuffer_destroy(&sb);
 	reply_send(r);
+}
+
+void reply_exception(tw_request *r, const char *type, const char *text)
+{
+	struct exc e = {.type = type};
+	snprintf(e.text, sizeof(e.text), "%s", text);
+	reply_exc(r, &e);
 }
 
 tw_builder *request_new(const char *op, uint32_t nargs)

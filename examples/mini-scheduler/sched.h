@@ -9,7 +9,9 @@
  *   workers.c  the worker registry (Scheduler.add_worker, handle_worker,
  *              heartbeat_worker, remove_worker, identity)
  *   data.c     keys and clients: scatter, gather, who_has, ncores,
- *              register-client and the client stream ops */
+ *              register-client and the client stream ops
+ *   addr.c     addresses as Dask's coerce_address reads them, host
+ *              names resolved (evdns) before the op runs */
 #ifndef TW_MINI_SCHEDULER_H
 #define TW_MINI_SCHEDULER_H
 
@@ -21,6 +23,7 @@
 #include <taskwire/taskwire.h>
 
 struct event_base;
+struct evdns_base;
 
 /* table.c: name -> pointer; names are copied. */
 struct tslot;
@@ -65,7 +68,8 @@ struct sched {
 	tw_context *ctx;
 	struct event_base *base;
 	tw_server *server;
-	tw_pool *pool; /* calls to workers: update_data, get_data */
+	tw_pool *pool;          /* calls to workers: update_data, get_data */
+	struct evdns_base *dns; /* host names (addr.c), the context's too */
 	char address[256];
 	double started; /* wall clock */
 	double worker_ttl;
@@ -80,6 +84,16 @@ double now_wall(void);
 double now_mono(void);
 /* A log line on stderr, stamped with the wall clock (HH:MM:SS.mmm UTC). */
 void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* An exception Dask's scheduler raises, for the client to raise
+ * (reply_exc): type, a Python builtin ("KeyError", "ValueError", ...) or
+ * "socket.gaierror"; its arguments: (errnum, text) for gaierror, else
+ * (text). */
+struct exc {
+	const char *type;
+	int errnum;
+	char text[512];
+};
 
 /* reply.c */
 /* The packer of r's reply (exits on out-of-memory). */
@@ -96,6 +110,8 @@ void reply_error(tw_request *r, const char *text);
  * exception_text, repr(e), it is quoted as Python does but not escaped).
  * Frees r. */
 void reply_exception(tw_request *r, const char *type, const char *text);
+/* The same for any struct exc (socket.gaierror too). Frees r. */
+void reply_exc(tw_request *r, const struct exc *e);
 /* A builder for a request to a worker (no compression: forwarded
  * payloads go as they came), its map begun: "op": op, "reply": true, and
  * room for nargs more pairs, which the caller packs. Exits on
@@ -123,24 +139,61 @@ void worker_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *
  * "scheduler-remove-worker"} first and closed in order, and the worker
  * shuts itself down. */
 void worker_remove(struct worker *w, int err, const char *why, int close);
+/* The worker registered with this address (as coerce_address makes it). */
 struct worker *worker_find(const char *addr, size_t len);
-/* Whether o names w as Dask's coerce_address reads it: its address, the
- * address without the default scheme "tcp://", or its name. */
-int worker_is(const struct worker *w, const msgpack_object *o);
+/* The worker whose name is o (Dask's Scheduler.aliases), or NULL. */
+struct worker *worker_named(const msgpack_object *o);
 void workers_check_ttl(void);
-/* A `workers=` argument (list; NULL or not a list: none) as Dask reads
- * it: coerce_address of every entry, then self.workers[address] of each
- * (Scheduler.scatter; must_exist 0: get_ncores, which skips unknown
- * ones). 0 when it holds; else -1 with the exception Dask's scheduler
- * raises, its type (a Python builtin) in *type and its one argument in
- * text:
- *   KeyError    the address of an entry that names no registered worker,
- *               coerced ("tcp://" added to one without a scheme)
- *   ValueError  "missing port number in address '...'" (neither a
- *               worker's name nor host:port)
- *   TypeError   "addresses should be strings or tuples, got ..." */
-int workers_arg_error(const msgpack_object *list, int must_exist, const char **type, char *text,
-		      size_t len);
+
+/* addr.c */
+/* Dask's Scheduler.coerce_address(o) into out: a worker's name gives its
+ * address; a (host, port) tuple (a msgpack array) is unparsed first; a
+ * str is resolve_address'd: the scheme before the last "://" ("tcp" when
+ * none), host:port or [v6]:port, the port as Python's int() reads it, the
+ * host as ensure_ip makes it (IPv4 first, then IPv6; "" is localhost;
+ * names from the answers op_resolving looked up). 0, or -1 with the
+ * exception Dask's code raises in *e:
+ *   TypeError        not a str or a (host, port) tuple
+ *   ValueError       "missing port number in address '...'", "invalid
+ *                    address ...", "unknown address scheme ...", "invalid
+ *                    literal for int() with base 10: ..."
+ *   socket.gaierror  a name that did not resolve (glibc's code and text) */
+int coerce_address(const msgpack_object *o, char *out, size_t len, struct exc *e);
+/* A `workers=` argument coerced: any (it was None or absent: every
+ * worker), or the n addresses. */
+struct addrs {
+	char **v;
+	size_t n;
+	int any;
+};
+/* A `workers=` argument as Dask reads it: iterated as Python iterates it
+ * (a list's items; a str's characters, so "tcp://..." is 't', 'c', ...: a
+ * ValueError; a dict's keys; bytes' ints), coerce_address of every entry,
+ * then (must_exist: Scheduler.scatter's self.workers[w]; 0: get_ncores,
+ * which skips unknown ones) a KeyError(address) for the first that no
+ * registered worker has. 0 and *out (addrs_free it), or -1 and *e. */
+int workers_arg(const msgpack_object *arg, int must_exist, struct addrs *out, struct exc *e);
+int addrs_has(const struct addrs *a, const char *address);
+void addrs_free(struct addrs *a);
+/* An op whose request holds addresses (`workers`, the lists of `who_has`,
+ * `address`): op_resolving(r, &resolving_op) looks up the host names in
+ * them first (never blocking the loop), then runs fn with the answers. */
+struct resolving_op {
+	tw_op_fn fn;
+	void *arg;
+};
+void op_resolving(tw_request *r, void *arg);
+/* The answers the running op reads; names_keep: the op keeps them past
+ * its return (a scatter waiting for a worker), to names_use again and
+ * names_free. */
+struct names;
+struct names *names_keep(void);
+void names_use(struct names *nm);
+void names_free(struct names *nm);
+/* At shutdown: requests still resolving are answered with an error and
+ * their lookups canceled (evdns reports that from the loop: run it once
+ * more before evdns_base_free). */
+void resolving_stop(void);
 
 /* data.c */
 void op_register_client(tw_request *r, void *arg);

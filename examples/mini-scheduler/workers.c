@@ -52,99 +52,29 @@ static int name_is(const struct worker *w, const char *packed, size_t len)
 	return w->name_end - 5 == len && memcmp(w->ident.data + 5, packed, len) == 0;
 }
 
-int worker_is(const struct worker *w, const msgpack_object *o)
+struct worker *worker_named(const msgpack_object *o)
 {
-	const char *s;
-	size_t n, alen = strlen(w->address);
 	msgpack_sbuffer sb;
-	int named;
-	if (obj_str(o, &s, &n) == 0 &&
-	    ((n == alen && memcmp(s, w->address, n) == 0) ||
-	     (n + 6 == alen && memchr(s, '/', n) == NULL && strncmp(w->address, "tcp://", 6) == 0 &&
-	      memcmp(s, w->address + 6, n) == 0)))
-		return 1;
+	msgpack_packer pk;
+	struct worker *w = S.workers;
 	msgpack_sbuffer_init(&sb);
-	{
-		msgpack_packer pk;
-		msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-		msgpack_pack_object(&pk, *o);
-	}
-	named = name_is(w, sb.data, sb.size);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_object(&pk, *o);
+	while (w != NULL && !name_is(w, sb.data, sb.size))
+		w = w->next;
 	msgpack_sbuffer_destroy(&sb);
-	return named;
+	return w;
 }
 
-/* Whether some registered worker is o (worker_is). */
-static int known(const msgpack_object *o)
+/* The worker a request's `address` names, coerced as Dask's
+ * heartbeat_worker and remove_worker do; NULL when none. */
+static struct worker *worker_at(const msgpack_object *address)
 {
-	for (struct worker *w = S.workers; w != NULL; w = w->next)
-		if (worker_is(w, o))
-			return 1;
-	return 0;
-}
-
-/* Dask's coerce_address of an entry that names no worker: into text the
- * address (a string with "tcp://" when it has no scheme; a (host, port)
- * tuple, which msgpack brings as an array, as host:port), and 0; or the
- * exception coerce_address raises (*type, and its text in text). */
-static int coerce(const msgpack_object *o, const char **type, char *text, size_t len)
-{
-	const char *s, *loc, *port;
-	char buf[420];
-	size_t n;
-	if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
-	    obj_str(&o->via.array.ptr[0], &s, &n) == 0 &&
-	    o->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-		int v6 = memchr(s, ':', n) != NULL; /* unparse_host_port brackets it */
-		snprintf(text, len, "tcp://%s%.*s%s:%llu", v6 ? "[" : "", (int)n, s, v6 ? "]" : "",
-			 (unsigned long long)o->via.array.ptr[1].via.u64);
-		return 0;
-	}
-	if (obj_str(o, &s, &n) != 0 || memchr(s, 0, n) != NULL) {
-		*type = "TypeError";
-		if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-			snprintf(text, len, "addresses should be strings or tuples, got %llu",
-				 (unsigned long long)o->via.u64);
-		else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-			snprintf(text, len, "addresses should be strings or tuples, got %lld",
-				 (long long)o->via.i64);
-		else if (o->type == MSGPACK_OBJECT_NIL)
-			snprintf(text, len, "addresses should be strings or tuples, got None");
-		else
-			snprintf(text, len, "addresses should be strings or tuples");
-		return -1;
-	}
-	snprintf(buf, sizeof(buf), "%.*s", (int)(n < 400 ? n : 400), s);
-	loc = strstr(buf, "://") ? strstr(buf, "://") + 3 : buf;
-	/* parse_host_port of what follows the scheme: "[v6]:port" or
-	 * "host:port" */
-	port = *loc == '[' ? strchr(loc, ']') : loc;
-	if (port == NULL || strchr(port, ':') == NULL) {
-		*type = "ValueError";
-		snprintf(text, len, "missing port number in address '%s'", loc);
-		return -1;
-	}
-	snprintf(text, len, "%s%s", loc == buf ? "tcp://" : "", buf);
-	return 0;
-}
-
-int workers_arg_error(const msgpack_object *list, int must_exist, const char **type, char *text,
-		      size_t len)
-{
-	if (list == NULL || list->type != MSGPACK_OBJECT_ARRAY)
-		return 0;
-	/* Dask coerces the whole list first, then looks each up. */
-	for (uint32_t i = 0; i < list->via.array.size; i++)
-		if (!known(&list->via.array.ptr[i]) &&
-		    coerce(&list->via.array.ptr[i], type, text, len) != 0)
-			return -1;
-	for (uint32_t i = 0; must_exist && i < list->via.array.size; i++)
-		if (!known(&list->via.array.ptr[i])) {
-			coerce(&list->via.array.ptr[i], type, text, len);
-			*type = "KeyError";
-			return -1;
-		}
-	return 0;
+	char addr[512];
+	struct exc e;
+	if (address == NULL || coerce_address(address, addr, sizeof(addr), &e) != 0)
+		return NULL;
+	return worker_find(addr, strlen(addr));
 }
 
 static void pack_status_reply(msgpack_packer *pk, int with_plugins)
@@ -253,19 +183,28 @@ void op_register_worker(tw_request *r, void *arg)
 	const msgpack_object *req = tw_decoded_root(tw_request_decoded(r));
 	const msgpack_object *nthreads = tw_msgpack_map_get(req, "nthreads");
 	const msgpack_object *nbytes = tw_msgpack_map_get(req, "nbytes");
-	const char *addr, *status = "running";
-	size_t alen, slen = 7;
+	const msgpack_object *address = tw_msgpack_map_get(req, "address");
+	const char *status = "running";
+	size_t alen = 0, slen = 7;
 	struct worker *w, **tail;
 	tw_comm *comm;
-	char text[400];
+	char text[400], addr[512];
+	struct exc e;
 	(void)arg;
 	if (tw_request_keep_stream(r, &comm) != 0) { /* it left */
 		reply_send(r);
 		return;
 	}
-	if (obj_str(tw_msgpack_map_get(req, "address"), &addr, &alen) != 0 || alen >= 256 ||
-	    nthreads == NULL || nthreads->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+	if (address == NULL || address->type != MSGPACK_OBJECT_STR || nthreads == NULL ||
+	    nthreads->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
 		refuse_worker(r, comm, "register-worker needs address and nthreads");
+		return;
+	}
+	/* Dask's add_worker: coerce_address(address) */
+	if (coerce_address(address, addr, sizeof(addr), &e) != 0 || (alen = strlen(addr)) >= 256) {
+		snprintf(text, sizeof(text), "register-worker: bad address: %s: %.300s", e.type,
+			 e.text);
+		refuse_worker(r, comm, alen >= 256 ? "register-worker: address too long" : text);
 		return;
 	}
 	if (worker_find(addr, alen) != NULL) {
@@ -310,13 +249,9 @@ void op_register_worker(tw_request *r, void *arg)
 void op_heartbeat_worker(tw_request *r, void *arg)
 {
 	const msgpack_object *metrics = tw_request_arg(r, "metrics");
-	const char *addr;
-	size_t alen;
-	struct worker *w = NULL;
+	struct worker *w = worker_at(tw_request_arg(r, "address"));
 	msgpack_packer *pk = reply_packer(r);
 	(void)arg;
-	if (obj_str(tw_request_arg(r, "address"), &addr, &alen) == 0)
-		w = worker_find(addr, alen);
 	if (w == NULL) {
 		/* The worker then shuts down, as with Dask. */
 		msgpack_pack_map(pk, 1);
@@ -337,12 +272,8 @@ void op_heartbeat_worker(tw_request *r, void *arg)
 
 void op_unregister(tw_request *r, void *arg)
 {
-	const char *addr;
-	size_t alen;
-	struct worker *w = NULL;
+	struct worker *w = worker_at(tw_request_arg(r, "address"));
 	(void)arg;
-	if (obj_str(tw_request_arg(r, "address"), &addr, &alen) == 0)
-		w = worker_find(addr, alen);
 	if (w != NULL)
 		worker_remove(w, TW_ECLOSED, "it unregistered", 0);
 	tw_msgpack_pack_str(reply_packer(r), "OK");

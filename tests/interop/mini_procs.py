@@ -10,16 +10,17 @@ import time
 
 PY = "/usr/bin/python3"
 
-# `dask worker`, except that a server given no address binds 127.0.0.1:
-# Dask 2022.12.1's ws listener (comm/ws.py WSListener.start) calls
+# `dask worker`, except that a server given no address binds 127.0.0.1
+# (or $TW_MINI_BIND, "::1" for a worker given --host [::1]): Dask
+# 2022.12.1's ws listener (comm/ws.py WSListener.start) calls
 # HTTPServer.listen(port) with no address, so a ws worker bound every
 # interface and gave the scheduler a non-loopback contact address.
 # `python3 -c WORKER_MAIN ADDRESS ARGS...`; a script may patch more first.
 WORKER_MAIN = """
-import sys, tornado.tcpserver
+import os, sys, tornado.tcpserver
 listen = tornado.tcpserver.TCPServer.listen
 def loopback_listen(self, port, address=None, *a, **kw):
-    return listen(self, port, address or "127.0.0.1", *a, **kw)
+    return listen(self, port, address or os.environ.get("TW_MINI_BIND", "127.0.0.1"), *a, **kw)
 tornado.tcpserver.TCPServer.listen = loopback_listen
 sys.argv[0] = "dask-worker"
 from distributed.cli.dask_worker import main

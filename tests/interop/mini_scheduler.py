@@ -12,8 +12,10 @@ all 4 workers, each copy byte-identical; a worker SIGKILLed in the middle
 of sending a large value to a gather (relayed to the client over tcp) fails
 that gather at once and its keys are reported lost; scatter with
 broadcast=True and with direct=True; a get_data that fails removes its
-worker (told to close) and loses the keys only it held; workers= naming
-an unknown worker fails at once with Dask's KeyError; a scatter sent
+worker (told to close) and loses the keys only it held; addresses in
+workers= resolved as Dask's coerce_address does (localhost, IPv6 with a
+worker on ::1, tuples; a raw str iterated); workers= naming an unknown
+worker fails at once with Dask's KeyError; a scatter sent
 before any worker registered waits for one, and without workers fails with Dask's
 TimeoutError("No valid workers found") after its timeout; a peer
 registering as a worker with nthreads=2**40 gets its scatter answered, and
@@ -112,6 +114,7 @@ distributed.worker.Worker.get_data = get_data_fails
 """ % (STOP_KEY, FAIL_KEY, CUT_KEY) + WORKER_MAIN
 
 
+
 class Log:
     """A scheduler's stderr, passed on to ours line by line and kept, so
     that a test can wait for what the scheduler says it is doing."""
@@ -142,13 +145,14 @@ class Log:
                     raise AssertionError("hang guard: the scheduler never said " + text)
 
 
-def start_workers(addr, names, worker_tls, env=None):
-    """`dask worker`s named `names`: {name: Popen}."""
+def start_workers(addr, names, worker_tls, env=None, host="127.0.0.1"):
+    """`dask worker`s named `names`, listening on host: {name: Popen}."""
     workers = {}
+    env = dict(env or os.environ, TW_MINI_BIND=host.strip("[]"))
     for name in names:
         workers[name] = start(
             [PY, "-c", WORKER, addr, "--name", name, "--nthreads", "1", "--no-nanny",
-             "--no-dashboard", "--host", "127.0.0.1"] + worker_tls,
+             "--no-dashboard", "--host", host] + worker_tls,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return workers
 
@@ -367,6 +371,58 @@ def main():
         del ck
     del on1
 
+    # 9. addresses as Dask's coerce_address resolves them (resolve_address:
+    # the scheme, "tcp" when none; host:port or [v6]:port; ensure_ip, IPv4
+    # first, then IPv6), with a worker w6 listening on ::1 beside w1 on
+    # 127.0.0.1: localhost, a (host, port) tuple, a non-canonical IPv6
+    # literal and an IPv4 shorthand name the workers; a name resolving to
+    # no worker's address is that address's KeyError; the port is read as
+    # Python's int(). Before, the scheduler compared strings: every one of
+    # these but the KeyError of "127.0.0.1:1" failed with KeyError. Real
+    # `dask scheduler`, same calls: the same results (docs/mini-scheduler.md,
+    # Addresses as Dask reads them). workers= as a str, sent raw (the Client wraps a str in a
+    # list; Dask's scheduler iterates it): ValueError for its first
+    # character, as Dask's. An op the scheduler has not: None (Dask's
+    # Server.handle_comm).
+    t = time.monotonic()
+    running = len(ident())  # w1, and w2 unless case 8 removed it
+    workers.update(start_workers(addr, ["w6"], worker_tls, host="[::1]"))
+    by_name = running_workers(client, running + 1)
+    s1, s6 = by_name["w1"], by_name["w6"]
+    port1, port6 = s1.rsplit(":", 1)[1], s6.rsplit(":", 1)[1]
+    assert s6 == "%s://[::1]:%s" % (transport, port6), s6
+    names = {s1: [transport + "://localhost:" + port1, transport + "://127.1:" + port1,
+                  transport + "://localhost:00" + port1],
+             s6: [transport + "://[0:0::1]:" + port6, transport + "://[::1]:" + port6]}
+    if transport == "tcp":  # no scheme is tcp://
+        names[s1] += ["localhost:" + port1, ":" + port1, ("localhost", int(port1))]
+        names[s6] += ["[::1]:" + port6, ("::1", int(port6))]
+    for a, ws in names.items():
+        for w in ws:
+            (v,) = client.scatter([b"by " + repr(w).encode()], workers=[w], hash=False)
+            assert list(client.who_has([v]).values()) == [(a,)], (w, client.who_has([v]))
+            assert client.ncores(workers=[w]) == {a: 1}, (w, client.ncores(workers=[w]))
+    assert client.gather(v, direct=False) == b"by " + repr(w).encode()
+    for w, key in ((transport + "://localhost:1", transport + "://127.0.0.1:1"),
+                   ("localhost:" + port1, "tcp://127.0.0.1:" + port1)):
+        if key == s1:
+            continue
+        e = raises(KeyError, "scatter to " + w, client.scatter, [b"k"], workers=[w],
+                   timeout=3 * GUARD)
+        assert e.args == (key,), (w, repr(e))
+    e = raises(ValueError, "port abc", client.ncores, workers=["localhost:abc"])
+    assert e.args == ("invalid literal for int() with base 10: 'abc'",), repr(e)
+    from distributed.protocol import to_serialize
+    for call in (lambda: client.sync(client.scheduler.ncores, workers=s1),
+                 lambda: client.sync(client.scheduler.scatter, data={"tw-str": to_serialize(b"s")},
+                                     workers=s1, client=client.id, timeout=3 * GUARD)):
+        e = raises(ValueError, "workers= a str", call)
+        assert e.args == ("missing port number in address '%s'" % transport[0],), repr(e)
+    assert client.sync(client.scheduler.tw_no_such_op, x=1) is None
+    workers["w6"].kill()
+    wait_until("w6 to leave", lambda: s6 not in ident())
+    print("workers= by localhost, tuple, IPv6 and 127.1: resolved as Dask's coerce_address "
+          "(%.1f s); a str: %r; an unknown op: None" % (time.monotonic() - t, e), flush=True)
     client.close()
 
     # 5. SIGSTOP: removed at the TTL; a gather waiting on it fails then.
