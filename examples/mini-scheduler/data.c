@@ -318,6 +318,9 @@ struct scatter_op {
 	int failed;
 	char why[400];
 	char *client;
+	char peer[256];          /* the requester's address, for the log */
+	uint64_t bytes, relayed; /* its payloads' bytes, those relayed */
+	uint32_t nkeys;
 	msgpack_sbuffer keys;  /* the reply: an array of the keys, in order */
 	struct replica **reps; /* per worker of the scatter, or NULL */
 	size_t nreps;
@@ -343,6 +346,12 @@ static void scatter_done(struct scatter_op *op)
 			replica_free(op->reps[j]);
 	free(op->reps);
 	if (op->failed) {
+		/* A client cut in the middle of a relayed payload ends here too
+		 * (the update_data it fed was cut short). */
+		say("scatter from %s failed: %s (%u key(s), %.1f MiB of payloads, %.1f MiB "
+		    "relayed): nothing recorded\n",
+		    op->peer, op->why, op->nkeys, (double)op->bytes / (1 << 20),
+		    (double)op->relayed / (1 << 20));
 		reply_error(op->r, op->why);
 	} else {
 		msgpack_packer *pk = reply_packer(op->r);
@@ -473,6 +482,21 @@ static void replicate(struct scatter_op *op)
 	}
 	if (--op->pending == 0)
 		scatter_done(op);
+}
+
+/* The bytes of d's payloads, and of those relayed (still in the
+ * source's socket). */
+static void payload_bytes(const tw_decoded *d, uint64_t *all, uint64_t *relayed)
+{
+	*all = *relayed = 0;
+	for (size_t i = 0; i < tw_decoded_npayloads(d); i++) {
+		const tw_payload *p = tw_decoded_payload_at(d, i);
+		for (size_t j = 0; j < p->nframes; j++) {
+			*all += p->frames[j].len;
+			if (p->relay_sub_header != NULL)
+				*relayed += p->frames[j].len;
+		}
+	}
 }
 
 /* Whether a payload of d is still in its source's socket (relay). */
@@ -655,6 +679,10 @@ static int scatter_start(tw_request *r, const struct addrs *only)
 	}
 #undef FIRST
 	round_robin += data->via.map.size;
+	payload_bytes(d, &op->bytes, &op->relayed);
+	op->nkeys = data->via.map.size;
+	if (tw_request_peer_address(r, op->peer, sizeof(op->peer)) != 0)
+		snprintf(op->peer, sizeof(op->peer), "a client that left");
 	obj_str(tw_request_arg(r, "client"), &client, &clen);
 	op->client = strndup(client, clen);
 	op->r = r;

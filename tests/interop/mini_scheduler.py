@@ -15,7 +15,9 @@ broadcast=True and with direct=True; a get_data that fails removes its
 worker (told to close) and loses the keys only it held; addresses in
 workers= resolved as Dask's coerce_address does (localhost, IPv6 with a
 worker on ::1, tuples; a raw str iterated); workers= naming an unknown
-worker fails at once with Dask's KeyError; a scatter sent
+worker fails at once with Dask's KeyError; a gather whose first holder's
+get_data fails is served by the other holder (both stay); a client cut in
+the middle of a relayed scatter is logged; a scatter sent
 before any worker registered waits for one, and without workers fails with Dask's
 TimeoutError("No valid workers found") after its timeout; a peer
 registering as a worker with nthreads=2**40 gets its scatter answered, and
@@ -36,6 +38,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -61,12 +64,23 @@ GUARD = 60.0  # hang guard for any one wait
 # Every worker's get_data, asked for FAIL_KEY, aborts its comm without a
 # reply (the worker stays up): the get_data of a gather fails. Asked for
 # CUT_KEY, it closes that comm (shutdown) after 1 MiB of its reply and
-# stays up: a reply the scheduler relays is cut short after its OK.
+# stays up: a reply the scheduler relays is cut short after its OK. Asked
+# for ONCE_KEY, the one worker that removes the file once_flag() first
+# (unlink: one wins) aborts the comm as for FAIL_KEY, and the others
+# serve it.
 STOP_KEY = "tw-stop-midway"
 FAIL_KEY = "tw-fail-get-data"
 CUT_KEY = "tw-cut-get-data"
+ONCE_KEY = "tw-fail-once"
+
+
+def once_flag(pid):
+    """The file whose removal arms ONCE_KEY's failure (pid: the test's)."""
+    return os.path.join(tempfile.gettempdir(), "tw-mini-fail-once-%d" % pid)
+
+
 WORKER = """
-import os, signal, socket, tornado.iostream, distributed.worker
+import os, signal, socket, tempfile, tornado.iostream, distributed.worker
 from distributed.core import Status
 stop_after = int(os.environ.get("TW_MINI_STOP_AFTER", "0"))
 left = None
@@ -94,8 +108,14 @@ if stop_after:
         return await get_data(self, comm, keys=keys, **kw)
     distributed.worker.Worker.get_data = get_data_armed
 get_data_failing = distributed.worker.Worker.get_data
+def first_to_fail():
+    try:
+        os.unlink(os.path.join(tempfile.gettempdir(), "tw-mini-fail-once-%%d" %% os.getppid()))
+        return True
+    except FileNotFoundError:
+        return False
 async def get_data_fails(self, comm, keys=(), **kw):
-    if "%s" in keys:
+    if "%s" in keys or ("%s" in keys and first_to_fail()):
         comm.abort()
         return Status.dont_reply
     if "%s" in keys:  # this comm's stream only (tcp's IOStream)
@@ -111,8 +131,30 @@ async def get_data_fails(self, comm, keys=(), **kw):
         stream.write_to_fd = write_cut
     return await get_data_failing(self, comm, keys=keys, **kw)
 distributed.worker.Worker.get_data = get_data_fails
-""" % (STOP_KEY, FAIL_KEY, CUT_KEY) + WORKER_MAIN
+""" % (STOP_KEY, FAIL_KEY, ONCE_KEY, CUT_KEY) + WORKER_MAIN
 
+# A distributed.Client that scatters one value of argv[2] bytes and dies
+# (os._exit(3)) after writing argv[3] bytes of it: the scheduler sees the
+# message cut in the middle of its payload.
+CUT_CLIENT = """
+import os, sys, tornado.iostream
+from distributed import Client
+size, left, armed = int(sys.argv[2]), int(sys.argv[3]), False
+write_to_fd = tornado.iostream.IOStream.write_to_fd
+def write_some(self, data):
+    global left
+    if not armed:
+        return write_to_fd(self, data)
+    n = write_to_fd(self, memoryview(data)[:left])
+    left -= n
+    if left <= 0:
+        os._exit(3)
+    return n
+tornado.iostream.IOStream.write_to_fd = write_some
+client = Client(sys.argv[1], timeout=60)
+armed = True
+client.scatter(b"c" * size, hash=False)
+"""
 
 
 class Log:
@@ -503,6 +545,43 @@ def main():
     assert client.gather(v, direct=False).tobytes() == arrays[2].tobytes()
     print("workers= unknown: KeyError; not an address: %r; ncores ok" % (unknown,), flush=True)
     del v
+    # Dask's gather retry (gather_from_workers): a key on s0 and s1 whose
+    # first holder asked fails its get_data (ONCE_KEY: whichever is asked
+    # first aborts the comm, once) is asked again of the other, which
+    # serves it; no key is missing, so the failed worker stays (Dask's
+    # Scheduler.gather removes missing_workers only with missing keys).
+    by_name = running_workers(client, 2)
+    flag = once_flag(os.getpid())
+    once = client.scatter({ONCE_KEY: b"o" * 1000}, broadcast=True)[ONCE_KEY]
+    assert sorted(client.who_has([once])[once.key]) == sorted(by_name.values())
+    open(flag, "w").close()
+    failures = sched2.log.count("gather: ")
+    assert client.gather([once], direct=False) == [b"o" * 1000]
+    assert not os.path.exists(flag), "no get_data failed"
+    assert sched2.log.count("gather: ") > failures  # the failed get_data, logged
+    assert sorted(ident()) == sorted(by_name.values()), ident()
+    assert all(workers2[n].poll() is None for n in ("s0", "s1"))
+    assert sorted(client.who_has([once])[once.key]) == sorted(by_name.values())
+    print("gather retry: the first holder's get_data failed, the other served the key; "
+          "both workers stay", flush=True)
+    del once
+    # A client cut in the middle of a relayed scatter (tcp: the payload
+    # goes from its socket to a worker's): the update_data it fed is cut
+    # short, nothing is recorded, and the scheduler says what was lost,
+    # from whom, and how many bytes.
+    if transport == "tcp":
+        keys_before = set(client.who_has())
+        cut = start([PY, "-c", CUT_CLIENT, addr2, str(32 << 20), str(8 << 20)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sched2.log.wait("scatter from tcp://127.0.0.1:")
+        assert cut.wait(timeout=GUARD) == 3, cut.returncode
+        line = [x for x in sched2.log.lines if "scatter from tcp://127.0.0.1:" in x][-1]
+        assert "failed" in line and "(1 key(s), 32.0 MiB of payloads, 32.0 MiB relayed)" in line, line
+        assert not set(client.who_has()) - keys_before, "the cut scatter's key kept"
+        (v,) = client.scatter([arrays[3]])
+        assert client.gather(v, direct=False).tobytes() == arrays[3].tobytes()
+        print("scatter cut mid-payload: logged: %s" % line.strip(), flush=True)
+        del v
     # A peer that registers as a worker claiming nthreads=2**40: a scatter's
     # round robin made a slot per thread, so the scheduler's loop served
     # nobody and grew until the kernel killed it (19.6 GB). Now the scatter
