@@ -14,7 +14,11 @@
 # same bytes, which a machine shared with other work disturbs less. Each
 # round ends with the 1-minute load average (above 2, the 2-CPU VM is
 # shared and the throughput ratios are mostly noise).
-#   bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT] [ROUNDS]
+# With ECHO_BASE set to another build directory, each round also runs that
+# build's ws and wss client and server (before or after this build's, in
+# turn) and gives their ratios to this build's tcp and tls: a change to
+# the ws path compared before and after within one run.
+#   [ECHO_BASE=OTHER_BUILD] bench/echo-bench.sh BUILD_DIR [SIZE] [COUNT] [ROUNDS]
 set -euo pipefail
 build=${1:?build dir}
 size=${2:-64MiB}
@@ -65,6 +69,19 @@ wait_line "$tmp/twws.log"
 wait_line "$tmp/twwss.log"
 waddr=$(awk '{print $3}' "$tmp/twws.log")
 wsaddr=$(awk '{print $3}' "$tmp/twwss.log")
+base=${ECHO_BASE:-}
+if [ -n "$base" ]; then
+	"$base/examples/tw-echo-server" ws://127.0.0.1:0 --quiet >"$tmp/bws.log" &
+	pids+=($!)
+	bws_pid=$!
+	"$base/examples/tw-echo-server" wss://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/bwss.log" &
+	pids+=($!)
+	bwss_pid=$!
+	wait_line "$tmp/bws.log"
+	wait_line "$tmp/bwss.log"
+	bwaddr=$(awk '{print $3}' "$tmp/bws.log")
+	bwsaddr=$(awk '{print $3}' "$tmp/bwss.log")
+fi
 
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
@@ -93,9 +110,18 @@ for round in $(seq "$rounds"); do
 		"${tlsopt[@]}"
 	run "$tmp/c4" "$tls_pid" "$build/bench/tls-echo" --connect "$tport" --size "$size" --count "$count" \
 		"${tlsopt[@]}"
-	run "$tmp/c5" "$ws_pid" "$build/examples/tw-echo-client" "$waddr" --size "$size" --count "$count"
-	run "$tmp/c6" "$wss_pid" "$build/examples/tw-echo-client" "$wsaddr" --size "$size" --count "$count" \
-		"${tlsopt[@]}"
+	# ECHO_BASE's ws and wss go first in even rounds, after this build's in odd ones
+	for i in $(if [ -n "$base" ] && [ $((round % 2)) = 0 ]; then echo 7 5; else echo 5 7; fi); do
+		[ "$i" = 7 ] && [ -z "$base" ] && continue
+		if [ "$i" = 5 ]; then
+			b=$build wp=$ws_pid wa=$waddr sp=$wss_pid sa=$wsaddr
+		else
+			b=$base wp=$bws_pid wa=$bwaddr sp=$bwss_pid sa=$bwsaddr
+		fi
+		run "$tmp/c$i" "$wp" "$b/examples/tw-echo-client" "$wa" --size "$size" --count "$count"
+		run "$tmp/c$((i + 1))" "$sp" "$b/examples/tw-echo-client" "$sa" --size "$size" \
+			--count "$count" "${tlsopt[@]}"
+	done
 	for i in 1 2 3 4 5 6; do
 		read -r "mb$i" < <(mbs "$tmp/c$i")
 		read -r "cpu$i" <"$tmp/c$i.cpu"
@@ -107,12 +133,30 @@ for round in $(seq "$rounds"); do
 	read -r a b c d e f g h < <(tail -1 "$tmp/r")
 	printf 'round %d: tcp %7.1f raw %7.1f | tls %7.1f openssl %7.1f | ws %7.1f wss %7.1f | ' \
 		"$round" "$mb1" "$mb2" "$mb3" "$mb4" "$mb5" "$mb6"
-	printf 'tcp/raw %.2f (%.2f) tls/openssl %.2f (%.2f) ws/tcp %.2f (%.2f) wss/tls %.2f (%.2f) | load %s\n' \
-		"$a" "$e" "$b" "$f" "$c" "$g" "$d" "$h" "$(cut -d' ' -f1 /proc/loadavg)"
+	printf 'tcp/raw %.2f (%.2f) tls/openssl %.2f (%.2f) ws/tcp %.2f (%.2f) wss/tls %.2f (%.2f) | ' \
+		"$a" "$e" "$b" "$f" "$c" "$g" "$d" "$h"
+	if [ -n "$base" ]; then
+		for i in 7 8; do
+			read -r "mb$i" < <(mbs "$tmp/c$i")
+			read -r "cpu$i" <"$tmp/c$i.cpu"
+		done
+		echo "$(ratio "$mb7" "$mb1") $(ratio "$mb8" "$mb3") $(ratio "$cpu1" "$cpu7") $(ratio "$cpu3" "$cpu8")" \
+			>>"$tmp/rb"
+		read -r a b c d < <(tail -1 "$tmp/rb")
+		printf 'ECHO_BASE: ws %.1f wss %.1f ws/tcp %.2f (%.2f) wss/tls %.2f (%.2f) | ' \
+			"$mb7" "$mb8" "$a" "$c" "$b" "$d"
+	fi
+	echo "load $(cut -d' ' -f1 /proc/loadavg)"
 done
 echo "summary over $rounds rounds, throughput ratio | CPU ratio (load average now: $(cut -d' ' -f1-3 /proc/loadavg)):"
 for k in "1 tcp/raw" "2 tls/openssl" "3 ws/tcp" "4 wss/tls"; do
 	set -- $k
 	printf '  %-12s %s | %s\n' "$2" "$(awk -v i="$1" '{print $i}' "$tmp/r" | stats)" \
 		"$(awk -v i="$(($1 + 4))" '{print $i}' "$tmp/r" | stats)"
+done
+[ -z "$base" ] && exit 0
+for k in "1 ws/tcp" "2 wss/tls"; do
+	set -- $k
+	printf '  %-12s %s | %s\n' "base $2" "$(awk -v i="$1" '{print $i}' "$tmp/rb" | stats)" \
+		"$(awk -v i="$(($1 + 2))" '{print $i}' "$tmp/rb" | stats)"
 done
