@@ -350,6 +350,8 @@ END_TEST
 
 struct drip {
 	struct tu *h;
+	int n;            /* drippers, at most NDRIP */
+	size_t chunk_len; /* bytes each sends per tick, at most DRIP_CHUNK */
 	int fd[NDRIP];
 	struct tu_peer *sp[NDRIP];
 	struct event *ev;
@@ -361,13 +363,16 @@ static void drip_tick(evutil_socket_t fd, short what, void *arg)
 	struct drip *d = arg;
 	(void)fd;
 	(void)what;
-	for (int i = 0; i < NDRIP; i++) /* a full socket: this tick's bytes wait */
-		(void)!send(d->fd[i], d->chunk, sizeof(d->chunk), MSG_DONTWAIT | MSG_NOSIGNAL);
+	for (int i = 0; i < d->n; i++) /* a full socket: this tick's bytes wait */
+		(void)!send(d->fd[i], d->chunk, d->chunk_len, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-static void drip_start(struct tu *h, struct drip *d, size_t burst)
+/* n drippers, each declaring a `declared`-byte message and sending
+ * chunk_len bytes a tick after its burst */
+static void drip_start_n(struct tu *h, struct drip *d, int n, size_t declared, size_t burst,
+			 size_t chunk_len)
 {
-	tw_slice f = {NULL, 0, DRIP_DECLARED};
+	tw_slice f = {NULL, 0, declared};
 	uint8_t head[24];
 	uint8_t *b = malloc(burst);
 	struct timeval tv = {0, DRIP_TICK_MS * 1000};
@@ -377,7 +382,9 @@ static void drip_start(struct tu *h, struct drip *d, size_t burst)
 	ts_fill(b, burst, 7);
 	ts_fill(d->chunk, sizeof(d->chunk), 8);
 	d->h = h;
-	for (size_t i = 0; i < NDRIP; i++) {
+	d->n = n;
+	d->chunk_len = chunk_len;
+	for (size_t i = 0; i < (size_t)n; i++) {
 		ck_assert_int_ge(d->fd[i] = ts_raw_connect(h->addr), 0);
 		ck_assert_ptr_nonnull(d->sp[i] = tu_server_peer(h, i));
 		ck_assert_uint_eq(tu_raw_send(h, d->fd[i], head, sizeof(head)), sizeof(head));
@@ -389,12 +396,17 @@ static void drip_start(struct tu *h, struct drip *d, size_t burst)
 	ck_assert_int_eq(event_add(d->ev, &tv), 0);
 }
 
+static void drip_start(struct tu *h, struct drip *d, size_t burst)
+{
+	drip_start_n(h, d, NDRIP, DRIP_DECLARED, burst, DRIP_CHUNK);
+}
+
 /* Every dripper still connected and still read: none was cut (not by the
  * minimum rate for a pause the budget imposed either), none delivered. */
 static void drip_check_stop(struct drip *d)
 {
 	event_free(d->ev);
-	for (int i = 0; i < NDRIP; i++) {
+	for (int i = 0; i < d->n; i++) {
 		ck_assert_int_eq(d->sp[i]->closed, 0);
 		ck_assert_uint_eq(d->sp[i]->nmsgs, 0);
 		close(d->fd[i]);
@@ -456,6 +468,17 @@ static void honest_free(struct honest *o)
 	free(o->back);
 }
 
+/* The honest message was delivered once, its comm is open; the drippers
+ * are checked and stopped (drip_check_stop), and all is freed. */
+static void honest_end(struct tu *h, struct drip *d, struct honest *o)
+{
+	ck_assert_uint_eq(o->sp->nmsgs, 1);
+	ck_assert_int_eq(o->sp->closed, 0);
+	drip_check_stop(d);
+	honest_free(o);
+	tu_fini(h);
+}
+
 /* Breaker b1 at small scale: 20 peers declare 256 MiB messages and drip
  * them steadily; each reserves ahead only as much as it has received (at
  * least 64 KiB), not a fixed 4 MiB, so they hold a fraction of the 4 MiB
@@ -487,11 +510,7 @@ START_TEST(receive_budget_drippers_hold_what_they_sent)
 	honest_wait_echo(&h, &o);
 	ck_assert_uint_le(used, bound);
 	ck_assert_uint_le(bound, 4 * MiB / 2);
-	ck_assert_uint_eq(o.sp->nmsgs, 1);
-	ck_assert_int_eq(o.sp->closed, 0);
-	drip_check_stop(&d);
-	honest_free(&o);
-	tu_fini(&h);
+	honest_end(&h, &d, &o);
 }
 END_TEST
 
@@ -531,6 +550,39 @@ START_TEST(receive_budget_full_of_drippers_passes_nearest_done)
 }
 END_TEST
 
+/* Breaker b4 (session 13) at small scale: drippers that declare SMALL
+ * messages (1 MiB), send half at once, so that what they hold ahead
+ * covers their rest (they never ask again, or ask once), then drip 6.4
+ * KB/s (64 bytes a tick: their rest takes 80 s, past the watchdog, and
+ * the minimum receive rate is 1,024 B/s): four of them fill a 2 MiB budget and have fewer bytes to
+ * come than an honest 3 MiB message (within the message limit). Fewer bytes to come is no sign of
+ * finishing sooner when they drip: once they moved less than 64 KiB in a pass interval they count
+ * as the furthest from done, and the honest message takes the pass and is echoed byte-identical
+ * while they still drip. Before, a holder with fewer bytes to come that
+ * was not waiting kept any pass from starting ("it passes when it asks")
+ * and a waiting dripper took the pass: the echo came only once the
+ * drippers had sent their whole messages (80 s; the bytes they send after
+ * them are no message, and cut them: drip_check_stop fails). */
+START_TEST(receive_budget_small_drippers_do_not_hold_the_pass)
+{
+	struct tu h;
+	struct drip d;
+	struct honest o;
+	struct at_least a = {d.sp, 4, 4 * (16 + MiB / 2)};
+	tu_init(&h);
+	h.sopts.echo = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 2 * MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	drip_start_n(&h, &d, 4, MiB, MiB / 2, 64);
+	ck_assert(tu_run_until(&h, has_received, &a, TU_WAIT_MS));
+	/* they fill the budget, but for a dripper's step (512 KiB) at most */
+	ck_assert_uint_ge(budget_used(&h), 2 * MiB - MiB / 2);
+	honest_send(&h, &o, 3 * MiB, 11, 4);
+	honest_wait_echo(&h, &o);
+	honest_end(&h, &d, &o);
+}
+END_TEST
+
 START_TEST(budget_setters)
 {
 	struct tu h;
@@ -553,5 +605,6 @@ TCase *tcp_budget_tcase(void)
 			TS_TESTS(receive_budget_pauses_and_resumes, receive_budget_largest_waits,
 				 receive_budget_crowd, receive_budget_drippers_hold_what_they_sent,
 				 receive_budget_full_of_drippers_passes_nearest_done,
+				 receive_budget_small_drippers_do_not_hold_the_pass,
 				 write_budget_refuses_then_drains, budget_setters));
 }

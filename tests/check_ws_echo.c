@@ -4,10 +4,13 @@
  * transport carries, with the bytes on the wire, are in
  * tests/check_conformance.c): the receive budget with 1 MiB fragments, a
  * small shard size (fragments on the wire), and orderly close. */
+#include <endian.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <check.h>
+#include <event2/event.h>
 
 #include "tests/check_ws.h"
 #include "tests/support/tran.h"
@@ -117,11 +120,134 @@ START_TEST(orderly_close_by_server)
 }
 END_TEST
 
+/* Raw ws peers that start a two-frame taskwire message whose second frame
+ * is a WebSocket message in fragments: 1 MiB at once in 64 KiB fragments,
+ * then a 1 KiB fragment every FD_TICK_MS, never the last (100 KB/s, far
+ * above the minimum receive rate). The tick paces them; no assertion
+ * depends on it. */
+#define FD_N       4
+#define FD_TICK_MS 10
+#define FD_CHUNK   1024
+#define FD_HEAD    14 /* a masked frame's header, at most (len < 65536) */
+
+struct frag_drip {
+	struct wu_raw r[FD_N];
+	struct tu_peer *sp[FD_N];
+	uint8_t pend[FD_N][FD_HEAD + FD_CHUNK];
+	size_t off[FD_N], len[FD_N];
+	uint8_t chunk[FD_CHUNK];
+	struct event *ev;
+};
+
+static void frag_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct frag_drip *d = arg;
+	(void)fd;
+	(void)what;
+	for (int i = 0; i < FD_N; i++) { /* a full socket: the rest goes next tick */
+		ssize_t k;
+		if (d->off[i] == d->len[i]) {
+			d->len[i] = wu_frame(d->pend[i], 0, 0, d->chunk, FD_CHUNK, 1);
+			d->off[i] = 0;
+		}
+		k = send(d->r[i].fd, d->pend[i] + d->off[i], d->len[i] - d->off[i],
+			 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (k > 0)
+			d->off[i] += (size_t)k;
+	}
+}
+
+static uint64_t peer_received(const struct tu_peer *p)
+{
+	tw_stats st;
+	tw_comm_stats(p->comm, &st, sizeof(st));
+	return st.bytes_received;
+}
+
+/* Breaker b8 (session 13) at small scale: four ws peers hold and wait for
+ * a 2 MiB receive budget with messages that never end, sent in fragments;
+ * an honest message (1 MiB, one unfragmented frame) is echoed whole and
+ * byte-identical while they still drip. Before, a dripper's bytes still
+ * to come were those of its current fragment (1 KiB), so the pass went
+ * to the drippers, always nearer to done, for ever, and the echo never
+ * came (the watchdog on the honest comm's own bytes fails). */
+START_TEST(fragment_drippers_do_not_hold_the_pass)
+{
+	struct tu h;
+	struct frag_drip d;
+	struct tu_peer *cli, *srv;
+	char uri[64];
+	size_t lens[] = {MiB};
+	uint8_t *frag = malloc(64 * 1024 + FD_HEAD), hdr[FD_HEAD + 8];
+	uint64_t two = htole64(2), seen = 0;
+	struct timeval tv = {0, FD_TICK_MS * 1000};
+	long long last;
+	ck_assert_ptr_nonnull(frag);
+	memset(&d, 0, sizeof(d));
+	wu_init(&h, "ws");
+	h.sopts.echo = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 2 * MiB), 0);
+	ck_assert_int_eq(tw_context_set_ws_shard_bytes(h.ctx, 4 * MiB), 0);
+	snprintf(uri, sizeof(uri), "ws://127.0.0.1:0");
+	ck_assert_int_eq(tu_listen(&h, uri), 0);
+	memset(frag, 'x', 64 * 1024 + FD_HEAD);
+	memset(d.chunk, 'z', sizeof(d.chunk));
+	for (int i = 0; i < FD_N; i++) {
+		uint8_t *payload = malloc(64 * 1024);
+		size_t n;
+		ck_assert_ptr_nonnull(payload);
+		memset(payload, 'x', 64 * 1024);
+		ck_assert_int_eq(wu_raw_open(&h, h.addr, NULL, &d.r[i]), 101);
+		ck_assert_ptr_nonnull(d.sp[i] = tu_server_peer(&h, (size_t)i));
+		n = wu_frame(hdr, 1, 2, &two, 8, 1); /* the frame count */
+		ck_assert_uint_eq(wu_raw_send(&d.r[i], hdr, n), n);
+		n = wu_frame(hdr, 1, 2, "\x80", 1, 1); /* frame 0 */
+		ck_assert_uint_eq(wu_raw_send(&d.r[i], hdr, n), n);
+		for (int f = 0; f < 16; f++) { /* frame 1: 1 MiB, fragments */
+			n = wu_frame(frag, 0, f == 0 ? 2 : 0, payload, 64 * 1024, 1);
+			ck_assert_uint_eq(wu_raw_send(&d.r[i], frag, n), n);
+		}
+		free(payload);
+	}
+	free(frag);
+	ck_assert_ptr_nonnull(d.ev = event_new(h.base, -1, EV_PERSIST, frag_tick, &d));
+	ck_assert_int_eq(event_add(d.ev, &tv), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, FD_N));
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, 3)), 0);
+	/* the watchdog: the honest message's bytes, read by the server and
+	 * echoed back to the client, stop moving for WU_WAIT_MS */
+	last = ts_now_ms();
+	while (cli->nmsgs == 0) {
+		uint64_t now = peer_received(srv) + peer_received(cli);
+		if (now != seen)
+			last = ts_now_ms();
+		seen = now;
+		ck_assert_msg(ts_now_ms() - last < WU_WAIT_MS,
+			      "the honest message stalled: %llu bytes read by the server and the "
+			      "client",
+			      (unsigned long long)now);
+		event_base_loop(h.base, EVLOOP_ONCE);
+	}
+	ck_assert(ts_msg_matches(cli->msgs[0], lens, 1, 3));
+	ck_assert_int_eq(cli->closed, 0);
+	event_free(d.ev);
+	for (int i = 0; i < FD_N; i++) { /* none cut, none delivered */
+		ck_assert_int_eq(d.sp[i]->closed, 0);
+		ck_assert_uint_eq(d.sp[i]->nmsgs, 0);
+		wu_raw_close(&d.r[i]);
+	}
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *ws_echo_tcase(void)
 {
 	TCase *tc = ts_tcase("echo", 120, NULL);
 	ts_add_loop(tc, 2,
 		    TS_TESTS(echo_through_receive_budget, echo_small_shard, orderly_close,
 			     orderly_close_by_server));
+	tcase_add_test(tc, fragment_drippers_do_not_hold_the_pass);
 	return tc;
 }

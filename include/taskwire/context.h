@@ -247,25 +247,26 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * for its next bytes (or none came back for 100 ms), the message with the
  * fewest bytes still to come, as it gives its bytes back soonest; at once
  * when nothing is being written, else after 100 ms in which no bytes came
- * back (the peers of our writes may wait for our reads). A message that
- * passes and then gets no step for 100 ms (a peer dripping its bytes
- * above the minimum receive rate) hands the pass to a waiting message
- * with fewer bytes to come. So every message within the message limit
- * is received (what Dask sends is never refused, only queued), and peers
- * that drip their messages cannot hold back a message with fewer bytes to
- * come than theirs, even when the bytes they sent fill the budget. Past the
- * budget the passers hold at most one message and one step (up to
- * 4 MiB) for each pass handed over. A paused comm's peer keeps its bytes: a
- * pause longer than the peer's TCP timeout (30 s in Dask and here) ends
- * the connection there, so size the budget for the traffic (a comm waits
- * about budget / throughput at most). Messages up
- * to the small-frame size (64 KiB) reserve nothing: they keep flowing
- * while large ones wait, and each comm has at most one in progress.
- * Over ws and wss, which give no total up front, a message counts once
- * its bytes pass the small-frame size.
- * What the application keeps after its receive callback is its own, and
- * not counted. The minimum receive rate (tw_context_set_min_receive_rate)
- * does not count time a comm waits for the budget.
+ * back (the peers of our writes may wait for our reads). A message in
+ * progress that receives less than 64 KiB in such 100 ms (a peer
+ * dripping its bytes above the minimum receive rate) counts from then on,
+ * until it ends, as having the most bytes to come: it no longer keeps a
+ * pass from starting, and if it is the passer it hands the pass to a
+ * waiting message with fewer bytes to come. Over ws and wss a message's
+ * bytes to come are known only in the last fragment of its last frame;
+ * before, they count as the most. So every message within the message
+ * limit is received (what Dask sends is never refused, only queued), and
+ * peers that drip their messages (whatever they declare, in whatever
+ * fragments) cannot hold back a message that moves, even when the bytes
+ * they sent fill the budget. Past the budget the passers hold at most one
+ * message and one step (up to 4 MiB) for each pass handed over. A paused comm's peer keeps its
+ * bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here) ends the connection
+ * there, so size the budget for the traffic (a comm waits about budget / throughput at most).
+ * Messages up to the small-frame size (64 KiB) reserve nothing: they keep flowing while large ones
+ * wait, and each comm has at most one in progress. Over ws and wss, which give no total up front, a
+ * message counts once its bytes pass the small-frame size. What the application keeps after its
+ * receive callback is its own, and not counted. The minimum receive rate
+ * (tw_context_set_min_receive_rate) does not count time a comm waits for the budget.
  *
  * Write budget: bytes queued for writing on all comms (what
  * tw_comm_queued_bytes says, summed). While it holds this much or more,

@@ -38,7 +38,11 @@ static void enqueue(struct tw__claim *head, struct tw__claim *c)
 
 static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
 {
-	b->progress++;
+	/* The passer's steps are no bytes coming back; whether it moves is
+	 * what it received (tw__budget_pass), not how often it asks: one
+	 * that asked for 1 KiB fragments every 10 ms kept the pass (b8). */
+	if (c != b->passer)
+		b->progress++;
 	if (c->held == 0) { /* a new holder */
 		c->hnext = &b->hold;
 		c->hprev = b->hold.hprev;
@@ -116,13 +120,26 @@ static int holder_waits(const struct tw__budget *b)
 	return 0;
 }
 
+/* What h received since the owner started the current pass interval. */
+static uint64_t moved(const struct tw__budget *b, const struct tw__claim *h)
+{
+	return h->mark_epoch == b->epoch ? h->got - h->got_mark : 0;
+}
+
+/* The bytes of c's message still to come, for the order: the most once
+ * it was seen dripping (tw__budget_pass). */
+static uint64_t rest_of(const struct tw__claim *c)
+{
+	return c->slow ? UINT64_MAX : c->rest;
+}
+
 /* A message in progress that is not waiting has fewer bytes still to come
  * than c: it goes on within what it holds, and is the one to pass when
  * it asks for more. */
 static int nearer_holder(const struct tw__budget *b, const struct tw__claim *c)
 {
 	for (const struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
-		if (!waiting(h) && h->rest < c->rest)
+		if (!waiting(h) && rest_of(h) < rest_of(c))
 			return 1;
 	return 0;
 }
@@ -145,7 +162,7 @@ static struct tw__claim *nearest_done(struct tw__budget *b)
 	if (best == &b->wait)
 		return NULL;
 	for (struct tw__claim *c = best->next; c != &b->wait; c = c->next)
-		if (c->rest < best->rest)
+		if (rest_of(c) < rest_of(best))
 			best = c;
 	return best;
 }
@@ -196,16 +213,19 @@ static void set_tight(struct tw__budget *b)
  * message in progress waits for its next bytes or no bytes came back for
  * a while (tw__budget_pass): then the waiter with the fewest bytes still
  * to come goes, unless a message in progress that is not waiting has
- * fewer (it passes when it asks). A passer that stops moving (no step
- * granted to it until tw__budget_pass) hands the pass to a waiter with
- * fewer bytes to come than it had when it last asked, so a passer that
- * drips cannot keep a message that would finish sooner waiting, while a
- * passer that moves keeps it (handing it over at once let every message
- * nearer to done past the limit too); the passer replaced keeps what it
- * holds (a step at most past what it received) and waits when it asks
- * again. As each new passer has less to come than the one before had
- * left, what the passers hold past the limit stays within one message
- * and a step for each passer replaced. */
+ * fewer (it passes when it asks). Bytes to come count as the most for
+ * a message that is slow (tw__budget_pass: it moved less than
+ * TW__BUDGET_MOVING_BYTES in a pass interval) or whose rest is unknown
+ * (ws before the last fragment of the last frame). A passer that is
+ * slow hands the pass to a waiter with fewer bytes to come, so a passer
+ * that drips cannot keep a message that would finish sooner waiting,
+ * while a passer that moves keeps it (handing it over at once let every
+ * message nearer to done past the limit too); the passer replaced keeps
+ * what it holds (a step at most past what it received) and waits when
+ * it asks again. A slow message stays slow until it ends, and only a
+ * message with fewer bytes to come than a slow one (a known rest) takes
+ * the pass from it, so what the passers hold past the limit stays within
+ * one message and a step for each passer replaced. */
 static void pass(struct tw__budget *b, struct tw__claim *self)
 {
 	struct tw__claim *c = next_waiter(b);
@@ -213,9 +233,10 @@ static void pass(struct tw__budget *b, struct tw__claim *self)
 		return;
 	if (!alone(b)) {
 		c = nearest_done(b);
-		if (b->passer != NULL ? !b->may_pass || c->rest >= b->passer->rest
-				      : !may_start_pass(b) || !(b->may_pass || holder_waits(b)) ||
-						nearer_holder(b, c))
+		if (b->passer != NULL
+			    ? !b->may_pass || !b->passer->slow || rest_of(c) >= rest_of(b->passer)
+			    : !may_start_pass(b) || !(b->may_pass || holder_waits(b)) ||
+				      nearer_holder(b, c))
 			return;
 	}
 	set_passer(b, c);
@@ -258,6 +279,7 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->may_pass = 0;
 	b->progress = 0;
 	b->tight = 0;
+	b->epoch = 0;
 	list_init(&b->wait);
 	list_init(&b->hold);
 }
@@ -281,10 +303,21 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 	return waiting(c) ? TW_EAGAIN : 0;
 }
 
+void tw__budget_moved(struct tw__budget *b, struct tw__claim *c, uint64_t got)
+{
+	if (c->mark_epoch != b->epoch) { /* first look in this interval */
+		c->mark_epoch = b->epoch;
+		c->got_mark = c->got <= got ? c->got : 0;
+	}
+	c->got = got;
+}
+
 void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 {
 	unwait(c);
 	c->want = 0;
+	c->got = c->got_mark = 0; /* the next message counts from 0 */
+	c->slow = 0;
 	if (b->passer == c) { /* its bytes come back: a pass starts afresh */
 		b->passer = NULL;
 		b->may_pass = 0;
@@ -300,8 +333,24 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 	admit(b, NULL);
 }
 
+/* No bytes came back for a pass interval: a holder (the passer among
+ * them) that moved less than TW__BUDGET_MOVING_BYTES in it is slow, and
+ * its rest counts as the most from now on, until its message ends. Fewer
+ * bytes to come is no sign of finishing sooner when they drip: a peer
+ * that declared 8 MiB and sent 4 MiB at once holds the rest ahead, never
+ * asks, and drips it at 2 KB/s; 8 of them held an honest 16 MiB message
+ * for ever (breaker b4, session 13). A waiter's rate is not known (it is
+ * paused), so this is a rate floor (64 KiB per 100 ms, about 640 KB/s)
+ * rather than a finish-time estimate: a holder above it with fewer bytes
+ * to come finishes soon, one below it may take hours (its rest at the
+ * minimum receive rate). A honest message that is marked (a slow peer,
+ * a loaded machine) only loses its place, and gets it back with its next
+ * message. */
 void tw__budget_pass(struct tw__budget *b)
 {
+	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
+		if (!waiting(h) && moved(b, h) < TW__BUDGET_MOVING_BYTES)
+			h->slow = 1;
 	b->may_pass = 1;
 	admit(b, NULL);
 }

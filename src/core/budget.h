@@ -17,6 +17,14 @@ struct tw__claim {
 	uint64_t want;                   /* bytes asked for while waiting */
 	uint64_t rest;  /* bytes of its message still to come, when it last asked */
 	unsigned skips; /* younger waiters granted first, while waiting */
+	/* Bytes of its message received (tw__budget_moved), and what it had
+	 * received when the budget's `epoch` became `mark_epoch`: what it
+	 * moved in the current pass interval. */
+	uint64_t got, got_mark, mark_epoch;
+	/* Seen dripping: it held bytes and moved less than
+	 * TW__BUDGET_MOVING_BYTES in a pass interval. Until its message ends,
+	 * its rest counts as the most. */
+	int slow;
 	/* Waiting ended (the bytes asked for are reserved now, or, for the
 	 * write budget, the budget has room again). Runs inside
 	 * tw__budget_release or the setter: it must only schedule work (an
@@ -38,10 +46,11 @@ struct tw__claim {
  * whatever its size, to its end: the next waiter when nothing is
  * reserved; with the budget full, once a message in progress waits for
  * its next bytes or no bytes came back for a while (tw__budget_pass),
- * the message nearest to done (fewest bytes still to come, held or not);
- * and once the passer stops moving (no step for a while:
- * tw__budget_pass), a waiter with fewer bytes to come takes the pass over
- * (so a passer that drips holds up nobody nearer to done). It
+ * the message nearest to done (fewest bytes still to come, held or not;
+ * the most when unknown or once it was seen slow: it received less than
+ * TW__BUDGET_MOVING_BYTES in the interval before a tw__budget_pass); and
+ * once the passer is slow, a waiter with fewer bytes to come takes the
+ * pass over (so a passer that drips holds up nobody nearer to done). It
  * starts at once when no bytes can come back by themselves (nothing
  * being written, nothing with the reclaimer), else only after
  * tw__budget_pass (the writes' peers may be waiting for our reads).
@@ -61,14 +70,21 @@ struct tw__budget {
 	 * tw__budget_admit again soon (a timer). NULL: nobody does. */
 	void (*later)(struct tw__budget *b);
 	/* Called when comms wait: the owner calls tw__budget_pass if
-	 * `progress` (grants, the passer's steps among them, releases, and
+	 * `progress` (grants, not the passer's steps, releases, and
 	 * what the owner adds: bytes written) and the reclaimer's bytes stay
 	 * put for a while. NULL: nobody does. */
 	void (*stuck)(struct tw__budget *b);
 	struct tw__claim *passer; /* the one message past the limit, or NULL */
 	int may_pass; /* tw__budget_pass said so, and no passer started or moved since */
 	uint64_t progress;
+	/* Bumped by the owner when it starts a pass interval (the timer that
+	 * calls tw__budget_pass): holders' moves are counted from there. */
+	uint64_t epoch;
 };
+
+/* A holder that moves less than this in a pass interval is slow (see
+ * tw__budget_pass in budget.c). */
+#define TW__BUDGET_MOVING_BYTES ((uint64_t)64 << 10)
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);
 /* Reserve `bytes` more for c, whose message has `rest` bytes still to
@@ -77,6 +93,9 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit);
  * waiting gets TW_EAGAIN again and keeps its place. Other waiters are
  * granted only by release, admit and set_limit. */
 int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes, uint64_t rest);
+/* c's message has received `got` bytes in all (before each read): what
+ * tells a holder that moves from one that drips. */
+void tw__budget_moved(struct tw__budget *b, struct tw__claim *c, uint64_t got);
 /* Give back all c holds and stop waiting; waiters that now fit are granted. */
 void tw__budget_release(struct tw__budget *b, struct tw__claim *c);
 /* Grant the waiters that fit now (`also` went down). */

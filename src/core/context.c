@@ -80,6 +80,7 @@ static void pass_arm(tw_context *ctx)
 {
 	struct timeval tv = {0, PASS_MS * 1000};
 	ctx->pass_progress = ctx->rbudget.progress;
+	ctx->rbudget.epoch++; /* holders' moves count from here (nearer_holder) */
 	ctx->pass_pending = tw__reclaim_pending();
 	event_add(ctx->pass_ev, &tv);
 }

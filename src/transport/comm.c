@@ -176,14 +176,15 @@ static uint64_t rx_step(uint64_t got, uint64_t left)
 	return left < step ? left : step;
 }
 
-int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, size_t *len)
+int tw__comm_rx_budget(tw_comm *c, uint64_t got, uint64_t left, uint64_t rest, size_t *len)
 {
 	uint64_t held = c->rx_claim.held;
+	tw__budget_moved(&c->ctx->rbudget, &c->rx_claim, got);
 	if (held <= got) {
 		uint64_t step = rx_step(got, left);
 		if (step == 0)
 			return 0;
-		if (tw__budget_reserve(&c->ctx->rbudget, &c->rx_claim, step, left) != 0)
+		if (tw__budget_reserve(&c->ctx->rbudget, &c->rx_claim, step, rest) != 0)
 			return TW_EAGAIN;
 		held = c->rx_claim.held;
 	}

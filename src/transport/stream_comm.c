@@ -495,8 +495,8 @@ static int within_budget(struct stream *s, struct iovec *iov, int k)
 		s->rx_large = 1;
 		s->rx_got = 0;
 	}
-	if (tw__comm_rx_budget(&s->sock.base, s->rx_got, s->rx.dec.total - 8 - s->rx_got, &cap) !=
-	    0) {
+	uint64_t left = s->rx.dec.total - 8 - s->rx_got;
+	if (tw__comm_rx_budget(&s->sock.base, s->rx_got, left, left, &cap) != 0) {
 		tw__sock_rx_wait(&s->sock);
 		return 0;
 	}
