@@ -227,7 +227,8 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * with the messages queued for writing, each whole until it is written
  * (so a server whose echoes or forwards back up takes in less), and with
  * the process's cache of large blocks (tw_block_cache_set_limit), which
- * is trimmed to make room and takes in nothing while a comm waits. A
+ * takes in nothing while a comm waits and is trimmed back within what the
+ * rest leaves at every reservation, release and message written. A
  * message larger than the small-frame size
  * (tw_context_set_small_frame_bytes) reserves its bytes as they arrive,
  * ahead of them by as many bytes as it has received so far, at least

@@ -247,6 +247,12 @@ static void pass(struct tw__budget *b, struct tw__claim *self)
 static void admit(struct tw__budget *b, struct tw__claim *self)
 {
 	struct tw__claim *c;
+	/* Blocks freed since the last look went to the cache while nobody
+	 * waited, on top of reservations whose pages are not in yet: trim it
+	 * back within what the reservations leave (300 x 3 MiB through
+	 * 64 MiB peaked at the budget + 45-69% with the cache, breaker13
+	 * b5-cache). */
+	make_room(b, need_for(b, 0));
 	while ((c = next_waiter(b)) != NULL && fits(b, c->want)) {
 		make_room(b, need_for(b, c->want));
 		admit_one(b, c, self);

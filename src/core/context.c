@@ -450,8 +450,9 @@ void tw__ctx_write_held(tw_context *ctx, uint64_t n)
 void tw__ctx_write_unheld(tw_context *ctx, uint64_t n)
 {
 	ctx->wq_held -= n;
-	if (ctx->rbudget.wait.next != &ctx->rbudget.wait)
-		tw__budget_admit(&ctx->rbudget); /* the write queues count there too */
+	/* the write queues count there too; and the message's freed block
+	 * may have gone to the block cache, which the budget trims */
+	tw__budget_admit(&ctx->rbudget);
 }
 
 /* A budget's limit and use, each where the caller asked for it. */
