@@ -59,29 +59,26 @@ wait_line "$tmp/twtls.log"
 wait_line "$tmp/tls.log"
 taddr=$(awk '{print $3}' "$tmp/twtls.log")
 
-"$build/examples/tw-echo-server" ws://127.0.0.1:0 --quiet >"$tmp/twws.log" &
-pids+=($!)
-ws_pid=$!
-"$build/examples/tw-echo-server" wss://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/twwss.log" &
-pids+=($!)
-wss_pid=$!
-wait_line "$tmp/twws.log"
-wait_line "$tmp/twwss.log"
-waddr=$(awk '{print $3}' "$tmp/twws.log")
-wsaddr=$(awk '{print $3}' "$tmp/twwss.log")
+# start_ws BUILD LOG: a ws and a wss tw-echo-server of BUILD; sets the
+# globals ws_pid wss_pid waddr wsaddr (logs $tmp/LOG-ws.log, LOG-wss.log)
+start_ws() {
+	"$1/examples/tw-echo-server" ws://127.0.0.1:0 --quiet >"$tmp/$2-ws.log" &
+	pids+=($!)
+	ws_pid=$!
+	"$1/examples/tw-echo-server" wss://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/$2-wss.log" &
+	pids+=($!)
+	wss_pid=$!
+	wait_line "$tmp/$2-ws.log"
+	wait_line "$tmp/$2-wss.log"
+	waddr=$(awk '{print $3}' "$tmp/$2-ws.log")
+	wsaddr=$(awk '{print $3}' "$tmp/$2-wss.log")
+}
 base=${ECHO_BASE:-}
 if [ -n "$base" ]; then
-	"$base/examples/tw-echo-server" ws://127.0.0.1:0 --quiet >"$tmp/bws.log" &
-	pids+=($!)
-	bws_pid=$!
-	"$base/examples/tw-echo-server" wss://127.0.0.1:0 --quiet "${tlsopt[@]}" >"$tmp/bwss.log" &
-	pids+=($!)
-	bwss_pid=$!
-	wait_line "$tmp/bws.log"
-	wait_line "$tmp/bwss.log"
-	bwaddr=$(awk '{print $3}' "$tmp/bws.log")
-	bwsaddr=$(awk '{print $3}' "$tmp/bwss.log")
+	start_ws "$base" base
+	bws_pid=$ws_pid bwss_pid=$wss_pid bwaddr=$waddr bwsaddr=$wsaddr
 fi
+start_ws "$build" tw
 
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
