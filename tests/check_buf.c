@@ -14,13 +14,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #include <taskwire/buf.h>
+#include <taskwire/context.h>
 #include <taskwire/error.h>
 #include <taskwire/msg.h>
 #include <taskwire/stats.h>
 
 #include "core/block.h"
 #include "core/budget.h"
+#include "core/context.h"
 #include "core/reclaim.h"
 #include "protocol/packbuf.h"
 #include "tests/proc_status.h"
@@ -493,6 +497,57 @@ START_TEST(budget_counts_block_cache)
 }
 END_TEST
 
+/* The bound holds at the moment a block goes into the cache, not only at
+ * the budget's next look: a block freed while nobody looks (an
+ * application freeing its messages, with no reservation, release or
+ * write in between) is cached only within what the context's
+ * reservations and write queues leave of its receive budget, the
+ * tightest context's when there are several; and bytes queued for
+ * writing trim the cache as they are queued. Before, the cache grew on
+ * top of the reservations until the next look (session 13's left gap). */
+START_TEST(budget_bounds_cache_put)
+{
+	struct event_base *base = event_base_new();
+	tw_context *ctx, *roomy;
+	struct tw__claim c;
+	size_t mib = (size_t)1 << 20;
+	tw_block *blk[3];
+	memset(&c, 0, sizeof(c));
+	c.granted = on_granted;
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES); /* also waits for the reclaimer */
+	ck_assert_ptr_nonnull(base);
+	/* the caller's base: this thread is the contexts' loop thread */
+	ck_assert_int_eq(tw_context_new(base, &roomy), 0);
+	ck_assert_int_eq(tw_context_new(base, &ctx), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(roomy, 64 * mib), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(ctx, 8 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(&ctx->rbudget, &c, 4 * mib, 4 * mib), 0);
+	ck_assert_uint_eq(ctx->rbudget.used, 4 * mib);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(tw_block_new(2 * mib, &blk[i]), 0);
+	for (int i = 0; i < 3; i++) {
+		tw_block_free(blk[i]); /* nobody looks at the budget */
+		ck_assert_uint_le(ctx->rbudget.used + tw__block_cache_bytes(), 8 * mib);
+	}
+	ck_assert_uint_eq(tw__block_cache_bytes(), 4 * mib); /* it still caches what fits */
+	ck_assert_uint_eq(tw__reclaim_pending(), 0);         /* 2 MiB: unmapped at once */
+	/* 2 MiB queued for writing: the cache gives way as they are queued */
+	tw__ctx_write_held(ctx, 2 * mib);
+	ck_assert_uint_le(ctx->rbudget.used + ctx->wq_held + tw__block_cache_bytes(), 8 * mib);
+	ck_assert_uint_eq(tw__block_cache_bytes(), 2 * mib);
+	tw__ctx_write_unheld(ctx, 2 * mib);
+	tw__budget_release(&ctx->rbudget, &c);
+	tw_context_free(ctx);
+	/* the tight context is gone: the roomy one's 64 MiB bound the cache */
+	ck_assert_int_eq(tw_block_new(8 * mib, &blk[0]), 0);
+	tw_block_free(blk[0]);
+	ck_assert_uint_eq(tw__block_cache_bytes(), 10 * mib);
+	tw_context_free(roomy);
+	event_base_free(base);
+	tw_block_cache_set_limit(DEFAULT_CACHE_BYTES);
+}
+END_TEST
+
 /* The child's part of block_commit_rlimit: 0, or the step that failed. */
 static int commit_past_limit(void *arg)
 {
@@ -749,12 +804,13 @@ END_TEST
 
 int main(void)
 {
-	TCase *blocks = ts_tcase(
-		"blocks", 0,
-		TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free, block_bad_args,
-			 block_wrap_release_once, block_wrap_empty_and_no_release, block_cache,
-			 block_cache_stats, block_lazy_commit, block_commit_rlimit, slice_data,
-			 block_free_unmaps_off_thread, budget_rules, budget_counts_block_cache));
+	TCase *blocks = ts_tcase("blocks", 0,
+				 TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free,
+					  block_bad_args, block_wrap_release_once,
+					  block_wrap_empty_and_no_release, block_cache,
+					  block_cache_stats, block_lazy_commit, block_commit_rlimit,
+					  slice_data, block_free_unmaps_off_thread, budget_rules,
+					  budget_counts_block_cache, budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

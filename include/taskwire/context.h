@@ -227,8 +227,10 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * with the messages queued for writing, each whole until it is written
  * (so a server whose echoes or forwards back up takes in less), and with
  * the process's cache of large blocks (tw_block_cache_set_limit), which
- * takes in nothing while a comm waits and is trimmed back within what the
- * rest leaves at every reservation, release and message written. A
+ * takes in nothing while a comm waits, takes a freed block in (on any
+ * thread) only within what the rest leaves of the budget (of the
+ * smallest such room, with several contexts), and gives way as
+ * reservations and messages queued for writing grow. A
  * message larger than the small-frame size
  * (tw_context_set_small_frame_bytes) reserves its bytes as they arrive,
  * ahead of them by as many bytes as it has received so far, at least

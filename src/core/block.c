@@ -56,7 +56,8 @@ _Static_assert(sizeof(struct tw_block) <= 64, "a small block's header is one cac
 
 static struct {
 	pthread_mutex_t lock;
-	size_t limit, bytes;
+	size_t limit;
+	_Atomic size_t bytes; /* changed under lock, read without (tw__block_cache_bytes) */
 	size_t n;
 	struct {
 		void *p;
@@ -119,12 +120,57 @@ static void evict_oldest(void)
 /* Receive budgets with comms waiting (tw__block_cache_bypass). */
 static atomic_int bypass;
 
-/* Keep a released mapping for reuse, evicting the oldest past the limit. */
-static void cache_put(void *p, size_t len)
+/* The receive budgets watching the cache (tw__block_cache_watch); cache.lock. */
+static struct tw__cache_room rooms = {&rooms, &rooms, 0};
+
+/* What the cache may hold: its limit, and within what every watching
+ * budget leaves (the least room), less the bytes still resident with the
+ * reclaimer or prefaulted ahead, which those budgets count too
+ * (core/budget.c need_for); cache.lock held. Without this, a block freed
+ * while nobody looked at a budget (an application freeing its large
+ * messages) went to the cache on top of the reservations until the
+ * budget's next look. */
+static size_t cache_keep(void)
+{
+	uint64_t room = cache.limit, other = tw__reclaim_pending() + tw__block_warm_ahead();
+	for (const struct tw__cache_room *r = rooms.next; r != &rooms; r = r->next) {
+		uint64_t b = atomic_load_explicit(&r->bytes, memory_order_relaxed);
+		room = b < room ? b : room;
+	}
+	return room > other ? (size_t)(room - other) : 0;
+}
+
+void tw__block_cache_watch(struct tw__cache_room *r)
 {
 	pthread_mutex_lock(&cache.lock);
-	if (len <= cache.limit && atomic_load_explicit(&bypass, memory_order_relaxed) == 0) {
-		while (cache.n > 0 && (cache.bytes + len > cache.limit || cache.n == CACHE_SLOTS))
+	r->next = &rooms;
+	r->prev = rooms.prev;
+	rooms.prev->next = r;
+	rooms.prev = r;
+	pthread_mutex_unlock(&cache.lock);
+}
+
+void tw__block_cache_unwatch(struct tw__cache_room *r)
+{
+	if (r->next == NULL)
+		return;
+	pthread_mutex_lock(&cache.lock);
+	r->prev->next = r->next;
+	r->next->prev = r->prev;
+	r->next = r->prev = NULL;
+	pthread_mutex_unlock(&cache.lock);
+}
+
+/* Keep a released mapping for reuse, evicting the oldest past what the
+ * cache may hold (cache_keep); one that does not fit goes back to the
+ * system (the reclaimer unmaps it when large). */
+static void cache_put(void *p, size_t len)
+{
+	size_t keep;
+	pthread_mutex_lock(&cache.lock);
+	keep = cache_keep();
+	if (len <= keep && atomic_load_explicit(&bypass, memory_order_relaxed) == 0) {
+		while (cache.n > 0 && (cache.bytes + len > keep || cache.n == CACHE_SLOTS))
 			evict_oldest();
 		cache.slot[cache.n].p = p;
 		cache.slot[cache.n].len = len;
@@ -150,11 +196,7 @@ void tw__block_cache_drain(void)
 
 size_t tw__block_cache_bytes(void)
 {
-	size_t n;
-	pthread_mutex_lock(&cache.lock);
-	n = cache.bytes;
-	pthread_mutex_unlock(&cache.lock);
-	return n;
+	return atomic_load_explicit(&cache.bytes, memory_order_relaxed);
 }
 
 void tw__block_cache_trim(size_t keep)

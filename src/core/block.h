@@ -72,10 +72,27 @@ void *tw__block_wrap_arg(const tw_block *b, void (*release)(void *data, void *ar
  * the allocator's), for counting what queued messages hold. */
 size_t tw__block_overhead(void);
 
+/* A receive budget's room in the cache: what its reservations and write
+ * queues leave of its limit (`bytes`: written by the budget's loop
+ * thread, read by any). While watched (tw__block_cache_watch), a
+ * released block goes to the cache only within the least room of all
+ * watchers, less the bytes the reclaimer has still to unmap and those
+ * prefaulted ahead (as the budgets count them), so the bound holds at the
+ * moment a block goes in, on whatever thread frees it, not only at the
+ * budget's next look. Any thread. */
+struct tw__cache_room {
+	struct tw__cache_room *next, *prev; /* watchers, while watched */
+	_Atomic uint64_t bytes;
+};
+void tw__block_cache_watch(struct tw__cache_room *r);
+/* Stop watching; a room never watched (zeroed) is left alone. */
+void tw__block_cache_unwatch(struct tw__cache_room *r);
+
 /* Release every cached mapping (context teardown, tests). */
 void tw__block_cache_drain(void);
-/* The bytes the cache of large blocks holds now; trim it to at most
- * `keep` bytes (oldest first). Any thread. The receive budgets count the
+/* The bytes the cache of large blocks holds now (no lock: a look that
+ * costs a load); trim it to at most `keep` bytes (oldest first). Any
+ * thread. The receive budgets count the
  * cache with their reservations and trim it to make room. */
 size_t tw__block_cache_bytes(void);
 void tw__block_cache_trim(size_t keep);

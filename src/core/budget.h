@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "core/block.h"
+
 /* One comm's place in a budget. Zeroed: holds nothing, waits for nothing. */
 struct tw__claim {
 	struct tw__claim *prev, *next;   /* in the waiting list, while waiting */
@@ -80,6 +82,11 @@ struct tw__budget {
 	/* Bumped by the owner when it starts a pass interval (the timer that
 	 * calls tw__budget_pass): holders' moves are counted from there. */
 	uint64_t epoch;
+	/* What reserved and `also` leave of the limit, kept up to date for
+	 * the block cache; the owner has the cache watch it
+	 * (tw__block_cache_watch), so that a block freed between two looks
+	 * of the budget is cached only within it. */
+	struct tw__cache_room room;
 };
 
 /* A holder that moves less than this in a pass interval is slow (see
@@ -98,8 +105,15 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 void tw__budget_moved(struct tw__budget *b, struct tw__claim *c, uint64_t got);
 /* Give back all c holds and stop waiting; waiters that now fit are granted. */
 void tw__budget_release(struct tw__budget *b, struct tw__claim *c);
-/* Grant the waiters that fit now (`also` went down). */
+/* Grant the waiters that fit now (the reclaimer gave bytes back). */
 void tw__budget_admit(struct tw__budget *b);
+/* `also` grew (a message queued for writing): the cache's room follows
+ * and the cache gives way. `also` fell (a message written and freed):
+ * the room follows, and waiters that now fit are granted. Both run for
+ * every message written: a few loads and a store, no lock, while nobody
+ * waits and the cache fits. */
+void tw__budget_also_grew(struct tw__budget *b);
+void tw__budget_also_fell(struct tw__budget *b);
 /* No bytes came back for a while: one message may pass the limit. */
 void tw__budget_pass(struct tw__budget *b);
 /* A new limit; waiters that now fit are granted. */

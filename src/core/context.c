@@ -163,6 +163,7 @@ void tw__event_free(struct event *ev)
  * -1 for wake_fd). */
 static void release(tw_context *ctx)
 {
+	tw__block_cache_unwatch(&ctx->rbudget.room);
 	tw__event_free(ctx->pass_ev);
 	tw__event_free(ctx->rbudget_ev);
 	tw__event_free(ctx->wbudget_ev);
@@ -195,6 +196,7 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->rbudget.also = &ctx->wq_held;
 	ctx->rbudget.later = rbudget_later;
 	ctx->rbudget.stuck = rbudget_stuck;
+	tw__block_cache_watch(&ctx->rbudget.room);
 	ctx->own_base = base == NULL;
 	ctx->base = base != NULL ? base : event_base_new();
 	if (ctx->base == NULL)
@@ -442,17 +444,19 @@ void tw__ctx_write_gone(tw_context *ctx, uint64_t n)
 	}
 }
 
+/* The write queues count in the receive budget (rbudget.also): the
+ * cache gives way to them, and waiters may go on once they are written.
+ * On the path of every message written: cheap while nobody waits. */
 void tw__ctx_write_held(tw_context *ctx, uint64_t n)
 {
 	ctx->wq_held += n;
+	tw__budget_also_grew(&ctx->rbudget);
 }
 
 void tw__ctx_write_unheld(tw_context *ctx, uint64_t n)
 {
 	ctx->wq_held -= n;
-	/* the write queues count there too; and the message's freed block
-	 * may have gone to the block cache, which the budget trims */
-	tw__budget_admit(&ctx->rbudget);
+	tw__budget_also_fell(&ctx->rbudget);
 }
 
 /* A budget's limit and use, each where the caller asked for it. */
