@@ -78,7 +78,8 @@ struct tw_ex_tls {
 	}
 
 #define TW_EX_TLS_USAGE                                                                            \
-	"  --tls-ca FILE --tls-cert FILE --tls-key FILE   PEM files for tls:// (mutual TLS)\n"
+	"  --tls-ca FILE --tls-cert FILE --tls-key FILE\n"                                         \
+	"                         PEM files for tls:// and wss:// (mutual TLS)\n"
 
 /* Take one TLS option; 1 if o was one. */
 static inline int tw_ex_tls_option(struct tw_ex_tls *t, int o, const char *arg)

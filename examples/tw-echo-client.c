@@ -170,9 +170,11 @@ static void usage(FILE *f)
 	fprintf(f, "usage: tw-echo-client URI [--size BYTES] [--frames N] [--count N]\n"
 		   "                      [--compression zstd|lz4] [TLS options]\n" TW_EX_TLS_USAGE
 		   "  After the Dask handshake, send COUNT messages carrying FRAMES\n"
-		   "  out-of-band payloads of BYTES bytes each (default 1MiB x 1 x 10;\n"
-		   "  sizes take K, M, G suffixes) to the comm-level echo peer at URI, one\n"
-		   "  at a time, check every echoed byte, and print the throughput.\n");
+		   "  out-of-band payloads of BYTES bytes each (defaults: --size 1MiB\n"
+		   "  --frames 1 --count 10; sizes take K, M, G suffixes) to the comm-level\n"
+		   "  echo peer at URI (tcp://, tls://, ws:// or wss://), one at a time, check\n"
+		   "  every echoed byte, and print the throughput. --compression offers that\n"
+		   "  codec in the handshake; payloads are compressed if the peer agrees.\n");
 }
 
 static void report(const struct client *cl)

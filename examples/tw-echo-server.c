@@ -4,7 +4,7 @@
  * `distributed.comm.listen` handler that writes back what it reads),
  * without copying its frames.
  *
- *   tw-echo-server tcp://127.0.0.1:8786 [--max-message BYTES] [--quiet]
+ *   tw-echo-server tcp://127.0.0.1:8786 [--max-message BYTES] [--quiet] [TLS options]
  *
  * Prints each comm's totals when it ends, with the payload bytes the
  * process copied and its peak RSS above idle. */
@@ -145,9 +145,13 @@ static void usage(FILE *f)
 {
 	fputs("usage: tw-echo-server URI [--max-message BYTES] [--quiet] [TLS options]\n", f);
 	fputs(TW_EX_TLS_USAGE, f);
-	fputs("  Listen on URI (e.g. tcp://127.0.0.1:8786 or tls://...; port 0 picks a free\n"
-	      "  port) and write every message back unchanged. Prints the bound address,\n"
-	      "  then one line per comm when it ends. Stops on SIGINT/SIGTERM.\n",
+	fputs("  Listen on URI (tcp://, tls://, ws:// or wss://, e.g. tcp://127.0.0.1:8786;\n"
+	      "  port 0 picks a free port) and write every message back unchanged. Prints\n"
+	      "  the bound address, then one line per comm when it ends. Stops on\n"
+	      "  SIGINT/SIGTERM.\n"
+	      "  --max-message BYTES   refuse messages larger than BYTES (K, M, G suffixes;\n"
+	      "                        default 4GiB)\n"
+	      "  --quiet               print only the comms that end with an error\n",
 	      f);
 }
 

@@ -119,10 +119,10 @@ int main(int argc, char **argv)
 	if (argc < 2 || strcmp(argv[1], "--help") == 0) {
 		fprintf(argc < 2 ? stderr : stdout,
 			"usage: tw-rpc-server URI [URI ...]\n"
-			"  Serve the ops identity, echo(data), sum(data), slow(delay), "
-			"nbytes(data)\n"
-			"  and fail()\n"
-			"  on each URI (port 0 picks a free port); prints each bound address.\n"
+			"  Serve these ops on each URI (tcp:// or ws://: no TLS options; port 0\n"
+			"  picks a free port); prints each bound address:\n"
+			"    identity, echo(data), sum(data: bytes of little-endian float64s),\n"
+			"    slow(delay: seconds, replies \"done\"), nbytes(data: bytes), fail()\n"
 			"  TW_OFFLOAD_THRESHOLD=BYTES|off in the environment sets the offload "
 			"threshold.\n");
 		return argc < 2 ? 2 : 0;

@@ -3,7 +3,7 @@
  * public API. Real `dask worker` processes register with it and a real
  * distributed.Client scatters to and gathers from them through it.
  *
- *   tw-mini-scheduler URI [--worker-ttl SECONDS] [TLS options]
+ *   tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES] [TLS options]
  *
  * Prints "listening on URI" first; on SIGINT or SIGTERM it stops and
  * prints the payload bytes it copied (tw_stats) and its peak RSS. */
@@ -68,10 +68,16 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
 static void usage(FILE *f)
 {
 	fputs("usage: tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES] [TLS options]\n"
-	      "  --worker-ttl SECONDS   remove a worker whose heartbeats stop this long "
-	      "(default 300, Dask's distributed.scheduler.worker-ttl)\n"
-	      "  --relay BYTES          over tcp, forward payload frames of BYTES or more "
-	      "socket to socket (splice), never reading them (default 65536; 0: off)\n",
+	      "  A minimal Dask scheduler (no tasks) on URI (tcp://, tls://, ws:// or wss://;\n"
+	      "  port 0 picks a free port) for real dask workers and distributed.Client:\n"
+	      "  scatter, gather, who_has (docs/mini-scheduler.md). Prints \"listening on\n"
+	      "  URI\", then a line per event; SIGINT/SIGTERM stop it and print the payload\n"
+	      "  bytes it copied.\n"
+	      "  --worker-ttl SECONDS   remove a worker whose heartbeats stop this long\n"
+	      "                         (default 300, Dask's distributed.scheduler.worker-ttl)\n"
+	      "  --relay BYTES          over tcp, forward payload frames of BYTES or more\n"
+	      "                         socket to socket (splice), never reading them\n"
+	      "                         (default 65536; 0: off)\n",
 	      f);
 	fputs(TW_EX_TLS_USAGE, f);
 }
