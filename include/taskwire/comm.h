@@ -2,8 +2,9 @@
 /* taskwire: comms (connections that carry messages) and listeners.
  *
  * Addresses are URIs: `tcp://host:port`, `tcp://[::1]:port`; port 0 asks
- * for an ephemeral port (read it back with tw_listener_address). Later
- * transports (tls, ws, wss) plug into the same calls.
+ * for an ephemeral port (read it back with tw_listener_address). The same
+ * calls take `tls://`, `ws://` and `wss://` URIs (tls and wss need the
+ * context's TLS configuration: taskwire/tls.h).
  *
  * Threads: every function here must be called on the loop thread of the
  * comm's context, and every callback runs on that thread.

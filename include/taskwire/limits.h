@@ -53,9 +53,9 @@
  * offloads above 10 MB too). */
 #define TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES ((uint64_t)10 << 20)
 
-/* The rpc pool (rpc.h, tw_pool_config setters). Retries of idempotent
- * calls, as Dask's distributed.comm.retry (count 0, delay min 1 s, max
- * 20 s). */
+/* The rpc pool (rpc.h: tw_pool_set_limit, tw_pool_set_idle,
+ * tw_pool_set_retry). Retries of idempotent calls, as Dask's
+ * distributed.comm.retry (count 0, delay min 1 s, max 20 s). */
 #define TW_DEFAULT_POOL_LIMIT              512 /* open comms per address (Dask: 512 in all) */
 #define TW_DEFAULT_POOL_MAX_IDLE           16  /* idle comms kept per address */
 #define TW_DEFAULT_POOL_IDLE_TIMEOUT_MS    60000
