@@ -5,7 +5,11 @@
  * block (docs/design.md, Blocks, slices, messages). A message is itself refcounted: the
  * creator owns one reference; tw_msg_hold adds one; tw_msg_free drops one.
  * A message must not be changed after it was written to a comm or while
- * another thread holds it. */
+ * another thread holds it.
+ * Threads: any; the reference count is atomic, so tw_msg_hold and
+ * tw_msg_free may run on different threads, while tw_msg_append* runs on
+ * one thread at a time, before the message is shared. A message holding
+ * relay frames is freed on its source comm's loop thread (relay.h). */
 #ifndef TASKWIRE_MSG_H
 #define TASKWIRE_MSG_H
 

@@ -19,7 +19,13 @@
  * 4.0.0, libmsgpackc.so.2; taskwire.pc requires it). The layouts of those
  * types are msgpack-c's: a msgpack-c that changes them needs a new
  * taskwire SONAME (docs/versioning.md). Nothing else in taskwire's API
- * exposes msgpack-c. */
+ * exposes msgpack-c.
+ *
+ * Threads: builders and decoded messages belong to no context; every
+ * function here may be called on any thread, one thread at a time for
+ * each builder or tw_decoded (the tw_msg and blocks they hold are
+ * refcounted atomically: msg.h, buf.h), except that one holding relay
+ * frames is freed on its source comm's loop thread (relay.h). */
 #ifndef TASKWIRE_SERIAL_H
 #define TASKWIRE_SERIAL_H
 
