@@ -65,7 +65,8 @@ enum tw_handshake_side {
 int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_cb cb, void *arg);
 
 /* tw_comm_compression: the negotiated codec name ("zstd", "lz4") to pass
- * to tw_builder_new, or NULL for none or before the handshake. */
+ * to tw_builder_new, or NULL for none or before the handshake. Loop
+ * thread. */
 const char *tw_comm_compression(const tw_comm *comm);
 
 /* tw_context_set_compression: the codec this side offers in handshakes:

@@ -190,7 +190,8 @@ void tw_batched_set_drain_cb(tw_batched *b, tw_batched_drain_fn fn, void *arg);
  *              kept on TW_EAGAIN and retried at the next interval) */
 int tw_batched_flush(tw_batched *b);
 
-/* tw_batched_free: flush what is queued, then free. Accepts NULL. */
+/* tw_batched_free: flush what is queued, then free. Accepts NULL. Loop
+ * thread. */
 void tw_batched_free(tw_batched *b);
 
 #pragma GCC visibility pop

@@ -7,7 +7,14 @@
  * right after. Defaults follow Dask clusters: TLS 1.2 minimum, peers
  * verified against the CA file, client certificates required by
  * listeners (mutual TLS), host names checked by clients that connect to a
- * name (not to an IP address) unless switched off. */
+ * name (not to an IP address) unless switched off.
+ *
+ * Threads: fill a configuration (tw_tls_config_set_*) on one thread before
+ * tw_context_set_tls hands it to a context; from then on the handshakes
+ * of every loop thread read it without a lock, so it is not changed any
+ * more: to rotate certificates, fill a new configuration and set that
+ * (comms made after use it). The setters that return void take a
+ * non-NULL cfg. */
 #ifndef TASKWIRE_TLS_H
 #define TASKWIRE_TLS_H
 
@@ -64,7 +71,8 @@ void tw_tls_config_set_verify_hostname(tw_tls_config *cfg, bool on);
  *   TW_EINVAL  cfg or list NULL, or OpenSSL refuses the list */
 int tw_tls_config_set_ciphers(tw_tls_config *cfg, const char *list);
 
-/* The last configuration error, "" if none. */
+/* The last configuration error, "" if none; valid while cfg lives,
+ * overwritten by the next setter that fails. */
 const char *tw_tls_config_last_error(const tw_tls_config *cfg);
 
 /* tw_context_set_tls: the configuration tls:// comms of this context use
@@ -78,6 +86,8 @@ int tw_context_set_tls(tw_context *ctx, tw_tls_config *cfg);
  * (default 10,000 ms); a silent or stalled peer is dropped after it. A
  * connecting side's handshake also ends when the connect timeout, counted
  * from tw_comm_connect, runs out (tw_context_set_connect_timeout_ms).
+ * Applies to comms made after the call. Loop thread (or before the loop
+ * runs).
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_tls_handshake_timeout_ms(tw_context *ctx, uint32_t ms);
