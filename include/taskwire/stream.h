@@ -108,7 +108,9 @@ typedef struct tw_batched tw_batched;
  * a refused sender's drain callback runs); free the sender in any case.
  * When the comm is closed (tw_comm_close, or its server at close-stream),
  * the queued maps are written first, and later sends return TW_ECLOSED.
- * interval_ms 0 means the default. Loop thread.
+ * The sender sets none of the comm's callbacks: they stay its owner's.
+ * interval_ms 0 means the default (TW_DEFAULT_BATCH_INTERVAL_MS, 2 ms).
+ * Loop thread.
  * Returns 0 and sets *out, or:
  *   TW_EINVAL  comm or out is NULL, or the comm's codec cannot be used
  *   TW_ENOMEM  out of memory */
