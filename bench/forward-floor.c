@@ -9,6 +9,7 @@
  * forwarder pays.
  *
  *   forward-floor [--mib 1024] [--chunk-mib 32] [--fresh] [--populate] [--huge] [--splice]
+ *                 [--cc NAME]
  *
  * Default: one buffer, touched once, reused (the floor). --fresh maps a
  * new buffer per chunk and unmaps it after sending (every page faulted
@@ -20,12 +21,15 @@
  * 1.05-1.4 s): zeroing 2 MiB pages goes to memory ahead of the receive's
  * copy, where a 4 KiB page is zeroed in cache just before it. --splice
  * moves the bytes socket -> pipe -> socket with splice(2) instead, never
- * through user space (the relay's floor, docs/design.md "Relay"). Timing,
- * not a test.
+ * through user space (the relay's floor, docs/design.md "Relay"). --cc
+ * sets every socket's congestion control (TCP_CONGESTION, e.g. cubic:
+ * no pacing timers; the system's default here is bbr, which paces with an
+ * hrtimer per burst when the qdisc is not fq). Timing, not a test.
  */
 #include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,10 +69,22 @@ static void write_full(int fd, const uint8_t *p, size_t n)
 	}
 }
 
+static const char *cc; /* --cc NAME, or NULL: the system's default */
+
+static void set_cc(int fd)
+{
+	if (cc != NULL &&
+	    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)
+		die("setsockopt TCP_CONGESTION");
+}
+
 static int dial(const struct sockaddr_in *sa)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (fd < 0 || connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0)
+	if (fd < 0)
+		die("socket");
+	set_cc(fd);
+	if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) != 0)
 		die("connect");
 	return fd;
 }
@@ -155,10 +171,12 @@ int main(int argc, char **argv)
 			fresh = huge = 1;
 		else if (strcmp(argv[i], "--splice") == 0)
 			use_splice = 1;
+		else if (strcmp(argv[i], "--cc") == 0 && i + 1 < argc)
+			cc = argv[++i];
 		else {
 			fprintf(stderr,
 				"usage: %s [--mib N] [--chunk-mib N] [--fresh] [--populate] "
-				"[--huge] [--splice]\n",
+				"[--huge] [--splice] [--cc NAME]\n",
 				argv[0]);
 			return 2;
 		}
@@ -166,8 +184,10 @@ int main(int argc, char **argv)
 	memset(&sa, 0, sizeof(sa));
 	sa.sin_family = AF_INET;
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if ((lfd = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
-	    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+	if ((lfd = socket(AF_INET, SOCK_STREAM, 0)) < 0)
+		die("socket");
+	set_cc(lfd); /* accepted sockets inherit it */
+	if (setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
 	    bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 4) != 0 ||
 	    getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0)
 		die("listen");
@@ -209,10 +229,11 @@ int main(int argc, char **argv)
 	while (wait(NULL) > 0)
 		;
 	printf("forward-floor: %zu MiB in and out, chunks of %zu MiB, %s buffer: wall %.3f s, "
-	       "user %.3f s, sys %.3f s, minor faults %ld\n",
+	       "user %.3f s, sys %.3f s, minor faults %ld%s%s\n",
 	       mib, chunk >> 20, mode,
 	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
 	       secs(r1.ru_utime) - secs(r0.ru_utime), secs(r1.ru_stime) - secs(r0.ru_stime),
-	       r1.ru_minflt - r0.ru_minflt);
+	       r1.ru_minflt - r0.ru_minflt, cc != NULL ? ", congestion control " : "",
+	       cc != NULL ? cc : "");
 	return 0;
 }

@@ -3,7 +3,8 @@
 
     python3 mini_scheduler_bench.py TW_MINI_SCHEDULER [--mib 512] [--keys 100000]
         [--only dask|tw] [--profile 'CMD {pid} {round}'] [--relay BYTES]
-        [--repeat N] [--also LABEL=TW_MINI_SCHEDULER ...]
+        [--repeat N] [--keys-repeat N] [--also LABEL=TW_MINI_SCHEDULER ...]
+        [--also-dask LABEL:NAME=VALUE[,NAME=VALUE] ...]
 
 For each scheduler in turn: the scheduler, 4 `dask worker` processes
 (1 thread, no nanny, no memory limit) and one distributed.Client over tcp;
@@ -11,21 +12,32 @@ then two rounds, each a scatter and a gather of the same data through the
 scheduler (direct=False, as Client does by default):
   - 16 numpy uint8 arrays of MIB/16 MiB each (random bytes), checked equal;
   - KEYS small ints (hash=False), checked equal.
-Per round: wall time, the scheduler's CPU seconds (utime + stime from
-/proc), its sleeps (voluntary context switches: the loop's wakeups), its
-peak RSS above its idle RSS (VmHWM reset per round through
-/proc/PID/clear_refs), and, for tw-mini-scheduler, the payload bytes it
-copied (tw_stats, printed when it stops: both rounds together).
+Both schedulers are measured the same way over the same window: from just
+before client.scatter to just after client.gather returns, the
+scheduler's user and system CPU seconds (utime and stime of every thread,
+plus cutime and cstime, from /proc/PID/stat), its sleeps (voluntary
+context switches: the loop's wakeups), its peak RSS above its idle RSS
+(VmHWM reset per round through /proc/PID/clear_refs), and, for
+tw-mini-scheduler, the payload bytes it copied (tw_stats, printed when it
+stops: all rounds together). Beside them, not in the round's figure: the
+CPU it spends in the second after the round (the releases of the round's
+keys, and its idle timers), and its CPU per second when idle (measured for
+2 s before the first round; Dask's scheduler runs periodic callbacks).
 --profile runs CMD (split on spaces, {pid} the scheduler's pid, {round}
-0 or 1) around each round of tw-mini-scheduler and stops it with SIGINT
-at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data -p {pid}'
-or 'strace -c -f -o /tmp/s{round}.txt -p {pid}'.
+the round's index) around each round of tw-mini-scheduler and stops it
+with SIGINT at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data
+-p {pid}' or 'strace -c -f -o /tmp/s{round}.txt -p {pid}'.
 --relay BYTES runs tw-mini-scheduler with --relay BYTES: payload frames of
 that size or more go socket to socket with splice(2), never read (tcp).
---repeat N runs both rounds N times with the same scheduler, workers and
-client (N rows per round). --also LABEL=BINARY runs another
-tw-mini-scheduler build after the first one (A/B in one run: the same
-load; each row's CPU over the median of Dask's rows of its round).
+--repeat N runs the large round N times and --keys-repeat N (default: as
+--repeat) the small-key round, with the same scheduler, workers and
+client, in turn. --also LABEL=BINARY runs another tw-mini-scheduler build
+after the first one (A/B in one run: the same load; each row's CPU over
+the median of Dask's rows of its round). --also-dask LABEL:NAME=VALUE
+runs another `dask scheduler` with those environment variables, e.g.
+dask4k:NUMPY_MADVISE_HUGEPAGE=0 (its receive buffers in 4 KiB pages:
+numpy advises transparent huge pages for arrays of 4 MiB or more, and
+Dask's TCP comm receives each message into one numpy array).
 --keys 0 skips the small-key round.
 Timing, not a test: run it niced on a quiet machine.
 """
@@ -57,9 +69,13 @@ def status_kib(pid, field):
 
 
 def cpu_s(pid):
+    """(user, sys) CPU seconds of pid: every thread, live or ended, and
+    the children it waited for (cutime, cstime; none for either scheduler
+    here, counted anyway)."""
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return ((int(fields[11]) + int(fields[13])) / tick, (int(fields[12]) + int(fields[14])) / tick)
 
 
 def reset_peak(pid):
@@ -79,21 +95,23 @@ def free_port():
     return port
 
 
-def run(kind, tw_binary, mib, nkeys, profile=None, relay=None, repeat=1, label=None):
+def run(kind, binary, mib, nkeys, profile=None, relay=None, repeat=1, label=None, env=None,
+        keys_repeat=1):
     import numpy as np
     from distributed import Client
 
     label = label or kind
     if kind == "tw":
         extra = ["--relay", str(relay)] if relay is not None else []
-        sched = start([tw_binary, "tcp://127.0.0.1:0"] + extra, stdout=subprocess.PIPE, text=True)
+        sched = start([binary, "tcp://127.0.0.1:0"] + extra, stdout=subprocess.PIPE, text=True)
         addr = sched.stdout.readline().split()[2]
     else:
         port = free_port()
         addr = "tcp://127.0.0.1:%d" % port
         sched = start([PY, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                        "--port", str(port), "--dashboard-address", "127.0.0.1:0", "--no-show"],
-                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                      env=dict(os.environ, **(env or {})))
     workers = [start([PY, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1",
                       "--no-nanny", "--no-dashboard", "--host", "127.0.0.1",
                       "--memory-limit", "0"],
@@ -105,24 +123,31 @@ def run(kind, tw_binary, mib, nkeys, profile=None, relay=None, repeat=1, label=N
     each = (mib << 20) // 16
     arrays = [rng.integers(0, 256, size=each, dtype=np.uint8) for _ in range(16)]
     small = list(range(nkeys))
-    rounds = [("%d MiB, 16 arrays" % mib, arrays, {})]
-    if nkeys > 0:
-        rounds.append(("%d keys" % nkeys, small, {"hash": False}))
-    for rnd, (what, data, kw) in enumerate(rounds * repeat):
-        time.sleep(1)  # let the previous round's releases settle
+    rounds = []
+    for i in range(max(repeat, keys_repeat if nkeys > 0 else 0)):
+        if i < repeat:
+            rounds.append(("%d MiB, 16 arrays" % mib, arrays, {}))
+        if nkeys > 0 and i < keys_repeat:
+            rounds.append(("%d keys" % nkeys, small, {"hash": False}))
+    time.sleep(1)
+    u0, s0 = cpu_s(sched.pid)
+    time.sleep(2)
+    u1, s1 = cpu_s(sched.pid)
+    idle_rate = (u1 + s1 - u0 - s0) / 2  # CPU s per s with nothing to do
+    for rnd, (what, data, kw) in enumerate(rounds):
         prof = None
         if profile and kind == "tw":
             prof = subprocess.Popen([a.format(pid=sched.pid, round=rnd) for a in profile.split()])
             time.sleep(2)  # attached before the round starts
         idle = status_kib(sched.pid, "VmRSS")
         peak_ok = reset_peak(sched.pid)
-        cpu0 = cpu_s(sched.pid)
+        u0, s0 = cpu_s(sched.pid)
         sw0 = status_kib(sched.pid, "voluntary_ctxt_switches")
         t0 = time.monotonic()
         futures = client.scatter(data, **kw)
         back = client.gather(futures)
         wall = time.monotonic() - t0
-        cpu = cpu_s(sched.pid) - cpu0
+        u1, s1 = cpu_s(sched.pid)
         sleeps = status_kib(sched.pid, "voluntary_ctxt_switches") - sw0
         peak = status_kib(sched.pid, "VmHWM")
         if prof is not None:
@@ -133,11 +158,17 @@ def run(kind, tw_binary, mib, nkeys, profile=None, relay=None, repeat=1, label=N
         else:
             assert back == small
         del futures, back
-        rows.append([label, what, wall, cpu, sleeps, (peak - idle) / 1024 if peak_ok else None])
-        print("# %s %s: wall %.2f s, CPU %.2f s, %d sleeps (load %.1f)" % (
-            label, what, wall, cpu, sleeps, os.getloadavg()[0]), flush=True)
+        time.sleep(1)  # the releases settle before the next round
+        u2, s2 = cpu_s(sched.pid)
+        row = dict(label=label, what=what, wall=wall, user=u1 - u0, sys=s1 - s0, cpu=u1 + s1 - u0 - s0,
+                   after=u2 + s2 - u1 - s1, idle_rate=idle_rate, sleeps=sleeps,
+                   peak=(peak - idle) / 1024 if peak_ok else None, load=os.getloadavg()[0])
+        rows.append(row)
+        print("# %s %s: wall %.2f s, CPU %.2f s (user %.2f, sys %.2f), %d sleeps, after %.2f s (load %.1f)" % (
+            label, what, wall, row["cpu"], row["user"], row["sys"], sleeps, row["after"], row["load"]),
+            flush=True)
     client.close()
-    copied = ""
+    copied = "-"
     sched.send_signal(signal.SIGTERM)
     if kind == "tw":
         out = sched.stdout.read()
@@ -152,7 +183,7 @@ def run(kind, tw_binary, mib, nkeys, profile=None, relay=None, repeat=1, label=N
         w.kill()
         w.wait()
     for r in rows:
-        r.append(copied)
+        r["copied"] = copied
     return rows
 
 
@@ -165,29 +196,37 @@ def main():
     ap.add_argument("--profile")
     ap.add_argument("--relay", type=int)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--keys-repeat", type=int)
     ap.add_argument("--also", action="append", default=[], metavar="LABEL=BINARY")
+    ap.add_argument("--also-dask", action="append", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]")
     a = ap.parse_args()
     rows = []
-    runs = [("dask", "dask", None), ("tw", "tw", a.tw_binary)]
-    runs += [("tw", x.split("=", 1)[0], x.split("=", 1)[1]) for x in a.also]
+    runs = [("dask", "dask", None, None)]
+    for x in a.also_dask:
+        label, _, envs = x.partition(":")
+        runs.append(("dask", label, None, dict(e.split("=", 1) for e in envs.split(",") if e)))
+    runs.append(("tw", "tw", a.tw_binary, None))
+    runs += [("tw", x.split("=", 1)[0], x.split("=", 1)[1], None) for x in a.also]
     print("# load average %.1f %.1f %.1f" % os.getloadavg(), flush=True)
-    for kind, label, binary in runs:
+    for kind, label, binary, env in runs:
         if a.only in (None, kind):
-            rows += run(kind, binary, a.mib, a.keys, a.profile, a.relay, a.repeat, label)
+            rows += run(kind, binary, a.mib, a.keys, a.profile, a.relay, a.repeat, label, env,
+                        a.repeat if a.keys_repeat is None else a.keys_repeat)
     print("# load average %.1f %.1f %.1f" % os.getloadavg())
     dask = {}  # the median of Dask's rows of each round
-    for label, what, wall, cpu, sleeps, peak, copied in rows:
-        if label == "dask":
-            dask.setdefault(what, []).append(cpu)
+    for r in rows:
+        if r["label"] == "dask":
+            dask.setdefault(r["what"], []).append(r["cpu"])
     dask = {k: sorted(v)[len(v) // 2] for k, v in dask.items()}
-    print("%-8s %-20s %8s %12s %10s %8s %22s %20s" % (
-        "sched", "round", "wall s", "sched CPU s", "CPU/dask", "sleeps", "peak RSS > idle MiB",
-        "payload B copied"))
-    for label, what, wall, cpu, sleeps, peak, copied in rows:
-        d = dask.get(what)
-        print("%-8s %-20s %8.2f %12.2f %10s %8d %22s %20s" % (
-            label, what, wall, cpu, "%.3f" % (cpu / d) if d else "-", sleeps,
-            "%.0f" % peak if peak is not None else "?", copied if label != "dask" else "-"))
+    print("%-8s %-20s %7s %7s %7s %7s %8s %7s %7s %7s %5s %9s %10s" % (
+        "sched", "round", "wall s", "CPU s", "user s", "sys s", "CPU/dask", "sleeps", "after s",
+        "idle/s", "load", "RSS>idle", "copied B"))
+    for r in rows:
+        d = dask.get(r["what"])
+        print("%-8s %-20s %7.2f %7.2f %7.2f %7.2f %8s %7d %7.2f %7.3f %5.1f %9s %10s" % (
+            r["label"], r["what"], r["wall"], r["cpu"], r["user"], r["sys"],
+            "%.3f" % (r["cpu"] / d) if d else "-", r["sleeps"], r["after"], r["idle_rate"],
+            r["load"], "%.0f" % r["peak"] if r["peak"] is not None else "?", r["copied"]))
 
 
 if __name__ == "__main__":
