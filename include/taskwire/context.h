@@ -257,7 +257,10 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * pass from starting, and if it is the passer it hands the pass to a
  * waiting message with fewer bytes to come. Over ws and wss a message's
  * bytes to come are known only in the last fragment of its last frame;
- * before, they count as the most. So every message within the message
+ * before, they count as the most but for those of a message seen
+ * dripping, so a dripping passer hands the pass to such a message too
+ * (to the oldest waiter among equals: a dripper ahead of it in the queue
+ * holds the pass once, for about 100 ms). So every message within the message
  * limit is received (what Dask sends is never refused, only queued), and
  * peers that drip their messages (whatever they declare, in whatever
  * fragments) cannot hold back a message that moves, even when the bytes

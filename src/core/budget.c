@@ -140,10 +140,18 @@ static uint64_t moved(const struct tw__budget *b, const struct tw__claim *h)
 }
 
 /* The bytes of c's message still to come, for the order: the most once
- * it was seen dripping (tw__budget_pass). */
+ * it was seen dripping (tw__budget_pass); one fewer when unknown (ws
+ * before the last fragment of the last frame: UINT64_MAX), so that a
+ * message not seen dripping always comes before one that was. Unknown
+ * ranked with slow let ws drippers keep the pass from any honest message
+ * whose large frame is not its last (a Dask message with two arrays): the
+ * slow passer handed it only to a waiter with fewer bytes to come
+ * (breaker17 b17-1, session 14). */
 static uint64_t rest_of(const struct tw__claim *c)
 {
-	return c->slow ? UINT64_MAX : c->rest;
+	if (c->slow)
+		return UINT64_MAX;
+	return c->rest < UINT64_MAX - 1 ? c->rest : UINT64_MAX - 1;
 }
 
 /* A message in progress that is not waiting has fewer bytes still to come

@@ -215,8 +215,7 @@ void wu_raw_connect(struct tu *h, const char *uri, struct wu_raw *r)
 		tls_open(r);
 }
 
-/* One nonblocking write: bytes, 0 to wait, -1 when the peer is gone. */
-static ssize_t raw_write(struct wu_raw *r, const uint8_t *p, size_t n)
+ssize_t wu_raw_write(struct wu_raw *r, const uint8_t *p, size_t n)
 {
 	size_t put = 0;
 	ssize_t k;
@@ -239,7 +238,7 @@ size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n)
 	long long deadline = ts_now_ms() + WU_WAIT_MS;
 	size_t done = 0;
 	while (done < n) {
-		ssize_t k = raw_write(r, (const uint8_t *)p + done, n - done);
+		ssize_t k = wu_raw_write(r, (const uint8_t *)p + done, n - done);
 		if (k < 0)
 			break;
 		done += (size_t)k;

@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <taskwire/taskwire.h>
 
@@ -93,6 +94,10 @@ struct wu_raw {
 int wu_raw_open(struct tu *h, const char *uri, const char *request, struct wu_raw *r);
 /* Connect and do the TLS handshake only (wss), or TCP only. */
 void wu_raw_connect(struct tu *h, const char *uri, struct wu_raw *r);
+/* One nonblocking write of what the socket takes now: bytes, 0 to wait,
+ * -1 when the peer is gone. Over TLS, after 0, write the same bytes
+ * again (OpenSSL's rule for a write it could not finish). */
+ssize_t wu_raw_write(struct wu_raw *r, const uint8_t *p, size_t n);
 /* Send n bytes (driving the loop while the socket is full). Returns the
  * bytes sent (fewer when the server closed the connection). */
 size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n);
