@@ -19,19 +19,20 @@ plus cutime and cstime, from /proc/PID/stat), its sleeps (voluntary
 context switches: the loop's wakeups), its peak RSS above its idle RSS
 (VmHWM reset per round through /proc/PID/clear_refs), and, for
 tw-mini-scheduler, the payload bytes it copied (tw_stats, printed when it
-stops: all rounds together). Beside them, not in the round's figure: the
-CPU it spends in the second after the round (the releases of the round's
-keys, and its idle timers), and its CPU per second when idle (measured for
-2 s before the first round; Dask's scheduler runs periodic callbacks).
+stops: all rounds together). Beside them, not in the round's figure: its
+CPU per second when idle (measured for 2 s before the first round; Dask's
+scheduler runs periodic callbacks), and the CPU it spends after the round
+until it is that idle again (the releases of the round's keys; the next
+round starts only then, so no round is charged for the one before).
 --profile runs CMD (split on spaces, {pid} the scheduler's pid, {round}
 the round's index) around each round of tw-mini-scheduler and stops it
 with SIGINT at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data
 -p {pid}' or 'strace -c -f -o /tmp/s{round}.txt -p {pid}'.
 --relay BYTES runs tw-mini-scheduler with --relay BYTES: payload frames of
 that size or more go socket to socket with splice(2), never read (tcp).
---repeat N runs the large round N times and --keys-repeat N (default: as
+--repeat N runs the large round N times, then --keys-repeat N (default: as
 --repeat) the small-key round, with the same scheduler, workers and
-client, in turn. --also LABEL=BINARY runs another tw-mini-scheduler build
+client. --also LABEL=BINARY runs another tw-mini-scheduler build
 after the first one (A/B in one run: the same load; each row's CPU over
 the median of Dask's rows of its round). --also-dask LABEL:NAME=VALUE
 runs another `dask scheduler` with those environment variables, e.g.
@@ -87,6 +88,23 @@ def reset_peak(pid):
         return False
 
 
+def settle(pid, idle_rate, step=0.5, most=180):
+    """Wait until pid's CPU in the last `step` seconds is no more than when
+    idle (plus one clock tick), at least 1 s, at most `most` s: Dask's
+    scheduler takes seconds of CPU to release 100,000 keys after the
+    round, and a round started before it is done would be charged for
+    them."""
+    time.sleep(1)
+    end = time.monotonic() + most
+    u, s = cpu_s(pid)
+    while time.monotonic() < end:
+        time.sleep(step)
+        u1, s1 = cpu_s(pid)
+        if u1 + s1 - u - s <= idle_rate * step + 1.0 / os.sysconf("SC_CLK_TCK"):
+            return
+        u, s = u1, s1
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -123,17 +141,15 @@ def run(kind, binary, mib, nkeys, profile=None, relay=None, repeat=1, label=None
     each = (mib << 20) // 16
     arrays = [rng.integers(0, 256, size=each, dtype=np.uint8) for _ in range(16)]
     small = list(range(nkeys))
-    rounds = []
-    for i in range(max(repeat, keys_repeat if nkeys > 0 else 0)):
-        if i < repeat:
-            rounds.append(("%d MiB, 16 arrays" % mib, arrays, {}))
-        if nkeys > 0 and i < keys_repeat:
-            rounds.append(("%d keys" % nkeys, small, {"hash": False}))
+    rounds = [("%d MiB, 16 arrays" % mib, arrays, {})] * repeat
+    if nkeys > 0:
+        rounds += [("%d keys" % nkeys, small, {"hash": False})] * keys_repeat
     time.sleep(1)
     u0, s0 = cpu_s(sched.pid)
     time.sleep(2)
     u1, s1 = cpu_s(sched.pid)
     idle_rate = (u1 + s1 - u0 - s0) / 2  # CPU s per s with nothing to do
+    settle(sched.pid, idle_rate)
     for rnd, (what, data, kw) in enumerate(rounds):
         prof = None
         if profile and kind == "tw":
@@ -158,15 +174,16 @@ def run(kind, binary, mib, nkeys, profile=None, relay=None, repeat=1, label=None
         else:
             assert back == small
         del futures, back
-        time.sleep(1)  # the releases settle before the next round
+        t1 = time.monotonic()
+        settle(sched.pid, idle_rate)  # the round's releases, before the next round
         u2, s2 = cpu_s(sched.pid)
         row = dict(label=label, what=what, wall=wall, user=u1 - u0, sys=s1 - s0, cpu=u1 + s1 - u0 - s0,
-                   after=u2 + s2 - u1 - s1, idle_rate=idle_rate, sleeps=sleeps,
+                   after=u2 + s2 - u1 - s1, settle=time.monotonic() - t1, idle_rate=idle_rate, sleeps=sleeps,
                    peak=(peak - idle) / 1024 if peak_ok else None, load=os.getloadavg()[0])
         rows.append(row)
-        print("# %s %s: wall %.2f s, CPU %.2f s (user %.2f, sys %.2f), %d sleeps, after %.2f s (load %.1f)" % (
-            label, what, wall, row["cpu"], row["user"], row["sys"], sleeps, row["after"], row["load"]),
-            flush=True)
+        print("# %s %s: wall %.2f s, CPU %.2f s (user %.2f, sys %.2f), %d sleeps, after %.2f s in %.1f s"
+              " (load %.1f)" % (label, what, wall, row["cpu"], row["user"], row["sys"], sleeps,
+                                row["after"], row["settle"], row["load"]), flush=True)
     client.close()
     copied = "-"
     sched.send_signal(signal.SIGTERM)
