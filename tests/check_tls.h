@@ -11,5 +11,6 @@ TCase *tls_reject_tcase(void); /* tests/check_tls_reject.c */
 TCase *tls_config_tcase(void); /* tests/check_tls_reject.c */
 TCase *tls_close_tcase(void);  /* tests/check_tls_close.c */
 TCase *tls_dask_tcase(void);   /* tests/check_tls_dask.c */
+TCase *tls_storm_tcase(void);  /* tests/check_tls_storm.c */
 
 #endif

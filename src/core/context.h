@@ -53,7 +53,7 @@ struct tw__ext_ops {
 	int per_comm;
 };
 
-#define TW__EXT_SLOTS 5
+#define TW__EXT_SLOTS 6
 
 struct tw__ext {
 	const struct tw__ext_ops *ops; /* NULL: a free slot */
@@ -66,7 +66,8 @@ void *tw__ctx_ext(const tw_context *ctx, const struct tw__ext_ops *ops);
  * first, unless it is the same. Returns 0, or TW_ENOMEM when every slot
  * is taken by other kinds (then the caller still owns state): a
  * programmer's error, asserted, since there are fewer kinds than
- * TW__EXT_SLOTS (dns, offload, tls, the relay's pipes). */
+ * TW__EXT_SLOTS (dns, offload, tls, the relay's pipes, the TLS
+ * handshakes waiting for a pass). */
 int tw__ctx_set_ext(tw_context *ctx, const struct tw__ext_ops *ops, void *state);
 
 /* tw__context_post: run c->fn(c->arg) on the loop thread; any thread;

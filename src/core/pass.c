@@ -22,46 +22,68 @@
 #define COLD_BYTES ((size_t)128 << 10)
 #define COLD_MIN   ((size_t)4096)
 
-/* tw__pass_cap's cap (0: none); process-wide, set by tests. */
+/* tw__pass_cap's cap (0: none) and tw__pass_spend's switch;
+ * process-wide, set by tests. */
 static atomic_size_t test_cap;
+static atomic_int test_spent;
 
 /* One loop per thread: the pass is the thread's. */
 static _Thread_local struct {
 	struct timeval tv;
-	struct timespec t0; /* CLOCK_MONOTONIC at the pass's first allow */
+	struct timespec t0; /* CLOCK_MONOTONIC at the pass's first allow or step */
 	size_t used, cold;
-	int open; /* a comm's read: from tw__pass_read to tw__pass_close */
-	int cut;  /* tw__pass_cold gave less than asked since tw__pass_spent */
+	unsigned steps; /* TLS handshake steps started (tw__pass_step) */
+	int open;       /* a comm's read: from tw__pass_read to tw__pass_close */
+	int cut;        /* tw__pass_cold gave less than asked since tw__pass_spent */
 } pass;
 
 /* Nanoseconds since the pass began (vDSO: tens of nanoseconds). */
 static long pass_ran(void)
 {
 	struct timespec t;
+	if (atomic_load_explicit(&test_spent, memory_order_relaxed))
+		return PASS_NS;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (t.tv_sec - pass.t0.tv_sec) * 1000000000L + (t.tv_nsec - pass.t0.tv_nsec);
 }
 
-size_t tw__pass_allow(struct event_base *base, size_t want)
+/* A new pass (libevent's cached time moved) starts afresh; in the same
+ * one, the bytes' budget is spent once its time is. */
+static void pass_look(struct event_base *base)
 {
 	struct timeval now;
-	size_t left, most = atomic_load_explicit(&test_cap, memory_order_relaxed);
-	if (most != 0 && want > most)
-		want = most;
 	if (event_base_gettimeofday_cached(base, &now) == 0 &&
 	    (now.tv_sec != pass.tv.tv_sec || now.tv_usec != pass.tv.tv_usec)) {
 		pass.tv = now;
 		pass.used = 0;
 		pass.cold = 0;
+		pass.steps = 0;
 		clock_gettime(CLOCK_MONOTONIC, &pass.t0);
 	} else if (pass.used < PASS_BYTES && pass_ran() >= PASS_NS) {
 		pass.used = PASS_BYTES;
 	}
+}
+
+size_t tw__pass_allow(struct event_base *base, size_t want)
+{
+	size_t left, most = atomic_load_explicit(&test_cap, memory_order_relaxed);
+	if (most != 0 && want > most)
+		want = most;
+	pass_look(base);
 	pass.cut = 0; /* a comm starts its turn uncut */
 	left = pass.used < PASS_BYTES ? PASS_BYTES - pass.used : 0;
 	if (left < PASS_MIN)
 		left = PASS_MIN;
 	return want < left ? want : left;
+}
+
+int tw__pass_step(struct event_base *base)
+{
+	pass_look(base);
+	if (pass.steps > 0 && pass.used >= PASS_BYTES)
+		return 0;
+	pass.steps++;
+	return 1;
 }
 
 size_t tw__pass_spent(size_t left, size_t n)
@@ -108,6 +130,11 @@ void tw__pass_close(void)
 void tw__pass_cap(size_t bytes)
 {
 	atomic_store_explicit(&test_cap, bytes, memory_order_relaxed);
+}
+
+void tw__pass_spend(int on)
+{
+	atomic_store_explicit(&test_spent, on, memory_order_relaxed);
 }
 
 int tw__iov_cap(struct iovec *iov, int k, size_t cap)

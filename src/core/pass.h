@@ -59,6 +59,30 @@ static inline size_t tw__pass_call(size_t allowed)
  * a comm ends on its allowance, as reads under load do when the pass's
  * time is up, however many bytes the socket holds. Any thread. */
 void tw__pass_cap(size_t bytes);
+/* 1 when a TLS handshake step may start now, counted; 0 when it must
+ * wait for the next pass (issue 17, breaker17 b17-6). A step is one
+ * SSL_do_handshake: an RSA-2048 signature alone is 1-2 ms of loop CPU,
+ * and 200 clients connecting at once made one pass of 433 ms, during
+ * which no comm was served. A step starts while the pass's time (the
+ * same 2 ms as the bytes above) is not spent, and the pass's first step
+ * always starts, so that handshakes progress however busy the loop is.
+ * The pass is the one tw__pass_allow tells apart; a step's time counts
+ * in it, so the bytes moved after a long step are the minimums. A step
+ * that must wait is run again by its caller on a later pass, from a
+ * timer of TW__PASS_NEXT_US: epoll does not report again what OpenSSL
+ * already read, and event_active inside a pass runs in that same pass
+ * (libevent 2.1). Loop thread. */
+int tw__pass_step(struct event_base *base);
+/* The timeout (microseconds) of a timer that runs on the next pass, never
+ * on this one: past libevent's cached time. A zero timeout fires on the
+ * next loop iteration, which with the default coarse clock is most often
+ * the same pass: the loop would spin until the clock moves. */
+#define TW__PASS_NEXT_US 1
+/* Tests: from now on (on = 1) every pass's time counts as spent as soon
+ * as it starts, in every loop of the process, as on a loaded machine:
+ * comms move their minimum per wakeup and each pass starts one TLS
+ * handshake step. 0: measured again. Any thread. */
+void tw__pass_spend(int on);
 /* Keep the first iovecs of iov[0..k-1] that hold at most cap bytes (cap >
  * 0): the count left. A comm asks the kernel for no more than its
  * allowance: one recv or writev of a socket buffer moves megabytes, and

@@ -22,6 +22,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/pass.h"
 #include "transport/comm_impl.h"
 #include "transport/stream_comm.h"
 #include "transport/tls_config.h"
@@ -395,10 +396,46 @@ struct handshake {
 	struct sockaddr_storage peer; /* server: the client, as accept gave it */
 	int has_peer;
 	struct tw__uri uri;
+	/* In its context's queue of steps waiting for a pass (hs_queue). */
+	struct handshake *qnext, **qprev;
 };
+
+/* Handshake steps waiting for a pass with time for them (tw__pass_step):
+ * a context's queue, in the order they came, run by a timer on the next
+ * pass. A step waits here whatever woke it (the socket readable or
+ * writable, the start of a connect or accept), so it never depends on
+ * epoll reporting the socket again, and once the queue holds one, every
+ * step waits behind it: a step woken later cannot overtake. */
+struct hs_queue {
+	struct event *ev;
+	struct handshake *head, **tail;
+};
+
+static void q_release(void *state)
+{
+	struct hs_queue *q = state;
+	/* the handshakes went first (kill_hs): none is left in it */
+	tw__event_free(q->ev);
+	free(q);
+}
+
+static const struct tw__ext_ops queue_ops = {.release = q_release};
+
+static void q_unlink(struct handshake *h)
+{
+	if (h->qprev == NULL)
+		return;
+	*h->qprev = h->qnext;
+	if (h->qnext != NULL)
+		h->qnext->qprev = h->qprev;
+	else
+		((struct hs_queue *)tw__ctx_ext(h->ctx, &queue_ops))->tail = h->qprev;
+	h->qnext = NULL, h->qprev = NULL;
+}
 
 static void hs_free(struct handshake *h)
 {
+	q_unlink(h);
 	tw__event_free(h->ev);
 	SSL_free(h->ssl);
 	if (h->fd >= 0)
@@ -508,20 +545,27 @@ static void hs_reason(SSL *ssl, int r, char *why, size_t len)
 		snprintf(why + n, len - n, " (%s)", X509_verify_cert_error_string(v));
 }
 
-static void hs_step(evutil_socket_t fd, short what, void *arg)
+/* Nothing (or not enough) came back: say which clock ended it. */
+static void hs_timed_out(struct handshake *h)
 {
-	struct handshake *h = arg;
+	char why[256];
+	snprintf(why, sizeof(why), "timed out: no handshake within %u ms (the %s)",
+		 (unsigned)(h->by_connect ? h->ctx->limits.connect_timeout_ms : h->timeout_ms),
+		 h->by_connect ? "connect timeout" : "TLS handshake timeout");
+	hs_report(h, TW_ETIMEDOUT, why);
+}
+
+static void hs_step(evutil_socket_t fd, short what, void *arg);
+
+/* One step: as far as OpenSSL gets without blocking, then the wait for
+ * the socket, the comm, or the failure. */
+static void hs_run(struct handshake *h)
+{
 	struct timeval left;
 	char why[256];
 	int r, e;
-	(void)fd;
-	if ((what & EV_TIMEOUT) || !remaining(h, &left)) {
-		/* nothing (or not enough) came back: say which clock ended it */
-		snprintf(why, sizeof(why), "timed out: no handshake within %u ms (the %s)",
-			 (unsigned)(h->by_connect ? h->ctx->limits.connect_timeout_ms
-						  : h->timeout_ms),
-			 h->by_connect ? "connect timeout" : "TLS handshake timeout");
-		hs_report(h, TW_ETIMEDOUT, why);
+	if (!remaining(h, &left)) {
+		hs_timed_out(h);
 		return;
 	}
 	io_begin();
@@ -539,6 +583,76 @@ static void hs_step(evutil_socket_t fd, short what, void *arg)
 	}
 	hs_reason(h->ssl, r, why, sizeof(why));
 	hs_report(h, e == SSL_ERROR_SSL ? TW_ETLS : TW_EIO, why);
+}
+
+static void q_arm(struct hs_queue *q)
+{
+	static const struct timeval next = {0, TW__PASS_NEXT_US};
+	if (q->head != NULL && !event_pending(q->ev, EV_TIMEOUT, NULL))
+		event_add(q->ev, &next);
+}
+
+/* A pass after steps waited: they start in their order, the first at
+ * least (tw__pass_step); one whose time is up ends now, as no step. */
+static void q_run(evutil_socket_t fd, short what, void *arg)
+{
+	tw_context *ctx = arg;
+	struct hs_queue *q = tw__ctx_ext(ctx, &queue_ops);
+	struct timeval left;
+	(void)fd;
+	(void)what;
+	while (q->head != NULL) {
+		struct handshake *h = q->head;
+		if (remaining(h, &left) && !tw__pass_step(ctx->base))
+			break;
+		q_unlink(h);
+		hs_run(h); /* the callbacks it runs may add steps, or free some */
+	}
+	q_arm(q);
+}
+
+/* ctx's queue, made on first use; NULL without memory. */
+static struct hs_queue *q_of(tw_context *ctx)
+{
+	struct hs_queue *q = tw__ctx_ext(ctx, &queue_ops);
+	if (q != NULL)
+		return q;
+	if ((q = calloc(1, sizeof(*q))) == NULL)
+		return NULL;
+	q->tail = &q->head;
+	if ((q->ev = event_new(ctx->base, -1, 0, q_run, ctx)) == NULL ||
+	    tw__ctx_set_ext(ctx, &queue_ops, q) != 0) {
+		tw__event_free(q->ev);
+		free(q);
+		return NULL;
+	}
+	return q;
+}
+
+/* The socket is ready, or the handshake starts: a step now if this pass
+ * has time for it and none waits before it, else one in its turn. */
+static void hs_step(evutil_socket_t fd, short what, void *arg)
+{
+	struct handshake *h = arg;
+	struct hs_queue *q = tw__ctx_ext(h->ctx, &queue_ops);
+	(void)fd;
+	if (what & EV_TIMEOUT) {
+		hs_timed_out(h);
+		return;
+	}
+	if ((q == NULL || q->head == NULL) && tw__pass_step(h->ctx->base)) {
+		hs_run(h);
+		return;
+	}
+	if (q == NULL && (q = q_of(h->ctx)) == NULL) {
+		hs_run(h); /* no memory to wait in: a step now */
+		return;
+	}
+	h->qnext = NULL;
+	h->qprev = q->tail;
+	*q->tail = h;
+	q->tail = &h->qnext;
+	q_arm(q);
 }
 
 /* Names get SNI and, when configured, a host name check; IP addresses
