@@ -7,11 +7,14 @@
 #include <string.h>
 
 #include <check.h>
+#include <event2/event.h>
 #include <openssl/err.h>
 
 #include "tests/check_tls.h"
+#include "tests/support/pattern.h"
 #include "tests/support/tls.h"
 #include "tests/support/suite.h"
+#include "tests/support/ws.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -47,9 +50,78 @@ START_TEST(stale_openssl_errors)
 }
 END_TEST
 
+/* Drippers over TLS (breaker b4, session 13, as check_tcp's
+ * receive_budget_small_drippers_do_not_hold_the_pass): TD_N raw TLS peers
+ * each declare a 1 MiB message, send half of it as fast as the server
+ * reads (what the socket takes, each tick), then drip 64 bytes a tick
+ * (6.4 KB/s: their rest would take 80 s) inside TLS records; they fill the
+ * 2 MiB receive budget and have fewer bytes to come than an honest 3 MiB
+ * message from a taskwire client, which must still be echoed whole and
+ * byte-identical while they drip (drippers count as furthest from done
+ * once seen moving less than 64 KiB per 100 ms). None is cut or
+ * delivered. The tick paces the peers; no assertion depends on it, and
+ * the watchdog is the honest comm's own bytes. */
+#define TD_N     4
+#define TD_TICK  10 /* ms */
+#define TD_BURST (MiB / 2)
+
+static uint64_t tls_received(const struct tu_peer *p)
+{
+	tw_stats st;
+	tw_comm_stats(p->comm, &st, sizeof(st));
+	return st.bytes_received;
+}
+
+static int tls_drippers_hold(void *arg)
+{
+	const struct wu_drip *d = arg;
+	uint64_t n = 0;
+	for (int i = 0; i < d->n; i++)
+		n += tls_received(d->sp[i]);
+	return n >= TD_N * (uint64_t)TD_BURST;
+}
+
+START_TEST(drippers_do_not_hold_the_pass)
+{
+	struct tu h;
+	struct wu_drip d;
+	struct tu_peer *cli, *srv;
+	size_t lens[] = {3 * MiB};
+	char uri[sizeof(h.addr)];
+	uint64_t used;
+	memset(&d, 0, sizeof(d));
+	tt_init(&h);
+	h.sopts.echo = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 2 * MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tls://127.0.0.1:0"), 0);
+	ck_assert(strncmp(h.addr, "tls://", 6) == 0);
+	memcpy(uri, "wss", 3); /* wu_raw_connect: TLS alone, no upgrade */
+	memcpy(uri + 3, h.addr + 3, sizeof(h.addr) - 3);
+	wu_drip_stream(&d, MiB, TD_BURST, 21);
+	wu_drip_start(&h, &d, uri, TD_N, TD_TICK);
+	ck_assert_msg(tu_run_until(&h, tls_drippers_hold, &d, TU_WAIT_MS),
+		      "the drippers never filled the budget");
+	ck_assert_int_eq(tw_context_receive_budget_bytes(h.ctx, NULL, &used), 0);
+	ck_assert_uint_ge(used, 2 * MiB - TD_BURST); /* full, but for a dripper's step */
+	ck_assert_int_eq(tu_connect(&h, h.addr, &cli), 0);
+	cli->keep = 1;
+	ck_assert_ptr_nonnull(srv = tu_server_peer(&h, TD_N));
+	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, 1, 23)), 0);
+	wu_wait_msg_moving(&h, cli, srv, TU_WAIT_MS);
+	ck_assert(ts_msg_matches(cli->msgs[0], lens, 1, 23));
+	ck_assert_int_eq(cli->closed, 0);
+	for (int i = 0; i < TD_N; i++) { /* none cut, none delivered */
+		ck_assert_int_eq(d.sp[i]->closed, 0);
+		ck_assert_uint_eq(d.sp[i]->nmsgs, 0);
+	}
+	wu_drip_stop(&d);
+	tt_fini(&h);
+}
+END_TEST
+
 TCase *tls_echo_tcase(void)
 {
-	return ts_tcase("echo", 120, TS_TESTS(stale_openssl_errors));
+	return ts_tcase("echo", 120, TS_TESTS(stale_openssl_errors, drippers_do_not_hold_the_pass));
 }
 
 /* Frames over 2^31 bytes over TLS, out and back: (a) one frame of 3 GiB + 5 bytes (more

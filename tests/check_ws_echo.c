@@ -213,9 +213,8 @@ START_TEST(fragment_drippers_do_not_hold_the_pass)
 	const size_t *lens = _i & 2 ? mid : one;
 	size_t nlens = _i & 2 ? 3 : 1;
 	uint8_t *frag = malloc(64 * 1024 + FD_HEAD);
-	uint64_t two = htole64(2), seen = 0;
+	uint64_t two = htole64(2);
 	struct timeval tv = {0, FD_TICK_MS * 1000};
-	long long last;
 	ck_assert_ptr_nonnull(frag);
 	memset(&d, 0, sizeof(d));
 	wu_init(&h, scheme);
@@ -254,18 +253,7 @@ START_TEST(fragment_drippers_do_not_hold_the_pass)
 	ck_assert_int_eq(tw_comm_write(cli->comm, ts_msg_pattern(lens, nlens, 3)), 0);
 	/* the watchdog: the honest message's bytes, read by the server and
 	 * echoed back to the client, stop moving for WU_WAIT_MS */
-	last = ts_now_ms();
-	while (cli->nmsgs == 0) {
-		uint64_t now = peer_received(srv) + peer_received(cli);
-		if (now != seen)
-			last = ts_now_ms();
-		seen = now;
-		ck_assert_msg(ts_now_ms() - last < WU_WAIT_MS,
-			      "the honest message stalled: %llu bytes read by the server and the "
-			      "client",
-			      (unsigned long long)now);
-		event_base_loop(h.base, EVLOOP_ONCE);
-	}
+	wu_wait_msg_moving(&h, cli, srv, WU_WAIT_MS);
 	ck_assert(ts_msg_matches(cli->msgs[0], lens, nlens, 3));
 	ck_assert_int_eq(cli->closed, 0);
 	event_free(d.ev);

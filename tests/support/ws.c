@@ -20,6 +20,7 @@
 
 #include "tests/support/tran.h"
 #include "tests/support/ws.h"
+#include "transport/stream_codec.h"
 
 static const uint8_t KEY[4] = {0x37, 0xfa, 0x21, 0x3d};
 
@@ -251,6 +252,85 @@ size_t wu_raw_send(struct wu_raw *r, const void *p, size_t n)
 		}
 	}
 	return done;
+}
+
+static void drip_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct wu_drip *d = arg;
+	(void)fd;
+	(void)what;
+	for (int i = 0; i < d->n; i++) { /* over TLS a write it could not finish goes again */
+		ssize_t k;
+		if (d->sp[i]->closed)
+			continue;
+		if (d->off[i] < d->blen) {
+			k = wu_raw_write(&d->r[i], d->burst + d->off[i], d->blen - d->off[i]);
+			d->off[i] += k > 0 ? (size_t)k : 0;
+		} else {
+			(void)wu_raw_write(&d->r[i], d->chunk, d->clen);
+		}
+	}
+}
+
+void wu_drip_start(struct tu *h, struct wu_drip *d, const char *uri, int n, int tick_ms)
+{
+	struct timeval tv = {0, tick_ms * 1000};
+	ck_assert_int_le(n, WU_DRIP_MAX);
+	d->n = n;
+	for (int i = 0; i < n; i++) {
+		d->off[i] = 0;
+		wu_raw_connect(h, uri, &d->r[i]);
+		ck_assert_ptr_nonnull(d->sp[i] = tu_server_peer(h, (size_t)i));
+	}
+	ck_assert_ptr_nonnull(d->ev = event_new(h->base, -1, EV_PERSIST, drip_tick, d));
+	ck_assert_int_eq(event_add(d->ev, &tv), 0);
+}
+
+void wu_drip_stream(struct wu_drip *d, uint64_t declared, size_t n, unsigned seed)
+{
+	tw_slice f = {NULL, 0, declared};
+	size_t head = tw__stream_prelude_bytes(1);
+	ck_assert_ptr_nonnull(d->own = malloc(head + n));
+	tw__stream_encode_prelude(&f, 1, d->own);
+	ts_fill(d->own + head, n, seed);
+	ts_fill(d->own_chunk, sizeof(d->own_chunk), seed + 1);
+	d->burst = d->own;
+	d->blen = head + n;
+	d->chunk = d->own_chunk;
+	d->clen = sizeof(d->own_chunk);
+}
+
+void wu_drip_stop(struct wu_drip *d)
+{
+	event_free(d->ev);
+	for (int i = 0; i < d->n; i++)
+		wu_raw_close(&d->r[i]);
+	free(d->own);
+	d->own = NULL;
+}
+
+static uint64_t comm_received(const struct tu_peer *p)
+{
+	tw_stats st;
+	tw_comm_stats(p->comm, &st, sizeof(st));
+	return st.bytes_received;
+}
+
+void wu_wait_msg_moving(struct tu *h, struct tu_peer *cli, struct tu_peer *srv, int ms)
+{
+	long long last = ts_now_ms();
+	uint64_t seen = 0;
+	while (cli->nmsgs == 0) {
+		uint64_t now = comm_received(srv) + comm_received(cli);
+		if (now != seen)
+			last = ts_now_ms();
+		seen = now;
+		ck_assert_msg(ts_now_ms() - last < ms,
+			      "the honest message stalled: %llu bytes read by the server and the "
+			      "client",
+			      (unsigned long long)now);
+		event_base_loop(h->base, EVLOOP_ONCE);
+	}
 }
 
 void wu_raw_send_hex(struct wu_raw *r, const char *hex)

@@ -110,6 +110,33 @@ int wu_raw_read_eof(struct wu_raw *r, int ms);
 int wu_raw_read_n(struct wu_raw *r, size_t n, int ms);
 void wu_raw_close(struct wu_raw *r);
 
+/* Drippers (the receive budget's tests): n raw peers (wu_raw_connect:
+ * tcp, or TLS alone with a wss:// uri) that each send `burst` as the
+ * socket takes it, then `chunk` every tick, for ever; the server comm of
+ * peer i is sp[i] (the listener's i-th). A peer whose server comm closed
+ * sends no more. The tick paces them; a test asserts nothing on it. */
+#define WU_DRIP_MAX 8
+struct wu_drip {
+	int n;
+	struct wu_raw r[WU_DRIP_MAX];
+	struct tu_peer *sp[WU_DRIP_MAX];
+	const uint8_t *burst, *chunk;
+	size_t blen, clen, off[WU_DRIP_MAX];
+	struct event *ev;
+	uint8_t *own; /* wu_drip_stream's burst, freed by wu_drip_stop */
+	uint8_t own_chunk[64];
+};
+/* Set d's burst to the head of a one-frame tcp/tls message of `declared`
+ * bytes and its first n bytes (ts_fill, seed), and its chunk to 64 more. */
+void wu_drip_stream(struct wu_drip *d, uint64_t declared, size_t n, unsigned seed);
+void wu_drip_start(struct tu *h, struct wu_drip *d, const char *uri, int n, int tick_ms);
+/* Stop the tick, close the peers, free what wu_drip_stream made. */
+void wu_drip_stop(struct wu_drip *d);
+/* Drive the loop until cli has received a message; fails when the bytes
+ * srv and cli have read together stop moving for ms (the watchdog of a
+ * test whose drippers keep the loop busy, so tu_run_until's never fires). */
+void wu_wait_msg_moving(struct tu *h, struct tu_peer *cli, struct tu_peer *srv, int ms);
+
 /* Fake server (for the taskwire client). */
 
 enum wu_fake_mode {
