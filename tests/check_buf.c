@@ -449,6 +449,68 @@ START_TEST(budget_rules)
 }
 END_TEST
 
+static int cuts;
+
+static void on_cut(struct tw__claim *c)
+{
+	(void)c;
+	cuts++;
+}
+
+/* Passers replaced because they drip keep what they hold, but not past
+ * the limit and tw__budget_past_bytes together: when a new pass would
+ * start on top of more than that, the slow holder holding the most is cut
+ * (its bytes given back at once, cut_off called, and it asks in vain
+ * until released); under that bound nobody is cut (breaker17 b17-5). */
+START_TEST(budget_cuts_slow_hoarders)
+{
+	struct tw__budget b;
+	struct tw__claim c[3];
+	uint64_t mib = (uint64_t)1 << 20;
+	memset(c, 0, sizeof(c));
+	for (int i = 0; i < 3; i++) {
+		c[i].granted = on_granted;
+		c[i].cut_off = on_cut;
+	}
+	cuts = 0;
+	tw__budget_init(&b, 8 * mib);
+	ck_assert_uint_eq(tw__budget_past_bytes(&b), 4 * mib); /* at least 4 MiB */
+	/* under the bound: c0 is replaced as passer and keeps its 10 MiB */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10 * mib, 100 * mib), 0); /* alone */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, mib), TW_EAGAIN);
+	tw__budget_pass(&b); /* c0 moved nothing in the interval: slow */
+	ck_assert_int_eq(c[0].slow, 1);
+	ck_assert_ptr_eq(b.passer, &c[1]);
+	ck_assert_uint_eq(c[0].held, 10 * mib);
+	ck_assert_int_eq(cuts, 0);
+	/* c1 goes on past the limit to 12 MiB, then drips: a new pass would
+	 * start on 22 MiB, 14 past the limit; the largest slow holder (c1) is
+	 * cut, which leaves 2 MiB past it, within the 4 MiB: c0 keeps its
+	 * 10 MiB and c2 passes */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 11 * mib, 100 * mib), 0);
+	ck_assert_uint_eq(b.used, 22 * mib);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], mib, mib), TW_EAGAIN);
+	tw__budget_pass(&b);
+	ck_assert_int_eq(cuts, 1);
+	ck_assert_int_eq(c[1].cut, 1);
+	ck_assert_uint_eq(c[1].held, 0);
+	ck_assert_int_eq(c[0].cut, 0);
+	ck_assert_uint_eq(c[0].held, 10 * mib);
+	ck_assert_ptr_eq(b.passer, &c[2]);
+	ck_assert_uint_eq(c[2].held, mib);
+	ck_assert_uint_eq(b.used, 11 * mib);
+	/* a cut claim asks in vain, and does not wait, until released */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, mib), TW_EAGAIN); /* cut: in vain */
+	ck_assert_ptr_null(c[1].next);                                        /* and not waiting */
+	for (int i = 0; i < 3; i++)
+		tw__budget_release(&b, &c[i]);
+	ck_assert_int_eq(c[1].cut, 0); /* released: it may ask again */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, mib), 0);
+	tw__budget_release(&b, &c[1]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
 /* The block cache counts in the receive budget: a reservation that fits
  * only without the cache's pages trims the cache and is granted; while a
  * comm waits, released large blocks are not cached. */
@@ -804,13 +866,13 @@ END_TEST
 
 int main(void)
 {
-	TCase *blocks = ts_tcase("blocks", 0,
-				 TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free,
-					  block_bad_args, block_wrap_release_once,
-					  block_wrap_empty_and_no_release, block_cache,
-					  block_cache_stats, block_lazy_commit, block_commit_rlimit,
-					  slice_data, block_free_unmaps_off_thread, budget_rules,
-					  budget_counts_block_cache, budget_bounds_cache_put));
+	TCase *blocks = ts_tcase(
+		"blocks", 0,
+		TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free, block_bad_args,
+			 block_wrap_release_once, block_wrap_empty_and_no_release, block_cache,
+			 block_cache_stats, block_lazy_commit, block_commit_rlimit, slice_data,
+			 block_free_unmaps_off_thread, budget_rules, budget_cuts_slow_hoarders,
+			 budget_counts_block_cache, budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

@@ -20,6 +20,7 @@
 #include "tests/check_tcp.h"
 #include "tests/support/harness.h"
 #include "tests/support/suite.h"
+#include "tests/support/ws.h"
 #include "transport/stream_codec.h"
 
 #define KiB ((size_t)1 << 10)
@@ -583,6 +584,84 @@ START_TEST(receive_budget_small_drippers_do_not_hold_the_pass)
 }
 END_TEST
 
+/* Pass hoarders (breaker17 b17-5, session 14): NHOARD raw peers each
+ * declare a 32 MiB message, send 4 MiB of it as fast as the server reads
+ * (what the socket takes, each tick) and then drip 64 bytes a tick.
+ * Through a 1 MiB budget each goes on as passer in turn, and is replaced
+ * once it drips; a replaced passer kept all it received, so they piled up
+ * past the budget (before: about 8 MiB each, 4 MiB received and a step
+ * ahead; 10 such peers held 680 MiB through 16 MiB in breaker17's run).
+ * Now, before a new pass starts on top of more than
+ * tw__budget_past_bytes (4 MiB here) past the budget, the slow holder
+ * holding the most is cut: what is reserved stays within the budget,
+ * those 4 MiB, and the passer's message as far as it came (4 MiB and a
+ * 4 MiB step); the hoarders cut (all but the last passer at least) end
+ * with the budget's reason, and an honest 2 MiB message is echoed whole. The tick paces the peers;
+ * no assertion depends on it. */
+#define NHOARD      6
+#define HOARD_BURST (4 * MiB)
+
+static int hoarders_cut(const struct wu_drip *d)
+{
+	int n = 0;
+	for (int i = 0; i < d->n; i++)
+		n += d->sp[i]->closed;
+	return n;
+}
+
+START_TEST(receive_budget_pass_hoarders_are_cut)
+{
+	struct tu h;
+	struct wu_drip d;
+	struct honest o;
+	uint64_t bound = MiB + 4 * MiB + HOARD_BURST + 4 * MiB, max_used = 0, seen = 0;
+	long long last;
+	memset(&d, 0, sizeof(d));
+	tu_init(&h);
+	h.sopts.echo = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	wu_drip_stream(&d, 32 * MiB, HOARD_BURST, 12);
+	wu_drip_start(&h, &d, h.addr, NHOARD, DRIP_TICK_MS);
+	/* all but one cut (the last passer may have nobody to hand over to);
+	 * the watchdog: the hoarders' bytes read by the server stop moving */
+	last = ts_now_ms();
+	while (hoarders_cut(&d) < NHOARD - 1) {
+		uint64_t used = budget_used(&h), now = 0;
+		for (int i = 0; i < NHOARD; i++)
+			now += d.sp[i]->closed ? 0 : received(d.sp[i]);
+		max_used = used > max_used ? used : max_used;
+		ck_assert_msg(used <= bound, "%llu bytes reserved through a 1 MiB budget, %d cut",
+			      (unsigned long long)used, hoarders_cut(&d));
+		if (now != seen)
+			last = ts_now_ms();
+		seen = now;
+		ck_assert_msg(ts_now_ms() - last < TU_WAIT_MS, "the hoarders stalled, %d cut",
+			      hoarders_cut(&d));
+		event_base_loop(h.base, EVLOOP_ONCE);
+	}
+	/* an honest message goes on (the last hoarder is cut for it when it
+	 * holds too much past the budget by then) */
+	honest_send(&h, &o, 2 * MiB, 14, NHOARD);
+	honest_wait_echo(&h, &o);
+	ck_assert_int_ge(hoarders_cut(&d), NHOARD - 1);
+	for (int i = 0; i < NHOARD; i++) {
+		ck_assert_uint_eq(d.sp[i]->nmsgs, 0);
+		if (!d.sp[i]->closed)
+			continue;
+		ck_assert_int_eq(d.sp[i]->close_err, TW_ETIMEDOUT);
+		ck_assert_msg(strstr(d.sp[i]->last_error, "cut by the receive budget") != NULL,
+			      "%s", d.sp[i]->last_error);
+	}
+	ck_assert_uint_eq(o.sp->nmsgs, 1);
+	ck_assert_int_eq(o.sp->closed, 0);
+	ck_assert_uint_le(max_used, bound);
+	wu_drip_stop(&d);
+	honest_free(&o);
+	tu_fini(&h);
+}
+END_TEST
+
 START_TEST(budget_setters)
 {
 	struct tu h;
@@ -606,5 +685,6 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_crowd, receive_budget_drippers_hold_what_they_sent,
 				 receive_budget_full_of_drippers_passes_nearest_done,
 				 receive_budget_small_drippers_do_not_hold_the_pass,
+				 receive_budget_pass_hoarders_are_cut,
 				 write_budget_refuses_then_drains, budget_setters));
 }

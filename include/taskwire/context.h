@@ -264,8 +264,16 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * limit is received (what Dask sends is never refused, only queued), and
  * peers that drip their messages (whatever they declare, in whatever
  * fragments) cannot hold back a message that moves, even when the bytes
- * they sent fill the budget. Past the budget the passers hold at most one
- * message and one step (up to 4 MiB) for each pass handed over. A paused comm's peer keeps its
+ * they sent fill the budget. A message replaced as passer keeps what it
+ * received; but before a pass starts on top of more than an eighth of the
+ * budget (at least 4 MiB) reserved past it, the comm of the message seen
+ * dripping that holds the most is cut (ends with TW_ETIMEDOUT, over ws
+ * and wss close 1008, and tw_comm_last_error says "message cut by the
+ * receive budget"), as many as it takes: so what is reserved stays within
+ * the budget, that eighth, and the one message passing (up to the message
+ * limit). A budget far too small for the traffic can so cut honest peers
+ * that pause in the middle of a message (60 peers sending 1 MiB messages
+ * with a 2 s pause half-way through a 4 MiB budget: 18 cut). A paused comm's peer keeps its
  * bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here) ends the connection
  * there, so size the budget for the traffic (a comm waits about budget / throughput at most).
  * Messages up to the small-frame size (64 KiB) reserve nothing: they keep flowing while large ones

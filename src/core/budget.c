@@ -171,6 +171,61 @@ static void set_passer(struct tw__budget *b, struct tw__claim *c)
 	b->may_pass = 0;
 }
 
+uint64_t tw__budget_past_bytes(const struct tw__budget *b)
+{
+	return b->limit / 8 > TW__BUDGET_PAST_BYTES ? b->limit / 8 : TW__BUDGET_PAST_BYTES;
+}
+
+/* c holds nothing and waits for nothing any more; a passer's pass ends. */
+static void drop(struct tw__budget *b, struct tw__claim *c)
+{
+	unwait(c);
+	c->want = 0;
+	if (b->passer == c) { /* its bytes come back: a pass starts afresh */
+		b->passer = NULL;
+		b->may_pass = 0;
+	}
+	if (c->held > 0) {
+		b->used -= c->held;
+		c->held = 0;
+		c->hprev->hnext = c->hnext;
+		c->hnext->hprev = c->hprev;
+		c->hnext = c->hprev = NULL;
+		publish(b);
+	}
+}
+
+/* The slow holder (seen dripping) that holds the most, other than c. */
+static struct tw__claim *largest_slow(struct tw__budget *b, const struct tw__claim *c)
+{
+	struct tw__claim *best = NULL;
+	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
+		if (h->slow && h != c && (best == NULL || h->held > best->held))
+			best = h;
+	return best;
+}
+
+/* A new pass is about to start for c, past the limit: the messages
+ * replaced as passers before it kept what they received (each up to its
+ * whole message), so pass after pass they piled up past the limit: 10
+ * peers that each sent 64 MiB of a 256 MiB message as fast as they were
+ * read, and then dripped, held 680 MiB through a 16 MiB budget (breaker17
+ * b17-5, session 14). While what is reserved passes the limit by more
+ * than tw__budget_past_bytes, the slow holder that holds the most is cut
+ * (its comm ends, as for a peer below the minimum receive rate: it has
+ * dripped while holding memory past the budget), so that memory stays
+ * within the limit, that much more, and the one message passing. */
+static void cut_hoarders(struct tw__budget *b, const struct tw__claim *c)
+{
+	struct tw__claim *h;
+	while (b->used > b->limit + tw__budget_past_bytes(b) && (h = largest_slow(b, c)) != NULL) {
+		drop(b, h);
+		h->cut = 1;
+		if (h->cut_off != NULL)
+			h->cut_off(h);
+	}
+}
+
 /* The waiter whose message will give its bytes back soonest: the fewest
  * bytes still to come, the oldest among equals. Past a full budget it is
  * the one to pass, whether it holds bytes or not: passing the oldest
@@ -260,7 +315,9 @@ static void pass(struct tw__budget *b, struct tw__claim *self)
 				      nearer_holder(b, c))
 			return;
 	}
-	set_passer(b, c);
+	cut_hoarders(b, c);
+	if (!fits(b, c->want)) /* else the cuts made room: no pass needed */
+		set_passer(b, c);
 	make_room(b, need_for(b, c->want));
 	admit_one(b, c, self);
 }
@@ -328,7 +385,7 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 
 int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes, uint64_t rest)
 {
-	if (waiting(c))
+	if (waiting(c) || c->cut) /* a cut claim asks in vain until released */
 		return TW_EAGAIN;
 	if (c == b->passer) { /* to its end, fitting or not; it moves */
 		make_room(b, need_for(b, bytes));
@@ -342,7 +399,7 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 	c->skips = 0;
 	enqueue(&b->wait, c);
 	admit(b, c);
-	return waiting(c) ? TW_EAGAIN : 0;
+	return waiting(c) || c->cut ? TW_EAGAIN : 0;
 }
 
 void tw__budget_moved(struct tw__budget *b, struct tw__claim *c, uint64_t got)
@@ -356,23 +413,11 @@ void tw__budget_moved(struct tw__budget *b, struct tw__claim *c, uint64_t got)
 
 void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 {
-	unwait(c);
-	c->want = 0;
+	drop(b, c);
 	c->got = c->got_mark = 0; /* the next message counts from 0 */
 	c->slow = 0;
-	if (b->passer == c) { /* its bytes come back: a pass starts afresh */
-		b->passer = NULL;
-		b->may_pass = 0;
-	}
+	c->cut = 0;
 	b->progress++;
-	if (c->held > 0) {
-		b->used -= c->held;
-		c->held = 0;
-		c->hprev->hnext = c->hnext;
-		c->hnext->hprev = c->hprev;
-		c->hnext = c->hprev = NULL;
-		publish(b);
-	}
 	admit(b, NULL);
 }
 

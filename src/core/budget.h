@@ -32,6 +32,13 @@ struct tw__claim {
 	 * tw__budget_release or the setter: it must only schedule work (an
 	 * event), never run the comm's callbacks. */
 	void (*granted)(struct tw__claim *c);
+	/* Cut by the receive budget (a slow holder, while the bytes past
+	 * the limit would pass TW__BUDGET_PAST_BYTES): what it held is given
+	 * back at once, it asks in vain (TW_EAGAIN, never granted) until
+	 * released, and cut_off runs, as granted does (schedule the comm's
+	 * end, never run it). NULL: nobody is told (tests). */
+	int cut;
+	void (*cut_off)(struct tw__claim *c);
 };
 
 /* The receive budget. Messages reserve their bytes as they arrive, a
@@ -92,6 +99,11 @@ struct tw__budget {
 /* A holder that moves less than this in a pass interval is slow (see
  * tw__budget_pass in budget.c). */
 #define TW__BUDGET_MOVING_BYTES ((uint64_t)64 << 10)
+/* What the messages replaced as passer may hold past the limit,
+ * together, when a new pass starts: an eighth of the limit, at least
+ * this many bytes (see pass() in budget.c). */
+#define TW__BUDGET_PAST_BYTES ((uint64_t)4 << 20)
+uint64_t tw__budget_past_bytes(const struct tw__budget *b);
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);
 /* Reserve `bytes` more for c, whose message has `rest` bytes still to

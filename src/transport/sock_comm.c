@@ -10,6 +10,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/context.h"
 #include "core/msg.h"
 #include "core/pass.h"
 #include "transport/comm_budget.h"
@@ -56,8 +57,31 @@ static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
 	int busy = s->reading && s->hooks->open(s) && s->hooks->rx_busy(s);
 	(void)fd;
 	(void)what;
+	if (s->base.rx_claim.cut) { /* rx_cut: its message ends the comm */
+		if (s->hooks->open(s))
+			s->hooks->too_slow(s);
+		return;
+	}
 	if (tw__comm_rate_due(&s->base, busy, s->fd))
 		s->hooks->too_slow(s);
+}
+
+/* The receive budget cut this comm's message (core/budget.c,
+ * cut_hoarders): it dripped while the bytes past the budget were too
+ * many. End the comm from the loop (this runs inside the budget), as for
+ * a peer below the minimum receive rate, with the reason. */
+static void rx_cut(struct tw__claim *claim)
+{
+	struct tw__sock *s =
+		(struct tw__sock *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
+	const struct tw__budget *b = &s->base.ctx->rbudget;
+	tw__comm_seterr(&s->base,
+			"message cut by the receive budget (%llu bytes): its peer slowed to a "
+			"drip after %llu bytes while messages held more than %llu bytes past "
+			"the budget",
+			(unsigned long long)b->limit, (unsigned long long)claim->got,
+			(unsigned long long)tw__budget_past_bytes(b));
+	event_active(s->base.rate.ev, EV_TIMEOUT, 0);
 }
 
 /* The receive budget has room for the next bytes: read on, from the loop
@@ -102,6 +126,7 @@ int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
 	tw__comm_init(&s->base, ops, ctx);
 	s->base.linger.ev = s->timer;
 	s->base.rx_claim.granted = rx_granted;
+	s->base.rx_claim.cut_off = rx_cut;
 	tw__comm_set_addresses(&s->base, fd, scheme);
 	return 0;
 }
