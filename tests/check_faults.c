@@ -168,18 +168,6 @@ static void ff_end(struct ff *f)
 	ff_fini(f);
 }
 
-/* echo(data=<n pattern bytes, out of band>): the reply is the bytes. */
-static tw_msg *echo_bytes(size_t n, unsigned seed)
-{
-	tw_slice s = ts_pattern_slice(n, seed);
-	tw_builder *b = rq_begin("echo", 1);
-	tw_msg *m;
-	rq_bytes(b, "data", &s);
-	m = rq_end(b);
-	tw_block_free(s.block);
-	return m;
-}
-
 static void assert_echo(const struct rc *rc, size_t n, unsigned seed)
 {
 	const uint8_t *p;
@@ -301,7 +289,8 @@ START_TEST(pool_fault_mid_call)
 	ff_init(&f, _i % 4, &o);
 	if (c->warm)
 		warm(&f, 64 * KiB);
-	call_fails(&f, echo_bytes(MiB, c->seed), c->ms != 0 ? dl(c->ms) : FAR_MS, c->want, c->what);
+	call_fails(&f, rq_echo_pattern(MiB, c->seed), c->ms != 0 ? dl(c->ms) : FAR_MS, c->want,
+		   c->what);
 	if (c->warm)
 		assert_stalled(&f);
 	else
@@ -324,7 +313,7 @@ START_TEST(pool_delay_throttle)
 	const struct fp_opts *carry[] = {&d, &th}; /* seeds 8 and 9 */
 	for (unsigned k = 0; k < 2; k++) {
 		ff_init(&f, _i, carry[k]);
-		rc_start(f.pool, f.via, echo_bytes(MiB, 8 + k), WAIT_MS, &rc);
+		rc_start(f.pool, f.via, rq_echo_pattern(MiB, 8 + k), WAIT_MS, &rc);
 		ck_assert(run_until_abs(&f.h, rc_is_done, &rc, WAIT_MS + 1000));
 		assert_echo(&rc, MiB, 8 + k);
 		rc_clear(&rc);
@@ -334,7 +323,7 @@ START_TEST(pool_delay_throttle)
 
 	ff_init(&f, _i, &slow);
 	warm(&f, 0);
-	call_fails(&f, echo_bytes(MiB, 10), 500, TW_ETIMEDOUT, "throttled");
+	call_fails(&f, rq_echo_pattern(MiB, 10), 500, TW_ETIMEDOUT, "throttled");
 	ck_assert_uint_gt(f.px.moved[0], 0);
 	ff_end(&f);
 }

@@ -537,21 +537,13 @@ START_TEST(server_reply_backpressure)
 	rs_start(&f.s, sctx, f.h.base, "tcp://127.0.0.1:0");
 	ck_assert_int_eq(tw_pool_new(f.h.ctx, &f.pool), 0);
 	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
-	for (unsigned i = 0; i < 3; i++) {
-		tw_slice data = ts_pattern_slice(n, i);
-		tw_builder *b = rq_begin("echo", 1);
-		rq_bytes(b, "data", &data);
-		tw_block_free(data.block);
-		rw_send(&w, rq_end(b));
-	}
+	for (unsigned i = 0; i < 3; i++)
+		rw_send(&w, rq_echo_pattern(n, i));
 	rw_send(&w, echo_close("closing"));
 	for (unsigned i = 0; i < 3; i++) {
 		const tw_decoded *d = rw_msg(&w, i);
-		const tw_payload *pl;
 		ck_assert_msg(d != NULL, "reply %u missing", i);
-		pl = tw_decoded_payload(d, tw_decoded_root(d));
-		ck_assert(pl != NULL && pl->nframes == 1 && pl->frames[0].len == n);
-		ck_assert_int_eq(ts_check(tw_slice_data(&pl->frames[0]), n, i), -1);
+		ru_assert_pattern(d, n, i);
 	}
 	ck_assert_msg(rw_msg(&w, 3) != NULL, "the reply to close:true was lost");
 	rw_assert_str(&w, 3, "closing");

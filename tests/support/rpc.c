@@ -93,6 +93,15 @@ tw_msg *rq_echo_str(const char *s)
 	return rq_end(b);
 }
 
+tw_msg *rq_echo_pattern(size_t n, unsigned seed)
+{
+	tw_slice data = ts_pattern_slice(n, seed);
+	tw_builder *b = rq_begin("echo", 1);
+	rq_bytes(b, "data", &data);
+	tw_block_free(data.block); /* the message holds its own reference */
+	return rq_end(b);
+}
+
 tw_msg *rq_slow(double delay)
 {
 	tw_builder *b = rq_begin("slow", 1);
@@ -215,6 +224,15 @@ int ru_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, si
 		return 0;
 	}
 	return -1;
+}
+
+void ru_assert_pattern(const tw_decoded *d, size_t n, unsigned seed)
+{
+	const tw_payload *pl = tw_decoded_payload(d, tw_decoded_root(d));
+	ck_assert_ptr_nonnull(pl);
+	ck_assert_uint_eq(pl->nframes, 1);
+	ck_assert_uint_eq(pl->frames[0].len, n);
+	ck_assert_int_eq(ts_check(tw_slice_data(&pl->frames[0]), n, seed), -1);
 }
 
 static int reply_str(tw_request *r, const char *s)

@@ -28,6 +28,9 @@ void rq_bytes(tw_builder *b, const char *key, const tw_slice *data);
 tw_msg *rq_end(tw_builder *b);
 tw_msg *rq_op(const char *op);
 tw_msg *rq_echo_str(const char *s); /* echo(data=s) */
+/* echo(data=<n pattern bytes of seed, out of band>): the reply is those
+ * bytes, out of band (ru_assert_pattern). */
+tw_msg *rq_echo_pattern(size_t n, unsigned seed);
 tw_msg *rq_slow(double delay);
 /* A message whose frame 0 is the msgpack value packed in p (n bytes). */
 tw_msg *rq_raw(const void *p, size_t n);
@@ -158,5 +161,8 @@ void ru_refused_uri(char *buf, size_t len);
 /* The bytes of a decoded value: an out-of-band payload of one frame or
  * inline bin. Returns 0 or -1. */
 int ru_bytes(const tw_decoded *d, const msgpack_object *o, const uint8_t **p, size_t *n);
+/* d's root is an out-of-band payload of one frame of n pattern bytes of
+ * seed (the reply to rq_echo_pattern). Asserts. */
+void ru_assert_pattern(const tw_decoded *d, size_t n, unsigned seed);
 
 #endif
