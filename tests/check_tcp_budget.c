@@ -3,7 +3,7 @@
  * the receive budget pauses comms whose next large message does not fit
  * and resumes them in order, delivering every message intact; small
  * messages keep flowing meanwhile; a lone message larger than the budget
- * still goes; the write budget refuses with TW_EAGAIN and then drains.
+ * still goes (the write budget: tests/check_wbudget.c).
  * Raw peers send exact bytes, so what the server has read of each comm
  * (its bytes_received) shows who waited. Waits only bound a hang. */
 #include <errno.h>
@@ -281,60 +281,6 @@ START_TEST(receive_budget_crowd)
 	/* checked inside each delivery, after the message gave its bytes back:
 	 * within the budget plus one message past it (the passer's) */
 	ck_assert_uint_le(crowd.max_used, 4 * MiB + len + 8);
-	tu_fini(&h);
-}
-END_TEST
-
-struct drained {
-	struct tu_peer *p;
-	int d0;
-};
-
-static int drained_more(void *arg)
-{
-	struct drained *d = arg;
-	return d->p->drains > d->d0;
-}
-
-/* The write budget: with 32 MiB queued on one comm, a write on another
- * comm whose own queue is empty gets TW_EAGAIN; once the first queue
- * drains, the refused comm's drain callback runs and its write goes. */
-START_TEST(write_budget_refuses_then_drains)
-{
-	struct tu h;
-	struct tu_peer *c1, *c2, *s1, *s2;
-	size_t big = 32 * MiB, small = 100;
-	tw_msg *m1 = ts_msg_pattern(&big, 1, 1), *m2 = ts_msg_pattern(&small, 1, 2);
-	uint64_t limit, used;
-	struct drained d;
-	tu_init(&h);
-	ck_assert_int_eq(tw_context_set_write_budget_bytes(h.ctx, MiB), 0);
-	h.sopts.no_callbacks = 1; /* not read until started below */
-	h.sopts.echo = 0;
-	h.sopts.keep = 1;
-	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
-	ck_assert_int_eq(tu_connect(&h, h.addr, &c1), 0);
-	ck_assert_ptr_nonnull(s1 = tu_server_peer(&h, 0));
-	ck_assert_int_eq(tu_connect(&h, h.addr, &c2), 0);
-	ck_assert_ptr_nonnull(s2 = tu_server_peer(&h, 1));
-	ck_assert_int_eq(tw_comm_write(c1->comm, m1), 0); /* alone: it goes */
-	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, &limit, &used), 0);
-	ck_assert_uint_eq(limit, MiB);
-	ck_assert_uint_ge(used, big);
-	ck_assert_uint_eq(tw_comm_queued_bytes(c2->comm), 0);
-	ck_assert_int_eq(tw_comm_write(c2->comm, m2), TW_EAGAIN); /* kept by us */
-	d = (struct drained){c2, c2->drains};
-	ck_assert_int_eq(tu_peer_start(s1, s1->comm), 0);
-	ck_assert_int_eq(tu_peer_start(s2, s2->comm), 0);
-	ck_assert(tu_run_until(&h, drained_more, &d, TU_WAIT_MS));
-	ck_assert_int_eq(tw_comm_write(c2->comm, m2), 0);
-	ck_assert(tu_wait_count(&h, &s1->nmsgs, 1, TU_WAIT_MS));
-	ck_assert(tu_wait_count(&h, &s2->nmsgs, 1, TU_WAIT_MS));
-	ck_assert(ts_msg_matches(s1->msgs[0], &big, 1, 1));
-	ck_assert(ts_msg_matches(s2->msgs[0], &small, 1, 2));
-	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, NULL, &used), 0);
-	ck_assert_uint_eq(used, 0);
-	ck_assert_int_eq(c1->closed + c2->closed + s1->closed + s2->closed, 0);
 	tu_fini(&h);
 }
 END_TEST
@@ -685,6 +631,5 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_crowd, receive_budget_drippers_hold_what_they_sent,
 				 receive_budget_full_of_drippers_passes_nearest_done,
 				 receive_budget_small_drippers_do_not_hold_the_pass,
-				 receive_budget_pass_hoarders_are_cut,
-				 write_budget_refuses_then_drains, budget_setters));
+				 receive_budget_pass_hoarders_are_cut, budget_setters));
 }

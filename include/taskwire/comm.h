@@ -171,8 +171,10 @@ int tw_comm_set_callbacks(tw_comm *comm, tw_recv_cb recv_cb, tw_close_cb close_c
  * their blocks with scatter-gather writes, never copied.
  * Returns 0, or:
  *   TW_EAGAIN   the queue already holds the high-water mark of bytes, or
- *               the context's write budget is spent: wait for the drain
- *               callback
+ *               the context's write budget is spent and this comm still
+ *               has bytes queued (tw_context_set_write_budget_bytes):
+ *               wait for the drain callback (never returned on a comm
+ *               with nothing queued)
  *   TW_EINVAL   comm or msg NULL, or msg has no frames
  *   TW_ETOOBIG  more frames than the limit (tw_context_set_max_frames)
  *   TW_ECLOSED  the comm is closed or closing

@@ -283,11 +283,21 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * (tw_context_set_min_receive_rate) does not count time a comm waits for the budget.
  *
  * Write budget: bytes queued for writing on all comms (what
- * tw_comm_queued_bytes says, summed). While it holds this much or more,
- * tw_comm_write returns TW_EAGAIN and keeps nothing (one message alone
- * always goes, as with the high-water mark); the drain callback of each
- * comm refused so runs once the sum is below the budget again (and, as
- * before, whenever its own queue empties).
+ * tw_comm_queued_bytes says, summed). Below it, every write is taken
+ * (within each comm's high-water mark). Once the sum is at the budget or
+ * past it, tw_comm_write returns TW_EAGAIN (and keeps nothing) on a comm
+ * that still has bytes of its own queued, until that queue empties: its
+ * drain callback says so, and its next write is then taken. A comm with
+ * nothing queued may always queue one message, whatever the sum. So a
+ * peer that stops reading holds up its own comm only, never the writes
+ * and replies of the others (with one such peer holding the budget, every
+ * write of the context got TW_EAGAIN until that peer's TCP timeout, 30 s:
+ * breaker17 b17-8, session 14). What it bounds: past the budget, the
+ * queues hold at most the message that crossed it, plus one message
+ * (of any size) for each comm that wrote with an empty queue, each until
+ * that comm's peer reads it or the comm ends (a peer that stopped
+ * reading: its TCP timeout, tw_context_set_tcp_timeout_ms).
+ * A message refused stays the caller's: it counts in no budget.
  *
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or bytes 0

@@ -454,22 +454,6 @@ void tw__wbudget_init(struct tw__wbudget *b, uint64_t limit)
 {
 	b->limit = limit;
 	b->used = 0;
-	b->posted = 0;
-	list_init(&b->refused);
-}
-
-int tw__wbudget_refuse(struct tw__wbudget *b, struct tw__claim *c)
-{
-	if (b->used < b->limit)
-		return 0;
-	if (!waiting(c))
-		enqueue(&b->refused, c);
-	return 1;
-}
-
-void tw__wbudget_forget(struct tw__claim *c)
-{
-	unwait(c);
 }
 
 void tw__wbudget_add(struct tw__wbudget *b, uint64_t n)
@@ -477,20 +461,9 @@ void tw__wbudget_add(struct tw__wbudget *b, uint64_t n)
 	b->used += n;
 }
 
-int tw__wbudget_sub(struct tw__wbudget *b, uint64_t n)
+void tw__wbudget_sub(struct tw__wbudget *b, uint64_t n)
 {
 	b->used -= n;
-	return b->used < b->limit && b->refused.next != &b->refused && !b->posted;
-}
-
-void tw__wbudget_due(struct tw__wbudget *b)
-{
-	b->posted = 0;
-	while (b->used < b->limit && b->refused.next != &b->refused) {
-		struct tw__claim *c = b->refused.next;
-		unwait(c);
-		c->granted(c); /* may write, and so fill the budget again */
-	}
 }
 
 uint64_t tw__budget_default_bytes(void)

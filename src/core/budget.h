@@ -131,28 +131,31 @@ void tw__budget_pass(struct tw__budget *b);
 /* A new limit; waiters that now fit are granted. */
 void tw__budget_set_limit(struct tw__budget *b, uint64_t limit);
 
-/* The write budget: bytes queued for writing on all comms. A write is
- * refused while `used` is at `limit` or more (so one message alone always
- * goes, as with the per-comm high-water mark); the refused comms are
- * told (c->granted) once `used` falls below the limit. */
+/* The write budget: bytes queued for writing on all comms. While `used`
+ * is at `limit` or more, a write is refused only on a comm that still has
+ * bytes of its own queued; a comm with an empty queue may always queue
+ * one message. So a peer that stops reading holds up its own comm alone:
+ * refusing every writer while the sum was full made one such peer stall
+ * every write of the context until its TCP timeout (breaker17 b17-8,
+ * session 14). A refused comm has bytes queued, so its drain callback
+ * (its queue empty) tells it when to write again: no wakeup of the budget's
+ * own is needed, none is lost. Past the limit the queues hold at most the
+ * message that crossed it and one message for each comm that wrote with
+ * an empty queue. */
 struct tw__wbudget {
 	uint64_t limit, used;
-	struct tw__claim refused; /* list head */
-	int posted;               /* a tw__wbudget_due is on its way */
 };
 
 void tw__wbudget_init(struct tw__wbudget *b, uint64_t limit);
-/* 1 when a write must be refused now: c joins the refused. */
-int tw__wbudget_refuse(struct tw__wbudget *b, struct tw__claim *c);
-/* Drop c from the refused (a comm that ends). */
-void tw__wbudget_forget(struct tw__claim *c);
-/* Bytes queued (add), or gone: written or dropped (sub). sub returns 1 when refused
- * comms are waiting and the budget has room: the caller schedules
- * tw__wbudget_due (on the loop, not inside a write). */
+/* 1 when the budget is spent: a write on a comm with bytes of its own
+ * queued is refused now (transport/comm.c, wbudget_refuse). */
+static inline int tw__wbudget_spent(const struct tw__wbudget *b)
+{
+	return b->used >= b->limit;
+}
+/* Bytes queued (add), or gone: written or dropped (sub). */
 void tw__wbudget_add(struct tw__wbudget *b, uint64_t n);
-int tw__wbudget_sub(struct tw__wbudget *b, uint64_t n);
-/* Tell the refused comms, oldest first, while the budget has room. */
-void tw__wbudget_due(struct tw__wbudget *b);
+void tw__wbudget_sub(struct tw__wbudget *b, uint64_t n);
 
 /* The default of both budgets: a quarter of the machine's physical memory
  * (sysconf), at least 256 MiB. */

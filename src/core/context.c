@@ -107,15 +107,6 @@ static void rbudget_stuck(struct tw__budget *b)
 		pass_arm(ctx);
 }
 
-/* The write budget has room again: tell the writers it refused. */
-static void wbudget_due(evutil_socket_t fd, short what, void *arg)
-{
-	tw_context *ctx = arg;
-	(void)fd;
-	(void)what;
-	tw__wbudget_due(&ctx->wbudget);
-}
-
 static _Thread_local tw_context *current;
 
 tw_context *tw__ctx_current(void)
@@ -166,7 +157,6 @@ static void release(tw_context *ctx)
 	tw__block_cache_unwatch(&ctx->rbudget.room);
 	tw__event_free(ctx->pass_ev);
 	tw__event_free(ctx->rbudget_ev);
-	tw__event_free(ctx->wbudget_ev);
 	tw__event_free(ctx->call_ev);
 	if (ctx->wake_fd >= 0)
 		close(ctx->wake_fd);
@@ -211,8 +201,7 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->call_ev = event_new(ctx->base, ctx->wake_fd, EV_READ | EV_PERSIST, run_calls, ctx);
 	if (ctx->call_ev == NULL || event_add(ctx->call_ev, NULL) != 0)
 		goto fail;
-	if ((ctx->wbudget_ev = event_new(ctx->base, -1, 0, wbudget_due, ctx)) == NULL ||
-	    (ctx->rbudget_ev = event_new(ctx->base, -1, 0, rbudget_due, ctx)) == NULL ||
+	if ((ctx->rbudget_ev = event_new(ctx->base, -1, 0, rbudget_due, ctx)) == NULL ||
 	    (ctx->pass_ev = event_new(ctx->base, -1, 0, pass_due, ctx)) == NULL)
 		goto fail;
 	if (ctx->own_base) {
@@ -430,18 +419,14 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes)
 {
 	if (ctx == NULL || bytes == 0)
 		return TW_EINVAL;
-	ctx->wbudget.limit = bytes;
-	tw__ctx_write_gone(ctx, 0);
+	ctx->wbudget.limit = bytes; /* refused comms hear it with their drain */
 	return 0;
 }
 
 void tw__ctx_write_gone(tw_context *ctx, uint64_t n)
 {
 	ctx->rbudget.progress += n; /* bytes going out: their memory comes back */
-	if (tw__wbudget_sub(&ctx->wbudget, n)) {
-		ctx->wbudget.posted = 1;
-		event_active(ctx->wbudget_ev, EV_TIMEOUT, 0);
-	}
+	tw__wbudget_sub(&ctx->wbudget, n);
 }
 
 /* The write queues count in the receive budget (rbudget.also): the

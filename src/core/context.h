@@ -92,10 +92,9 @@ struct tw_context {
 	/* The layers' state (tw__ctx_ext). */
 	struct tw__ext ext[TW__EXT_SLOTS];
 	/* Across comms (core/budget.h): bytes of messages being received,
-	 * bytes queued for writing; wbudget_ev tells refused writers. */
+	 * bytes queued for writing. */
 	struct tw__budget rbudget;
 	struct tw__wbudget wbudget;
-	struct event *wbudget_ev;
 	struct event *rbudget_ev; /* a 1 ms look again while the reclaimer holds bytes */
 	struct event *pass_ev;    /* rbudget.stuck: 100 ms with no bytes back, then a pass */
 	uint64_t pass_progress, pass_pending;
@@ -157,8 +156,7 @@ void tw__loops_free(tw_context *ctx);
 void tw__ctx_free(tw_context *ctx);
 
 /* Bytes queued for writing on a comm of ctx (tw__wbudget_add), and bytes
- * that left the queues (written or dropped): refused writers are told
- * from the loop once the budget has room. Loop thread. */
+ * that left the queues (written or dropped). Loop thread. */
 static inline void tw__ctx_write_queued(tw_context *ctx, uint64_t n)
 {
 	tw__wbudget_add(&ctx->wbudget, n);

@@ -85,11 +85,11 @@ static void owner_detach(tw_comm *c)
 		c->up_ops->owner_gone(c, c->up);
 }
 
-/* Let go of the context's budgets: an ended comm holds nothing. */
+/* Let go of the context's budgets: an ended comm holds nothing (its
+ * write queue left the write budget when it stopped). */
 static void leave_budgets(tw_comm *c)
 {
 	tw__budget_release(&c->ctx->rbudget, &c->rx_claim);
-	tw__wbudget_forget(&c->wq_claim);
 }
 
 static void destroy_comm(tw_comm *c)
@@ -151,16 +151,6 @@ tw_comm *tw__node_comm(struct tw__node *n)
 	return n->kill == kill_comm ? (tw_comm *)((char *)n - offsetof(tw_comm, node)) : NULL;
 }
 
-/* The write budget has room again: a comm it refused with nothing of its
- * own queued hears it as a drain (one with bytes queued hears it when
- * they are out, as always). From the loop (tw__wbudget_due). */
-static void wq_room(struct tw__claim *claim)
-{
-	tw_comm *c = (tw_comm *)((char *)claim - offsetof(tw_comm, wq_claim));
-	if (!c->ended && c->ops->queued(c) == 0)
-		tw__comm_drained(c);
-}
-
 /* The step ahead: as many bytes as the message has received so far,
  * within [TW__RX_MIN_STEP_BYTES, TW__RX_STEP_BYTES], and no more than
  * are still to come. A fixed 4 MiB step let 20 peers that declared 1 GiB
@@ -220,7 +210,6 @@ void tw__comm_wq_unhold(tw_comm *c, uint64_t n)
 
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 {
-	c->wq_claim.granted = wq_room;
 	c->ops = ops;
 	c->ctx = ctx;
 	c->limits = ctx->limits;
@@ -792,7 +781,8 @@ int tw_comm_set_callbacks(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb,
 	return rv;
 }
 
-int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m)
+/* What refuses m on c whatever the queues hold (0: nothing). */
+static int write_invalid(const tw_comm *c, const tw_msg *m)
 {
 	if (c == NULL || m == NULL || tw_msg_nframes(m) == 0)
 		return TW_EINVAL;
@@ -804,17 +794,35 @@ int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m)
 	 * (which refuses them over tls) can splice them (transport/relay.h) */
 	if (!tw__stream_is(c) && tw__relay_in_msg(m))
 		return TW_EINVAL;
-	return c->ops->write(c, m);
+	return 0;
+}
+
+/* The write budget across comms (core/budget.h): once it is spent, a
+ * comm with bytes of its own queued waits for its drain; one with none
+ * queued may queue one message, so a peer that stops reading holds up
+ * only its own comm. The queue is asked only past the budget. */
+static int wbudget_refuse(const tw_comm *c)
+{
+	return !c->closing && tw__wbudget_spent(&c->ctx->wbudget) && c->ops->queued(c) > 0;
+}
+
+int tw__comm_write_unbudgeted(tw_comm *c, tw_msg *m)
+{
+	int rv = write_invalid(c, m);
+	return rv != 0 ? rv : c->ops->write(c, m);
 }
 
 int tw_comm_write(tw_comm *c, tw_msg *m)
 {
-	/* The write budget across comms: at it or past it, writers wait (one
-	 * message alone always goes, as with a comm's high-water mark). */
-	if (c != NULL && m != NULL && !c->ended && !c->closing &&
-	    tw__wbudget_refuse(&c->ctx->wbudget, &c->wq_claim))
+	/* Checked first, so that TW_EAGAIN always means "retry after the
+	 * drain": a message the comm can never take is refused at once, not
+	 * parked by a caller and refused after the drain. */
+	int rv = write_invalid(c, m);
+	if (rv != 0)
+		return rv;
+	if (wbudget_refuse(c))
 		return TW_EAGAIN;
-	return tw__comm_write_unbudgeted(c, m);
+	return c->ops->write(c, m);
 }
 
 uint64_t tw_comm_queued_bytes(const tw_comm *c)

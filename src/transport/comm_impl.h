@@ -70,10 +70,9 @@ struct tw_comm {
 	int owner_gone; /* tw_comm_free ran */
 	struct tw_comm_watch *end_watches, **end_tail;
 	struct event *end_ev; /* runs the end watches, outside any call */
-	/* The context's budgets (core/budget.h): the receive budget's claim
-	 * (the transport sets rx_claim.granted), and a place among the
-	 * writers the write budget refused. */
-	struct tw__claim rx_claim, wq_claim;
+	/* The receive budget's claim (core/budget.h; the transport sets
+	 * rx_claim.granted). */
+	struct tw__claim rx_claim;
 	/* A relay of its input runs (transport/relay.h): the comm must not
 	 * be freed for being idle, or its relay frames' messages break. */
 	int relaying;

@@ -1,0 +1,246 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The write budget across comms (tw_context_set_write_budget_bytes,
+ * include/taskwire/context.h): past the budget, only comms with bytes of
+ * their own still queued get TW_EAGAIN; a comm whose queue is empty may
+ * always queue one message. So a peer that stops reading holds up its own
+ * comm, never the writes and replies of the others (breaker17 b17-8:
+ * before, one such peer made every tw_comm_write of the context return
+ * TW_EAGAIN until its TCP timeout). Real sockets on loopback over tcp,
+ * tls, ws and wss, and a tw_server; every wait is on progress, bounded by
+ * the harness's hang guard. */
+#include <stdint.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "tests/support/harness.h"
+#include "tests/support/rpc.h"
+#include "tests/support/suite.h"
+#include "tests/support/tran.h"
+
+#define MiB ((size_t)1 << 20)
+/* Far more than the kernel's buffers take from a peer that does not read
+ * (4 MiB of send buffer at most here, and a receive buffer that does not
+ * grow while nothing is read), so most of it stays in the write queue. */
+#define STUCK_BYTES (32 * MiB)
+
+static uint64_t wbudget_used(tw_context *ctx)
+{
+	uint64_t used;
+	ck_assert_int_eq(tw_context_write_budget_bytes(ctx, NULL, &used), 0);
+	return used;
+}
+
+struct drained {
+	struct tu_peer *p;
+	int d0;
+};
+
+static int drained_more(void *arg)
+{
+	struct drained *d = arg;
+	return d->p->drains > d->d0;
+}
+
+/* Wait until p's drain callback ran more than d0 times in all. */
+static void wait_drained(struct tu *h, struct tu_peer *p, int d0)
+{
+	struct drained d = {p, d0};
+	ck_assert(tu_run_until(h, drained_more, &d, TU_WAIT_MS));
+}
+
+/* A small message (seed) refused on c with TW_EAGAIN, and so still ours. */
+static void write_refused(struct tu_peer *c, unsigned seed)
+{
+	size_t small = 100;
+	tw_msg *m = ts_msg_pattern(&small, 1, seed);
+	ck_assert_int_eq(tw_comm_write(c->comm, m), TW_EAGAIN);
+	tw_msg_free(m);
+}
+
+/* Transport t with a 1 MiB write budget, and a listener whose comms keep
+ * what they receive but read nothing until started: client comms c[0]
+ * and c[1], their server comms s[0] (not reading) and s[1] (reading). */
+static void two_comms(struct tu *h, int t, struct tu_peer *c[2], struct tu_peer *s[2])
+{
+	ts_tran_init(h, t);
+	ck_assert_int_eq(tw_context_set_write_budget_bytes(h->ctx, MiB), 0);
+	h->sopts.no_callbacks = 1;
+	h->sopts.echo = 0;
+	h->sopts.keep = 1;
+	ts_tran_listen(h, t);
+	for (size_t i = 0; i < 2; i++) {
+		c[i] = ts_tran_connect(h);
+		ck_assert_ptr_nonnull(s[i] = tu_server_peer(h, i));
+	}
+	ck_assert_int_eq(tu_peer_start(s[1], s[1]->comm), 0);
+}
+
+/* A comm whose peer does not read (c[0]) holds the write budget past its
+ * limit; its further writes get TW_EAGAIN, while another comm with
+ * nothing queued still writes and its peer receives. That comm's second
+ * write, with its first still queued, is refused too, and its drain
+ * callback says when to write again. Once the peer that does not read
+ * goes away, its comm ends (saying the bytes not delivered), the budget
+ * is empty and writes go one after another again. */
+START_TEST(stopped_reader_holds_only_itself)
+{
+	struct tu h;
+	struct tu_peer *c[2], *s[2];
+	size_t big = STUCK_BYTES, small = 100;
+	tw_msg *m;
+	uint64_t used;
+	int d0;
+	two_comms(&h, _i, c, s);
+	ck_assert_int_eq(tw_comm_write(c[0]->comm, ts_msg_pattern(&big, 1, 1)), 0); /* alone */
+	ck_assert_uint_ge(used = wbudget_used(h.ctx), big);
+	write_refused(c[0], 9);
+	/* c[1] has nothing queued: its message goes, past the budget */
+	ck_assert_uint_eq(tw_comm_queued_bytes(c[1]->comm), 0);
+	ck_assert_int_eq(tw_comm_write(c[1]->comm, ts_msg_pattern(&small, 1, 2)), 0);
+	ck_assert_uint_gt(tw_comm_queued_bytes(c[1]->comm), 0); /* written from the loop */
+	ck_assert_uint_eq(wbudget_used(h.ctx), used + tw_comm_queued_bytes(c[1]->comm));
+	/* its second, with the first still queued, waits for the drain */
+	m = ts_msg_pattern(&small, 1, 3);
+	ck_assert_int_eq(tw_comm_write(c[1]->comm, m), TW_EAGAIN);
+	d0 = c[1]->drains;
+	wait_drained(&h, c[1], d0);
+	ck_assert_int_eq(tw_comm_write(c[1]->comm, m), 0);
+	ck_assert(tu_wait_count(&h, &s[1]->nmsgs, 2, TU_WAIT_MS));
+	ck_assert(ts_msg_matches(s[1]->msgs[0], &small, 1, 2));
+	ck_assert(ts_msg_matches(s[1]->msgs[1], &small, 1, 3));
+	/* c[0] is still stuck, past the budget, and still refused */
+	ck_assert_uint_ge(wbudget_used(h.ctx), MiB);
+	ck_assert_uint_gt(tw_comm_queued_bytes(c[0]->comm), 0);
+	write_refused(c[0], 9);
+	ck_assert_int_eq(c[0]->closed + c[1]->closed + s[1]->closed, 0);
+
+	/* The peer that does not read goes away (unread bytes: a reset):
+	 * c[0] ends with the bytes it could not deliver, its queue leaves
+	 * the budget, and writes go one after another again. */
+	tu_peer_free(s[0]);
+	ck_assert(tu_wait_flag(&h, &c[0]->closed, TU_WAIT_MS));
+	ck_assert_int_ne(c[0]->close_err, 0);
+	ck_assert_msg(strstr(c[0]->last_error, "not delivered") != NULL, "%s", c[0]->last_error);
+	ck_assert_uint_eq(wbudget_used(h.ctx), 0);
+	ck_assert_int_eq(tw_comm_write(c[1]->comm, ts_msg_pattern(&small, 1, 4)), 0);
+	ck_assert_int_eq(tw_comm_write(c[1]->comm, ts_msg_pattern(&small, 1, 5)), 0);
+	ck_assert(tu_wait_count(&h, &s[1]->nmsgs, 4, TU_WAIT_MS));
+	ck_assert(ts_msg_matches(s[1]->msgs[2], &small, 1, 4));
+	ck_assert(ts_msg_matches(s[1]->msgs[3], &small, 1, 5));
+	ck_assert_uint_eq(wbudget_used(h.ctx), 0);
+	ck_assert_int_eq(c[1]->closed + s[1]->closed, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+/* The same, but the peer that stopped reading reads again: c[0]'s queue
+ * drains, its drain callback runs, the write it was refused goes, and
+ * everything arrives whole (moved here from check_tcp_budget, which
+ * expected c[1], with nothing queued, to be refused too). */
+START_TEST(stopped_reader_reads_again)
+{
+	struct tu h;
+	struct tu_peer *c[2], *s[2];
+	size_t big = STUCK_BYTES, small = 100;
+	tw_msg *m3 = ts_msg_pattern(&small, 1, 3);
+	uint64_t limit, used;
+	int d0;
+	two_comms(&h, _i, c, s);
+	ck_assert_int_eq(tw_comm_write(c[0]->comm, ts_msg_pattern(&big, 1, 1)), 0);
+	ck_assert_int_eq(tw_context_write_budget_bytes(h.ctx, &limit, &used), 0);
+	ck_assert_uint_eq(limit, MiB);
+	ck_assert_uint_ge(used, big);
+	ck_assert_int_eq(tw_comm_write(c[1]->comm, ts_msg_pattern(&small, 1, 2)), 0);
+	ck_assert_int_eq(tw_comm_write(c[0]->comm, m3), TW_EAGAIN); /* kept by us */
+	d0 = c[0]->drains;
+	ck_assert_int_eq(tu_peer_start(s[0], s[0]->comm), 0);
+	wait_drained(&h, c[0], d0);
+	ck_assert_int_eq(tw_comm_write(c[0]->comm, m3), 0);
+	ck_assert(tu_wait_count(&h, &s[0]->nmsgs, 2, TU_WAIT_MS));
+	ck_assert(tu_wait_count(&h, &s[1]->nmsgs, 1, TU_WAIT_MS));
+	ck_assert(ts_msg_matches(s[0]->msgs[0], &big, 1, 1));
+	ck_assert(ts_msg_matches(s[0]->msgs[1], &small, 1, 3));
+	ck_assert(ts_msg_matches(s[1]->msgs[0], &small, 1, 2));
+	ck_assert_uint_eq(wbudget_used(h.ctx), 0);
+	ck_assert_int_eq(c[0]->closed + c[1]->closed + s[0]->closed + s[1]->closed, 0);
+	tu_fini(&h);
+}
+END_TEST
+
+struct over {
+	tw_context *ctx;
+	uint64_t least;
+};
+
+static int used_at_least(void *arg)
+{
+	const struct over *o = arg;
+	return wbudget_used(o->ctx) >= o->least;
+}
+
+static int used_none(void *arg)
+{
+	const struct over *o = arg;
+	return wbudget_used(o->ctx) == 0;
+}
+
+/* A request for a large reply whose client stops reading (a Dask client
+ * that asks a worker for a large key and never reads it) holds the
+ * server's write budget past its limit; the server still answers other
+ * clients at once. That client's second reply, refused while its first
+ * is queued, waits in the server (nothing is dropped) and goes out once
+ * the client reads again: both arrive whole. */
+START_TEST(server_replies_past_a_stopped_reader)
+{
+	struct rf f;
+	struct rw hog;
+	struct rc rc;
+	tw_context *sctx;
+	struct over o;
+	size_t n = STUCK_BYTES;
+	tu_init(&f.h);
+	ck_assert_int_eq(tw_context_new(f.h.base, &sctx), 0);
+	ck_assert_int_eq(tw_context_set_write_budget_bytes(sctx, MiB), 0);
+	rs_start(&f.s, sctx, f.h.base, "tcp://127.0.0.1:0");
+	ck_assert_int_eq(tw_pool_new(f.h.ctx, &f.pool), 0);
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &hog), 0);
+	tw_comm_pause(hog.comm);
+	for (unsigned i = 0; i < 2; i++)
+		rw_send(&hog, rq_echo_pattern(n, i));
+	o = (struct over){sctx, 8 * MiB};
+	ck_assert(tu_run_until(&f.h, used_at_least, &o, TU_WAIT_MS));
+
+	ck_assert_int_eq(rc_call(&f.h, f.pool, f.s.addr, rq_op("identity"), 0, &rc), 0);
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(rc.reply), "type"),
+				    "taskwire"));
+	rc_clear(&rc);
+	rc_echo_ok(&f.h, f.pool, f.s.addr, "past the budget", 0);
+	ck_assert_uint_ge(wbudget_used(sctx), MiB); /* the hog's reply is still queued */
+	ck_assert_int_eq(hog.n, 0);
+
+	tw_comm_resume(hog.comm);
+	for (unsigned i = 0; i < 2; i++) {
+		const tw_decoded *dm = rw_msg(&hog, i);
+		ck_assert_msg(dm != NULL, "reply %u missing", i);
+		ru_assert_pattern(dm, n, i);
+	}
+	ck_assert_int_eq(hog.closed, 0);
+	rw_free(&hog);
+	o = (struct over){sctx, 0};
+	ck_assert(tu_run_until(&f.h, used_none, &o, TU_WAIT_MS));
+	tw_pool_free(f.pool);
+	rs_stop(&f.s);
+	tw_context_free(sctx);
+	tu_fini(&f.h);
+}
+END_TEST
+
+int main(void)
+{
+	TCase *tc = ts_tcase("wbudget", 120, NULL);
+	ts_add_loop(tc, TS_NTRAN,
+		    TS_TESTS(stopped_reader_holds_only_itself, stopped_reader_reads_again));
+	ts_add(tc, TS_TESTS(server_replies_past_a_stopped_reader));
+	return ts_main("wbudget", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
+}
