@@ -6,10 +6,12 @@
         [--repeat N] [--keys-repeat N] [--also LABEL=TW_MINI_SCHEDULER ...]
         [--also-dask LABEL:NAME=VALUE[,NAME=VALUE] ...]
 
-For each scheduler in turn: the scheduler, 4 `dask worker` processes
-(1 thread, no nanny, no memory limit) and one distributed.Client over tcp;
-then two rounds, each a scatter and a gather of the same data through the
-scheduler (direct=False, as Client does by default):
+Each scheduler gets 4 `dask worker` processes (1 thread, no nanny, no
+memory limit) and a distributed.Client of its own over tcp, all started
+first; then each round goes through every scheduler in turn, so a load
+that changes during the run falls on all of them alike. A round is a
+scatter and a gather of the same data through the scheduler (direct=False,
+as Client does by default):
   - 16 numpy uint8 arrays of MIB/16 MiB each (random bytes), checked equal;
   - KEYS small ints (hash=False), checked equal.
 Both schedulers are measured the same way over the same window: from just
@@ -32,10 +34,10 @@ with SIGINT at the round's end: e.g. 'perf record -g -o /tmp/r{round}.data
 that size or more go socket to socket with splice(2), never read (tcp).
 --repeat N runs the large round N times, then --keys-repeat N (default: as
 --repeat) the small-key round, with the same scheduler, workers and
-client. --also LABEL=BINARY runs another tw-mini-scheduler build
-after the first one (A/B in one run: the same load; each row's CPU over
-the median of Dask's rows of its round). --also-dask LABEL:NAME=VALUE
-runs another `dask scheduler` with those environment variables, e.g.
+client. --also LABEL=BINARY runs another tw-mini-scheduler build beside
+the first one (A/B in one run; each row's CPU over the median of Dask's
+rows of its round). --also-dask LABEL:NAME=VALUE
+runs another `dask scheduler` beside them with those environment variables, e.g.
 dask4k:NUMPY_MADVISE_HUGEPAGE=0 (its receive buffers in 4 KiB pages:
 numpy advises transparent huge pages for arrays of 4 MiB or more, and
 Dask's TCP comm receives each message into one numpy array).
@@ -113,95 +115,93 @@ def free_port():
     return port
 
 
-def run(kind, binary, mib, nkeys, profile=None, relay=None, repeat=1, label=None, env=None,
-        keys_repeat=1):
-    import numpy as np
-    from distributed import Client
+class Cluster:
+    """One scheduler (Dask's or a tw-mini-scheduler build), its 4 workers and a Client."""
 
-    label = label or kind
-    if kind == "tw":
-        extra = ["--relay", str(relay)] if relay is not None else []
-        sched = start([binary, "tcp://127.0.0.1:0"] + extra, stdout=subprocess.PIPE, text=True)
-        addr = sched.stdout.readline().split()[2]
-    else:
-        port = free_port()
-        addr = "tcp://127.0.0.1:%d" % port
-        sched = start([PY, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                       "--port", str(port), "--dashboard-address", "127.0.0.1:0", "--no-show"],
-                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                      env=dict(os.environ, **(env or {})))
-    workers = [start([PY, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1",
-                      "--no-nanny", "--no-dashboard", "--host", "127.0.0.1",
-                      "--memory-limit", "0"],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(4)]
-    client = Client(addr, timeout=60)
-    client.wait_for_workers(4)
-    rows = []
-    rng = np.random.default_rng(16)
-    each = (mib << 20) // 16
-    arrays = [rng.integers(0, 256, size=each, dtype=np.uint8) for _ in range(16)]
-    small = list(range(nkeys))
-    rounds = [("%d MiB, 16 arrays" % mib, arrays, {})] * repeat
-    if nkeys > 0:
-        rounds += [("%d keys" % nkeys, small, {"hash": False})] * keys_repeat
-    time.sleep(1)
-    u0, s0 = cpu_s(sched.pid)
-    time.sleep(2)
-    u1, s1 = cpu_s(sched.pid)
-    idle_rate = (u1 + s1 - u0 - s0) / 2  # CPU s per s with nothing to do
-    settle(sched.pid, idle_rate)
-    for rnd, (what, data, kw) in enumerate(rounds):
+    def __init__(self, kind, label, binary, relay=None, env=None):
+        from distributed import Client
+
+        self.kind, self.label = kind, label
+        if kind == "tw":
+            extra = ["--relay", str(relay)] if relay is not None else []
+            self.sched = start([binary, "tcp://127.0.0.1:0"] + extra, stdout=subprocess.PIPE, text=True)
+            addr = self.sched.stdout.readline().split()[2]
+        else:
+            port = free_port()
+            addr = "tcp://127.0.0.1:%d" % port
+            self.sched = start([PY, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                "--port", str(port), "--dashboard-address", "127.0.0.1:0", "--no-show"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=dict(os.environ, **(env or {})))
+        self.workers = [start([PY, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1",
+                               "--no-nanny", "--no-dashboard", "--host", "127.0.0.1",
+                               "--memory-limit", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(4)]
+        self.client = Client(addr, timeout=60, set_as_default=False)
+        self.client.wait_for_workers(4)
+        self.idle_rate = None
+
+    def measure_idle(self):
+        pid = self.sched.pid
+        time.sleep(1)
+        u0, s0 = cpu_s(pid)
+        time.sleep(2)
+        u1, s1 = cpu_s(pid)
+        self.idle_rate = (u1 + s1 - u0 - s0) / 2  # CPU s per s with nothing to do
+        settle(pid, self.idle_rate)
+
+    def round(self, rnd, what, data, kw, check, profile=None):
+        pid = self.sched.pid
         prof = None
-        if profile and kind == "tw":
-            prof = subprocess.Popen([a.format(pid=sched.pid, round=rnd) for a in profile.split()])
+        if profile and self.kind == "tw":
+            prof = subprocess.Popen([a.format(pid=pid, round=rnd) for a in profile.split()])
             time.sleep(2)  # attached before the round starts
-        idle = status_kib(sched.pid, "VmRSS")
-        peak_ok = reset_peak(sched.pid)
-        u0, s0 = cpu_s(sched.pid)
-        sw0 = status_kib(sched.pid, "voluntary_ctxt_switches")
+        idle = status_kib(pid, "VmRSS")
+        peak_ok = reset_peak(pid)
+        u0, s0 = cpu_s(pid)
+        sw0 = status_kib(pid, "voluntary_ctxt_switches")
         t0 = time.monotonic()
-        futures = client.scatter(data, **kw)
-        back = client.gather(futures)
+        futures = self.client.scatter(data, **kw)
+        back = self.client.gather(futures)
         wall = time.monotonic() - t0
-        u1, s1 = cpu_s(sched.pid)
-        sleeps = status_kib(sched.pid, "voluntary_ctxt_switches") - sw0
-        peak = status_kib(sched.pid, "VmHWM")
+        u1, s1 = cpu_s(pid)
+        sleeps = status_kib(pid, "voluntary_ctxt_switches") - sw0
+        peak = status_kib(pid, "VmHWM")
         if prof is not None:
             prof.send_signal(signal.SIGINT)
             prof.wait()
-        if data is arrays:
-            assert all(a.tobytes() == b.tobytes() for a, b in zip(arrays, back))
-        else:
-            assert back == small
+        check(back)
         del futures, back
         t1 = time.monotonic()
-        settle(sched.pid, idle_rate)  # the round's releases, before the next round
-        u2, s2 = cpu_s(sched.pid)
-        row = dict(label=label, what=what, wall=wall, user=u1 - u0, sys=s1 - s0, cpu=u1 + s1 - u0 - s0,
-                   after=u2 + s2 - u1 - s1, settle=time.monotonic() - t1, idle_rate=idle_rate, sleeps=sleeps,
+        settle(pid, self.idle_rate)  # the round's releases, before the next round
+        u2, s2 = cpu_s(pid)
+        row = dict(label=self.label, what=what, wall=wall, user=u1 - u0, sys=s1 - s0,
+                   cpu=u1 + s1 - u0 - s0, after=u2 + s2 - u1 - s1, settle=time.monotonic() - t1,
+                   idle_rate=self.idle_rate, sleeps=sleeps,
                    peak=(peak - idle) / 1024 if peak_ok else None, load=os.getloadavg()[0])
-        rows.append(row)
         print("# %s %s: wall %.2f s, CPU %.2f s (user %.2f, sys %.2f), %d sleeps, after %.2f s in %.1f s"
-              " (load %.1f)" % (label, what, wall, row["cpu"], row["user"], row["sys"], sleeps,
+              " (load %.1f)" % (self.label, what, wall, row["cpu"], row["user"], row["sys"], sleeps,
                                 row["after"], row["settle"], row["load"]), flush=True)
-    client.close()
-    copied = "-"
-    sched.send_signal(signal.SIGTERM)
-    if kind == "tw":
-        out = sched.stdout.read()
-        m = re.search(r"payload bytes copied (\d+)", out)
-        copied = m.group(1) if m else "?"
-    try:
-        sched.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # Dask's, on a loaded machine
-        sched.kill()
-        sched.wait()
-    for w in workers:
-        w.kill()
-        w.wait()
-    for r in rows:
-        r["copied"] = copied
-    return rows
+        return row
+
+    def close(self):
+        """Stops it all; returns the payload bytes tw-mini-scheduler copied ("-" for Dask's)."""
+        self.client.close()
+        copied = "-"
+        self.sched.send_signal(signal.SIGTERM)
+        if self.kind == "tw":
+            out = self.sched.stdout.read()
+            m = re.search(r"payload bytes copied (\d+)", out)
+            copied = m.group(1) if m else "?"
+        try:
+            self.sched.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # Dask's, on a loaded machine
+            self.sched.kill()
+            self.sched.wait()
+        for w in self.workers:
+            w.kill()
+            w.wait()
+        return copied
 
 
 def main():
@@ -224,11 +224,36 @@ def main():
         runs.append(("dask", label, None, dict(e.split("=", 1) for e in envs.split(",") if e)))
     runs.append(("tw", "tw", a.tw_binary, None))
     runs += [("tw", x.split("=", 1)[0], x.split("=", 1)[1], None) for x in a.also]
+    import numpy as np
+
     print("# load average %.1f %.1f %.1f" % os.getloadavg(), flush=True)
-    for kind, label, binary, env in runs:
-        if a.only in (None, kind):
-            rows += run(kind, binary, a.mib, a.keys, a.profile, a.relay, a.repeat, label, env,
-                        a.repeat if a.keys_repeat is None else a.keys_repeat)
+    rng = np.random.default_rng(16)
+    arrays = [rng.integers(0, 256, size=(a.mib << 20) // 16, dtype=np.uint8) for _ in range(16)]
+    small = list(range(a.keys))
+
+    def same_arrays(back):
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(arrays, back))
+
+    def same_small(back):
+        assert back == small
+
+    rounds = [("%d MiB, 16 arrays" % a.mib, arrays, {}, same_arrays)] * a.repeat
+    if a.keys > 0:
+        keys_repeat = a.repeat if a.keys_repeat is None else a.keys_repeat
+        rounds += [("%d keys" % a.keys, small, {"hash": False}, same_small)] * keys_repeat
+    clusters = [Cluster(kind, label, binary, a.relay, env)
+                for kind, label, binary, env in runs if a.only in (None, kind)]
+    for c in clusters:
+        c.measure_idle()
+    by_label = {c.label: [] for c in clusters}
+    for rnd, (what, data, kw, check) in enumerate(rounds):
+        for c in clusters:  # each round through every scheduler in turn: the same load
+            by_label[c.label].append(c.round(rnd, what, data, kw, check, a.profile))
+    for c in clusters:
+        copied = c.close()
+        for r in by_label[c.label]:
+            r["copied"] = copied
+        rows += by_label[c.label]
     print("# load average %.1f %.1f %.1f" % os.getloadavg())
     dask = {}  # the median of Dask's rows of each round
     for r in rows:
