@@ -193,9 +193,11 @@ static void st_connected(tw_comm *comm, int err, void *arg)
 		abort();
 }
 
-/* Exit status: 0 when every comm had its echo. */
-static int storm(const char *addr, const struct tw_ex_tls *tls, size_t n)
+/* Says on fd 0 when every comm had its echo (else 1), then waits for a
+ * byte from fd before it exits, its comms open until then. */
+static int storm(const char *addr, const struct tw_ex_tls *tls, size_t n, int fd)
 {
+	char b;
 	struct storm s = {.n = n};
 	raise_nofile();
 	if ((s.base = event_base_new()) == NULL || tw_context_new(s.base, &s.ctx) != 0)
@@ -206,7 +208,10 @@ static int storm(const char *addr, const struct tw_ex_tls *tls, size_t n)
 		if (tw_comm_connect(s.ctx, addr, st_connected, &s) != 0)
 			return 1;
 	event_base_dispatch(s.base);
-	_exit(s.failed == 0 ? 0 : 1);
+	b = s.failed == 0 ? 0 : 1;
+	if (write(fd, &b, 1) != 1 || read(fd, &b, 1) != 1)
+		_exit(1);
+	_exit(0);
 }
 
 /* ---- the canary (a thread of this process) ---- */
@@ -384,10 +389,10 @@ int main(int argc, char **argv)
 	while (!atomic_load(&c.ready) && !atomic_load(&c.failed))
 		usleep(1000);
 	for (size_t r = 0; r < rounds && rv == 0 && !atomic_load(&c.failed); r++) {
-		double ans[2], t0;
-		char quiet[96], during[96];
+		double ans[2], shut[2], t0, t1;
+		char quiet[96], during[96], b = 1;
 		size_t from;
-		int status = 0;
+		int sp[2];
 		pid_t pid;
 		atomic_store(&c.nlat, 0);
 		atomic_store(&c.recording, 1);
@@ -397,22 +402,34 @@ int main(int argc, char **argv)
 			return 1;
 		t0 = tw_ex_now();
 		fflush(stdout);
-		if ((pid = fork()) == 0)
-			_exit(storm(addr, &tls, clients));
-		if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) != 0)
 			return 1;
+		if ((pid = fork()) == 0)
+			_exit(storm(addr, &tls, clients, sp[1]));
+		close(sp[1]);
+		if (pid < 0 || read(sp[0], &b, 1) != 1)
+			return 1;
+		t1 = tw_ex_now();
 		atomic_store(&c.recording, 0);
 		usleep(20000); /* an echo being recorded is in */
-		rv = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+		rv = b;
 		if (ask(sv[0], ans) != 0)
+			return 1;
+		/* then the storm's comms all close at once */
+		if (write(sp[0], "x", 1) != 1 || waitpid(pid, NULL, 0) != pid)
+			return 1;
+		close(sp[0]);
+		usleep(200000);
+		if (ask(sv[0], shut) != 0)
 			return 1;
 		canary_stats(&c, from, during, sizeof(during));
 		atomic_store(&c.nlat, from);
 		canary_stats(&c, 0, quiet, sizeof(quiet));
 		printf("%s %zu clients: %s in %.2f s; canary %s (quiet before: %s); "
-		       "server loop's longest pass %.1f ms CPU, %.0f over 5 ms\n",
-		       scheme, clients, rv == 0 ? "all echoed" : "FAILED", tw_ex_now() - t0, during,
-		       quiet, ans[0], ans[1]);
+		       "server loop's longest pass %.1f ms CPU, %.0f over 5 ms; as the %zu "
+		       "comms close at once: %.1f ms, %.0f over 5 ms\n",
+		       scheme, clients, rv == 0 ? "all echoed" : "FAILED", t1 - t0, during, quiet,
+		       ans[0], ans[1], clients, shut[0], shut[1]);
 		fflush(stdout);
 	}
 	atomic_store(&c.stop, 1);
