@@ -15,6 +15,7 @@
 
 #include <taskwire/taskwire.h>
 
+#include "core/pass.h"
 #include "tests/support/pack.h"
 #include "tests/support/tls.h"
 #include "tests/support/suite.h"
@@ -527,6 +528,143 @@ START_TEST(free_with_comms_on_every_loop)
 }
 END_TEST
 
+/* --- a loop whose comm always has bytes to read still polls: a pass ends
+ * after a bounded number of callbacks, so the call queue (and timers, new
+ * sockets) is served while a peer keeps a comm busy --- */
+
+#define FED_TOTAL 2000
+#define FED_MARK  100
+
+static tw_comm *fed_srv;
+static int fed_got, fed_called, fed_at_mark, fed_queued;
+
+static void fed_mark(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&mu);
+	fed_at_mark = fed_got;
+	fed_called = 1;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+static void fed_srv_recv(tw_comm *comm, tw_msg *msg, void *arg)
+{
+	(void)msg; /* borrowed */
+	(void)arg;
+	bump(&fed_got);
+	/* posted from the loop itself: it runs only once the loop polls */
+	if (get(&fed_got) == FED_MARK &&
+	    tw_context_call(tw_comm_context(comm), fed_mark, NULL) != 0)
+		bump(&wrong_thread);
+}
+
+static void fed_accept(tw_listener *l, tw_comm *comm, void *arg)
+{
+	(void)l;
+	(void)arg;
+	if (tw_comm_set_callbacks(comm, fed_srv_recv, any_close, NULL, &srv_th) != 0) {
+		tw_comm_free(comm);
+		return;
+	}
+	tw_comm_pause(comm); /* until every message waits in the socket */
+	pthread_mutex_lock(&mu);
+	fed_srv = comm;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+static void fed_listen(void *arg)
+{
+	struct raw *r = arg;
+	r->rv = tw_listener_new(r->ctx, r->uri, fed_accept, NULL, &r->l);
+	if (r->rv == 0)
+		r->rv = tw_listener_address(r->l, r->addr, sizeof(r->addr));
+}
+
+static tw_comm *fed_cli;
+
+static void fed_cli_connected(tw_comm *comm, int err, void *arg)
+{
+	(void)arg;
+	if (err != 0 || tw_comm_set_callbacks(comm, cli_recv, any_close, NULL, &cli_th) != 0) {
+		bump(&connect_failed);
+		if (comm != NULL)
+			tw_comm_free(comm);
+		return;
+	}
+	for (int i = 0; i < FED_TOTAL; i++) {
+		tw_msg *m = request("fed");
+		if (tw_comm_write(comm, m) != 0)
+			tw_msg_free(m);
+	}
+	pthread_mutex_lock(&mu);
+	fed_cli = comm;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+}
+
+static void fed_connect(void *arg)
+{
+	if (tw_comm_connect(arg, raw_addr, fed_cli_connected, NULL) != 0)
+		bump(&connect_failed);
+}
+
+static void fed_look(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&mu);
+	fed_queued = fed_cli != NULL && tw_comm_queued_bytes(fed_cli) == 0;
+	pthread_mutex_unlock(&mu);
+}
+
+static void fed_resume(void *arg)
+{
+	(void)arg;
+	tw_comm_resume(fed_srv);
+}
+
+START_TEST(fed_loop_still_polls)
+{
+	struct raw r = {0};
+	tw_context *cctx;
+	raw_closed = connect_failed = wrong_thread = 0;
+	fed_got = fed_called = fed_queued = 0;
+	fed_at_mark = -1;
+	fed_srv = fed_cli = NULL;
+	snprintf(r.uri, sizeof(r.uri), "tcp://127.0.0.1:0");
+	ck_assert_int_eq(tw_context_new(NULL, &r.ctx), 0);
+	loop_threads(r.ctx, &srv_th);
+	on_loop(r.ctx, fed_listen, &r);
+	ck_assert_int_eq(r.rv, 0);
+	strcpy(raw_addr, r.addr);
+	ck_assert_int_eq(tw_context_new(NULL, &cctx), 0);
+	loop_threads(cctx, &cli_th);
+	ck_assert_int_eq(tw_context_call(cctx, fed_connect, cctx), 0);
+	pthread_mutex_lock(&mu);
+	while ((fed_cli == NULL || fed_srv == NULL) && connect_failed == 0)
+		pthread_cond_wait(&cv, &mu);
+	pthread_mutex_unlock(&mu);
+	ck_assert_int_eq(get(&connect_failed), 0);
+	while (!get(&fed_queued)) /* every message left the client */
+		on_loop(cctx, fed_look, NULL);
+	/* each read ends on its allowance, as under load, so the messages
+	 * read ahead are handled from the loop (event_active) in turn */
+	tw__pass_cap(64);
+	on_loop(r.ctx, fed_resume, NULL);
+	wait_for(&fed_got, FED_TOTAL);
+	wait_for(&fed_called, 1);
+	tw__pass_cap(0);
+	/* the call ran while messages were still coming in, not after */
+	ck_assert_int_ge(get(&fed_at_mark), FED_MARK);
+	ck_assert_int_lt(get(&fed_at_mark), FED_TOTAL);
+	ck_assert_int_eq(get(&wrong_thread), 0);
+	ck_assert_int_eq(get(&raw_closed), 0);
+	tw_context_free(r.ctx);
+	tw_context_free(cctx);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("loops");
@@ -535,7 +673,7 @@ int main(void)
 	int failed;
 	tcase_set_timeout(tc, 120);
 	tcase_add_unchecked_fixture(tc, ts_certs_make, ts_certs_remove);
-	ts_add(tc, TS_TESTS(loop_threads_rules, server_across_loops));
+	ts_add(tc, TS_TESTS(loop_threads_rules, server_across_loops, fed_loop_still_polls));
 	ts_add_loop(tc, 4, TS_TESTS(free_with_comms_on_every_loop));
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -35,6 +35,11 @@ typedef struct tw_context tw_context;
  * loop through an eventfd the loop watches (tw_context_call, offload
  * results), so an application's base needs no libevent locking; libevent's
  * pthread locking is enabled all the same (evthread_use_pthreads).
+ * A base the context makes ends each loop pass after 64 callbacks and
+ * polls (event_config_set_max_dispatch_interval), so comms that always
+ * have bytes to read cannot keep timers, tw_context_call and new sockets
+ * waiting; libevent's default base runs every event activated during a
+ * pass in that pass. Make an application's base the same way.
  * Returns 0 and sets *out, or:
  *   TW_EINVAL  out is NULL
  *   TW_ENOMEM  out of memory

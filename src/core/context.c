@@ -166,6 +166,31 @@ static void release(tw_context *ctx)
 	free(ctx);
 }
 
+/* Callbacks a pass of the loop runs before it polls again. libevent runs
+ * an event activated during a pass (a comm reading on from what it read
+ * ahead, a write resumed) in that same pass; with peers that keep every
+ * comm fed, a pass without this bound never ends, and nothing that needs
+ * the poll runs: timers (handshake and call deadlines), the call queue
+ * (accepted comms of other loops, offload results), new sockets. A pass
+ * of 64 callbacks still serves a busy loop's comms in turn; the poll
+ * after it takes a syscall (epoll_wait with no wait). */
+#define TW__PASS_CALLBACKS 64
+
+static struct event_base *own_base_new(void)
+{
+	struct event_config *cfg = event_config_new();
+	struct event_base *b = NULL;
+
+	if (cfg == NULL)
+		return NULL;
+	/* no time bound: libevent would refresh its cached time after every
+	 * callback, and the cached time is what tells passes apart (pass.h) */
+	if (event_config_set_max_dispatch_interval(cfg, NULL, TW__PASS_CALLBACKS, 0) == 0)
+		b = event_base_new_with_config(cfg);
+	event_config_free(cfg);
+	return b;
+}
+
 int tw_context_new(struct event_base *base, tw_context **out)
 {
 	tw_context *ctx;
@@ -188,7 +213,7 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->rbudget.stuck = rbudget_stuck;
 	tw__block_cache_watch(&ctx->rbudget.room);
 	ctx->own_base = base == NULL;
-	ctx->base = base != NULL ? base : event_base_new();
+	ctx->base = base != NULL ? base : own_base_new();
 	if (ctx->base == NULL)
 		goto fail;
 	/* Other threads wake the loop through an eventfd that the loop
