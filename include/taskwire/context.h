@@ -257,28 +257,31 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * when nothing is being written, else after 100 ms in which no bytes came
  * back (the peers of our writes may wait for our reads). A message in
  * progress that receives less than 64 KiB in such 100 ms (a peer
- * dripping its bytes above the minimum receive rate) counts from then on,
- * until it ends, as having the most bytes to come: it no longer keeps a
+ * dripping its bytes above the minimum receive rate) counts, until it
+ * receives 64 KiB in such 100 ms again, as having the most bytes to
+ * come: it no longer keeps a
  * pass from starting, and if it is the passer it hands the pass to a
  * waiting message with fewer bytes to come. Over ws and wss a message's
  * bytes to come are known only in the last fragment of its last frame;
  * before, they count as the most but for those of a message seen
  * dripping, so a dripping passer hands the pass to such a message too
  * (to the oldest waiter among equals: a dripper ahead of it in the queue
- * holds the pass once, for about 100 ms). So every message within the message
+ * holds the pass once, for about 100 ms). A waiter passed over 8 times
+ * is also the one to pass next, whatever its bytes to come. So every message within the message
  * limit is received (what Dask sends is never refused, only queued), and
  * peers that drip their messages (whatever they declare, in whatever
  * fragments) cannot hold back a message that moves, even when the bytes
  * they sent fill the budget. A message replaced as passer keeps what it
- * received; but before a pass starts on top of more than an eighth of the
- * budget (at least 4 MiB) reserved past it, the comm of the message seen
- * dripping that holds the most is cut (ends with TW_ETIMEDOUT, over ws
- * and wss close 1008, and tw_comm_last_error says "message cut by the
- * receive budget"), as many as it takes: so what is reserved stays within
- * the budget, that eighth, and the one message passing (up to the message
- * limit). A budget far too small for the traffic can so cut honest peers
- * that pause in the middle of a message (60 peers sending 1 MiB messages
- * with a 2 s pause half-way through a 4 MiB budget: 18 cut). A paused comm's peer keeps its
+ * received; no pass starts on top of more than an eighth of the budget
+ * (at least 4 MiB) reserved past it: the pass waits, and once a message
+ * has been seen dripping for 20 such 100 ms in a row (2 s at least), the
+ * comm of the one that holds the most is cut (ends with TW_ETIMEDOUT,
+ * over ws and wss close 1008, and tw_comm_last_error says "message cut
+ * by the receive budget"), as many as it takes. So what is reserved
+ * stays within the budget, that eighth, and the one message passing (up
+ * to the message limit); a peer that pauses mid-message for longer than
+ * that while the budget is so overdrawn is cut (60 peers sending 1 MiB
+ * messages with a 2 s pause half-way through a 4 MiB budget: 2 cut). A paused comm's peer keeps its
  * bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here) ends the connection
  * there, so size the budget for the traffic (a comm waits about budget / throughput at most).
  * Messages up to the small-frame size (64 KiB) reserve nothing: they keep flowing while large ones

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Byte budgets across the comms of a context (core/budget.h). */
+#include <limits.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -200,7 +201,8 @@ static struct tw__claim *largest_slow(struct tw__budget *b, const struct tw__cla
 {
 	struct tw__claim *best = NULL;
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
-		if (h->slow && h != c && (best == NULL || h->held > best->held))
+		if (h->slow >= TW__BUDGET_CUT_INTERVALS && h != c &&
+		    (best == NULL || h->held > best->held))
 			best = h;
 	return best;
 }
@@ -297,25 +299,36 @@ static void set_tight(struct tw__budget *b)
  * that drips cannot keep a message that would finish sooner waiting,
  * while a passer that moves keeps it (handing it over at once let every
  * message nearer to done past the limit too); the passer replaced keeps
- * what it holds (a step at most past what it received) and waits when
- * it asks again. A slow message stays slow until it ends, and only a
- * message with fewer bytes to come than a slow one (a known rest) takes
- * the pass from it, so what the passers hold past the limit stays within
- * one message and a step for each passer replaced. */
+ * what it holds (all it received) and waits when it asks again; no
+ * pass starts on top of more than tw__budget_past_bytes past the limit
+ * (cut_hoarders), so what the passers hold past the limit stays within
+ * that and one message. */
 static void pass(struct tw__budget *b, struct tw__claim *self)
 {
 	struct tw__claim *c = next_waiter(b);
 	if (c == NULL || fits(b, c->want))
 		return;
 	if (!alone(b)) {
-		c = nearest_done(b);
-		if (b->passer != NULL
-			    ? !b->may_pass || !b->passer->slow || rest_of(c) >= rest_of(b->passer)
-			    : !may_start_pass(b) || !(b->may_pass || holder_waits(b)) ||
-				      nearer_holder(b, c))
+		/* The oldest waiter, once passed over TW__BUDGET_MAX_SKIPS
+		 * times, is the one to pass too, whatever its rest: else a ws
+		 * message (its rest unknown) or one seen slow lost to every
+		 * message with a known rest for ever while honest traffic kept
+		 * the budget full (breaker17 b17-17, b17-20, session 14). */
+		struct tw__claim *o = b->wait.next;
+		int due = o->skips >= TW__BUDGET_MAX_SKIPS;
+		c = due ? o : nearest_done(b);
+		if (b->passer != NULL ? !b->may_pass || !b->passer->slow ||
+						(!due && rest_of(c) >= rest_of(b->passer))
+				      : !may_start_pass(b) || !(b->may_pass || holder_waits(b)) ||
+						(!due && nearer_holder(b, c)))
 			return;
 	}
 	cut_hoarders(b, c);
+	/* Still too much past the limit, held by messages that moved lately
+	 * or paused only briefly: no new pass on top; they go on, or are cut
+	 * once slow for long enough (a later tw__budget_pass). */
+	if (b->used > b->limit + tw__budget_past_bytes(b))
+		return;
 	if (!fits(b, c->want)) /* else the cuts made room: no pass needed */
 		set_passer(b, c);
 	make_room(b, need_for(b, c->want));
@@ -394,6 +407,8 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 		grant(b, c, bytes);
 		return 0;
 	}
+	if (moved(b, c) >= TW__BUDGET_MOVING_BYTES) /* it moves again */
+		c->slow = 0;
 	c->want = bytes;
 	c->rest = rest;
 	c->skips = 0;
@@ -422,8 +437,9 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 }
 
 /* No bytes came back for a pass interval: a holder (the passer among
- * them) that moved less than TW__BUDGET_MOVING_BYTES in it is slow, and
- * its rest counts as the most from now on, until its message ends. Fewer
+ * them) that moved less than TW__BUDGET_MOVING_BYTES in it is slow (one
+ * more interval in a row; a waiter already slow stays so and counts on),
+ * and its rest counts as the most until it moves again. Fewer
  * bytes to come is no sign of finishing sooner when they drip: a peer
  * that declared 8 MiB and sent 4 MiB at once holds the rest ahead, never
  * asks, and drips it at 2 KB/s; 8 of them held an honest 16 MiB message
@@ -431,14 +447,21 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
  * paused), so this is a rate floor (64 KiB per 100 ms, about 640 KB/s)
  * rather than a finish-time estimate: a holder above it with fewer bytes
  * to come finishes soon, one below it may take hours (its rest at the
- * minimum receive rate). A honest message that is marked (a slow peer,
- * a loaded machine) only loses its place, and gets it back with its next
- * message. */
+ * minimum receive rate). An honest message that is marked (a slow peer,
+ * a loaded machine) loses its place until it moves again, and is cut
+ * only when slow for TW__BUDGET_CUT_INTERVALS while the bytes past the
+ * limit are too many (cut_hoarders). */
 void tw__budget_pass(struct tw__budget *b)
 {
+	/* Looked at again every interval: a message that moves again gets
+	 * its place back (a sticky mark kept a 64 MiB message that paused
+	 * 0.5 s last for ever, breaker17 b17-20); a waiter keeps its mark
+	 * (it is paused: its rate is not known). */
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
-		if (!waiting(h) && moved(b, h) < TW__BUDGET_MOVING_BYTES)
-			h->slow = 1;
+		if (moved(b, h) >= TW__BUDGET_MOVING_BYTES)
+			h->slow = 0;
+		else if ((!waiting(h) || h->slow > 0) && h->slow < UINT_MAX)
+			h->slow++;
 	b->may_pass = 1;
 	admit(b, NULL);
 }

@@ -23,10 +23,10 @@ struct tw__claim {
 	 * received when the budget's `epoch` became `mark_epoch`: what it
 	 * moved in the current pass interval. */
 	uint64_t got, got_mark, mark_epoch;
-	/* Seen dripping: it held bytes and moved less than
-	 * TW__BUDGET_MOVING_BYTES in a pass interval. Until its message ends,
-	 * its rest counts as the most. */
-	int slow;
+	/* Seen dripping: the pass intervals in a row in which it held bytes
+	 * and moved less than TW__BUDGET_MOVING_BYTES (0: moving). While
+	 * not 0, its rest counts as the most. */
+	unsigned slow;
 	/* Waiting ended (the bytes asked for are reserved now, or, for the
 	 * write budget, the budget has room again). Runs inside
 	 * tw__budget_release or the setter: it must only schedule work (an
@@ -103,6 +103,10 @@ struct tw__budget {
  * together, when a new pass starts: an eighth of the limit, at least
  * this many bytes (see pass() in budget.c). */
 #define TW__BUDGET_PAST_BYTES ((uint64_t)4 << 20)
+/* Only a holder seen slow for this many pass intervals in a row (2 s at
+ * least) is cut: an honest peer that pauses (a GC, a busy sender) is
+ * waited for, while no new pass starts on top (see pass() in budget.c). */
+#define TW__BUDGET_CUT_INTERVALS 20u
 uint64_t tw__budget_past_bytes(const struct tw__budget *b);
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);
