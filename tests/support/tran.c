@@ -47,10 +47,18 @@ void ts_tran_listen(struct tu *h, int t)
 struct tu_peer *ts_tran_connect(struct tu *h)
 {
 	struct tu_peer *cli;
+	size_t nsrv = h->nsrv;
 	int rv = tu_connect(h, h->addr, &cli);
 	ck_assert_msg(rv == 0, "connect %s: %s: %s", h->addr, tw_strerror(rv),
 		      tw_context_last_error(h->ctx));
 	cli->keep = 1;
+	/* The client's end can be up before the listener's (TLS 1.3: the
+	 * server takes the client's Finished after the client is done, and
+	 * handshake steps wait their turn in the context's queue): wait for
+	 * the accept, so that h->srv[] holds the comms in the order the test
+	 * made them (check_tls reject: a later accept took srv[0]). */
+	ck_assert_msg(tu_wait_count(h, &h->nsrv, nsrv + 1, TU_WAIT_MS), "%s never accepted",
+		      h->addr);
 	return cli;
 }
 
