@@ -817,6 +817,41 @@ START_TEST(write_to_reset_peer)
 }
 END_TEST
 
+/* TW_EAGAIN has two causes, the comm's write high-water mark and the
+ * context's write budget: its text names both, and each refuses. */
+START_TEST(eagain_names_both_causes)
+{
+	struct tu h;
+	struct tu_peer *hwm_cli, *budget_cli;
+	size_t len = 64 * 1024;
+	const char *text = tw_strerror(TW_EAGAIN);
+	tw_msg *m;
+	ck_assert_msg(strstr(text, "high-water mark") != NULL &&
+			      strstr(text, "write budget") != NULL,
+		      "%s", text);
+	tu_init(&h);
+	h.sopts.no_callbacks = 1; /* the server reads nothing */
+	h.sopts.echo = 0;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(h.ctx, 1), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &hwm_cli), 0);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(h.ctx, 64 << 20), 0);
+	ck_assert_int_eq(tu_connect(&h, h.addr, &budget_cli), 0);
+	/* the high-water mark of 1 byte: the second message is refused */
+	ck_assert_int_eq(tw_comm_write(hwm_cli->comm, ts_msg_pattern(&len, 1, 1)), 0);
+	m = ts_msg_pattern(&len, 1, 2);
+	ck_assert_int_eq(tw_comm_write(hwm_cli->comm, m), TW_EAGAIN);
+	tw_msg_free(m);
+	/* a write budget of 1 byte, spent: the same on the other comm */
+	ck_assert_int_eq(tw_context_set_write_budget_bytes(h.ctx, 1), 0);
+	ck_assert_int_eq(tw_comm_write(budget_cli->comm, ts_msg_pattern(&len, 1, 3)), 0);
+	m = ts_msg_pattern(&len, 1, 4);
+	ck_assert_int_eq(tw_comm_write(budget_cli->comm, m), TW_EAGAIN);
+	tw_msg_free(m);
+	tu_fini(&h);
+}
+END_TEST
+
 TCase *tcp_errors_tcase(void)
 {
 	TCase *tc = ts_tcase("errors", 120,
@@ -827,6 +862,6 @@ TCase *tcp_errors_tcase(void)
 	ts_add(tc,
 	       TS_TESTS(connect_dns_never_answers, connect_dns_nxdomain, connect_failures_own_text,
 			tcp_timeout_spares_connect, close_after_write, free_in_recv, free_in_close,
-			close_in_recv, write_to_reset_peer));
+			close_in_recv, write_to_reset_peer, eagain_names_both_causes));
 	return tc;
 }

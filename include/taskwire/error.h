@@ -18,7 +18,7 @@ enum tw_error {
 	TW_OK = 0,
 	TW_EINVAL = -1,       /* invalid argument (programmer error) */
 	TW_ENOMEM = -2,       /* out of memory */
-	TW_EAGAIN = -3,       /* would block: write queue above high-water mark */
+	TW_EAGAIN = -3,       /* would block: queue at high-water mark, or write budget spent */
 	TW_ECLOSED = -4,      /* comm or listener closed */
 	TW_EIO = -5,          /* socket error; errno text on the object */
 	TW_ETIMEDOUT = -6,    /* a bounded wait (connect, handshake, TCP timeout) expired */

@@ -8,7 +8,9 @@ const char *tw_strerror(int err)
 	case TW_OK: return "success";
 	case TW_EINVAL: return "invalid argument";
 	case TW_ENOMEM: return "out of memory";
-	case TW_EAGAIN: return "write queue above high-water mark";
+	case TW_EAGAIN:
+		return "would block: the comm's write queue is at its high-water mark, or the "
+		       "context's write budget is spent";
 	case TW_ECLOSED: return "closed";
 	case TW_EIO: return "I/O error";
 	case TW_ETIMEDOUT: return "timed out";
