@@ -598,6 +598,9 @@ START_TEST(receive_budget_pass_hoarders_are_cut)
 		ck_assert_int_eq(d.sp[i]->close_err, TW_ETIMEDOUT);
 		ck_assert_msg(strstr(d.sp[i]->last_error, "cut by the receive budget") != NULL,
 			      "%s", d.sp[i]->last_error);
+		ck_assert_msg(strstr(d.sp[i]->last_error, "past the budget of 1048576 bytes") !=
+				      NULL,
+			      "%s", d.sp[i]->last_error);
 	}
 	ck_assert_uint_eq(o.sp->nmsgs, 1);
 	ck_assert_int_eq(o.sp->closed, 0);

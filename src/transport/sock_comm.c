@@ -76,11 +76,11 @@ static void rx_cut(struct tw__claim *claim)
 		(struct tw__sock *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
 	const struct tw__budget *b = &s->base.ctx->rbudget;
 	tw__comm_seterr(&s->base,
-			"message cut by the receive budget (%llu bytes): its peer slowed to a "
-			"drip after %llu bytes while messages held more than %llu bytes past "
-			"the budget",
-			(unsigned long long)b->limit, (unsigned long long)claim->got,
-			(unsigned long long)tw__budget_past_bytes(b));
+			"message cut by the receive budget: its peer slowed to a drip after "
+			"sending %llu bytes of the message while more than %llu bytes were "
+			"reserved past the budget of %llu bytes",
+			(unsigned long long)claim->got,
+			(unsigned long long)tw__budget_past_bytes(b), (unsigned long long)b->limit);
 	event_active(s->base.rate.ev, EV_TIMEOUT, 0);
 }
 
