@@ -283,8 +283,29 @@ START_TEST(too_many_fragments)
 	ck_assert_int_eq(sp->close_err, TW_ETOOMANY);
 	ck_assert_msg(strstr(sp->last_error, "(WebSocket close 1009)") != NULL, "%s",
 		      sp->last_error);
+	ck_assert_msg(strstr(sp->last_error, "more than 16 WebSocket fragments") != NULL, "%s",
+		      sp->last_error);
+	ck_assert_ptr_nonnull(strstr(tw_strerror(sp->close_err), "WebSocket fragments"));
 	ck_assert_int_eq(cli->close_err, TW_ETOOBIG);
 	ck_assert_msg(strstr(cli->last_error, "code 1009") != NULL, "%s", cli->last_error);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A count message above the frame limit (tw_context_set_max_frames):
+ * 1009, and the text says how many frames against which limit. */
+START_TEST(too_many_frames_declared)
+{
+	struct tu h;
+	struct wu_raw r;
+	struct tu_peer *sp, *cli = open_raw(&h, wu_scheme(_i), &r, &sp);
+	send_count(&r, (uint64_t)1 << 40);
+	expect_failed(&h, &r, sp, cli, 1009, TW_ETOOMANY);
+	ck_assert_msg(strstr(sp->last_error,
+			     "message declares 1099511627776 frames, more than the limit of ") !=
+			      NULL,
+		      "%s", sp->last_error);
+	wu_raw_close(&r);
 	tt_fini(&h);
 }
 END_TEST
@@ -714,9 +735,10 @@ TCase *ws_wire_tcase(void)
 	ts_add_loop(tc, 6, TS_TESTS(bad_frame_wss));
 	ts_add_loop(tc, 2,
 		    TS_TESTS(length_over_limit, fragments_over_limit, limit_to_the_byte,
-			     too_many_fragments, ping_pong_close, pings_answered_latest,
-			     data_after_close, ping_between_fragments, length_forms,
-			     pings_too_often, ping_flood_closed, pings_spaced_answered));
+			     too_many_fragments, too_many_frames_declared, ping_pong_close,
+			     pings_answered_latest, data_after_close, ping_between_fragments,
+			     length_forms, pings_too_often, ping_flood_closed,
+			     pings_spaced_answered));
 	ts_add_loop(tc, 4, TS_TESTS(ping_flood_policy_off));
 	ts_add_loop(tc, 2, TS_TESTS(pinger_closed_others_work));
 	return tc;

@@ -336,8 +336,9 @@ int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes);
  *   TW_EINVAL  ctx NULL or bytes 0 */
 int tw_context_set_ws_shard_bytes(tw_context *ctx, size_t bytes);
 /* ws:// and wss://: most fragments one received WebSocket message may
- * have (RFC 6455 section 5.4); more ends the comm with close code 1009.
- * Default 4,096.
+ * have (RFC 6455 section 5.4); more ends the comm with close code 1009
+ * and TW_ETOOMANY, and tw_comm_last_error says "message in more than N
+ * WebSocket fragments". Default 4,096.
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or fragments 0 */
 int tw_context_set_ws_max_fragments(tw_context *ctx, uint64_t fragments);

@@ -27,7 +27,7 @@ enum tw_error {
 	TW_ESCHEME = -9,      /* URI scheme with no transport */
 	TW_EADDRINUSE = -10,  /* listen address already in use */
 	TW_ENOFRAMES = -11,   /* prelude declares N = 0 frames */
-	TW_ETOOMANY = -12,    /* prelude declares more frames than the limit */
+	TW_ETOOMANY = -12,    /* more frames (prelude) or WebSocket fragments than the limit */
 	TW_ELENGTH = -13,     /* frame lengths overflow or disagree with total */
 	TW_ETOOBIG = -14,     /* message above the message-size limit */
 	TW_ETRUNCATED = -15,  /* peer closed in the middle of a message */

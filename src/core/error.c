@@ -19,7 +19,7 @@ const char *tw_strerror(int err)
 	case TW_ESCHEME: return "unknown URI scheme";
 	case TW_EADDRINUSE: return "address in use";
 	case TW_ENOFRAMES: return "message declares zero frames";
-	case TW_ETOOMANY: return "message declares more frames than the limit";
+	case TW_ETOOMANY: return "message has more frames (or WebSocket fragments) than the limit";
 	case TW_ELENGTH: return "frame lengths overflow or disagree with total";
 	case TW_ETOOBIG: return "message larger than the limit";
 	case TW_ETRUNCATED: return "peer closed in the middle of a message";

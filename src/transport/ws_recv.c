@@ -9,6 +9,7 @@
  * them is a view. */
 #include <endian.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,11 +135,18 @@ static int got_count(struct ws *w, uint64_t len)
 	}
 	memcpy(&n, w->count, 8);
 	n = le64toh(n);
-	if (n == 0 || n > w->sock.base.limits.max_frames) {
-		tw__wsc_fail_proto(w, n == 0 ? TW_ENOFRAMES : TW_ETOOMANY,
-				   n == 0 ? TW__WS_CLOSE_PROTOCOL : TW__WS_CLOSE_TOO_BIG,
-				   n == 0 ? "message of zero frames"
-					  : "more frames than the limit");
+	if (n == 0) {
+		tw__wsc_fail_proto(w, TW_ENOFRAMES, TW__WS_CLOSE_PROTOCOL,
+				   "message of zero frames");
+		return -1;
+	}
+	if (n > w->sock.base.limits.max_frames) {
+		char why[128];
+		snprintf(why, sizeof(why),
+			 "message declares %llu frames, more than the limit of %llu "
+			 "(tw_context_set_max_frames)",
+			 (unsigned long long)n, (unsigned long long)w->sock.base.limits.max_frames);
+		tw__wsc_fail_proto(w, TW_ETOOMANY, TW__WS_CLOSE_TOO_BIG, why);
 		return -1;
 	}
 	if (tw_msg_new(&w->msg) != 0 || tw__msg_reserve(w->msg, n) != 0) {
@@ -249,8 +257,17 @@ static int on_event(struct ws *w, const struct tw__ws_event *ev)
 
 static void decode_error(struct ws *w, int rv)
 {
+	char why[160];
+	const char *text = tw__ws_dec_error(&w->dec);
+	if (rv == TW_ETOOMANY) { /* fragments of one WebSocket message, not our frames */
+		snprintf(why, sizeof(why),
+			 "message in more than %llu WebSocket fragments (RFC 6455 section 5.4), "
+			 "the limit (tw_context_set_ws_max_fragments)",
+			 (unsigned long long)w->dec.max_fragments);
+		text = why;
+	}
 	tw__wsc_fail_proto(w, rv == TW_ENOTSUP ? TW_EPROTO : rv, tw__ws_dec_close_code(&w->dec),
-			   tw__ws_dec_error(&w->dec));
+			   text);
 }
 
 /* Where the next payload bytes go. */
