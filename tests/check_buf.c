@@ -457,50 +457,77 @@ static void on_cut(struct tw__claim *c)
 	cuts++;
 }
 
-/* Passers replaced because they drip keep what they hold, but not past
- * the limit and tw__budget_past_bytes together: when a new pass would
- * start on top of more than that, it waits, and once a holder has been
- * slow for TW__BUDGET_CUT_INTERVALS intervals, the slow holder holding the
- * most is cut (its bytes given back at once, cut_off called, and it asks
- * in vain until released); under that bound nobody is cut (breaker17
- * b17-5). */
-START_TEST(budget_cuts_slow_hoarders)
+/* An empty budget of limit bytes and three claims, told of cuts. */
+static void cut_setup(struct tw__budget *b, struct tw__claim c[3], uint64_t limit)
 {
-	struct tw__budget b;
-	struct tw__claim c[3];
-	uint64_t mib = (uint64_t)1 << 20;
-	memset(c, 0, sizeof(c));
+	memset(c, 0, 3 * sizeof(*c));
 	for (int i = 0; i < 3; i++) {
 		c[i].granted = on_granted;
 		c[i].cut_off = on_cut;
 	}
 	cuts = 0;
-	tw__budget_init(&b, 8 * mib);
+	tw__budget_init(b, limit);
+}
+
+/* One pass interval of the owner (core/context.c): holders' moves count
+ * from a new epoch; c[i] for i < n receives drip[i] bytes in it (got[i]
+ * is what it has received); then no bytes came back. */
+static void interval(struct tw__budget *b, struct tw__claim *c, uint64_t *got, const uint64_t *drip,
+		     int n)
+{
+	b->epoch++;
+	for (int i = 0; i < n; i++) {
+		tw__budget_moved(b, &c[i], got[i]);
+		got[i] += drip[i];
+		tw__budget_moved(b, &c[i], got[i]);
+	}
+	tw__budget_pass(b);
+}
+
+/* Passers replaced because they drip keep what they hold, but not past
+ * the limit and tw__budget_past_bytes together: when a new pass would
+ * start on top of more than that, it waits, and once a holder has dripped
+ * for TW__BUDGET_CUT_INTERVALS intervals so slowly that its rest would
+ * take longer than the pause limit, the hoarder holding the most is cut
+ * (its bytes given back at once, cut_off called, and it asks in vain
+ * until released); under that bound nobody is cut (breaker17 b17-5). */
+START_TEST(budget_cuts_slow_hoarders)
+{
+	struct tw__budget b;
+	struct tw__claim c[3];
+	uint64_t mib = (uint64_t)1 << 20, got[2] = {10 * mib, 0}, drip[2] = {1024, 1024};
+	cut_setup(&b, c, 8 * mib);
 	ck_assert_uint_eq(tw__budget_past_bytes(&b), 4 * mib); /* at least 4 MiB */
 	/* under the bound: c0 is replaced as passer and keeps its 10 MiB */
+	tw__budget_moved(&b, &c[0], got[0]);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10 * mib, 100 * mib), 0); /* alone */
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, mib), TW_EAGAIN);
-	tw__budget_pass(&b); /* c0 moved nothing in the interval: slow */
+	interval(&b, c, got, drip, 1); /* c0 dripped 1 KiB in the interval: slow */
 	ck_assert_int_eq(c[0].slow, 1);
 	ck_assert_ptr_eq(b.passer, &c[1]);
 	ck_assert_uint_eq(c[0].held, 10 * mib);
 	ck_assert_int_eq(cuts, 0);
 	/* c1 goes on past the limit to 12 MiB, then drips: a new pass would
 	 * start on 22 MiB, 14 past the limit. No pass starts on top while
-	 * the slow holders may only be pausing; once one has been slow for
-	 * TW__BUDGET_CUT_INTERVALS intervals, the largest such is cut, as
-	 * many as it takes to be within the 4 MiB, and c2 goes on */
+	 * the slow holders may only be pausing; once one has dripped for
+	 * TW__BUDGET_CUT_INTERVALS intervals (its 100 MiB to come at 1 KiB
+	 * an interval: far past the pause limit), the largest such is cut,
+	 * as many as it takes to be within the 4 MiB, and c2 goes on */
+	tw__budget_moved(&b, &c[1], 0);
+	got[1] = 11 * mib;
+	tw__budget_moved(&b, &c[1], got[1]);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 11 * mib, 100 * mib), 0);
 	ck_assert_uint_eq(b.used, 22 * mib);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], mib, mib), TW_EAGAIN);
 	for (unsigned i = 0; i < 2 * TW__BUDGET_CUT_INTERVALS && cuts == 0; i++) {
 		ck_assert_uint_eq(c[2].held, 0); /* nothing on top meanwhile */
 		ck_assert_uint_eq(b.used, 22 * mib);
-		tw__budget_pass(&b);
+		interval(&b, c, got, drip, 2);
 	}
 	ck_assert_int_eq(cuts, 1);
 	ck_assert_int_eq(c[0].cut + c[1].cut, 1);
 	ck_assert_uint_ge(c[0].cut ? c[0].slow : c[1].slow, TW__BUDGET_CUT_INTERVALS);
+	ck_assert_uint_lt(c[0].cut ? c[0].slow : c[1].slow, 2 * TW__BUDGET_CUT_INTERVALS);
 	ck_assert_uint_le(b.used, 8 * mib + 4 * mib + mib);
 	ck_assert_uint_eq(c[2].held, mib);
 	ck_assert_ptr_eq(b.passer, &c[2]);
@@ -515,6 +542,67 @@ START_TEST(budget_cuts_slow_hoarders)
 	ck_assert_int_eq(c[0].cut + c[1].cut, 0); /* released: they may ask again */
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, mib), 0);
 	tw__budget_release(&b, &c[1]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
+/* Holders past the bound that pause (move nothing: a blocked sender) are
+ * waited for: no pass on top, nobody cut, until one has been slow for
+ * the pause limit (pause_ms; 0: never); one that drips near its end
+ * (its rest at its rate within the pause limit) is not cut either. The
+ * 2 s rule before cut the pausers (breaker13 b7, breaker17 b17-24). */
+START_TEST(budget_waits_for_pausers)
+{
+	struct tw__budget b;
+	struct tw__claim c[3];
+	uint64_t mib = (uint64_t)1 << 20, got[2] = {0, 0}, drip[2] = {0, 0};
+	uint32_t pause_ms = 3000; /* 30 intervals */
+	unsigned limit = pause_ms / TW__BUDGET_PASS_MS;
+	cut_setup(&b, c, 8 * mib);
+	b.pause_ms = &pause_ms;
+	/* c0 passes to 10 MiB of 20 (10 to come) and pauses; c1 takes the
+	 * pass, gets to 12 MiB with 2 KiB to come, then drips 64 bytes an
+	 * interval (what is left, at that rate, within the limit at every
+	 * look from the 20th interval); c2 waits */
+	got[0] = 10 * mib;
+	tw__budget_moved(&b, &c[0], got[0]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 10 * mib, 10 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, 13 * mib), TW_EAGAIN);
+	interval(&b, c, got, drip, 2);
+	ck_assert_ptr_eq(b.passer, &c[1]);
+	got[1] = 12 * mib - 2048;
+	tw__budget_moved(&b, &c[1], got[1]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 11 * mib, 2048), 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], mib, mib), TW_EAGAIN);
+	drip[1] = 64;
+	for (unsigned i = 2; i < limit; i++) {
+		interval(&b, c, got, drip, 2);
+		ck_assert_int_eq(cuts, 0);
+		ck_assert_uint_eq(c[2].held, 0); /* nothing on top meanwhile */
+		ck_assert_uint_eq(b.used, 22 * mib);
+	}
+	/* slow for the pause limit: c0, which holds the most, is cut */
+	ck_assert_uint_eq(c[0].slow, limit - 1);
+	interval(&b, c, got, drip, 2);
+	ck_assert_int_eq(cuts, 1);
+	ck_assert_int_eq(c[0].cut, 1);
+	ck_assert_uint_eq(c[2].held, mib);
+	for (int i = 0; i < 3; i++)
+		tw__budget_release(&b, &c[i]);
+	ck_assert_uint_eq(b.used, 0);
+	/* limit 0: nobody is cut, however long they pause */
+	pause_ms = 0;
+	got[0] = got[1] = 0;
+	drip[1] = 0;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 13 * mib, 10 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], mib, mib), TW_EAGAIN);
+	for (unsigned i = 0; i < 3 * limit; i++)
+		interval(&b, c, got, drip, 1);
+	ck_assert_int_eq(cuts, 1);
+	ck_assert_uint_eq(c[2].held, 0);
+	tw__budget_release(&b, &c[0]);
+	ck_assert_uint_eq(c[2].held, mib);
+	tw__budget_release(&b, &c[2]);
 	ck_assert_uint_eq(b.used, 0);
 }
 END_TEST
@@ -914,14 +1002,14 @@ END_TEST
 
 int main(void)
 {
-	TCase *blocks = ts_tcase("blocks", 0,
-				 TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free,
-					  block_bad_args, block_wrap_release_once,
-					  block_wrap_empty_and_no_release, block_cache,
-					  block_cache_stats, block_lazy_commit, block_commit_rlimit,
-					  slice_data, block_free_unmaps_off_thread, budget_rules,
-					  budget_cuts_slow_hoarders, budget_skipped_waiter_passes,
-					  budget_counts_block_cache, budget_bounds_cache_put));
+	TCase *blocks = ts_tcase(
+		"blocks", 0,
+		TS_TESTS(block_sizes, block_large_is_mapped, block_hold_free, block_bad_args,
+			 block_wrap_release_once, block_wrap_empty_and_no_release, block_cache,
+			 block_cache_stats, block_lazy_commit, block_commit_rlimit, slice_data,
+			 block_free_unmaps_off_thread, budget_rules, budget_cuts_slow_hoarders,
+			 budget_waits_for_pausers, budget_skipped_waiter_passes,
+			 budget_counts_block_cache, budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

@@ -17,6 +17,7 @@
 #include <check.h>
 
 #include "core/block.h"
+#include "core/context.h"
 #include "tests/check_tcp.h"
 #include "tests/support/harness.h"
 #include "tests/support/suite.h"
@@ -611,6 +612,118 @@ START_TEST(receive_budget_pass_hoarders_are_cut)
 }
 END_TEST
 
+/* Peers that pause mid-message while the budget is overdrawn (breaker13
+ * b7, breaker17 b17-24, session 14: a Dask worker under memory pressure,
+ * a blocked sender): NPAUSE raw peers each send the head and half of an
+ * 8 MiB message through an 8 MiB budget; the passers among them go past
+ * it, and the pass stops once more than 4 MiB are reserved past it. They
+ * pause (send nothing) until a holder has been slow for twice the
+ * intervals after which the rule before cut it (a 2 s pause, once), then
+ * send their rest: none is cut, every message is echoed byte for byte.
+ * Before, the slow holder holding the most was cut after 2 s of pause
+ * (the pacing below saw its comm closed). */
+#define NPAUSE     6
+#define PAUSE_MSG  (8 * MiB)
+#define PAUSE_PAST (8 * MiB + 4 * MiB)
+
+struct pauser {
+	int fd;
+	uint8_t *m, *back;
+	size_t len, sent, upto, got;
+	struct tu_peer *sp;
+};
+
+struct pausers {
+	struct tu *h;
+	struct pauser p[NPAUSE];
+	uint64_t max_used;
+};
+
+/* Send what the socket takes of p's bytes up to upto; read its echo. */
+static void pauser_pump(struct pauser *p)
+{
+	ssize_t n;
+	while (p->sent < p->upto && (n = send(p->fd, p->m + p->sent, p->upto - p->sent,
+					      MSG_DONTWAIT | MSG_NOSIGNAL)) > 0)
+		p->sent += (size_t)n;
+	while (p->got < p->len &&
+	       (n = recv(p->fd, p->back + p->got, p->len - p->got, MSG_DONTWAIT)) > 0)
+		p->got += (size_t)n;
+}
+
+/* The pause (pacing only, no assertion): a holder of the budget has been
+ * slow for 2 x TW__BUDGET_CUT_INTERVALS pass intervals, while more than
+ * the 4 MiB are reserved past the budget. Stops at once when a pauser's
+ * comm ended. */
+static int pausers_paused(void *arg)
+{
+	struct pausers *ps = arg;
+	const struct tw__budget *b = &ps->h->ctx->rbudget;
+	unsigned slow = 0;
+	int closed = 0;
+	for (int i = 0; i < NPAUSE; i++) {
+		pauser_pump(&ps->p[i]);
+		closed |= ps->p[i].sp->closed;
+	}
+	for (const struct tw__claim *c = b->hold.hnext; c != &b->hold; c = c->hnext)
+		slow = c->slow > slow ? c->slow : slow;
+	ps->max_used = b->used > ps->max_used ? b->used : ps->max_used;
+	return closed || (b->used > PAUSE_PAST && slow >= 2 * TW__BUDGET_CUT_INTERVALS);
+}
+
+static int pausers_echoed(void *arg)
+{
+	struct pausers *ps = arg;
+	int done = 1, closed = 0;
+	for (int i = 0; i < NPAUSE; i++) {
+		pauser_pump(&ps->p[i]);
+		done &= ps->p[i].got == ps->p[i].len;
+		closed |= ps->p[i].sp->closed;
+	}
+	return done || closed;
+}
+
+START_TEST(receive_budget_pausers_are_not_cut)
+{
+	struct tu h;
+	struct pausers ps;
+	memset(&ps, 0, sizeof(ps));
+	tu_init(&h);
+	h.sopts.echo = 1;
+	ps.h = &h;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, 8 * MiB), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	for (int i = 0; i < NPAUSE; i++) {
+		struct pauser *p = &ps.p[i];
+		p->m = wire_msg(PAUSE_MSG, 20 + (unsigned)i, &p->len);
+		ck_assert_ptr_nonnull(p->back = malloc(p->len));
+		ck_assert_int_ge(p->fd = ts_raw_connect(h.addr), 0);
+		ck_assert_ptr_nonnull(p->sp = tu_server_peer(&h, (size_t)i));
+		p->upto = p->len / 2;
+	}
+	ck_assert(tu_run_until(&h, pausers_paused, &ps, TU_WAIT_MS));
+	for (int i = 0; i < NPAUSE; i++)
+		ck_assert_msg(ps.p[i].sp->closed == 0, "pauser %d cut while paused: %s", i,
+			      ps.p[i].sp->last_error);
+	ck_assert_uint_gt(ps.max_used, PAUSE_PAST); /* the pass had stopped */
+	for (int i = 0; i < NPAUSE; i++)            /* they resume */
+		ps.p[i].upto = ps.p[i].len;
+	ck_assert(tu_run_until(&h, pausers_echoed, &ps, TU_WAIT_MS));
+	for (int i = 0; i < NPAUSE; i++) {
+		struct pauser *p = &ps.p[i];
+		ck_assert_msg(p->sp->closed == 0, "pauser %d cut: %s", i, p->sp->last_error);
+		ck_assert_uint_eq(p->sp->nmsgs, 1);
+		ck_assert_uint_eq(p->got, p->len);
+		ck_assert(memcmp(p->back, p->m, p->len) == 0);
+		close(p->fd);
+		free(p->m);
+		free(p->back);
+	}
+	ck_assert_uint_eq(budget_used(&h), 0);
+	tu_fini(&h);
+}
+END_TEST
+
 START_TEST(budget_setters)
 {
 	struct tu h;
@@ -634,5 +747,6 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_crowd, receive_budget_drippers_hold_what_they_sent,
 				 receive_budget_full_of_drippers_passes_nearest_done,
 				 receive_budget_small_drippers_do_not_hold_the_pass,
-				 receive_budget_pass_hoarders_are_cut, budget_setters));
+				 receive_budget_pass_hoarders_are_cut,
+				 receive_budget_pausers_are_not_cut, budget_setters));
 }

@@ -273,15 +273,23 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * fragments) cannot hold back a message that moves, even when the bytes
  * they sent fill the budget. A message replaced as passer keeps what it
  * received; no pass starts on top of more than an eighth of the budget
- * (at least 4 MiB) reserved past it: the pass waits, and once a message
- * has been seen dripping for 20 such 100 ms in a row (2 s at least), the
- * comm of the one that holds the most is cut (ends with TW_ETIMEDOUT,
- * over ws and wss close 1008, and tw_comm_last_error says "message cut
- * by the receive budget"), as many as it takes. So what is reserved
- * stays within the budget, that eighth, and the one message passing (up
- * to the message limit); a peer that pauses mid-message for longer than
- * that while the budget is so overdrawn is cut (60 peers sending 1 MiB
- * messages with a 2 s pause half-way through a 4 MiB budget: 2 cut). A paused comm's peer keeps its
+ * (at least 4 MiB) reserved past it: the pass waits for the messages
+ * that hold it, which go on as their peers send. While comms wait for
+ * that pass, a message that hoards is cut (its comm ends with
+ * TW_ETIMEDOUT, over ws and wss close 1008, and tw_comm_last_error says
+ * "message cut by the receive budget"), the one holding the most first,
+ * as many as it takes. It hoards once it has received less than 64 KiB
+ * in each of 20 such 100 ms in a row (2 s at least) and either drips
+ * (it received bytes in the last 10 of them) so slowly that, at the rate
+ * it received since it slowed, its bytes still to come would take longer
+ * than the pause limit (tw_context_set_receive_budget_pause_ms, 20 s), or
+ * has been that slow for the pause limit itself. So a peer that pauses
+ * (sends nothing for a while, then the rest: a blocked event loop, a GC,
+ * a Dask worker under memory pressure) is waited for up to the pause
+ * limit, a message that drips near its end finishes, and a peer that
+ * declared a large message and drips it is cut after 2 s. What is
+ * reserved stays within the budget, that eighth, and the one message
+ * passing (up to the message limit). A paused comm's peer keeps its
  * bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here) ends the connection
  * there, so size the budget for the traffic (a comm waits about budget / throughput at most).
  * Messages up to the small-frame size (64 KiB) reserve nothing: they keep flowing while large ones
@@ -317,6 +325,23 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * what a Python one would take. */
 int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes);
 int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
+/* The receive budget's pause limit (see tw_context_set_receive_budget_bytes):
+ * how long a message that holds receive budget may stand still (its peer
+ * sends nothing) while comms wait for a pass that cannot start on top of
+ * the budget, before its comm is cut; a message that drips is cut sooner
+ * when its rest, at its rate, would take longer than this. Counted in
+ * 100 ms intervals in which no bytes came back, so at least `ms` of time.
+ * The waiting comms wait that long for a peer that stands still: keep it
+ * below their peers' TCP timeout (30 s in Dask and here), past which a
+ * waiting peer's connection ends. Default 20,000 ms: Dask workers pause
+ * seconds (8 s pauses of 30 peers through a 64 MiB budget cut 12 of them
+ * with the 2 s rule before, breaker13 b7); no Dask peer pauses longer
+ * mid-message without its own 30 s timeouts firing around it. 0: nobody is
+ * cut (the comms wait for every holder; memory stays bounded, but a peer
+ * that never ends its message holds the others for ever). Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
+int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
 /* The budgets now: the limit and the bytes reserved (receive) or queued
  * (write); either pointer may be NULL. Loop thread.
  * Returns 0, or:

@@ -33,6 +33,10 @@
 #define TW_DEFAULT_CLOSE_LINGER_MS      5000
 #define TW_DEFAULT_MIN_RECEIVE_RATE     1024 /* bytes/s */
 #define TW_DEFAULT_MIN_RECEIVE_GRACE_MS 60000
+/* How long a message holding receive budget may stand still while the
+ * budget is overdrawn (tw_context_set_receive_budget_pause_ms): below the
+ * 30 s TCP timeout of the peers that wait meanwhile. */
+#define TW_DEFAULT_RECEIVE_BUDGET_PAUSE_MS 20000
 
 /* WebSocket (context.h: tw_context_set_ws_shard_bytes,
  * tw_context_set_ws_max_fragments, tw_context_set_ws_min_ping_interval_ms,

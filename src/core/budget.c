@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <taskwire/error.h>
+#include <taskwire/limits.h>
 
 #include "core/block.h"
 #include "core/budget.h"
@@ -196,13 +197,46 @@ static void drop(struct tw__budget *b, struct tw__claim *c)
 	}
 }
 
-/* The slow holder (seen dripping) that holds the most, other than c. */
+/* The pause limit in pass intervals (0: nobody is cut). */
+static uint64_t pause_intervals(const struct tw__budget *b)
+{
+	uint64_t ms = b->pause_ms != NULL ? *b->pause_ms : TW_DEFAULT_RECEIVE_BUDGET_PAUSE_MS;
+	return (ms + TW__BUDGET_PASS_MS - 1) / TW__BUDGET_PASS_MS;
+}
+
+/* Whether h, a holder, hoards (may be cut while the bytes past the limit
+ * are too many). A peer that pauses (a blocked event loop, a GC, a worker
+ * under memory pressure) sends nothing, and then the rest: h moved
+ * nothing in its last TW__BUDGET_QUIET_INTERVALS, and is waited for until
+ * it has been slow for the pause limit. A peer that drips (it moved, less
+ * than TW__BUDGET_MOVING_BYTES a pass interval, for
+ * TW__BUDGET_CUT_INTERVALS) hoards when, at the rate it dripped since it
+ * slowed, its rest would take longer than the pause limit: a message near
+ * its end, or on a slow link with little to come, finishes first. Cutting
+ * whoever was slow for 2 s cut honest peers that paused (breaker13 b7, 8 s
+ * pauses: 12 of 30 cut; breaker17 b17-24, session 14), and waiting for
+ * every pause let 10 drippers hold 680 MiB through 16 MiB (b17-5). */
+static int hoards(const struct tw__budget *b, const struct tw__claim *h)
+{
+	uint64_t limit = pause_intervals(b), dripped, rest;
+	if (limit == 0 || h->slow < TW__BUDGET_CUT_INTERVALS)
+		return limit != 0 && h->slow >= limit;
+	if (h->slow >= limit)
+		return 1;
+	dripped = h->got > h->slow_got ? h->got - h->slow_got : 0;
+	if (h->quiet >= TW__BUDGET_QUIET_INTERVALS || dripped == 0)
+		return 0;
+	rest = h->end > h->got ? h->end - h->got : 0;
+	/* rest / (dripped per interval) > limit intervals */
+	return (double)rest * (double)(h->slow - 1) > (double)limit * (double)dripped;
+}
+
+/* The hoarder (hoards) that holds the most, other than c. */
 static struct tw__claim *largest_slow(struct tw__budget *b, const struct tw__claim *c)
 {
 	struct tw__claim *best = NULL;
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
-		if (h->slow >= TW__BUDGET_CUT_INTERVALS && h != c &&
-		    (best == NULL || h->held > best->held))
+		if (h != c && hoards(b, h) && (best == NULL || h->held > best->held))
 			best = h;
 	return best;
 }
@@ -213,10 +247,11 @@ static struct tw__claim *largest_slow(struct tw__budget *b, const struct tw__cla
  * peers that each sent 64 MiB of a 256 MiB message as fast as they were
  * read, and then dripped, held 680 MiB through a 16 MiB budget (breaker17
  * b17-5, session 14). While what is reserved passes the limit by more
- * than tw__budget_past_bytes, the slow holder that holds the most is cut
+ * than tw__budget_past_bytes, the hoarder that holds the most is cut
  * (its comm ends, as for a peer below the minimum receive rate: it has
- * dripped while holding memory past the budget), so that memory stays
- * within the limit, that much more, and the one message passing. */
+ * dripped, or stood still for the pause limit, while holding memory past
+ * the budget), so that memory stays within the limit, that much more,
+ * and the one message passing. */
 static void cut_hoarders(struct tw__budget *b, const struct tw__claim *c)
 {
 	struct tw__claim *h;
@@ -324,9 +359,9 @@ static void pass(struct tw__budget *b, struct tw__claim *self)
 			return;
 	}
 	cut_hoarders(b, c);
-	/* Still too much past the limit, held by messages that moved lately
-	 * or paused only briefly: no new pass on top; they go on, or are cut
-	 * once slow for long enough (a later tw__budget_pass). */
+	/* Still too much past the limit, held by messages that moved lately,
+	 * paused, or drip fast enough to finish: no new pass on top; they go
+	 * on, or are cut once they hoard (a later tw__budget_pass). */
 	if (b->used > b->limit + tw__budget_past_bytes(b))
 		return;
 	if (!fits(b, c->want)) /* else the cuts made room: no pass needed */
@@ -383,6 +418,7 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->limit = limit;
 	b->used = 0;
 	b->also = NULL;
+	b->pause_ms = NULL;
 	b->later = NULL;
 	b->stuck = NULL;
 	b->passer = NULL;
@@ -400,6 +436,7 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 {
 	if (waiting(c) || c->cut) /* a cut claim asks in vain until released */
 		return TW_EAGAIN;
+	c->end = rest < UINT64_MAX - c->got ? c->got + rest : UINT64_MAX;
 	if (c == b->passer) { /* to its end, fitting or not; it moves */
 		make_room(b, need_for(b, bytes));
 		c->rest = rest;
@@ -408,10 +445,11 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 		return 0;
 	}
 	if (moved(b, c) >= TW__BUDGET_MOVING_BYTES) /* it moves again */
-		c->slow = 0;
+		c->slow = c->quiet = 0;
 	c->want = bytes;
 	c->rest = rest;
 	c->skips = 0;
+	c->wait_epoch = b->epoch;
 	enqueue(&b->wait, c);
 	admit(b, c);
 	return waiting(c) || c->cut ? TW_EAGAIN : 0;
@@ -430,7 +468,7 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 {
 	drop(b, c);
 	c->got = c->got_mark = 0; /* the next message counts from 0 */
-	c->slow = 0;
+	c->slow = c->quiet = 0;
 	c->cut = 0;
 	b->progress++;
 	admit(b, NULL);
@@ -457,11 +495,22 @@ void tw__budget_pass(struct tw__budget *b)
 	 * its place back (a sticky mark kept a 64 MiB message that paused
 	 * 0.5 s last for ever, breaker17 b17-20); a waiter keeps its mark
 	 * (it is paused: its rate is not known). */
-	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
-		if (moved(b, h) >= TW__BUDGET_MOVING_BYTES)
-			h->slow = 0;
-		else if ((!waiting(h) || h->slow > 0) && h->slow < UINT_MAX)
-			h->slow++;
+	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext) {
+		uint64_t m = moved(b, h);
+		if (m >= TW__BUDGET_MOVING_BYTES) {
+			h->slow = h->quiet = 0;
+		} else if ((!waiting(h) || h->slow > 0) && h->slow < UINT_MAX) {
+			/* A waiter's bytes, or those of one that waited in the
+			 * interval, came as the budget let them: no drip (a peer
+			 * paused 2 s, back to a full budget, looked a dripper) */
+			int drip = m > 0 && !waiting(h) && h->wait_epoch != b->epoch;
+			if (h->slow++ == 0) /* its drip counts from here */
+				h->slow_got = h->got;
+			else if (!drip)
+				h->slow_got += m;
+			h->quiet = drip ? 0 : h->quiet + 1;
+		}
+	}
 	b->may_pass = 1;
 	admit(b, NULL);
 }

@@ -25,8 +25,18 @@ struct tw__claim {
 	uint64_t got, got_mark, mark_epoch;
 	/* Seen dripping: the pass intervals in a row in which it held bytes
 	 * and moved less than TW__BUDGET_MOVING_BYTES (0: moving). While
-	 * not 0, its rest counts as the most. */
-	unsigned slow;
+	 * not 0, its rest counts as the most. Of them, `quiet`: the last
+	 * ones in a row in which it did not drip (it moved nothing: its peer
+	 * paused; or it waited for the budget: what it moved then is ours);
+	 * `slow_got`: what it had received at the end of the first, and in
+	 * the intervals it did not drip (what it moved past that is its
+	 * drip). */
+	unsigned slow, quiet;
+	uint64_t slow_got;
+	uint64_t wait_epoch; /* the pass interval in which it last began to wait */
+	/* Where its message ends (got + rest when it last asked; UINT64_MAX
+	 * when unknown): what is still to come is end - got. */
+	uint64_t end;
 	/* Waiting ended (the bytes asked for are reserved now, or, for the
 	 * write budget, the budget has room again). Runs inside
 	 * tw__budget_release or the setter: it must only schedule work (an
@@ -72,6 +82,9 @@ struct tw__budget {
 	 * against the one that goes on when nothing is reserved: the write
 	 * queues, whose peers may wait for our reads. */
 	const uint64_t *also;
+	/* The pause limit in ms (tw_context_set_receive_budget_pause_ms; 0:
+	 * nobody is cut), read at each look; NULL: the default. */
+	const uint32_t *pause_ms;
 	struct tw__claim wait, hold; /* list heads: waiting in arrival order, holders */
 	int tight;                   /* comms wait: this budget keeps the block cache bypassed */
 	/* Called when comms wait while the reclaimer still holds bytes,
@@ -103,10 +116,15 @@ struct tw__budget {
  * together, when a new pass starts: an eighth of the limit, at least
  * this many bytes (see pass() in budget.c). */
 #define TW__BUDGET_PAST_BYTES ((uint64_t)4 << 20)
-/* Only a holder seen slow for this many pass intervals in a row (2 s at
- * least) is cut: an honest peer that pauses (a GC, a busy sender) is
- * waited for, while no new pass starts on top (see pass() in budget.c). */
-#define TW__BUDGET_CUT_INTERVALS 20u
+/* The pass interval (the owner's timer: core/context.c). */
+#define TW__BUDGET_PASS_MS 100u
+/* While the bytes past the limit are too many, a holder seen slow for
+ * this many pass intervals in a row (2 s at least) is cut if it drips
+ * too slowly to finish within the pause limit; one that moved nothing in
+ * the last TW__BUDGET_QUIET_INTERVALS of them is paused, and cut only
+ * once slow for the pause limit (see hoards() in budget.c). */
+#define TW__BUDGET_CUT_INTERVALS   20u
+#define TW__BUDGET_QUIET_INTERVALS 10u
 uint64_t tw__budget_past_bytes(const struct tw__budget *b);
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);

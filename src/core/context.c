@@ -74,7 +74,7 @@ static void rbudget_later(struct tw__budget *b)
  * message may pass, or the pass may go from a passer that stopped moving
  * to a message nearer to done (tw__budget_pass); else look again. Not
  * sooner: while bytes come back, waiting for them keeps the budget. */
-#define PASS_MS 100
+#define PASS_MS TW__BUDGET_PASS_MS
 
 static void pass_arm(tw_context *ctx)
 {
@@ -139,6 +139,7 @@ void tw__limits_init(struct tw__limits *l)
 	l->ws_ping_strikes = TW_DEFAULT_WS_PING_STRIKES;
 	l->min_rate_bytes = TW_DEFAULT_MIN_RECEIVE_RATE;
 	l->min_rate_grace_ms = TW_DEFAULT_MIN_RECEIVE_GRACE_MS;
+	l->budget_pause_ms = TW_DEFAULT_RECEIVE_BUDGET_PAUSE_MS;
 	l->compression = NULL;
 	l->relay_min_bytes = 0;
 }
@@ -209,6 +210,7 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	tw__budget_init(&ctx->rbudget, tw__budget_default_bytes());
 	tw__wbudget_init(&ctx->wbudget, tw__budget_default_bytes());
 	ctx->rbudget.also = &ctx->wq_held;
+	ctx->rbudget.pause_ms = &ctx->limits.budget_pause_ms;
 	ctx->rbudget.later = rbudget_later;
 	ctx->rbudget.stuck = rbudget_stuck;
 	tw__block_cache_watch(&ctx->rbudget.room);
@@ -438,6 +440,12 @@ int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes)
 		return TW_EINVAL;
 	tw__budget_set_limit(&ctx->rbudget, bytes);
 	return 0;
+}
+
+/* Read by the budget at each look (rbudget.pause_ms). */
+int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms)
+{
+	return TW__SET_LIMIT(ctx, budget_pause_ms, ms, 1);
 }
 
 int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes)

@@ -30,7 +30,9 @@ struct tw__limits {
 	uint32_t ws_ping_strikes;         /* early pings in a row forgiven; 0: off */
 	uint32_t min_rate_bytes;          /* per second, while a message arrives; 0: off */
 	uint32_t min_rate_grace_ms;       /* before it applies */
-	const char *compression;          /* codec offered in handshakes (static), or NULL */
+	uint32_t budget_pause_ms; /* a holder stands still this long past the budget: cut; 0: never
+				   */
+	const char *compression;  /* codec offered in handshakes (static), or NULL */
 	uint64_t relay_min_bytes; /* tcp: relay frames this large (transport/relay.h); 0: off */
 };
 
