@@ -209,7 +209,19 @@ uint64_t tw_comm_queued_bytes(const tw_comm *comm);
  *   the peer stopped reading. The connection is reset (SO_LINGER 0) and
  *   tw_comm_last_error says "close gave up after T ms with no progress: N
  *   bytes not delivered (Q queued, K unacknowledged by the peer's TCP)".
- *   A slow reader that keeps taking bytes is waited for.
+ *   A slow reader that keeps taking bytes is waited for by the linger,
+ *   but not past the TCP timeout (tw_context_set_tcp_timeout_ms, 30 s):
+ *   while its receive window stays too small for our next segment,
+ *   Linux counts the time as bytes left unsent (TCP_USER_TIMEOUT,
+ *   tcp(7)) and resets the connection, closing or not; the comm ends
+ *   with TW_ETIMEDOUT, "write failed: Connection timed out; N bytes not
+ *   delivered". A reader taking 30 KB/s through a 16 KiB receive buffer
+ *   was reset at 31 s; one taking 300 KB/s was still moving after 45 s
+ *   (breaker17 b17-13). Dask's peers do the same: distributed.comm.tcp
+ *   sets TCP_USER_TIMEOUT to distributed.comm.timeouts.tcp, 30 s
+ *   (distributed/comm/tcp.py, set_tcp_timeout). To wait for slower
+ *   readers, raise the TCP timeout (0 leaves the kernel's default: see
+ *   tw_context_set_tcp_timeout_ms for what that bounds).
  * - another error (the peer reset, a write failed, the peer's close frame
  *   came first with data still queued: TW_ECLOSED or the code its close
  *   names): tw_comm_last_error ends with "N bytes not delivered".

@@ -172,8 +172,11 @@ int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);
  * out" in tw_comm_last_error), releasing what was queued. Stuck means
  * either of:
  * - bytes we sent stay unacknowledged, or stay unsent because the peer's
- *   receive window is closed (it stopped reading): TCP_USER_TIMEOUT,
- *   Linux tcp(7), in ms;
+ *   receive window is closed (it stopped reading) or too small for our
+ *   next segment (a slow reader: one taking 30 KB/s through a 16 KiB
+ *   receive buffer was ended at 31 s, closing or not, one taking
+ *   300 KB/s was not; tw_comm_close): TCP_USER_TIMEOUT, Linux tcp(7),
+ *   in ms;
  * - an idle connection's keepalive probes go unanswered (the peer
  *   vanished): with T the timeout in whole seconds, the interval is
  *   max(1, (T - max(2, T / 4)) / 10) s, and probing starts after
@@ -197,11 +200,14 @@ int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
  * close then writes what is queued, sends our end (FIN; TLS close_notify
  * then FIN; a WebSocket close frame) and waits for the peer's. As long as
  * bytes move (we write more, or the peer's TCP acknowledges more) it
- * waits on: a slow reader gets everything. When nothing has moved for
- * `ms` milliseconds (checked every quarter of the smaller of `ms` and
- * 2,000 ms), the close gives up: the connection is reset (SO_LINGER 0),
- * and the close callback gets TW_ETIMEDOUT with the bytes not delivered
- * in tw_comm_last_error (see tw_comm_close for what delivered means).
+ * waits on: a slow reader gets everything, unless the TCP timeout ends
+ * the connection first (tw_context_set_tcp_timeout_ms: a reader so slow
+ * that its receive window stays below our next segment). When nothing
+ * has moved for `ms` milliseconds (checked every quarter of the smaller
+ * of `ms` and 2,000 ms), the close gives up: the connection is reset
+ * (SO_LINGER 0), and the close callback gets TW_ETIMEDOUT with the bytes
+ * not delivered in tw_comm_last_error (see tw_comm_close for what
+ * delivered means).
  * Without it, a peer that stopped reading held a closing comm until the
  * TCP timeout (tw_context_set_tcp_timeout_ms), or for ever with none.
  * Default 5,000 ms.
