@@ -557,6 +557,110 @@ START_TEST(server_reply_backpressure)
 }
 END_TEST
 
+/* A relay frame kept from one request, to be written on another comm. */
+static tw_slice stashed;
+
+/* `stash(data)`: keep data's frame, reply nil. With relay on over tcp,
+ * data (1 MiB, out of band) is a relay frame: its bytes stay in the
+ * sender's socket until a comm writes it (include/taskwire/relay.h). */
+static void op_stash(tw_request *r, void *arg)
+{
+	const tw_payload *p = tw_decoded_payload(tw_request_decoded(r), tw_request_arg(r, "data"));
+	(void)arg;
+	ck_assert(p != NULL && p->nframes == 1);
+	stashed = p->frames[0];
+	tw_block_hold(stashed.block);
+	tw_request_reply(r);
+}
+
+/* `twice`: reply with the stashed frame twice. A relay frame may be
+ * written once: the comm refuses this reply with TW_EINVAL, but only
+ * when it gets to it, not while the reply waits for the drain. */
+static void op_twice(tw_request *r, void *arg)
+{
+	tw_builder *b = tw_request_reply_builder(r);
+	(*(size_t *)arg)++;
+	/* the reply before it is still queued: this one is parked */
+	ck_assert_uint_gt(tw_comm_queued_bytes(tw_request_comm(r)), 0);
+	msgpack_pack_array(tw_builder_packer(b), 2);
+	ck_assert_int_eq(tw_builder_pack_bytes(b, &stashed), 0);
+	ck_assert_int_eq(tw_builder_pack_bytes(b, &stashed), 0);
+	tw_request_reply(r);
+}
+
+static int stashed_set(void *arg)
+{
+	(void)arg;
+	return stashed.block != NULL;
+}
+
+/* A reply parked for the drain (its comm's queue above the high-water
+ * mark) that the comm then refuses for another reason: the caller gets
+ * the uncaught-error reply "reply not sent: ...", as for a reply refused
+ * at once, and the comm serves on. Before, the reply stayed parked and
+ * the comm paused for ever. */
+START_TEST(server_parked_reply_refused)
+{
+	struct rf f;
+	struct rw w, src;
+	tw_context *sctx;
+	tw_builder *b;
+	tw_slice data = ts_pattern_slice(MiB, 7);
+	const tw_decoded *d;
+	size_t served = 0, big = 32 * MiB;
+	uint8_t *bytes = malloc(big);
+	ck_assert_ptr_nonnull(bytes);
+	ts_fill(bytes, big, 3);
+	tu_init(&f.h);
+	ck_assert_int_eq(tw_context_new(f.h.base, &sctx), 0);
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(sctx, 1), 0);
+	ck_assert_int_eq(tw_context_set_relay_bytes(sctx, 64 << 10), 0);
+	rs_start(&f.s, sctx, f.h.base, "tcp://127.0.0.1:0");
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, "stash", op_stash, NULL), 0);
+	ck_assert_int_eq(tw_server_add_op(f.s.srv, "twice", op_twice, &served), 0);
+	/* a relay frame from another comm (src) */
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &src), 0);
+	b = rq_begin("stash", 1);
+	rq_bytes(b, "data", &data);
+	tw_block_free(data.block);
+	rw_send(&src, rq_end(b));
+	ck_assert(tu_run_until(&f.h, stashed_set, NULL, TU_WAIT_MS));
+	/* w reads nothing until `twice` was served: the reply before it (32
+	 * MiB inline, in frame 0, which is never relayed) fills the sockets
+	 * and keeps bytes queued, so the reply to `twice` is parked */
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	tw_comm_pause(w.comm);
+	b = rq_begin("echo", 1);
+	rq_bin(b, "data", bytes, big);
+	rw_send(&w, rq_end(b));
+	rw_send(&w, rq_op("twice"));
+	ck_assert(tu_wait_count(&f.h, &served, 1, TU_WAIT_MS));
+	tw_comm_resume(w.comm);
+	ck_assert_ptr_nonnull(d = rw_msg(&w, 0));
+	ck_assert_int_eq(tw_decoded_root(d)->type, MSGPACK_OBJECT_BIN);
+	ck_assert_uint_eq(tw_decoded_root(d)->via.bin.size, big);
+	ck_assert_int_eq(memcmp(tw_decoded_root(d)->via.bin.ptr, bytes, big), 0);
+	d = rw_msg(&w, 1);
+	ck_assert_msg(d != NULL, "the parked reply never came");
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "status"),
+				    "uncaught-error"));
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "exception_text"),
+				    "reply not sent: invalid argument"));
+	rw_send(&w, rq_echo_str("after"));
+	rw_assert_str(&w, 2, "after");
+	/* the relay frame goes (drained), and src's reply with it */
+	tw_block_free(stashed.block);
+	stashed = (tw_slice){NULL, 0, 0};
+	ck_assert_int_eq(tw_decoded_root(rw_msg(&src, 0))->type, MSGPACK_OBJECT_NIL);
+	rw_free(&w);
+	rw_free(&src);
+	free(bytes);
+	rs_stop(&f.s);
+	tw_context_free(sctx);
+	tu_fini(&f.h);
+}
+END_TEST
+
 TCase *rpc_server_tcase(void)
 {
 	return ts_tcase("server", 60,
@@ -565,5 +669,6 @@ TCase *rpc_server_tcase(void)
 				 server_error_reply, server_reply_refused, server_unknown_op,
 				 server_many_ops, server_close, server_in_order,
 				 server_bad_requests, server_free_in_flight,
-				 server_reply_backpressure, server_transports));
+				 server_reply_backpressure, server_parked_reply_refused,
+				 server_transports));
 }

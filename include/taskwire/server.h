@@ -154,6 +154,13 @@ tw_builder *tw_request_reply_builder(tw_request *r);
  * unless the caller asked for no reply (a kept request: see
  * tw_request_keep_stream), then read the next request (or
  * close the comm when the request said `close`). Frees r in every case.
+ * A reply the comm's queue cannot take yet (its write high-water mark or
+ * the context's write budget: TW_EAGAIN) waits for the comm's drain, the
+ * comm reading nothing meanwhile, and 0 is returned; refused then for
+ * another reason (TW_EINVAL: a relay frame the comm cannot write,
+ * include/taskwire/relay.h; TW_ENOMEM), it is replaced by the
+ * uncaught-error reply "reply not sent: ..." as for TW_ETOOBIG below, and
+ * when even that cannot be queued the comm ends with that error.
  * Loop thread.
  * Returns 0, or:
  *   TW_ECLOSED  the comm went away: the reply is dropped

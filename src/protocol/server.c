@@ -297,12 +297,24 @@ static void resume(struct sconn *sc)
 		tw_comm_resume(sc->comm);
 }
 
+static int queue_reply(struct sconn *sc, tw_msg *m);
+static int refused_reply(struct sconn *sc, int why);
+
+/* The queue drained: the reply it refused goes now. Refused again for
+ * another reason than a full queue, it is handled as a reply refused at
+ * once (send_reply): the caller gets "reply not sent: ...", or the comm
+ * ends when even that cannot be queued; never parked for ever with the
+ * comm paused. */
 static void on_drain(tw_comm *comm, void *arg)
 {
 	struct sconn *sc = arg;
-	if (sc->pending != NULL && tw_comm_write(comm, sc->pending) == 0) {
+	tw_msg *m = sc->pending;
+	int rv;
+	if (m != NULL) {
 		sc->pending = NULL;
-		if (sc->close_after) {
+		if ((rv = queue_reply(sc, m)) != 0 && rv != TW_ECLOSED && refused_reply(sc, rv))
+			return;
+		if (sc->pending == NULL && sc->close_after) {
 			tw_comm_close(comm);
 			return;
 		}
