@@ -67,7 +67,8 @@ static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
 }
 
 /* The receive budget cut this comm's message (core/budget.c,
- * cut_hoarders): it dripped while the bytes past the budget were too
+ * cut_hoarders): it dripped too slowly to finish within the pause
+ * limit, or stood still for it, while the bytes past the budget were too
  * many. End the comm from the loop (this runs inside the budget), as for
  * a peer below the minimum receive rate, with the reason. */
 static void rx_cut(struct tw__claim *claim)
@@ -76,9 +77,10 @@ static void rx_cut(struct tw__claim *claim)
 		(struct tw__sock *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
 	const struct tw__budget *b = &s->base.ctx->rbudget;
 	tw__comm_seterr(&s->base,
-			"message cut by the receive budget: its peer slowed to a drip after "
-			"sending %llu bytes of the message while more than %llu bytes were "
-			"reserved past the budget of %llu bytes",
+			"message cut by the receive budget: its peer sent %llu bytes of the "
+			"message, then too little to finish it within the pause limit "
+			"(tw_context_set_receive_budget_pause_ms), while more than %llu bytes "
+			"were reserved past the budget of %llu bytes",
 			(unsigned long long)claim->got,
 			(unsigned long long)tw__budget_past_bytes(b), (unsigned long long)b->limit);
 	event_active(s->base.rate.ev, EV_TIMEOUT, 0);
