@@ -264,7 +264,8 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * back (the peers of our writes may wait for our reads). A message in
  * progress that receives less than 64 KiB in such 100 ms (a peer
  * dripping its bytes above the minimum receive rate) counts, until it
- * receives 64 KiB in such 100 ms again, as having the most bytes to
+ * receives 64 KiB in such 100 ms again (or, waiting for the budget, has
+ * 64 KiB sent by its peer unread), as having the most bytes to
  * come: it no longer keeps a
  * pass from starting, and if it is the passer it hands the pass to a
  * waiting message with fewer bytes to come. Over ws and wss a message's
@@ -286,7 +287,7 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * "message cut by the receive budget"), the one holding the most first,
  * as many as it takes. It hoards once it has received less than 64 KiB
  * in each of 20 such 100 ms in a row (2 s at least) and either drips
- * (it received bytes in the last 10 of them) so slowly that, at the rate
+ * (it received bytes in 2 or more of the last 10) so slowly that, at the rate
  * it received since it slowed, its bytes still to come would take longer
  * than the pause limit (tw_context_set_receive_budget_pause_ms, 20 s), or
  * has been that slow for the pause limit itself. So a peer that pauses

@@ -206,10 +206,11 @@ static uint64_t pause_intervals(const struct tw__budget *b)
 
 /* Whether h, a holder, hoards (may be cut while the bytes past the limit
  * are too many). A peer that pauses (a blocked event loop, a GC, a worker
- * under memory pressure) sends nothing, and then the rest: h moved
- * nothing in its last TW__BUDGET_QUIET_INTERVALS, and is waited for until
- * it has been slow for the pause limit. A peer that drips (it moved, less
- * than TW__BUDGET_MOVING_BYTES a pass interval, for
+ * under memory pressure) sends nothing, and then the rest: h dripped in
+ * fewer than TW__BUDGET_DRIP_TIMES of its last TW__BUDGET_DRIP_INTERVALS
+ * (once is a read of bytes that came before the pause, seen late), and is
+ * waited for until it has been slow for the pause limit. A peer that
+ * drips (it moved, less than TW__BUDGET_MOVING_BYTES a pass interval, for
  * TW__BUDGET_CUT_INTERVALS) hoards when, at the rate it dripped since it
  * slowed, its rest would take longer than the pause limit: a message near
  * its end, or on a slow link with little to come, finishes first. Cutting
@@ -219,12 +220,15 @@ static uint64_t pause_intervals(const struct tw__budget *b)
 static int hoards(const struct tw__budget *b, const struct tw__claim *h)
 {
 	uint64_t limit = pause_intervals(b), dripped, rest;
+	unsigned times = 0;
 	if (limit == 0 || h->slow < TW__BUDGET_CUT_INTERVALS)
 		return limit != 0 && h->slow >= limit;
 	if (h->slow >= limit)
 		return 1;
 	dripped = h->got > h->slow_got ? h->got - h->slow_got : 0;
-	if (h->quiet >= TW__BUDGET_QUIET_INTERVALS || dripped == 0)
+	for (unsigned i = 0; i < TW__BUDGET_DRIP_INTERVALS; i++)
+		times += (h->drips >> i) & 1u;
+	if (times < TW__BUDGET_DRIP_TIMES || dripped == 0)
 		return 0;
 	rest = h->end > h->got ? h->end - h->got : 0;
 	/* rest / (dripped per interval) > limit intervals */
@@ -305,6 +309,7 @@ static void admit_one(struct tw__budget *b, struct tw__claim *c, struct tw__clai
 	grant(b, c, c->want);
 	c->want = 0;
 	c->skips = 0;
+	c->wait_epoch = b->epoch; /* what it reads now waited in its socket */
 	if (c != self)
 		c->granted(c);
 }
@@ -445,7 +450,7 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 		return 0;
 	}
 	if (moved(b, c) >= TW__BUDGET_MOVING_BYTES) /* it moves again */
-		c->slow = c->quiet = 0;
+		c->slow = c->drips = 0;
 	c->want = bytes;
 	c->rest = rest;
 	c->skips = 0;
@@ -468,7 +473,7 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 {
 	drop(b, c);
 	c->got = c->got_mark = 0; /* the next message counts from 0 */
-	c->slow = c->quiet = 0;
+	c->slow = c->drips = 0;
 	c->cut = 0;
 	b->progress++;
 	admit(b, NULL);
@@ -497,18 +502,25 @@ void tw__budget_pass(struct tw__budget *b)
 	 * (it is paused: its rate is not known). */
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext) {
 		uint64_t m = moved(b, h);
+		/* A waiter whose peer sent a step's worth moves as soon as the
+		 * budget lets it: not slow (counted on, a waiter that was slow
+		 * before it waited ranked last and was cut at the pause limit
+		 * while its bytes waited: 7 of breaker13's b7 pausers, once) */
+		if (waiting(h) && h->ready != NULL && h->ready(h) >= TW__BUDGET_MOVING_BYTES)
+			m = TW__BUDGET_MOVING_BYTES;
 		if (m >= TW__BUDGET_MOVING_BYTES) {
-			h->slow = h->quiet = 0;
+			h->slow = h->drips = 0;
 		} else if ((!waiting(h) || h->slow > 0) && h->slow < UINT_MAX) {
-			/* A waiter's bytes, or those of one that waited in the
-			 * interval, came as the budget let them: no drip (a peer
-			 * paused 2 s, back to a full budget, looked a dripper) */
+			/* A waiter's bytes, or those of one that waited or was
+			 * granted in the interval, came as the budget let them:
+			 * no drip (a peer paused 2 s, back to a full budget,
+			 * looked a dripper) */
 			int drip = m > 0 && !waiting(h) && h->wait_epoch != b->epoch;
 			if (h->slow++ == 0) /* its drip counts from here */
 				h->slow_got = h->got;
 			else if (!drip)
 				h->slow_got += m;
-			h->quiet = drip ? 0 : h->quiet + 1;
+			h->drips = h->drips << 1 | (unsigned)drip;
 		}
 	}
 	b->may_pass = 1;

@@ -25,15 +25,15 @@ struct tw__claim {
 	uint64_t got, got_mark, mark_epoch;
 	/* Seen dripping: the pass intervals in a row in which it held bytes
 	 * and moved less than TW__BUDGET_MOVING_BYTES (0: moving). While
-	 * not 0, its rest counts as the most. Of them, `quiet`: the last
-	 * ones in a row in which it did not drip (it moved nothing: its peer
-	 * paused; or it waited for the budget: what it moved then is ours);
-	 * `slow_got`: what it had received at the end of the first, and in
-	 * the intervals it did not drip (what it moved past that is its
-	 * drip). */
-	unsigned slow, quiet;
+	 * not 0, its rest counts as the most. Of them, `drips`: bit i set
+	 * when it dripped i intervals ago (it moved bytes, not while it
+	 * waited for the budget or was granted: what it moved then is ours;
+	 * moving nothing, its peer paused); `slow_got`: what it had received
+	 * at the end of the first, and in the intervals it did not drip
+	 * (what it moved past that is its drip). */
+	unsigned slow, drips;
 	uint64_t slow_got;
-	uint64_t wait_epoch; /* the pass interval in which it last began to wait */
+	uint64_t wait_epoch; /* the pass interval in which it last waited or was granted */
 	/* Where its message ends (got + rest when it last asked; UINT64_MAX
 	 * when unknown): what is still to come is end - got. */
 	uint64_t end;
@@ -49,6 +49,10 @@ struct tw__claim {
 	 * end, never run it). NULL: nobody is told (tests). */
 	int cut;
 	void (*cut_off)(struct tw__claim *c);
+	/* Bytes its peer sent that wait unread (its socket's), for a waiter:
+	 * TW__BUDGET_MOVING_BYTES or more, its wait is ours, not a pause. NULL:
+	 * not known (0). */
+	uint64_t (*ready)(const struct tw__claim *c);
 };
 
 /* The receive budget. Messages reserve their bytes as they arrive, a
@@ -120,11 +124,12 @@ struct tw__budget {
 #define TW__BUDGET_PASS_MS 100u
 /* While the bytes past the limit are too many, a holder seen slow for
  * this many pass intervals in a row (2 s at least) is cut if it drips
- * too slowly to finish within the pause limit; one that moved nothing in
- * the last TW__BUDGET_QUIET_INTERVALS of them is paused, and cut only
- * once slow for the pause limit (see hoards() in budget.c). */
-#define TW__BUDGET_CUT_INTERVALS   20u
-#define TW__BUDGET_QUIET_INTERVALS 10u
+ * (in at least TW__BUDGET_DRIP_TIMES of the last TW__BUDGET_DRIP_INTERVALS)
+ * too slowly to finish within the pause limit; otherwise it is paused,
+ * and cut only once slow for the pause limit (see hoards() in budget.c). */
+#define TW__BUDGET_CUT_INTERVALS  20u
+#define TW__BUDGET_DRIP_INTERVALS 10u
+#define TW__BUDGET_DRIP_TIMES     2u
 uint64_t tw__budget_past_bytes(const struct tw__budget *b);
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -86,6 +87,19 @@ static void rx_cut(struct tw__claim *claim)
 	event_active(s->base.rate.ev, EV_TIMEOUT, 0);
 }
 
+/* Bytes waiting in the socket (the receive budget's look at a waiter:
+ * its peer sent them, the budget holds them). */
+static uint64_t rx_ready(const struct tw__claim *claim)
+{
+	const struct tw__sock *s =
+		(const struct tw__sock *)(const void *)((const char *)claim -
+							offsetof(tw_comm, rx_claim));
+	int n = 0;
+	if (s->fd < 0 || ioctl(s->fd, FIONREAD, &n) != 0 || n < 0)
+		return 0;
+	return (uint64_t)n;
+}
+
 /* The receive budget has room for the next bytes: read on, from the loop
  * (this runs inside another comm's release, so it must not read here). */
 static void rx_granted(struct tw__claim *claim)
@@ -129,6 +143,7 @@ int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
 	s->base.linger.ev = s->timer;
 	s->base.rx_claim.granted = rx_granted;
 	s->base.rx_claim.cut_off = rx_cut;
+	s->base.rx_claim.ready = rx_ready;
 	tw__comm_set_addresses(&s->base, fd, scheme);
 	return 0;
 }
