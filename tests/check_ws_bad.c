@@ -493,11 +493,13 @@ static struct tu_peer *open_pinger(struct tu *h, const char *scheme, uint32_t mi
 				   uint32_t strikes, struct wu_raw *r, struct tu_peer **sp)
 {
 	struct tu_peer *cli = wu_setup_echo(h, scheme);
+	size_t idx;
 	ck_assert_ptr_nonnull(tu_server_peer(h, 0));
 	ck_assert_int_eq(tw_context_set_ws_min_ping_interval_ms(h->ctx, min_ms), 0);
 	ck_assert_int_eq(tw_context_set_ws_ping_strikes(h->ctx, strikes), 0);
+	idx = h->nsrv; /* the raw client's comm is the next accepted: wait for it */
 	ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, r), 101);
-	*sp = tu_server_peer(h, h->nsrv - 1);
+	*sp = tu_server_peer(h, idx);
 	ck_assert_ptr_nonnull(*sp);
 	return cli;
 }
