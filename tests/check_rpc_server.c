@@ -661,6 +661,43 @@ START_TEST(server_parked_reply_refused)
 }
 END_TEST
 
+/* With relay on, a payload of at least the relay size stays in the
+ * caller's socket; echoing it writes it back to its own source, whose
+ * writes wait until it is consumed: refused (TW_EINVAL), so the caller
+ * gets "reply not sent: invalid argument" at once, and the comm serves
+ * on. Before, neither that reply nor any other came. */
+START_TEST(server_echo_relayed_payload)
+{
+	struct rf f;
+	struct rw w;
+	tw_context *sctx;
+	tw_builder *b;
+	tw_slice data = ts_pattern_slice(MiB, 9);
+	const tw_decoded *d;
+	tu_init(&f.h);
+	ck_assert_int_eq(tw_context_new(f.h.base, &sctx), 0);
+	ck_assert_int_eq(tw_context_set_relay_bytes(sctx, 64 << 10), 0);
+	rs_start(&f.s, sctx, f.h.base, "tcp://127.0.0.1:0");
+	ck_assert_int_eq(rw_open(&f.h, f.h.ctx, f.s.addr, &w), 0);
+	rw_send(&w, rq_echo_str("before"));
+	b = rq_begin("echo", 1);
+	rq_bytes(b, "data", &data);
+	tw_block_free(data.block);
+	rw_send(&w, rq_end(b));
+	rw_send(&w, rq_echo_str("after"));
+	rw_assert_str(&w, 0, "before");
+	d = rw_msg(&w, 1);
+	ck_assert_msg(d != NULL, "no reply to the relayed echo");
+	ck_assert(tw_msgpack_str_eq(tw_msgpack_map_get(tw_decoded_root(d), "exception_text"),
+				    "reply not sent: invalid argument"));
+	rw_assert_str(&w, 2, "after");
+	rw_free(&w);
+	rs_stop(&f.s);
+	tw_context_free(sctx);
+	tu_fini(&f.h);
+}
+END_TEST
+
 TCase *rpc_server_tcase(void)
 {
 	return ts_tcase("server", 60,
@@ -670,5 +707,5 @@ TCase *rpc_server_tcase(void)
 				 server_many_ops, server_close, server_in_order,
 				 server_bad_requests, server_free_in_flight,
 				 server_reply_backpressure, server_parked_reply_refused,
-				 server_transports));
+				 server_echo_relayed_payload, server_transports));
 }

@@ -16,7 +16,11 @@
  *   Frames of one source may go to several comms (scatter), each comm
  *   taking them in increasing order; a comm waits for its frame's turn.
  * - A relay frame is written at most once, to a tcp comm on the same loop
- *   (tw_comm_write refuses it otherwise: TW_EINVAL).
+ *   other than its source (tw_comm_write refuses it otherwise:
+ *   TW_EINVAL; what the source writes waits until its relay frames are
+ *   consumed, so one written back to it would never go: a tw_server's
+ *   `echo` of a relayed payload answers "reply not sent: invalid
+ *   argument").
  * - Its bytes cannot be read: tw_slice_data of a relay frame points at
  *   address space that faults. tw_msg_frame_is_relay tells them apart.
  * - A relay frame nobody writes is drained (read and dropped) once every

@@ -258,7 +258,10 @@ static int claim_relay(struct stream *s, tw_msg *m)
 		struct tw__relay *r = tw__relay_of(&f[j], &i);
 		if (r == NULL)
 			continue;
-		if (s->sock.io != &tw__tcp_io || tw__relay_claim(r, i, relay_wake, s) != 0) {
+		/* never to its source: what the source writes waits until its
+		 * relay frames are consumed (flush), so it could never go */
+		if (s->sock.io != &tw__tcp_io || r == s->relay ||
+		    tw__relay_claim(r, i, relay_wake, s) != 0) {
 			while (j-- > 0)
 				if ((r = tw__relay_of(&f[j], &i)) != NULL)
 					tw__relay_unclaim(r, i);
