@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <event2/event.h>
 
+#include "core/pass.h"
 #include "tests/support/harness.h"
 #include "tests/support/tls.h"
 #include "tests/support/tran.h"
@@ -427,12 +428,155 @@ START_TEST(ws_peer_close_idle)
 }
 END_TEST
 
+/* Many comms ending at once (issue 17): 500 tls comms ending in one
+ * callback were one loop pass of 15-26 ms, in which no other comm was
+ * served. A comm's end sends its end (close_notify, FIN) and releases its
+ * socket (SSL_free, close) while the loop's pass has time, else on later
+ * passes (core/reap.h). Here every pass's time is spent from its start
+ * (tw__pass_spend), as on a loaded machine: after the server ends MASS
+ * comms in one callback, their clients see the ends over many passes,
+ * a canary comm echoing between them, and every comm still ends as the
+ * close contract says. */
+#define MASS_MAX 24
+static size_t mass_n(void)
+{
+	return ts_quick() ? 8 : MASS_MAX;
+}
+
+struct mass {
+	struct tu h;
+	struct tu_peer *canary, *cli[MASS_MAX], *srv[MASS_MAX];
+	int free; /* tw_comm_free, not tw_comm_close */
+	int ended;
+	size_t canary_sent;
+};
+
+/* The canary writes its next message as each echo comes. */
+static void canary_on_recv(struct tu_peer *p, tw_msg *m)
+{
+	struct mass *ms = p->user;
+	size_t lens[] = {10};
+	(void)m;
+	ck_assert_int_eq(tw_comm_write(p->comm, ts_msg_pattern(lens, 1, 0)), 0);
+	ms->canary_sent++;
+}
+
+/* One callback ends them all: a last message and tw_comm_close, or
+ * tw_comm_free. */
+static void mass_end(evutil_socket_t fd, short what, void *arg)
+{
+	struct mass *m = arg;
+	size_t lens[] = {100};
+	(void)fd, (void)what;
+	for (size_t i = 0; i < mass_n(); i++) {
+		struct tu_peer *sp = m->srv[i];
+		if (m->free) {
+			tw_comm_free(sp->comm);
+			sp->comm = NULL;
+			continue;
+		}
+		ck_assert_int_eq(tw_comm_write(sp->comm, ts_msg_pattern(lens, 1, (unsigned)i)), 0);
+		tw_comm_close(sp->comm);
+	}
+	m->ended = 1;
+}
+
+static size_t clients_closed(const struct mass *m)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < mass_n(); i++)
+		n += m->cli[i]->closed != 0;
+	return n;
+}
+
+static void mass_case(int t, int free_them)
+{
+	static const struct timeval now = {0, 0};
+	struct mass *m = calloc(1, sizeof(*m));
+	size_t lens[] = {10}, done = 0, n = mass_n(), echoes_first = 0, most = 0;
+	long long deadline;
+	ck_assert_ptr_nonnull(m);
+	m->free = free_them;
+	setup(&m->h, t, (struct tu_server_opts){.echo = 1}, 0);
+	m->canary = ts_tran_connect(&m->h);
+	m->canary->user = m;
+	m->canary->on_recv = canary_on_recv;
+	for (size_t i = 0; i < n; i++) {
+		m->cli[i] = ts_tran_connect(&m->h);
+		m->srv[i] = tu_server_peer(&m->h, i + 1); /* srv 0: the canary's */
+	}
+	ck_assert_int_eq(tw_comm_write(m->canary->comm, ts_msg_pattern(lens, 1, 0)), 0);
+	m->canary_sent = 1;
+	ck_assert(tu_wait_count(&m->h, &m->canary->nmsgs, 1, TU_WAIT_MS));
+	tw__pass_spend(1);
+	ck_assert_int_eq(event_base_once(m->h.base, -1, EV_TIMEOUT, mass_end, m, &now), 0);
+	deadline = ts_now_ms() + TU_WAIT_MS;
+	while (done < n) {
+		size_t closed;
+		ck_assert_msg(ts_now_ms() < deadline,
+			      "%s: %zu of %zu clients saw their end, then none", ts_tran_scheme(t),
+			      done, n);
+		event_base_loop(m->h.base, EVLOOP_ONCE);
+		closed = clients_closed(m);
+		if (closed > done && done == 0)
+			echoes_first = m->canary->nmsgs;
+		if (closed - done > most)
+			most = closed - done;
+		if (closed != done)
+			deadline = ts_now_ms() + TU_WAIT_MS;
+		done = closed;
+	}
+	tw__pass_spend(0);
+	m->canary->on_recv = NULL; /* its last echo comes in, then it rests */
+	ck_assert(tu_wait_count(&m->h, &m->canary->nmsgs, m->canary_sent, TU_WAIT_MS));
+	ck_assert(m->ended);
+	if (getenv("TU_VERBOSE") != NULL)
+		fprintf(stderr, "%s %s: at most %zu of %zu ends in one pass; canary echoes %zu\n",
+			ts_tran_scheme(t), free_them ? "free" : "close", most, n,
+			m->canary->nmsgs - echoes_first);
+	/* the ends came over many passes, the canary served between them */
+	ck_assert_msg(most <= n / 2, "%s: %zu of %zu ends in one pass", ts_tran_scheme(t), most, n);
+	ck_assert_msg(m->canary->nmsgs > echoes_first,
+		      "%s: the canary had no echo between the first and the last end",
+		      ts_tran_scheme(t));
+	ck_assert_int_eq(m->canary->closed, 0);
+	for (size_t i = 0; i < n; i++) {
+		struct tu_peer *c = m->cli[i], *sp = m->srv[i];
+		ck_assert_msg(c->close_err == 0, "%s client %zu: %s (%s)", ts_tran_scheme(t), i,
+			      tw_strerror(c->close_err), c->last_error);
+		if (free_them)
+			continue;
+		/* tw_comm_close: the last message came before the end */
+		ck_assert_uint_eq(c->nmsgs_at_close, 1);
+		ck_assert(ts_msg_matches(c->msgs[0], (size_t[]){100}, 1, (unsigned)i));
+		ck_assert_msg(tu_wait_flag(&m->h, &sp->closed, TU_WAIT_MS), "server %zu", i);
+		ck_assert_msg(sp->close_err == 0, "%s server %zu: %s (%s)", ts_tran_scheme(t), i,
+			      tw_strerror(sp->close_err), sp->last_error);
+	}
+	tt_canary(m->canary, 3);
+	tt_fini(&m->h);
+	free(m);
+}
+
+START_TEST(mass_close)
+{
+	mass_case(_i, 0);
+}
+END_TEST
+
+START_TEST(mass_free)
+{
+	mass_case(_i, 1);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = ts_tcase("close", 120, NULL);
 	ts_add_loop(tc, 4,
 		    TS_TESTS(slow_reader_gets_everything, stopped_reader_times_out,
-			     quick_close_delivers, reply_before_bad_input_close));
+			     quick_close_delivers, reply_before_bad_input_close, mass_close,
+			     mass_free));
 	ts_add(tc, TS_TESTS(ws_peer_close_mid_fragment, ws_peer_close_idle));
 	return ts_main("close", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

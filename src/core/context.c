@@ -16,6 +16,7 @@
 
 #include "core/block.h"
 #include "core/context.h"
+#include "core/reap.h"
 #include "core/reclaim.h"
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
@@ -156,6 +157,7 @@ void tw__event_free(struct event *ev)
 static void release(tw_context *ctx)
 {
 	tw__block_cache_unwatch(&ctx->rbudget.room);
+	tw__event_free(ctx->reap_ev);
 	tw__event_free(ctx->pass_ev);
 	tw__event_free(ctx->rbudget_ev);
 	tw__event_free(ctx->call_ev);
@@ -320,6 +322,8 @@ void tw__ctx_free(tw_context *ctx)
 		pthread_join(ctx->thread, NULL);
 	}
 	kill_all(ctx); /* connects first: they cancel their lookups */
+	/* the comms' sockets and TLS left to later passes, all at once */
+	tw__reap_all(ctx);
 	/* then the other loops: what the kill posted to them (a listener's
 	 * stand-ins) runs before they stop */
 	tw__loops_free(ctx);

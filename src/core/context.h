@@ -98,6 +98,10 @@ struct tw_context {
 	struct event *rbudget_ev; /* a 1 ms look again while the reclaimer holds bytes */
 	struct event *pass_ev;    /* rbudget.stuck: 100 ms with no bytes back, then a pass */
 	uint64_t pass_progress, pass_pending;
+	/* Releases waiting for a pass with time (core/reap.h): a FIFO
+	 * (reap_tail NULL: not set up yet), run by reap_ev. */
+	struct tw__reap *reap_head, **reap_tail;
+	struct event *reap_ev;
 	/* Bytes of the messages in all write queues, each counted until it
 	 * is written whole and freed (wbudget.used falls as bytes go out,
 	 * while the message's memory stays until its last byte): what the

@@ -35,6 +35,8 @@ static _Thread_local struct {
 	unsigned steps; /* TLS handshake steps started (tw__pass_step) */
 	int open;       /* a comm's read: from tw__pass_read to tw__pass_close */
 	int cut;        /* tw__pass_cold gave less than asked since tw__pass_spent */
+	/* comms' ends released or sent (tw__pass_release) */
+	unsigned releases;
 } pass;
 
 /* Nanoseconds since the pass began (vDSO: tens of nanoseconds). */
@@ -58,6 +60,7 @@ static void pass_look(struct event_base *base)
 		pass.used = 0;
 		pass.cold = 0;
 		pass.steps = 0;
+		pass.releases = 0;
 		clock_gettime(CLOCK_MONOTONIC, &pass.t0);
 	} else if (pass.used < PASS_BYTES && pass_ran() >= PASS_NS) {
 		pass.used = PASS_BYTES;
@@ -77,13 +80,25 @@ size_t tw__pass_allow(struct event_base *base, size_t want)
 	return want < left ? want : left;
 }
 
+/* One unit of costly work of a kind counted by *started: while the
+ * pass's time is not spent, and the pass's first always. */
+static int pass_unit(struct event_base *base, unsigned *started)
+{
+	pass_look(base); /* a new pass zeroes the counts */
+	if (*started > 0 && pass.used >= PASS_BYTES)
+		return 0;
+	++*started;
+	return 1;
+}
+
 int tw__pass_step(struct event_base *base)
 {
-	pass_look(base);
-	if (pass.steps > 0 && pass.used >= PASS_BYTES)
-		return 0;
-	pass.steps++;
-	return 1;
+	return pass_unit(base, &pass.steps);
+}
+
+int tw__pass_release(struct event_base *base)
+{
+	return pass_unit(base, &pass.releases);
 }
 
 size_t tw__pass_spent(size_t left, size_t n)

@@ -73,6 +73,12 @@ void tw__pass_cap(size_t bytes);
  * already read, and event_active inside a pass runs in that same pass
  * (libevent 2.1). Loop thread. */
 int tw__pass_step(struct event_base *base);
+/* 1 when a comm's end may release its socket and TLS (or send its end)
+ * now, counted; 0 when it must wait for a later pass (core/reap.h). As
+ * for a handshake step: while the pass's time is not spent, and the
+ * pass's first always, so that a comm ending alone is released at once.
+ * Loop thread. */
+int tw__pass_release(struct event_base *base);
 /* The timeout (microseconds) of a timer that runs on the next pass, never
  * on this one: past libevent's cached time. A zero timeout fires on the
  * next loop iteration, which with the default coarse clock is most often

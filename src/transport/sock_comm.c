@@ -14,6 +14,7 @@
 #include "core/context.h"
 #include "core/msg.h"
 #include "core/pass.h"
+#include "core/reap.h"
 #include "transport/comm_budget.h"
 #include "transport/sock_comm.h"
 
@@ -159,8 +160,49 @@ void tw__sock_pause(tw_comm *c)
 	tw__comm_rate_stop(c);
 }
 
-/* Release the socket now; no callback runs after. The queue and what
- * was received are dropped at once, not when the comm is freed. */
+/* The socket and its I/O layer (TLS), released on a later pass when
+ * this one has no time left (core/reap.h): SSL_free and close(2) were
+ * most of a comm's end. The comm is free to go meanwhile. */
+struct sock_release {
+	struct tw__reap r;
+	const struct tw__stream_io *io;
+	void *io_arg;
+	int fd;
+};
+
+static void release_now(const struct tw__stream_io *io, void *io_arg, int fd)
+{
+	if (io->free != NULL)
+		io->free(io_arg);
+	close(fd);
+}
+
+static void release_later(struct tw__reap *r)
+{
+	struct sock_release *x = (struct sock_release *)r;
+	release_now(x->io, x->io_arg, x->fd);
+	free(x);
+}
+
+static void sock_release(struct tw__sock *s)
+{
+	struct sock_release *x;
+	if (!tw__reap_now(s->base.ctx) && (x = malloc(sizeof(*x))) != NULL) {
+		x->r.fn = release_later;
+		x->io = s->io;
+		x->io_arg = s->io_arg;
+		x->fd = s->fd;
+		if (tw__reap_later(s->base.ctx, &x->r) == 0)
+			return;
+		free(x);
+	}
+	release_now(s->io, s->io_arg, s->fd);
+}
+
+/* Stop the socket now; no callback runs after. The queue and what was
+ * received are dropped at once, not when the comm is freed; the socket
+ * and its TLS are released now or, when the loop's pass has no time
+ * left, on a later one (sock_release). */
 void tw__sock_stop(tw_comm *c)
 {
 	struct tw__sock *s = (struct tw__sock *)c;
@@ -176,9 +218,7 @@ void tw__sock_stop(tw_comm *c)
 	tw__comm_wq_sub(c, s->queued_bytes);
 	s->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
 	s->hooks->stopped(s);
-	if (s->io->free != NULL)
-		s->io->free(s->io_arg);
-	close(s->fd);
+	sock_release(s);
 	s->fd = -1;
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/msg.h"
 #include "core/pass.h"
+#include "core/reap.h"
 #include "transport/comm_budget.h"
 #include "transport/frame_rx.h"
 #include "transport/gather.h"
@@ -90,6 +91,8 @@ struct stream {
 	/* The relay of the last message's tail: the socket's next bytes are
 	 * its frames, so nothing is read until it is done. */
 	struct tw__relay *relay;
+	/* The end (send_end) waiting for a pass with time (core/reap.h). */
+	struct tw__reap end_wait;
 };
 
 extern const struct tw__stream_io tw__tcp_io;
@@ -765,10 +768,24 @@ static void try_finish(struct stream *s)
 	linger_check(s, 1);
 }
 
+static void end_now(struct stream *s);
+
+static void end_later(struct tw__reap *r)
+{
+	end_now((struct stream *)(void *)((char *)r - offsetof(struct stream, end_wait)));
+}
+
 /* The queue is flushed: send our end (FIN, after close_notify for tls),
  * then wait (bounded by the linger) for the peer's and for the peer's TCP
- * to acknowledge every byte. */
+ * to acknowledge every byte. When the loop's pass has no time left, on a
+ * later pass (core/reap.h): a mass close is not one long pass. */
 static void send_end(struct stream *s)
+{
+	if (!tw__reap_defer(s->sock.base.ctx, &s->end_wait, end_later))
+		end_now(s);
+}
+
+static void end_now(struct stream *s)
 {
 	s->sock.io->shutdown(s->sock.io_arg, s->sock.fd);
 	s->closing = 2;
@@ -846,6 +863,7 @@ static void s_fail(tw_comm *c, int err)
 static void stopped(struct tw__sock *sock)
 {
 	struct stream *s = (struct stream *)sock;
+	tw__reap_cancel(sock->base.ctx, &s->end_wait);
 	s->queued_cost = 0;
 	s->head_sent = 0;
 	s->head_part = 0;

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "core/reap.h"
 #include "transport/sock_comm.h"
 #include "transport/ws_codec.h"
 #include "transport/ws_upgrade.h"
@@ -92,6 +93,9 @@ struct ws {
 	uint8_t *scratch;
 	size_t scratch_cap, scratch_len, scratch_sent;
 	int close_sent, close_rcvd, err_after_close;
+	/* Our close frame waiting for a pass with time (core/reap.h): a mass
+	 * close is not one long pass. */
+	struct tw__reap close_wait;
 	/* Failing for bad input with replies queued: they go out, then the
 	 * close frame with this code and reason, and no input is processed
 	 * (RFC 6455 section 7.1.7); input is read and dropped. */

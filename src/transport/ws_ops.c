@@ -184,6 +184,7 @@ static void w_fail(tw_comm *c, int err)
 /* Stopped: an ended comm holds no memory for its peer's bytes. */
 static void stopped(struct tw__sock *sock)
 {
+	tw__reap_cancel(sock->base.ctx, &((struct ws *)sock)->close_wait);
 	tw__wsc_reset_rx((struct ws *)sock);
 }
 
