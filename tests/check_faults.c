@@ -281,16 +281,30 @@ static const struct pool_fault {
 };
 enum { STALL_REPLY, STALL_REQUEST, RESET_REPLY, RESET_REQUEST, HALF_OPEN_REPLY };
 
+/* A stall case proves its deadline only if the stall came first. Under
+ * ASan at load 30 (1 of 2 runs of the suite), the 1 MiB request over wss
+ * had not come back 64 KiB through the proxy when 500 ms ran out: the call
+ * ended by its deadline with TW_ETIMEDOUT, but nothing had stalled
+ * (px.faults 0). Such a run is made again, from a new fixture, with the
+ * deadline doubled while it stays under WAIT_MS / 2 (not under valgrind,
+ * where assert_stalled allows it): the machine's speed sets how long the
+ * test takes, not whether it passes. */
 START_TEST(pool_fault_mid_call)
 {
 	const struct pool_fault *c = &pool_faults[_i / 4];
 	struct fp_opts o = {.fault = c->fault, .dir = c->dir, .after = AFTER};
+	uint32_t ms = c->ms != 0 ? dl(c->ms) : FAR_MS;
 	struct ff f;
-	ff_init(&f, _i % 4, &o);
-	if (c->warm)
-		warm(&f, 64 * KiB);
-	call_fails(&f, rq_echo_pattern(MiB, c->seed), c->ms != 0 ? dl(c->ms) : FAR_MS, c->want,
-		   c->what);
+	for (;;) {
+		ff_init(&f, _i % 4, &o);
+		if (c->warm)
+			warm(&f, 64 * KiB);
+		call_fails(&f, rq_echo_pattern(MiB, c->seed), ms, c->want, c->what);
+		if (!c->warm || f.px.faults != 0 || ts_quick() || ms >= WAIT_MS / 4)
+			break;
+		ff_end(&f);
+		ms *= 2;
+	}
 	if (c->warm)
 		assert_stalled(&f);
 	else
