@@ -92,7 +92,14 @@ static void pass_due(evutil_socket_t fd, short what, void *arg)
 	struct tw__budget *b = &ctx->rbudget;
 	(void)fd;
 	(void)what;
-	if (!b->tight)
+	if (!b->tight) {
+		b->writes_hold = 0; /* looked at again when comms wait */
+		return;
+	}
+	/* Each interval, moving or not: comms whose peers stopped reading are
+	 * cut after the linger even while other traffic moves. */
+	b->writes_hold = ctx->writes_look != NULL && ctx->writes_look(ctx);
+	if (!b->tight) /* the cuts made room */
 		return;
 	if (b->progress != ctx->pass_progress || tw__reclaim_pending() < ctx->pass_pending) {
 		pass_arm(ctx);
