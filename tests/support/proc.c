@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,9 +15,10 @@
 #include "tests/support/loop.h"
 #include "tests/support/proc.h"
 
-#define MAX_PROCS 16
-#define GRACE_MS  5000
-#define POLL_MS   20
+#define MAX_PROCS     16
+#define GRACE_MS      5000
+#define POLL_MS       20
+#define EXIT_SLICE_MS 1000
 
 extern char **environ;
 
@@ -206,9 +208,29 @@ static int is_reaped(void *arg)
 	return reaped(arg);
 }
 
+static long long log_size(const struct ts_proc *p)
+{
+	struct stat st;
+	return p->log[0] != '\0' && stat(p->log, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+/* A peer that prints is moving: the wait restarts whenever its log grows,
+ * so a loaded machine (distcheck beside other builds at load 30) slows a
+ * peer without failing it; ms bounds a peer that has gone silent. */
 int ts_proc_wait_exit(struct ts_proc *p, struct event_base *base, int ms)
 {
-	return poll_until(base, is_reaped, p, ms);
+	long long seen = log_size(p);
+	int left = ms;
+	while (left > 0) {
+		int slice = left < EXIT_SLICE_MS ? left : EXIT_SLICE_MS;
+		long long now;
+		if (poll_until(base, is_reaped, p, slice))
+			return 1;
+		now = log_size(p);
+		left = now != seen ? ms : left - slice;
+		seen = now;
+	}
+	return reaped(p);
 }
 
 static int has_ended(void *arg)
