@@ -559,11 +559,38 @@ static int hoarders_cut(const struct wu_drip *d)
 	return n;
 }
 
-START_TEST(receive_budget_pass_hoarders_are_cut)
+/* A small message every CHAT_MS on another comm, echoed, as a cluster's
+ * heartbeats are: bytes written, but far fewer than a holder's step per
+ * pass interval. */
+#define CHAT_MS 20
+
+struct chat {
+	struct tu_peer *cli;
+	size_t sent;
+	long long at;
+};
+
+static void chat_tick(struct chat *c)
+{
+	size_t len = 100;
+	if (c->cli == NULL || c->cli->nmsgs < c->sent || ts_now_ms() - c->at < CHAT_MS)
+		return;
+	ck_assert_int_eq(tw_comm_write(c->cli->comm, ts_msg_pattern(&len, 1, (unsigned)c->sent)),
+			 0);
+	c->sent++;
+	c->at = ts_now_ms();
+}
+
+/* chat: with small traffic on another comm all along (breaker15 b15-2,
+ * session 15: its writes counted as bytes coming back, so no pass
+ * interval ever ended quiet, no hoarder was seen slow or cut, and the
+ * honest message waited for ever). */
+static void pass_hoarders(int chat)
 {
 	struct tu h;
 	struct wu_drip d;
 	struct honest o;
+	struct chat c = {NULL, 0, 0};
 	uint64_t bound = MiB + 4 * MiB + HOARD_BURST + 4 * MiB, max_used = 0, seen = 0;
 	long long last;
 	memset(&d, 0, sizeof(d));
@@ -573,6 +600,11 @@ START_TEST(receive_budget_pass_hoarders_are_cut)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	wu_drip_stream(&d, 32 * MiB, HOARD_BURST, 12);
 	wu_drip_start(&h, &d, h.addr, NHOARD, DRIP_TICK_MS);
+	if (chat) {
+		ck_assert_int_eq(tu_connect(&h, h.addr, &c.cli), 0);
+		c.cli->keep = 0;
+		ck_assert_ptr_nonnull(tu_server_peer(&h, NHOARD));
+	}
 	/* all but one cut (the last passer may have nobody to hand over to);
 	 * the watchdog: the hoarders' bytes read by the server stop moving */
 	last = ts_now_ms();
@@ -588,13 +620,19 @@ START_TEST(receive_budget_pass_hoarders_are_cut)
 		seen = now;
 		ck_assert_msg(ts_now_ms() - last < TU_WAIT_MS, "the hoarders stalled, %d cut",
 			      hoarders_cut(&d));
+		chat_tick(&c);
 		event_base_loop(h.base, EVLOOP_ONCE);
 	}
 	/* an honest message goes on (the last hoarder is cut for it when it
 	 * holds too much past the budget by then) */
-	honest_send(&h, &o, 2 * MiB, 14, NHOARD);
+	honest_send(&h, &o, 2 * MiB, 14, NHOARD + (chat ? 1 : 0));
 	honest_wait_echo(&h, &o);
 	ck_assert_int_ge(hoarders_cut(&d), NHOARD - 1);
+	if (chat) { /* the small traffic went on all along */
+		ck_assert_uint_ge(c.sent, 2);
+		ck_assert_uint_ge(c.cli->nmsgs, c.sent - 1);
+		ck_assert_int_eq(c.cli->closed, 0);
+	}
 	for (int i = 0; i < NHOARD; i++) {
 		ck_assert_uint_eq(d.sp[i]->nmsgs, 0);
 		if (!d.sp[i]->closed)
@@ -612,6 +650,17 @@ START_TEST(receive_budget_pass_hoarders_are_cut)
 	wu_drip_stop(&d);
 	honest_free(&o);
 	tu_fini(&h);
+}
+
+START_TEST(receive_budget_pass_hoarders_are_cut)
+{
+	pass_hoarders(0);
+}
+END_TEST
+
+START_TEST(receive_budget_hoarders_are_cut_beside_small_traffic)
+{
+	pass_hoarders(1);
 }
 END_TEST
 
@@ -751,5 +800,6 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_full_of_drippers_passes_nearest_done,
 				 receive_budget_small_drippers_do_not_hold_the_pass,
 				 receive_budget_pass_hoarders_are_cut,
+				 receive_budget_hoarders_are_cut_beside_small_traffic,
 				 receive_budget_pausers_are_not_cut, budget_setters));
 }

@@ -96,8 +96,8 @@ struct tw__budget {
 	 * tw__budget_admit again soon (a timer). NULL: nobody does. */
 	void (*later)(struct tw__budget *b);
 	/* Called when comms wait: the owner calls tw__budget_pass if
-	 * `progress` (grants, not the passer's steps, releases, and
-	 * what the owner adds: bytes written) and the reclaimer's bytes stay
+	 * `progress` (grants, not the passer's steps, releases; and the
+	 * owner's own count: bytes written, a step's worth or more) and the reclaimer's bytes stay
 	 * put for a while. NULL: nobody does. */
 	void (*stuck)(struct tw__budget *b);
 	struct tw__claim *passer; /* the one message past the limit, or NULL */

@@ -81,6 +81,7 @@ static void pass_arm(tw_context *ctx)
 {
 	struct timeval tv = {0, PASS_MS * 1000};
 	ctx->pass_progress = ctx->rbudget.progress;
+	ctx->pass_written = ctx->written;
 	ctx->rbudget.epoch++; /* holders' moves count from here (nearer_holder) */
 	ctx->pass_pending = tw__reclaim_pending();
 	event_add(ctx->pass_ev, &tv);
@@ -101,7 +102,14 @@ static void pass_due(evutil_socket_t fd, short what, void *arg)
 	b->writes_hold = ctx->writes_look != NULL && ctx->writes_look(ctx);
 	if (!b->tight) /* the cuts made room */
 		return;
-	if (b->progress != ctx->pass_progress || tw__reclaim_pending() < ctx->pass_pending) {
+	/* Bytes written count as coming back only when a holder's step's
+	 * worth went out in the interval: a cluster's heartbeats (a small
+	 * message every 50 ms) made every interval look moving, so no holder
+	 * was ever seen slow, no hoarder cut, and the waiters waited for ever
+	 * (breaker15 b15-2, session 15). */
+	if (b->progress != ctx->pass_progress ||
+	    ctx->written - ctx->pass_written >= TW__BUDGET_MOVING_BYTES ||
+	    tw__reclaim_pending() < ctx->pass_pending) {
 		pass_arm(ctx);
 		return;
 	}
@@ -469,7 +477,7 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes)
 
 void tw__ctx_write_gone(tw_context *ctx, uint64_t n)
 {
-	ctx->rbudget.progress += n; /* bytes going out: their memory comes back */
+	ctx->written += n; /* bytes going out: their memory comes back (pass_due) */
 	tw__wbudget_sub(&ctx->wbudget, n);
 }
 

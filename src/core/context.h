@@ -98,6 +98,7 @@ struct tw_context {
 	struct event *rbudget_ev; /* a 1 ms look again while the reclaimer holds bytes */
 	struct event *pass_ev;    /* rbudget.stuck: 100 ms with no bytes back, then a pass */
 	uint64_t pass_progress, pass_pending;
+	uint64_t written, pass_written; /* bytes written: all, and at the interval's start */
 	/* Releases waiting for a pass with time (core/reap.h): a FIFO
 	 * (reap_tail NULL: not set up yet), run by reap_ev. */
 	struct tw__reap *reap_head, **reap_tail;
