@@ -315,29 +315,11 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * peer that stops reading holds up its own comm only, never the writes
  * and replies of the others (with one such peer holding the budget, every
  * write of the context got TW_EAGAIN until that peer's TCP timeout, 30 s:
- * breaker17 b17-8, session 14). Past the budget, the queues hold the
- * message that crossed it, plus one message (of any size) for each comm
- * that wrote with an empty queue, each until that comm's peer reads it
- * or the comm ends. So that peers that never read cannot pile up
- * replies to what they send (each of their messages passed past a full
- * receive budget, and its echo was queued: 30 such peers held 968 MiB
- * through a 64 MiB receive and an 8 MiB write budget, breaker17 b17-23),
- * no message passes the receive budget while the bytes queued, less the
- * largest comm's queue, are more than the write budget: messages then
- * go on within the receive budget alone. While that lasts (looked at
- * every 100 ms while messages wait for the receive budget), the comm
- * with the most bytes queued whose peer took none of them for the close
- * linger (tw_context_set_close_linger_ms) is ended, as many as it takes:
- * its close callback gets TW_ETIMEDOUT, and tw_comm_last_error says
- * "write cut by the write budget" and the bytes not delivered. So what
- * is reserved and queued stays within the two budgets, the largest
- * queue, the message passing and the eighth of the receive budget its
- * passers may keep (30 such peers with 32 MiB messages: 124 MiB through
- * 64 + 8 MiB). One comm's queue never holds the pass, however large: a
- * single peer that stops reading, or two contexts that each write one
- * large message to the other, hold up nobody; a peer that stops reading
- * for longer than the linger while the queues are so full is cut (an
- * honest one too: the price).
+ * breaker17 b17-8, session 14). What it bounds: past the budget, the
+ * queues hold at most the message that crossed it, plus one message
+ * (of any size) for each comm that wrote with an empty queue, each until
+ * that comm's peer reads it or the comm ends (a peer that stopped
+ * reading: its TCP timeout, tw_context_set_tcp_timeout_ms).
  * A message refused stays the caller's: it counts in no budget.
  *
  * Returns 0, or:

@@ -114,11 +114,10 @@ static int drains(const struct tw__budget *b)
  * before it reads). It may start when nothing can come back by itself,
  * or once the owner says no bytes came back for a while
  * (tw__budget_pass): while writes drain, waiters wait for them, and the
- * budget holds. Never while the owner says the write queues hold the
- * pass (writes_hold): their peers read nothing. */
+ * budget holds. */
 static int may_start_pass(const struct tw__budget *b)
 {
-	return b->passer == NULL && !b->writes_hold && (!drains(b) || b->may_pass);
+	return b->passer == NULL && (!drains(b) || b->may_pass);
 }
 
 static int alone(const struct tw__budget *b)
@@ -429,7 +428,6 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->stuck = NULL;
 	b->passer = NULL;
 	b->may_pass = 0;
-	b->writes_hold = 0;
 	b->progress = 0;
 	b->tight = 0;
 	b->epoch = 0;

@@ -102,13 +102,6 @@ struct tw__budget {
 	void (*stuck)(struct tw__budget *b);
 	struct tw__claim *passer; /* the one message past the limit, or NULL */
 	int may_pass; /* tw__budget_pass said so, and no passer started or moved since */
-	/* Set by the owner at each look (context.c, every pass interval while
-	 * comms wait): the write queues hold more than the write budget past
-	 * the largest of them, so their peers read nothing and a pass would
-	 * only add to them (each passed message's reply queued too: 30 peers
-	 * that never read their echoes held 968 MiB through 64 + 8 MiB,
-	 * breaker17 b17-23, session 14). No pass starts while it is set. */
-	int writes_hold;
 	uint64_t progress;
 	/* Bumped by the owner when it starts a pass interval (the timer that
 	 * calls tw__budget_pass): holders' moves are counted from there. */

@@ -93,14 +93,7 @@ static void pass_due(evutil_socket_t fd, short what, void *arg)
 	struct tw__budget *b = &ctx->rbudget;
 	(void)fd;
 	(void)what;
-	if (!b->tight) {
-		b->writes_hold = 0; /* looked at again when comms wait */
-		return;
-	}
-	/* Each interval, moving or not: comms whose peers stopped reading are
-	 * cut after the linger even while other traffic moves. */
-	b->writes_hold = ctx->writes_look != NULL && ctx->writes_look(ctx);
-	if (!b->tight) /* the cuts made room */
+	if (!b->tight)
 		return;
 	/* Bytes written count as coming back only when a holder's step's
 	 * worth went out in the interval: a cluster's heartbeats (a small

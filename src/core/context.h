@@ -108,13 +108,6 @@ struct tw_context {
 	 * while the message's memory stays until its last byte): what the
 	 * receive budget counts with its reservations (rbudget.also). */
 	uint64_t wq_held;
-	/* The write queues' look, every pass interval while comms wait for
-	 * the receive budget (transport/comm.c, set with the first comm):
-	 * returns 1 while they hold the receive pass (rbudget.writes_hold),
-	 * after ending the comms whose peers took nothing for the close
-	 * linger, as many as it takes. wq_look counts the looks. */
-	int (*writes_look)(tw_context *ctx);
-	uint64_t wq_look;
 	/* Loop threads (core/loops.c, tw_context_set_loop_threads): loops[i]
 	 * for i >= 1 is a context of its own with its own loop thread;
 	 * loops[0] is this one. On those, `main` is this context and `index`

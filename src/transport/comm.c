@@ -208,81 +208,8 @@ void tw__comm_wq_unhold(tw_comm *c, uint64_t n)
 	tw__ctx_write_unheld(c->ctx, n);
 }
 
-/* One look at the queues of ctx's comms (look number ctx->wq_look): each
- * comm's queue that is empty, moved (bytes sent) or was not looked at
- * the time before is still from now on. Returns the largest queue;
- * *stuck gets the open comm with the most bytes queued that has not
- * moved for its close linger, or NULL. */
-static uint64_t look_queues(tw_context *ctx, uint64_t now, tw_comm **stuck)
-{
-	struct tw__node *head = &ctx->objects;
-	uint64_t largest = 0, most = 0;
-	*stuck = NULL;
-	for (struct tw__node *n = head->next; n != head; n = n->next) {
-		tw_comm *c = tw__node_comm(n);
-		uint64_t q, sent;
-		if (c == NULL || c->ended)
-			continue;
-		q = c->ops->queued(c);
-		sent = atomic_load_explicit(&c->stats.bytes_sent, memory_order_relaxed);
-		if (q == 0 || sent != c->wq_sent || c->wq_look == 0 ||
-		    c->wq_look + 1 < ctx->wq_look) {
-			c->wq_sent = sent;
-			c->wq_still_ms = now;
-		}
-		c->wq_look = ctx->wq_look;
-		if (q > largest)
-			largest = q;
-		/* a closing comm has a linger of its own */
-		if (q > most && !c->closing && now - c->wq_still_ms >= c->limits.close_linger_ms) {
-			most = q;
-			*stuck = c;
-		}
-	}
-	return largest;
-}
-
-/* The write queues hold the receive pass (core/budget.h, writes_hold)
- * while the bytes queued, less the largest comm's queue, are more than
- * the write budget: a comm with an empty queue may always queue one
- * message (wbudget_refuse), so with peers that never read, each message
- * passed past a full receive budget had its reply queued too (breaker17
- * b17-23). One comm's queue, however large, never holds it: one peer
- * that stops reading, or two contexts each writing one large message to
- * the other, still get the pass. So that receiving is not held until
- * those peers' TCP timeout, the comm with the most bytes queued whose
- * peer took none of them for the close linger is ended (TW_ETIMEDOUT),
- * as many as it takes. Runs from the context's pass timer, every pass
- * interval while comms wait for the receive budget; returns 1 while the
- * queues still hold the pass. */
-static int writes_look(tw_context *ctx)
-{
-	const struct tw__wbudget *wb = &ctx->wbudget;
-	uint64_t now = tw__mono_ms();
-	if (wb->used <= wb->limit)
-		return 0;
-	ctx->wq_look++;
-	for (;;) {
-		tw_comm *c;
-		uint64_t largest = look_queues(ctx, now, &c);
-		if (wb->used <= wb->limit || wb->used - largest <= wb->limit)
-			return 0;
-		if (c == NULL)
-			return 1;
-		tw__comm_seterr(
-			c,
-			"write cut by the write budget: its peer took no byte for %llu ms "
-			"while the write queues held %llu bytes past the largest, more than "
-			"the write budget (%llu bytes)",
-			(unsigned long long)(now - c->wq_still_ms),
-			(unsigned long long)(wb->used - largest), (unsigned long long)wb->limit);
-		tw__comm_end(c, TW_ETIMEDOUT); /* it leaves the queues: the sum falls */
-	}
-}
-
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 {
-	ctx->writes_look = writes_look;
 	c->ops = ops;
 	c->ctx = ctx;
 	c->limits = ctx->limits;

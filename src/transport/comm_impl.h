@@ -76,10 +76,6 @@ struct tw_comm {
 	/* A relay of its input runs (transport/relay.h): the comm must not
 	 * be freed for being idle, or its relay frames' messages break. */
 	int relaying;
-	/* The write queues' look (comm.c, writes_look): stats.bytes_sent, and
-	 * since when (tw__mono_ms) its queue has not moved, at the look
-	 * numbered wq_look (0: never looked at). */
-	uint64_t wq_sent, wq_still_ms, wq_look;
 };
 
 /* The relay of c's input is over (relaying cleared): tell the watchers
