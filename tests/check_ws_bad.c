@@ -67,9 +67,18 @@ static void expect_failed(struct tu *h, struct wu_raw *r, struct tu_peer *sp, st
 {
 	struct wu_fr f[8];
 	char reason[128] = "", want[64];
+	size_t n;
 	ck_assert_msg(wu_raw_read_eof(r, WU_WAIT_MS), "server kept the connection open");
-	ck_assert_int_eq(wu_parse(r->in, r->nin, f, 8, NULL), 1);
-	ck_assert_int_eq(f[0].masked, 0);
+	/* The close is the server's last frame; a pong may come before it,
+	 * answering a ping read before the bad frame (RFC 6455 section 5.5.2
+	 * asks for one): whether the close overtakes a pong not yet written
+	 * depends on the loop's passes (under valgrind the pong went first). */
+	n = wu_parse(r->in, r->nin, f, 8, NULL);
+	ck_assert_msg(n == 1 || (n == 2 && f[0].op == 0xA), "%zu frames, the first opcode %d", n,
+		      n > 0 ? f[0].op : -1);
+	ck_assert_int_eq(f[n - 1].op, 8);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_int_eq(f[i].masked, 0);
 	ck_assert_int_eq(wu_close_code(r->in, r->nin, reason, sizeof(reason)), code);
 	ck_assert_msg(reason[0] != '\0', "close %d without a reason", code);
 	ck_assert(tu_wait_flag(h, &sp->closed, WU_WAIT_MS));
@@ -127,7 +136,7 @@ static const struct bad_input bad_inputs[] = {
 	{"first message of 9 bytes", 0, "82 89 " K "36 fa 21 3d 37 fa 21 3d 37", 1002, TW_EPROTO},
 	{"first message empty", 0, "82 80 " K, 1002, TW_EPROTO},
 	{"count of 0 frames", 0, "82 88 " K K K, 1002, TW_ENOFRAMES},
-	/* the close replaces the pong not yet written */
+	/* the close replaces the pong not yet written, or follows it */
 	{"ping, then opcode 3", 0, "89 80 " K "83 80 " K, 1002, TW_EPROTO},
 };
 
