@@ -6,6 +6,9 @@
 #include "core/context.h"
 #include "core/pass.h"
 
+/* When a queued item runs: the next pass of the loop. */
+static const struct timeval next_pass = {0, TW__PASS_NEXT_US};
+
 int tw__reap_now(tw_context *ctx)
 {
 	return tw__pass_release(ctx->base);
@@ -34,7 +37,6 @@ static void run_one(tw_context *ctx)
  * (counted as the pass's). */
 static void reap_pass(evutil_socket_t fd, short what, void *arg)
 {
-	static const struct timeval next = {0, TW__PASS_NEXT_US};
 	tw_context *ctx = arg;
 	(void)fd, (void)what;
 	(void)tw__pass_release(ctx->base);
@@ -42,12 +44,11 @@ static void reap_pass(evutil_socket_t fd, short what, void *arg)
 		run_one(ctx);
 	while (ctx->reap_head != NULL && tw__pass_release(ctx->base));
 	if (ctx->reap_head != NULL)
-		evtimer_add(ctx->reap_ev, &next);
+		evtimer_add(ctx->reap_ev, &next_pass);
 }
 
 int tw__reap_later(tw_context *ctx, struct tw__reap *r)
 {
-	static const struct timeval next = {0, TW__PASS_NEXT_US};
 	if (ctx->reap_ev == NULL && (ctx->reap_ev = evtimer_new(ctx->base, reap_pass, ctx)) == NULL)
 		return TW_ENOMEM;
 	if (ctx->reap_tail == NULL)
@@ -57,7 +58,7 @@ int tw__reap_later(tw_context *ctx, struct tw__reap *r)
 	*ctx->reap_tail = r;
 	ctx->reap_tail = &r->next;
 	if (!evtimer_pending(ctx->reap_ev, NULL))
-		evtimer_add(ctx->reap_ev, &next);
+		evtimer_add(ctx->reap_ev, &next_pass);
 	return 0;
 }
 
