@@ -4,6 +4,8 @@
  * before and after. */
 #include <check.h>
 #include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +28,7 @@
 #include "core/block.h"
 #include "core/budget.h"
 #include "core/context.h"
+#include "core/memlimit.h"
 #include "core/reclaim.h"
 #include "protocol/packbuf.h"
 #include "tests/proc_status.h"
@@ -1000,6 +1004,74 @@ START_TEST(msg_many_frames)
 }
 END_TEST
 
+static int remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st, (void)type, (void)ftw;
+	return remove(path);
+}
+
+/* Writes text to the file dir/name (dir/sub made first when given). */
+static void put_file(const char *dir, const char *sub, const char *name, const char *text)
+{
+	char path[512];
+	FILE *f;
+	if (sub != NULL) {
+		snprintf(path, sizeof(path), "%s/%s", dir, sub);
+		REQUIRE(mkdir(path, 0700) == 0 || errno == EEXIST);
+	}
+	snprintf(path, sizeof(path), "%s/%s%s%s", dir, sub != NULL ? sub : "",
+		 sub != NULL ? "/" : "", name);
+	REQUIRE((f = fopen(path, "w")) != NULL);
+	REQUIRE(fputs(text, f) >= 0);
+	REQUIRE(fclose(f) == 0);
+}
+
+/* The budgets' default follows the least limit Dask's memory_limit()
+ * reads (distributed/system.py): cgroup v1 and v2 files at the root,
+ * the process's own cgroup, RLIMIT_RSS; "max" and missing files count
+ * for nothing. */
+START_TEST(memory_limit_follows_cgroups)
+{
+	char root[] = "/tmp/tw-memlimit-XXXXXX", cgroups[600], mem[600];
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	uint64_t phys = (uint64_t)pages * (uint64_t)size;
+	struct rlimit rss;
+	REQUIRE(pages > 0 && size > 0);
+	REQUIRE(getrlimit(RLIMIT_RSS, &rss) == 0);
+	REQUIRE(rss.rlim_max == RLIM_INFINITY || rss.rlim_max > ((uint64_t)64 << 20));
+	if (rss.rlim_max != RLIM_INFINITY && rss.rlim_max < phys)
+		phys = rss.rlim_max;
+	REQUIRE(mkdtemp(root) != NULL);
+	snprintf(cgroups, sizeof(cgroups), "%s/cgroup", root);
+	snprintf(mem, sizeof(mem), "%s/memory", root);
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), phys); /* nothing set */
+	put_file(root, NULL, "memory.max", "max\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), phys);
+	put_file(root, NULL, "memory.max", "1073741824\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)1 << 30);
+	put_file(root, NULL, "memory.high", "805306368\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)768 << 20);
+	put_file(root, "memory", "memory.limit_in_bytes", "9223372036854771712\n"); /* v1: none */
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)768 << 20);
+	put_file(root, "memory", "memory.soft_limit_in_bytes", "536870912\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)512 << 20);
+	/* the process's own cgroups, v1 and v2, below the root */
+	put_file(root, NULL, "cgroup", "4:memory:/svc\n0::/svc2\n1:cpu:/svc\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)512 << 20);
+	put_file(mem, "svc", "memory.limit_in_bytes", "268435456\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)256 << 20);
+	put_file(root, "svc2", "memory.max", "134217728\n");
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)128 << 20);
+	/* RLIMIT_RSS's hard limit (Linux ignores it; Dask reads it) */
+	rss.rlim_cur = rss.rlim_max = (rlim_t)64 << 20;
+	REQUIRE(setrlimit(RLIMIT_RSS, &rss) == 0);
+	ck_assert_uint_eq(tw__memory_limit(root, cgroups), (uint64_t)64 << 20);
+	/* the default budgets: a quarter, at least 256 MiB */
+	ck_assert_uint_eq(tw__budget_default_bytes(), (uint64_t)256 << 20);
+	REQUIRE(nftw(root, remove_one, 8, FTW_DEPTH | FTW_PHYS) == 0);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *blocks = ts_tcase(
@@ -1014,5 +1086,6 @@ int main(void)
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,
 					packbuf_refuses_after_failure, stats_sized));
-	return ts_main("buf", 0, TS_CASES(blocks, msgs));
+	TCase *limits = ts_tcase("memlimit", 0, TS_TESTS(memory_limit_follows_cgroups));
+	return ts_main("buf", 0, TS_CASES(blocks, msgs, limits));
 }

@@ -229,9 +229,13 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
 /* Budgets across all comms of the context, in bytes. The limits above
  * are per message (tw_context_set_max_message_bytes, 4 GiB) and per comm
  * (the write high-water mark), so they multiply by the number of comms;
- * these bound the sum. Both default to a quarter of the machine's
- * physical memory (sysconf _SC_PHYS_PAGES; at least 256 MiB; a cgroup's
- * smaller limit is not seen: set them there). Each applies at once to
+ * these bound the sum. Both default to a quarter of the memory the
+ * process may use, at least 256 MiB, found as Dask's memory_limit()
+ * finds it (distributed/system.py): the least of the physical memory
+ * (sysconf _SC_PHYS_PAGES), the cgroup limits (v1 memory.limit_in_bytes
+ * and memory.soft_limit_in_bytes, v2 memory.max and memory.high, at
+ * /sys/fs/cgroup and in the process's own cgroup) and the RLIMIT_RSS
+ * hard limit, read when the context is made. Each applies at once to
  * every comm of the context. Loop thread.
  *
  * Receive budget: bytes of messages being received, counted together

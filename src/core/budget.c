@@ -9,6 +9,7 @@
 
 #include "core/block.h"
 #include "core/budget.h"
+#include "core/memlimit.h"
 #include "core/reclaim.h"
 
 static void list_init(struct tw__claim *head)
@@ -552,7 +553,6 @@ void tw__wbudget_sub(struct tw__wbudget *b, uint64_t n)
 
 uint64_t tw__budget_default_bytes(void)
 {
-	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-	uint64_t q = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
+	uint64_t q = tw__memory_limit("/sys/fs/cgroup", "/proc/self/cgroup") / 4;
 	return q > ((uint64_t)256 << 20) ? q : (uint64_t)256 << 20;
 }
