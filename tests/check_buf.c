@@ -611,6 +611,192 @@ START_TEST(budget_waits_for_pausers)
 }
 END_TEST
 
+/* Bytes each claim's peer sent that wait unread in its socket (the
+ * comm's FIONREAD: tw__claim.ready), for claims of the array ready_of. */
+static const struct tw__claim *ready_of;
+static uint64_t ready_bytes[4];
+
+static uint64_t fake_ready(const struct tw__claim *c)
+{
+	return ready_bytes[c - ready_of];
+}
+
+/* An empty budget of limit bytes with a pause limit of 30 intervals, and
+ * four claims told of cuts, with nothing ready in their sockets. */
+static void ready_setup(struct tw__budget *b, struct tw__claim c[4], uint64_t limit,
+			uint32_t *pause_ms)
+{
+	memset(c, 0, 4 * sizeof(*c));
+	memset(ready_bytes, 0, sizeof(ready_bytes));
+	ready_of = c;
+	for (int i = 0; i < 4; i++) {
+		c[i].granted = on_granted;
+		c[i].cut_off = on_cut;
+		c[i].ready = fake_ready;
+	}
+	cuts = 0;
+	*pause_ms = 3000;
+	tw__budget_init(b, limit);
+	b->pause_ms = pause_ms;
+}
+
+/* c1, 7 MiB + 8 bytes from a slow link, has 7 MiB of it reserved with
+ * 32 KiB to come; c0 takes the pass and goes to 16 MiB, 8 past the
+ * limit; c2 (1 MiB) waits; c0 moves while c1 drips its 32 KiB, 1 KiB an
+ * interval, for longer than the pause limit (30 intervals). */
+static void slow_link_setup(struct tw__budget *b, struct tw__claim c[4], uint32_t *pause_ms)
+{
+	uint64_t mib = (uint64_t)1 << 20, got[2] = {0, 7 * mib - 32768};
+	uint64_t drip[2] = {TW__BUDGET_MOVING_BYTES, 1024};
+	ready_setup(b, c, 8 * mib, pause_ms);
+	tw__budget_moved(b, &c[1], got[1]);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[1], 7 * mib, 32768 + 8), 0);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[0], 2 * mib, 100 * mib), TW_EAGAIN);
+	interval(b, c, got, drip, 2);
+	ck_assert_ptr_eq(b->passer, &c[0]);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[0], 7 * mib, 98 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[2], mib, mib), TW_EAGAIN);
+	while (got[1] < 7 * mib)
+		interval(b, c, got, drip, 2);
+	ck_assert_uint_ge(c[1].slow, *pause_ms / TW__BUDGET_PASS_MS);
+	ck_assert_uint_eq(b->used, 16 * mib);
+	ck_assert_int_eq(cuts, 0);
+}
+
+/* A message of a slow link whose rest is all in its socket is neither
+ * kept waiting behind the passer nor cut. Its steps end with a tiny one
+ * (64 KiB, 64 KiB, 128 KiB ... 4 MiB sum to 8 MiB: the last of an 8 MiB
+ * message is 8 bytes); slow for the pause limit, it ranked last behind a
+ * full budget and was cut as a hoarder 8 bytes before its end, its peer
+ * having sent everything (breaker15 b15-4). Its last step, when all of it
+ * is ready, is granted at once past the limit (one such at a time); while
+ * another holds that place, it waits ranked by its real rest, first to
+ * pass, and is not cut. */
+START_TEST(budget_last_step_all_ready)
+{
+	struct tw__budget b;
+	struct tw__claim c[4];
+	uint64_t mib = (uint64_t)1 << 20, got[1] = {16 * mib}, still[1] = {0};
+	uint32_t pause_ms;
+	slow_link_setup(&b, c, &pause_ms);
+	ready_bytes[1] = 8; /* its last 8 bytes came: granted at once */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 8, 8), 0);
+	ck_assert_ptr_eq(b.finisher, &c[1]);
+	ck_assert_uint_eq(b.used, 16 * mib + 8);
+	tw__budget_release(&b, &c[1]); /* its message ends */
+	ck_assert_ptr_null(b.finisher);
+	ck_assert_uint_eq(b.used, 9 * mib);
+	for (int i = 0; i < 3; i++)
+		tw__budget_release(&b, &c[i]);
+
+	/* c3's last 64 KiB, all ready, take that place first (not read yet) */
+	slow_link_setup(&b, c, &pause_ms);
+	ready_bytes[3] = TW__BUDGET_MOVING_BYTES;
+	ck_assert_int_eq(
+		tw__budget_reserve(&b, &c[3], TW__BUDGET_MOVING_BYTES, TW__BUDGET_MOVING_BYTES), 0);
+	ck_assert_ptr_eq(b.finisher, &c[3]);
+	ready_bytes[1] = 8;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 8, 8), TW_EAGAIN);
+	/* it ranks by its 8 bytes, first in line; once c0 stops, it takes
+	 * the pass over (the others hold 9 MiB past the limit, within the 12
+	 * MiB bound) and ends; nobody is cut, c3 (all its rest ready) neither */
+	ck_assert_int_eq(c[1].ready_wait, 1);
+	for (unsigned i = 0; c[1].next != NULL && i < 2 * pause_ms / TW__BUDGET_PASS_MS; i++)
+		interval(&b, c, got, still, 1);
+	ck_assert_ptr_eq(b.passer, &c[1]);
+	ck_assert_uint_eq(c[1].held, 7 * mib + 8);
+	ck_assert_uint_eq(c[2].held, 0);
+	ck_assert_int_eq(cuts, 0);
+	for (int i = 0; i < 4; i++)
+		tw__budget_release(&b, &c[i]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
+/* A holder past the bound that stands still, and now and then sends a
+ * step's worth at once, is slow for its average since it slowed, not for
+ * the last interval: a hoarder that stood still 15 s then sent 100 KB,
+ * over and over, started its count afresh each time, was never cut, and
+ * an honest 16 MiB message waited for ever (breaker15 b15-1, b15-3).
+ * One back from a pause at full speed makes the pause up at once and
+ * gets its place back (breaker17 b17-20). */
+START_TEST(budget_burst_does_not_reset_slow)
+{
+	struct tw__budget b;
+	struct tw__claim c[3];
+	uint64_t mib = (uint64_t)1 << 20, got[1] = {0}, step[1] = {0};
+	uint32_t pause_ms = 3000; /* 30 intervals */
+	unsigned limit = pause_ms / TW__BUDGET_PASS_MS, i;
+	cut_setup(&b, c, 8 * mib);
+	b.pause_ms = &pause_ms;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 14 * mib, 256 * mib), 0); /* alone */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], mib, mib), TW_EAGAIN);
+	/* c0 stands still, sends 100 KB once every 8 intervals */
+	for (i = 0; cuts == 0 && i < 3 * limit; i++) {
+		step[0] = i % 8 == 7 ? 100000 : 0;
+		interval(&b, c, got, step, 1);
+	}
+	ck_assert_int_eq(cuts, 1);
+	ck_assert_int_eq(c[0].cut, 1);
+	/* at the pause limit, or sooner once two bursts in ten intervals
+	 * show a drip that would take longer */
+	ck_assert_uint_ge(i, TW__BUDGET_CUT_INTERVALS);
+	ck_assert_uint_le(i, limit);
+	ck_assert_uint_eq(c[1].held, mib);
+	for (i = 0; i < 2; i++)
+		tw__budget_release(&b, &c[i]);
+	/* paused 5 intervals, then 1 MiB in one: slow no more */
+	got[0] = step[0] = 0;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 14 * mib, 64 * mib), 0);
+	for (i = 0; i < 5; i++)
+		interval(&b, c, got, step, 1);
+	ck_assert_uint_eq(c[0].slow, 5);
+	step[0] = mib;
+	interval(&b, c, got, step, 1);
+	ck_assert_uint_eq(c[0].slow, 0);
+	tw__budget_release(&b, &c[0]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
+/* Waiters whose peers sent their next bytes wait for us, and their
+ * counts stand still, but not for ever: with the bytes past the bound
+ * held by waiters alone and no passer (a limit lowered under them),
+ * nothing will pass until someone is cut, so their counts run; at the
+ * pause limit the one not to pass is cut, and the other (nearest to
+ * done) passes with what it holds. Excused for ever, or never passed for
+ * what it held itself (the rules before), they held the budget for ever. */
+START_TEST(budget_waiters_alone_past_the_bound)
+{
+	uint64_t mib = (uint64_t)1 << 20, got[2] = {0, 0}, still[2] = {0, 0};
+	struct tw__claim c[4];
+	struct tw__budget b;
+	uint32_t pause_ms;
+	unsigned i;
+	ready_setup(&b, c, 16 * mib, &pause_ms);
+	ready_bytes[0] = ready_bytes[1] = mib;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 8 * mib, 32 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 6 * mib, 32 * mib), 0);
+	got[0] = 8 * mib;
+	got[1] = 6 * mib;
+	tw__budget_moved(&b, &c[0], got[0]);
+	tw__budget_moved(&b, &c[1], got[1]);
+	tw__budget_set_limit(&b, mib); /* 14 MiB held, 9 past the bound */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 24 * mib), TW_EAGAIN);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 26 * mib), TW_EAGAIN);
+	for (i = 0; cuts == 0 && i < 2 * pause_ms / TW__BUDGET_PASS_MS; i++)
+		interval(&b, c, got, still, 2);
+	ck_assert_int_eq(cuts, 1);
+	ck_assert_int_eq(c[1].cut, 1);
+	ck_assert_uint_eq(i, pause_ms / TW__BUDGET_PASS_MS);
+	ck_assert_ptr_eq(b.passer, &c[0]); /* alone past the limit now */
+	ck_assert_uint_eq(c[0].held, 12 * mib);
+	tw__budget_release(&b, &c[0]);
+	tw__budget_release(&b, &c[1]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
 /* Honest traffic that keeps the budget full does not hold back a waiter
  * with the most bytes to come for ever: once passed over
  * TW__BUDGET_MAX_SKIPS times it is the one to pass too, even with its
@@ -1080,8 +1266,10 @@ int main(void)
 			 block_wrap_release_once, block_wrap_empty_and_no_release, block_cache,
 			 block_cache_stats, block_lazy_commit, block_commit_rlimit, slice_data,
 			 block_free_unmaps_off_thread, budget_rules, budget_cuts_slow_hoarders,
-			 budget_waits_for_pausers, budget_skipped_waiter_passes,
-			 budget_counts_block_cache, budget_bounds_cache_put));
+			 budget_waits_for_pausers, budget_last_step_all_ready,
+			 budget_burst_does_not_reset_slow, budget_waiters_alone_past_the_bound,
+			 budget_skipped_waiter_passes, budget_counts_block_cache,
+			 budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

@@ -776,6 +776,78 @@ START_TEST(receive_budget_pausers_are_not_cut)
 }
 END_TEST
 
+/* A hoarder that stands still and now and then sends a step's worth at
+ * once (breaker15 b15-1, b15-3: 62.5 MiB of a declared 256 MiB, then
+ * 100 KB every 15 s): a raw peer declares a 64 MiB message, sends 4 MiB
+ * and 64 KiB of it as fast as it is read (the passer through a 1 MiB
+ * budget, it holds 8 MiB), then 66,000 bytes every 10 pass intervals or
+ * so, within what it holds (for a minute).
+ * It is slow by its average since it slowed, so it is cut once slow for
+ * the pause limit (2 s here), and an honest 2 MiB message is echoed
+ * whole. Before, each burst (64 KiB or more in one interval) started its
+ * count afresh: never cut, and the honest message waited for ever (the
+ * watchdog: the server reads none of it for TU_WAIT_MS). The pacing
+ * only shapes the peer; no assertion depends on it. */
+#define BURST_BYTES 66000
+START_TEST(receive_budget_burst_hoarder_is_cut)
+{
+	struct tu h;
+	struct pauser p;
+	struct honest o;
+	long long at = 0, last;
+	uint64_t seen = 0;
+	memset(&p, 0, sizeof(p));
+	tu_init(&h);
+	h.sopts.echo = 1;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, MiB), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(h.ctx, 2000), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	p.m = wire_msg(64 * MiB, 30, &p.len);
+	p.len = 0; /* no echo to read */
+	ck_assert_int_ge(p.fd = ts_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(p.sp = tu_server_peer(&h, 0));
+	p.upto = 4 * MiB + 64 * KiB;
+	while (received(p.sp) < p.upto) {
+		pauser_pump(&p);
+		event_base_loop(h.base, EVLOOP_ONCE);
+	}
+	honest_send(&h, &o, 2 * MiB, 31, 1);
+	last = ts_now_ms();
+	while (o.got < o.len) {
+		ssize_t n = recv(o.fd, o.back + o.got, o.len - o.got, MSG_DONTWAIT);
+		uint64_t now = received(o.sp);
+		if (!p.sp->closed && ts_now_ms() - at >= 10 * (long long)TW__BUDGET_PASS_MS &&
+		    p.upto + BURST_BYTES < 8 * MiB) { /* a burst, within its 8 MiB */
+			p.upto += BURST_BYTES;
+			at = ts_now_ms();
+		}
+		pauser_pump(&p);
+		if (n > 0)
+			o.got += (size_t)n;
+		if (n > 0 || now != seen)
+			last = ts_now_ms();
+		seen = now;
+		ck_assert_msg(
+			ts_now_ms() - last < TU_WAIT_MS,
+			"the honest message stalled behind the hoarder: %llu of %zu bytes read "
+			"by the server, hoarder %s",
+			(unsigned long long)now, o.len, p.sp->closed ? "cut" : "not cut");
+		event_base_loop(h.base, EVLOOP_ONCE);
+	}
+	ck_assert(memcmp(o.back, o.sent, o.len) == 0);
+	ck_assert_int_eq(p.sp->closed, 1);
+	ck_assert_int_eq(p.sp->close_err, TW_ETIMEDOUT);
+	ck_assert_msg(strstr(p.sp->last_error, "cut by the receive budget") != NULL, "%s",
+		      p.sp->last_error);
+	ck_assert_uint_eq(o.sp->nmsgs, 1);
+	ck_assert_int_eq(o.sp->closed, 0);
+	close(p.fd);
+	free(p.m);
+	honest_free(&o);
+	tu_fini(&h);
+}
+END_TEST
+
 START_TEST(budget_setters)
 {
 	struct tu h;
@@ -801,5 +873,6 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_small_drippers_do_not_hold_the_pass,
 				 receive_budget_pass_hoarders_are_cut,
 				 receive_budget_hoarders_are_cut_beside_small_traffic,
-				 receive_budget_pausers_are_not_cut, budget_setters));
+				 receive_budget_pausers_are_not_cut,
+				 receive_budget_burst_hoarder_is_cut, budget_setters));
 }

@@ -267,10 +267,11 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * when nothing is being written, else after 100 ms in which no bytes came
  * back (the peers of our writes may wait for our reads). A message in
  * progress that receives less than 64 KiB in such 100 ms (a peer
- * dripping its bytes above the minimum receive rate) counts, until it
- * receives 64 KiB in such 100 ms again (or, waiting for the budget, has
- * 64 KiB sent by its peer unread), as having the most bytes to
- * come: it no longer keeps a
+ * dripping its bytes above the minimum receive rate) is slow until it has
+ * received 64 KiB per such 100 ms on average since it slowed (one burst
+ * does not end it), and counts as having the most bytes to come, but
+ * while it waits for the budget with its next bytes (64 KiB, or all it
+ * has still to come) sent by its peer and unread: it no longer keeps a
  * pass from starting, and if it is the passer it hands the pass to a
  * waiting message with fewer bytes to come. Over ws and wss a message's
  * bytes to come are known only in the last fragment of its last frame;
@@ -278,7 +279,10 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * dripping, so a dripping passer hands the pass to such a message too
  * (to the oldest waiter among equals: a dripper ahead of it in the queue
  * holds the pass once, for about 100 ms). A waiter passed over 8 times
- * is also the one to pass next, whatever its bytes to come. So every message within the message
+ * is also the one to pass next, whatever its bytes to come. A message
+ * whose last reservation (64 KiB at most) its peer has sent whole goes on
+ * at once, past the budget, one such at a time: reading it ends the
+ * message. So every message within the message
  * limit is received (what Dask sends is never refused, only queued), and
  * peers that drip their messages (whatever they declare, in whatever
  * fragments) cannot hold back a message that moves, even when the bytes
@@ -289,8 +293,9 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * that pass, a message that hoards is cut (its comm ends with
  * TW_ETIMEDOUT, over ws and wss close 1008, and tw_comm_last_error says
  * "message cut by the receive budget"), the one holding the most first,
- * as many as it takes. It hoards once it has received less than 64 KiB
- * in each of 20 such 100 ms in a row (2 s at least) and either drips
+ * as many as it takes. It hoards once it has been slow for 20 such 100 ms
+ * (2 s at least; those in which it waited for the budget with its next
+ * bytes unread in its socket do not count) and either drips
  * (it received bytes in 2 or more of the last 10) so slowly that, at the rate
  * it received since it slowed, its bytes still to come would take longer
  * than the pause limit (tw_context_set_receive_budget_pause_ms, 20 s), or
@@ -298,9 +303,10 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * (sends nothing for a while, then the rest: a blocked event loop, a GC,
  * a Dask worker under memory pressure) is waited for up to the pause
  * limit, a message that drips near its end finishes, and a peer that
- * declared a large message and drips it is cut after 2 s. What is
- * reserved stays within the budget, that eighth, and the one message
- * passing (up to the message limit). A paused comm's peer keeps its
+ * declared a large message and drips it is cut after 2 s. A message all
+ * of whose bytes still to come wait unread in its socket is never cut.
+ * What is reserved stays within the budget, that eighth, the one message
+ * passing (up to the message limit), and one message's last 64 KiB. A paused comm's peer keeps its
  * bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here) ends the connection
  * there, so size the budget for the traffic (a comm waits about budget / throughput at most).
  * Messages up to the small-frame size (64 KiB) reserve nothing: they keep flowing while large ones
@@ -341,7 +347,12 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
  * sends nothing) while comms wait for a pass that cannot start on top of
  * the budget, before its comm is cut; a message that drips is cut sooner
  * when its rest, at its rate, would take longer than this. Counted in
- * 100 ms intervals in which no bytes came back, so at least `ms` of time.
+ * 100 ms intervals in which no bytes came back to the budget (no
+ * reservation granted or given back, fewer than 64 KiB written, none
+ * unmapped), so at least `ms` of time, leaving out those in which the
+ * message waited for the budget with its next bytes (64 KiB, or all it
+ * has still to come) unread in its socket; a message all of whose rest
+ * is unread in its socket is never cut.
  * The waiting comms wait that long for a peer that stands still: keep it
  * below their peers' TCP timeout (30 s in Dask and here), past which a
  * waiting peer's connection ends. Default 20,000 ms: Dask workers pause

@@ -136,14 +136,59 @@ static int holder_waits(const struct tw__budget *b)
 	return 0;
 }
 
+/* The bytes of h's message still to come (UINT64_MAX when unknown). */
+static uint64_t to_come(const struct tw__claim *h)
+{
+	return h->end > h->got ? h->end - h->got : 0;
+}
+
 /* What h received since the owner started the current pass interval. */
 static uint64_t moved(const struct tw__budget *b, const struct tw__claim *h)
 {
 	return h->mark_epoch == b->epoch ? h->got - h->got_mark : 0;
 }
 
+/* h, slow, moves again: it received TW__BUDGET_MOVING_BYTES a pass
+ * interval on average since it slowed. Not one interval's worth: a
+ * hoarder that stood still 15 s, then sent 100 KB at once, over and over
+ * (6.7 KB/s), started its count afresh each time and was never cut, while
+ * a 16 MiB message waited for ever (breaker15 b15-1, b15-3); a peer back
+ * from a pause at full speed makes up the pause's floor in an interval or
+ * two (a 64 MiB message that paused 0.5 s: 320 KiB). */
+static void caught_up(struct tw__claim *h)
+{
+	if (h->slow > 0 && h->got >= h->slow_from &&
+	    h->got - h->slow_from >= TW__BUDGET_MOVING_BYTES * h->slow)
+		h->slow = h->drips = 0;
+}
+
+/* More than tw__budget_past_bytes past the limit with no passer (a limit
+ * lowered under what is held): no pass may start before someone is cut,
+ * so a waiter's wait is no longer ours only. */
+static int blocked(const struct tw__budget *b)
+{
+	return b->passer == NULL && b->used > b->limit + tw__budget_past_bytes(b);
+}
+
+/* h waits for bytes its peer sent already, TW__BUDGET_MOVING_BYTES of them
+ * or all of its message still to come: its wait is ours, not a pause
+ * (tw__budget_pass counts nothing for it), unless blocked: then the
+ * waiters' counts run too, and the one holding the most (but the one to
+ * pass) is cut at the pause limit; waiters excused for ever would hold
+ * the budget for ever. */
+static int waits_for_us(const struct tw__budget *b, const struct tw__claim *h)
+{
+	uint64_t rest = to_come(h);
+	if (!waiting(h) || h->ready == NULL || blocked(b))
+		return 0;
+	return h->ready(h) >= (rest < TW__BUDGET_MOVING_BYTES ? rest : TW__BUDGET_MOVING_BYTES);
+}
+
 /* The bytes of c's message still to come, for the order: the most once
- * it was seen dripping (tw__budget_pass); one fewer when unknown (ws
+ * it was seen dripping (tw__budget_pass), unless it waits with its next
+ * bytes in its socket (ready_wait: an 8 MiB message dripped to its last
+ * 8 bytes, all sent, ranked last behind a full budget and was cut as a
+ * hoarder, breaker15 b15-4); one fewer when unknown (ws
  * before the last fragment of the last frame: UINT64_MAX), so that a
  * message not seen dripping always comes before one that was. Unknown
  * ranked with slow let ws drippers keep the pass from any honest message
@@ -152,7 +197,7 @@ static uint64_t moved(const struct tw__budget *b, const struct tw__claim *h)
  * (breaker17 b17-1, session 14). */
 static uint64_t rest_of(const struct tw__claim *c)
 {
-	if (c->slow)
+	if (c->slow && !c->ready_wait)
 		return UINT64_MAX;
 	return c->rest < UINT64_MAX - 1 ? c->rest : UINT64_MAX - 1;
 }
@@ -184,10 +229,13 @@ static void drop(struct tw__budget *b, struct tw__claim *c)
 {
 	unwait(c);
 	c->want = 0;
+	c->ready_wait = 0;
 	if (b->passer == c) { /* its bytes come back: a pass starts afresh */
 		b->passer = NULL;
 		b->may_pass = 0;
 	}
+	if (b->finisher == c)
+		b->finisher = NULL;
 	if (c->held > 0) {
 		b->used -= c->held;
 		c->held = 0;
@@ -220,10 +268,16 @@ static uint64_t pause_intervals(const struct tw__budget *b)
  * every pause let 10 drippers hold 680 MiB through 16 MiB (b17-5). */
 static int hoards(const struct tw__budget *b, const struct tw__claim *h)
 {
-	uint64_t limit = pause_intervals(b), dripped, rest;
+	uint64_t limit = pause_intervals(b), rest = to_come(h), dripped;
 	unsigned times = 0;
-	if (limit == 0 || h->slow < TW__BUDGET_CUT_INTERVALS)
-		return limit != 0 && h->slow >= limit;
+	if (limit == 0 || (h->slow < limit && h->slow < TW__BUDGET_CUT_INTERVALS))
+		return 0;
+	/* All it has still to come is in its socket: reading it ends the
+	 * message, whatever the peer did before (a slow link's 8 MiB message
+	 * was cut 8 bytes before its end, all sent, "too little to finish
+	 * it": breaker15 b15-4) */
+	if (h->ready != NULL && h->ready(h) >= rest)
+		return 0;
 	if (h->slow >= limit)
 		return 1;
 	dripped = h->got > h->slow_got ? h->got - h->slow_got : 0;
@@ -231,7 +285,6 @@ static int hoards(const struct tw__budget *b, const struct tw__claim *h)
 		times += (h->drips >> i) & 1u;
 	if (times < TW__BUDGET_DRIP_TIMES || dripped == 0)
 		return 0;
-	rest = h->end > h->got ? h->end - h->got : 0;
 	/* rest / (dripped per interval) > limit intervals */
 	return (double)rest * (double)(h->slow - 1) > (double)limit * (double)dripped;
 }
@@ -302,17 +355,46 @@ static struct tw__claim *next_waiter(struct tw__budget *b)
 
 /* Grant c what it waits for; the waiters older than c were passed over.
  * c->granted runs unless c is `self` (the claim reserving right now). */
-static void admit_one(struct tw__budget *b, struct tw__claim *c, struct tw__claim *self)
+static void grant_wait(struct tw__budget *b, struct tw__claim *c, struct tw__claim *self)
 {
-	for (struct tw__claim *o = b->wait.next; o != c; o = o->next)
-		o->skips++;
 	unwait(c);
 	grant(b, c, c->want);
 	c->want = 0;
 	c->skips = 0;
+	c->ready_wait = 0;
 	c->wait_epoch = b->epoch; /* what it reads now waited in its socket */
 	if (c != self)
 		c->granted(c);
+}
+
+static void admit_one(struct tw__budget *b, struct tw__claim *c, struct tw__claim *self)
+{
+	for (struct tw__claim *o = b->wait.next; o != c; o = o->next)
+		o->skips++;
+	grant_wait(b, c, self);
+}
+
+/* A waiter whose step is the last of its message, TW__BUDGET_MOVING_BYTES
+ * at most, with all of it in its socket, goes on at once, past the limit
+ * if need be: reading it ends the message, which gives back all it holds.
+ * Waiting, it waited for the passer to end (an 8 MiB message of a slow
+ * link held 8 MiB for its last 8 bytes, all sent, behind a full budget:
+ * breaker15 b15-4). One at a time (b->finisher, until it is released):
+ * bytes that the socket's count promises but that do not end it (a TLS
+ * record not all there) hold that step past the limit, no more. Only
+ * grants: whoever it passes goes on by the other rules. */
+static void finish(struct tw__budget *b, struct tw__claim *self)
+{
+	if (b->finisher != NULL)
+		return;
+	for (struct tw__claim *c = b->wait.next; c != &b->wait; c = c->next)
+		if (c->want <= TW__BUDGET_MOVING_BYTES && c->want >= c->rest && c->ready != NULL &&
+		    c->ready(c) >= c->want) {
+			b->finisher = c;
+			make_room(b, need_for(b, c->want));
+			grant_wait(b, c, self);
+			return;
+		}
 }
 
 /* While comms wait, the block cache takes in no more (freed large blocks
@@ -367,8 +449,10 @@ static void pass(struct tw__budget *b, struct tw__claim *self)
 	cut_hoarders(b, c);
 	/* Still too much past the limit, held by messages that moved lately,
 	 * paused, or drip fast enough to finish: no new pass on top; they go
-	 * on, or are cut once they hoard (a later tw__budget_pass). */
-	if (b->used > b->limit + tw__budget_past_bytes(b))
+	 * on, or are cut once they hoard (a later tw__budget_pass). What c
+	 * holds is not on top: it goes on with it (else waiters alone past
+	 * the bound, c among them, never passed, as c is never cut for itself) */
+	if (b->used - c->held > b->limit + tw__budget_past_bytes(b))
 		return;
 	if (!fits(b, c->want)) /* else the cuts made room: no pass needed */
 		set_passer(b, c);
@@ -389,6 +473,7 @@ static void admit(struct tw__budget *b, struct tw__claim *self)
 		make_room(b, need_for(b, c->want));
 		admit_one(b, c, self);
 	}
+	finish(b, self);
 	pass(b, self);
 	set_tight(b);
 	/* Comms wait: the owner watches for bytes coming back (and for the
@@ -428,6 +513,7 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->later = NULL;
 	b->stuck = NULL;
 	b->passer = NULL;
+	b->finisher = NULL;
 	b->may_pass = 0;
 	b->progress = 0;
 	b->tight = 0;
@@ -450,13 +536,14 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 		grant(b, c, bytes);
 		return 0;
 	}
-	if (moved(b, c) >= TW__BUDGET_MOVING_BYTES) /* it moves again */
-		c->slow = c->drips = 0;
+	caught_up(c);
 	c->want = bytes;
 	c->rest = rest;
 	c->skips = 0;
 	c->wait_epoch = b->epoch;
 	enqueue(&b->wait, c);
+	/* slow, it ranks by its rest only with its next bytes here */
+	c->ready_wait = c->slow > 0 && waits_for_us(b, c);
 	admit(b, c);
 	return waiting(c) || c->cut ? TW_EAGAIN : 0;
 }
@@ -475,6 +562,7 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 	drop(b, c);
 	c->got = c->got_mark = 0; /* the next message counts from 0 */
 	c->slow = c->drips = 0;
+	c->ready_wait = 0;
 	c->cut = 0;
 	b->progress++;
 	admit(b, NULL);
@@ -482,8 +570,9 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 
 /* No bytes came back for a pass interval: a holder (the passer among
  * them) that moved less than TW__BUDGET_MOVING_BYTES in it is slow (one
- * more interval in a row; a waiter already slow stays so and counts on),
- * and its rest counts as the most until it moves again. Fewer
+ * more interval; a waiter already slow stays so and counts on, but for
+ * one whose peer sent its next bytes: waits_for_us), and its rest counts
+ * as the most until it moves again (caught_up). Fewer
  * bytes to come is no sign of finishing sooner when they drip: a peer
  * that declared 8 MiB and sent 4 MiB at once holds the rest ahead, never
  * asks, and drips it at 2 KB/s; 8 of them held an honest 16 MiB message
@@ -497,32 +586,31 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
  * limit are too many (cut_hoarders). */
 void tw__budget_pass(struct tw__budget *b)
 {
-	/* Looked at again every interval: a message that moves again gets
-	 * its place back (a sticky mark kept a 64 MiB message that paused
-	 * 0.5 s last for ever, breaker17 b17-20); a waiter keeps its mark
-	 * (it is paused: its rate is not known). */
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext) {
 		uint64_t m = moved(b, h);
-		/* A waiter whose peer sent a step's worth moves as soon as the
-		 * budget lets it: not slow (counted on, a waiter that was slow
-		 * before it waited ranked last and was cut at the pause limit
-		 * while its bytes waited: 7 of breaker13's b7 pausers, once) */
-		if (waiting(h) && h->ready != NULL && h->ready(h) >= TW__BUDGET_MOVING_BYTES)
-			m = TW__BUDGET_MOVING_BYTES;
-		if (m >= TW__BUDGET_MOVING_BYTES) {
-			h->slow = h->drips = 0;
-		} else if ((!waiting(h) || h->slow > 0) && h->slow < UINT_MAX) {
-			/* A waiter's bytes, or those of one that waited or was
-			 * granted in the interval, came as the budget let them:
-			 * no drip (a peer paused 2 s, back to a full budget,
-			 * looked a dripper) */
-			int drip = m > 0 && !waiting(h) && h->wait_epoch != b->epoch;
-			if (h->slow++ == 0) /* its drip counts from here */
-				h->slow_got = h->got;
-			else if (!drip)
-				h->slow_got += m;
-			h->drips = h->drips << 1 | (unsigned)drip;
+		/* A waiter whose peer sent its next bytes moves as soon as the
+		 * budget lets it: its wait is ours, its count stands still
+		 * (counted on, a waiter that was slow before it waited ranked
+		 * last and was cut at the pause limit while its bytes waited:
+		 * 7 of breaker13's b7 pausers, once) */
+		if ((h->ready_wait = waits_for_us(b, h)) != 0)
+			continue;
+		if (h->slow == 0 && (m >= TW__BUDGET_MOVING_BYTES || (waiting(h) && !blocked(b))))
+			continue; /* it moves, or it waits for us since it moved */
+		/* A waiter's bytes, or those of one that waited or was granted
+		 * in the interval, came as the budget let them: no drip (a peer
+		 * paused 2 s, back to a full budget, looked a dripper) */
+		int drip = m > 0 && !waiting(h) && h->wait_epoch != b->epoch;
+		if (h->slow == 0) { /* its drip counts from here, its rate from the start of it */
+			h->slow_from = h->got - m;
+			h->slow_got = h->got;
+		} else if (!drip) {
+			h->slow_got += m;
 		}
+		if (h->slow < UINT_MAX)
+			h->slow++;
+		h->drips = h->drips << 1 | (unsigned)drip;
+		caught_up(h);
 	}
 	b->may_pass = 1;
 	admit(b, NULL);

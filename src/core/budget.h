@@ -23,9 +23,11 @@ struct tw__claim {
 	 * received when the budget's `epoch` became `mark_epoch`: what it
 	 * moved in the current pass interval. */
 	uint64_t got, got_mark, mark_epoch;
-	/* Seen dripping: the pass intervals in a row in which it held bytes
-	 * and moved less than TW__BUDGET_MOVING_BYTES (0: moving). While
-	 * not 0, its rest counts as the most. Of them, `drips`: bit i set
+	/* Seen dripping: the pass intervals it held bytes since it first
+	 * moved less than TW__BUDGET_MOVING_BYTES in one, until it made the
+	 * floor up on average (0: moving); intervals in which it waited with
+	 * its next bytes in its socket do not count. While not 0, its rest
+	 * counts as the most (but for `ready_wait`). Of them, `drips`: bit i set
 	 * when it dripped i intervals ago (it moved bytes, not while it
 	 * waited for the budget or was granted: what it moved then is ours;
 	 * moving nothing, its peer paused); `slow_got`: what it had received
@@ -33,6 +35,13 @@ struct tw__claim {
 	 * (what it moved past that is its drip). */
 	unsigned slow, drips;
 	uint64_t slow_got;
+	/* What it had received when its count began: it moves again once it
+	 * received TW__BUDGET_MOVING_BYTES an interval on average since then
+	 * (one burst does not end the count). */
+	uint64_t slow_from;
+	/* At the last look it waited with its next bytes in its socket
+	 * (`ready`): its count stands still, and it ranks by its rest. */
+	int ready_wait;
 	uint64_t wait_epoch; /* the pass interval in which it last waited or was granted */
 	/* Where its message ends (got + rest when it last asked; UINT64_MAX
 	 * when unknown): what is still to come is end - got. */
@@ -73,7 +82,9 @@ struct tw__claim {
  * the most when unknown or once it was seen slow: it received less than
  * TW__BUDGET_MOVING_BYTES in the interval before a tw__budget_pass); and
  * once the passer is slow, a waiter with fewer bytes to come takes the
- * pass over (so a passer that drips holds up nobody nearer to done). It
+ * pass over (so a passer that drips holds up nobody nearer to done); and,
+ * besides, one waiter at a time whose last step (TW__BUDGET_MOVING_BYTES
+ * at most) is all in its socket (`finisher`: reading it ends the message). It
  * starts at once when no bytes can come back by themselves (nothing
  * being written, nothing with the reclaimer), else only after
  * tw__budget_pass (the writes' peers may be waiting for our reads).
@@ -101,6 +112,9 @@ struct tw__budget {
 	 * put for a while. NULL: nobody does. */
 	void (*stuck)(struct tw__budget *b);
 	struct tw__claim *passer; /* the one message past the limit, or NULL */
+	/* A waiter granted its last step (at most TW__BUDGET_MOVING_BYTES) past
+	 * the limit because all of it was in its socket, until released. */
+	struct tw__claim *finisher;
 	int may_pass; /* tw__budget_pass said so, and no passer started or moved since */
 	uint64_t progress;
 	/* Bumped by the owner when it starts a pass interval (the timer that
