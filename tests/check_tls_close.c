@@ -389,30 +389,79 @@ START_TEST(listener_freed_mid_handshake)
 }
 END_TEST
 
+/* A client that resets before its handshake is named by the listener's
+ * error callback, with the address kept from accept (tcp:
+ * check_tcp_errors' peer_address_kept_from_accept). */
+START_TEST(reset_before_handshake_named)
+{
+	struct tu h;
+	tt_init(&h);
+	ck_assert_int_eq(tu_listen(&h, "tls://127.0.0.1:0"), 0);
+	tu_reset_named(&h, "tls");
+	tu_reset_named(&h, "tls");
+	tt_fini(&h);
+}
+END_TEST
+
 /* A peer that ends in the middle of a message: after close_notify, at
  * a TCP EOF without close_notify, or with a reset. The server's comm
- * ends with TW_ETRUNCATED (TW_EIO for the reset) and a reason. */
+ * ends with TW_ETRUNCATED (TW_EIO for the reset) and a reason that says
+ * how much of the message had arrived (issue 17: "after 0" where 99 MiB
+ * had). */
 enum { END_NOTIFY, END_EOF, END_RESET };
+
+/* Send n bytes over r's TLS, driving the loop while the socket is full
+ * (the server reads on this thread). */
+static void raw_tls_send(struct tu *h, struct raw_tls *r, const void *p, size_t n)
+{
+	long long deadline = ts_now_ms() + TU_WAIT_MS;
+	size_t done = 0;
+	SSL_set_mode(r->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	while (done < n) {
+		size_t put = 0;
+		int e;
+		ERR_clear_error();
+		if (SSL_write_ex(r->ssl, (const uint8_t *)p + done, n - done, &put) == 1) {
+			done += put;
+			deadline = ts_now_ms() + TU_WAIT_MS; /* a hang guard: slow is not stuck */
+			continue;
+		}
+		e = SSL_get_error(r->ssl, 0);
+		ck_assert_msg(e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ,
+			      "SSL_write_ex at %zu of %zu bytes: error %d", done, n, e);
+		ck_assert_msg(ts_now_ms() < deadline, "send stalled at %zu of %zu bytes", done, n);
+		tu_run_for(h, 5);
+	}
+}
+
+/* A hand-driven client, its handshake done, that wrote n bytes of p. */
+static void send_bytes(struct tu *h, struct raw_tls *r, const void *p, size_t n)
+{
+	raw_tls_start(r, h->addr);
+	ck_assert(tu_run_until(h, raw_tls_handshake_step, r, TU_WAIT_MS));
+	ck_assert_int_eq(r->result, 1);
+	raw_tls_send(h, r, p, n);
+}
 
 /* A hand-driven client that wrote body_len bytes of a one-frame message
  * of 1000 bytes. */
 static void send_part(struct tu *h, struct raw_tls *r, size_t body_len)
 {
-	uint64_t prelude[3] = {16 + 1000, 1, 1000};
-	static uint8_t body[1000];
-	size_t put = 0;
-	raw_tls_start(r, h->addr);
-	ck_assert(tu_run_until(h, raw_tls_handshake_step, r, TU_WAIT_MS));
-	ck_assert_int_eq(r->result, 1);
-	ck_assert_int_eq(SSL_write_ex(r->ssl, prelude, sizeof(prelude), &put), 1);
-	ck_assert_int_eq(SSL_write_ex(r->ssl, body, body_len, &put), 1);
+	static uint8_t buf[24 + 1000];
+	uint64_t prelude[3] = {htole64(16 + 1000), htole64(1), htole64(1000)};
+	memcpy(buf, prelude, sizeof(prelude));
+	send_bytes(h, r, buf, sizeof(prelude) + body_len);
 }
 
-static void end_mid_message(struct tu *h, int how, size_t idx, int want)
+/* The client wrote n bytes of p and ends `how`: the server's comm idx
+ * got nmsgs whole messages, then ended with want and a text that has
+ * `says` (NULL: any). */
+static void end_after_msgs(struct tu *h, const void *p, size_t n, int how, size_t idx, int want,
+			   const char *says, size_t nmsgs)
 {
 	struct raw_tls r;
 	struct tu_peer *sp;
-	send_part(h, &r, 500);
+	send_bytes(h, &r, p, n);
 	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
 	if (how == END_NOTIFY)
 		SSL_shutdown(r.ssl);
@@ -425,19 +474,107 @@ static void end_mid_message(struct tu *h, int how, size_t idx, int want)
 	ck_assert(tu_wait_flag(h, &sp->closed, TU_WAIT_MS));
 	ck_assert_msg(sp->close_err == want, "end %d: %s (%s)", how, tw_strerror(sp->close_err),
 		      sp->last_error);
+	if (says != NULL)
+		ck_assert_msg(strstr(sp->last_error, says) != NULL, "end %d: text '%s', not '%s'",
+			      how, sp->last_error, says);
 	ck_assert_uint_gt(strlen(sp->last_error), 0);
-	ck_assert_uint_eq(sp->nmsgs, 0);
+	ck_assert_uint_eq(sp->nmsgs, nmsgs);
+}
+
+static void end_after(struct tu *h, const void *p, size_t n, int how, size_t idx, int want,
+		      const char *says)
+{
+	end_after_msgs(h, p, n, how, idx, want, says, 0);
+}
+
+/* Append u64 little-endian words. */
+static void put_u64(uint8_t *buf, size_t *len, uint64_t v)
+{
+	v = htole64(v);
+	memcpy(buf + *len, &v, 8);
+	*len += 8;
 }
 
 START_TEST(peer_ends_mid_message)
 {
+	static uint8_t buf[24 + 1000];
+	uint64_t prelude[3] = {htole64(16 + 1000), htole64(1), htole64(1000)};
+	const char *says = "peer closed in the middle of a message: after 524 of its 1024 bytes";
 	struct tu h;
 	struct hand_driven hd;
+	memcpy(buf, prelude, sizeof(prelude));
 	hand_begin(&hd);
 	keep_listener(&h);
-	end_mid_message(&h, END_NOTIFY, 0, TW_ETRUNCATED);
-	end_mid_message(&h, END_EOF, 1, TW_ETRUNCATED);
-	end_mid_message(&h, END_RESET, 2, TW_EIO);
+	end_after(&h, buf, 24 + 500, END_NOTIFY, 0, TW_ETRUNCATED, says);
+	end_after(&h, buf, 24 + 500, END_EOF, 1, TW_ETRUNCATED, says);
+	end_after(&h, buf, 24 + 500, END_RESET, 2, TW_EIO, NULL);
+	hand_end(&hd, &h, 0);
+}
+END_TEST
+
+/* The count in the text is what arrived, at every point of a message
+ * (tcp: check_tcp_errors' peer_closes_mid_message), the peer ending with
+ * close_notify or a bare EOF. */
+START_TEST(mid_message_counts)
+{
+	static uint8_t small[2 * (24 + 1000)], big[32 + 2 * MiB];
+	/* frames of 300 KiB and 1.7 MiB (340 KiB in valgrind's quick runs) */
+	const size_t body = ts_quick() ? 640 << 10 : 2 * MiB;
+	const unsigned long long big_total = 8 + 24 + body;
+	struct {
+		const uint8_t *p;
+		size_t n;                 /* bytes of p sent */
+		unsigned long long total; /* the message's, 0 while unknown */
+		size_t nmsgs;             /* whole messages before */
+	} cut[6];
+	size_t n = 0, k = 0, ns = 0;
+	char says[128];
+	struct tu h;
+	struct hand_driven hd;
+	/* a small message: prelude and a 1,000-byte frame */
+	put_u64(small, &ns, 8 + 8 + 1000);
+	put_u64(small, &ns, 1);
+	put_u64(small, &ns, 1000);
+	memcpy(small + ns + 1000, small, ns); /* a second one behind it */
+	/* two frames, the second in many TLS records */
+	put_u64(big, &n, 8 + 16 + body);
+	put_u64(big, &n, 2);
+	put_u64(big, &n, 300 << 10);
+	put_u64(big, &n, body - (300 << 10));
+	ts_fill(big + n, body, 5);
+	memset(cut, 0, sizeof(cut));
+	/* inside the 16-byte head */
+	cut[k].p = small, cut[k].n = 7, cut[k++].total = 0;
+	/* a whole message, and 7 bytes of the next read along with it */
+	cut[k].p = small, cut[k].n = ns + 1000 + 7, cut[k].nmsgs = 1, cut[k++].total = 0;
+	/* half of the small message's frame */
+	cut[k].p = small, cut[k].n = ns + 500, cut[k++].total = 8 + 16 + 1000;
+	/* in the middle of the lengths */
+	cut[k].p = big, cut[k].n = n - 4, cut[k++].total = big_total;
+	/* 600 KiB into the frames: into the second */
+	cut[k].p = big, cut[k].n = n + (600 << 10), cut[k++].total = big_total;
+	/* all but the last byte */
+	cut[k].p = big, cut[k].n = n + body - 1, cut[k++].total = big_total;
+	hand_begin(&hd);
+	keep_listener(&h);
+	/* each cut with both ends; in quick runs (valgrind) one, by turns */
+	for (size_t i = 0, idx = 0; i < k; i++)
+		for (int how = END_NOTIFY; how <= END_EOF; how++) {
+			size_t got = cut[i].n - cut[i].nmsgs * (ns + 1000);
+			if (ts_quick() && (size_t)how != i % 2)
+				continue;
+			if (cut[i].total == 0)
+				snprintf(says, sizeof(says),
+					 "in the middle of a message: after %zu bytes of its "
+					 "prelude",
+					 got);
+			else
+				snprintf(says, sizeof(says),
+					 "in the middle of a message: after %zu of its %llu bytes",
+					 got, cut[i].total);
+			end_after_msgs(&h, cut[i].p, cut[i].n, how, idx++, TW_ETRUNCATED, says,
+				       cut[i].nmsgs);
+		}
 	hand_end(&hd, &h, 0);
 }
 END_TEST
@@ -1045,7 +1182,8 @@ TCase *tls_close_tcase(void)
 			     TS_TESTS(close_right_after_write, free_right_after_drain,
 				      write_to_closed_peer, close_with_full_queue,
 				      partial_writes_of_references, many_sequential_connections,
-				      listener_freed_mid_handshake, peer_ends_mid_message,
+				      listener_freed_mid_handshake, reset_before_handshake_named,
+				      peer_ends_mid_message, mid_message_counts,
 				      close_notify_with_data));
 	ts_add_loop(tc, RA_NCASES, TS_TESTS(readahead_scenarios));
 	ts_add(tc, TS_TESTS(key_update_while_our_send_is_full, key_update_while_peer_send_is_full,

@@ -25,22 +25,6 @@
  * wait cannot restart on it). It bounds only how long a broken run waits. */
 #define BAD_WAIT_MS TU_WAIT_MS
 
-/* The listener's error callback (tw_listener_set_error_cb). */
-struct refusal {
-	int n, err;
-	char peer[128], why[512];
-};
-
-static void on_refused(tw_listener *l, int err, const char *peer, const char *why, void *arg)
-{
-	struct refusal *r = arg;
-	(void)l;
-	r->n++;
-	r->err = err;
-	snprintf(r->peer, sizeof(r->peer), "%s", peer);
-	snprintf(r->why, sizeof(r->why), "%s", why);
-}
-
 /* A client with the given certificate is refused by the listener with
  * TW_ETLS, either in the connect (TLS 1.2) or on the comm's first read
  * (TLS 1.3: the server checks the client's certificate after the client
@@ -54,8 +38,8 @@ static void refused_client(const char *cert, const char *key, const char *client
 	tw_context *bad = tt_context(&h, "ca.pem", cert, key);
 	char why[512];
 	int stage;
-	struct refusal r = {0, 0, "", ""};
-	ck_assert_int_eq(tw_listener_set_error_cb(h.lis, on_refused, &r), 0);
+	struct tu_refusal r = {0, 0, "", ""};
+	ck_assert_int_eq(tw_listener_set_error_cb(h.lis, tu_on_refused, &r), 0);
 	tt_canary(good, 0);
 	for (int write = 0; write <= 1; write++) {
 		int rv = tt_refused(&h, bad, h.addr, write, BAD_WAIT_MS, &stage, why, sizeof(why));

@@ -20,6 +20,7 @@
 
 #include <check.h>
 #include <event2/event.h>
+#include <openssl/ssl.h>
 
 #include "core/pass.h"
 #include "tests/check_ws.h"
@@ -403,6 +404,139 @@ START_TEST(data_after_close)
 	ck_assert_uint_eq(sp->nmsgs, 0);
 	tt_canary(cli, 6);
 	wu_raw_close(&r);
+	tt_fini(&h);
+}
+END_TEST
+
+/* Issue 17, finding 6: a peer that closes the connection without a close
+ * frame in the middle of a taskwire message ends its comm with
+ * TW_ETRUNCATED and a text that says how much had arrived: the bytes of
+ * its frames and how many of them were complete (tcp and tls:
+ * check_tcp_errors' peer_closes_mid_message, check_tls_close's
+ * mid_message_counts). Over wss the end comes with close_notify or as a
+ * bare EOF. */
+struct mid_msg {
+	uint8_t *buf;
+	size_t n; /* bytes in buf */
+};
+
+static void mid_put(struct mid_msg *m, const uint8_t *p, size_t n)
+{
+	memcpy(m->buf + m->n, p, n);
+	m->n += n;
+}
+
+/* The count message of nf frames. */
+static void mid_count(struct mid_msg *m, uint64_t nf)
+{
+	uint8_t b[32];
+	mid_put(m, b, count_frame(b, nf, 1));
+}
+
+/* A data frame of len bytes (fin, opcode op); returns its header size. */
+static size_t mid_frame(struct mid_msg *m, int fin, unsigned op, size_t len)
+{
+	static uint8_t pay[2 * MiB];
+	size_t k;
+	ts_fill(pay, len, (unsigned)m->n);
+	k = wu_frame(m->buf + m->n, fin, op, pay, len, 1);
+	m->n += k;
+	return k - len;
+}
+
+/* A raw client sends m's first n bytes and closes the connection: the
+ * server comm idx ends with TW_ETRUNCATED and "after got bytes of its
+ * frames (done of nf frames complete)"; the canary still echoes. */
+static void mid_cut(struct tu *h, struct tu_peer *cli, size_t idx, const struct mid_msg *m,
+		    size_t n, unsigned long long got, size_t done, unsigned long long nf)
+{
+	struct wu_raw r;
+	struct tu_peer *sp;
+	char says[160];
+	ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, &r), 101);
+	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
+	ck_assert_uint_eq(wu_raw_send(&r, m->buf, n), n);
+	if (r.ssl != NULL && idx % 2 == 0)
+		SSL_shutdown(r.ssl);
+	wu_raw_close(&r);
+	ck_assert(tu_wait_flag(h, &sp->closed, WU_WAIT_MS));
+	ck_assert_msg(sp->close_err == TW_ETRUNCATED, "cut at %zu: %s (%s)", n,
+		      tw_strerror(sp->close_err), sp->last_error);
+	snprintf(says, sizeof(says),
+		 "in the middle of a message, without a close frame: after %llu bytes of its "
+		 "frames (%zu of %llu frames complete)",
+		 got, done, nf);
+	ck_assert_msg(strstr(sp->last_error, says) != NULL, "cut at %zu: text '%s', not '%s'", n,
+		      sp->last_error, says);
+	ck_assert_uint_eq(sp->nmsgs, 0);
+	tt_canary(cli, (unsigned)idx);
+}
+
+START_TEST(peer_closes_mid_message)
+{
+	struct tu h;
+	struct wu_raw r0;
+	struct tu_peer *sp0, *cli = open_raw(&h, wu_scheme(_i), &r0, &sp0);
+	struct mid_msg m = {malloc(3 * MiB), 0};
+	size_t idx = 2, at, hd;
+	/* frames of 300 KiB and 1.7 MiB (340 KiB in valgrind's quick runs) */
+	const size_t body = ts_quick() ? 640 << 10 : 2 * MiB;
+	ck_assert_ptr_nonnull(m.buf);
+	wu_raw_close(&r0);
+	ck_assert(tu_wait_flag(&h, &sp0->closed, WU_WAIT_MS));
+	/* the count alone */
+	mid_count(&m, 3);
+	mid_cut(&h, cli, idx++, &m, m.n, 0, 0, 3);
+	/* 1 frame of 2 whole, 300 of the second's 5,000 bytes */
+	m.n = 0;
+	mid_count(&m, 2);
+	mid_frame(&m, 1, 2, 1000);
+	at = m.n;
+	hd = mid_frame(&m, 1, 2, 5000);
+	mid_cut(&h, cli, idx++, &m, at + hd + 300, 1300, 1, 2);
+	/* its header alone, then all but its last byte */
+	mid_cut(&h, cli, idx++, &m, at + hd, 1000, 1, 2);
+	mid_cut(&h, cli, idx++, &m, m.n - 1, 5999, 1, 2);
+	/* 32 KiB of a 1 MiB frame */
+	m.n = 0;
+	mid_count(&m, 1);
+	at = m.n;
+	hd = mid_frame(&m, 1, 2, MiB);
+	mid_cut(&h, cli, idx++, &m, at + hd + (32 << 10), 32 << 10, 0, 1);
+	/* 600 KiB of two large frames: into the second */
+	m.n = 0;
+	mid_count(&m, 2);
+	mid_frame(&m, 1, 2, 300 << 10);
+	at = m.n;
+	hd = mid_frame(&m, 1, 2, body - (300 << 10));
+	mid_cut(&h, cli, idx++, &m, at + hd + (300 << 10), 600 << 10, 1, 2);
+	/* one frame in WebSocket fragments (RFC 6455 section 5.4): 700 and
+	 * 500 bytes whole, 200 of the last's 1,000 */
+	m.n = 0;
+	mid_count(&m, 1);
+	mid_frame(&m, 0, 2, 700);
+	mid_frame(&m, 0, 0, 500);
+	at = m.n;
+	hd = mid_frame(&m, 1, 0, 1000);
+	mid_cut(&h, cli, idx++, &m, at + hd + 200, 1400, 0, 1);
+	free(m.buf);
+	tt_fini(&h);
+}
+END_TEST
+
+/* A client that resets before its upgrade is named by the listener's
+ * error callback, with the address kept from accept (tcp:
+ * check_tcp_errors' peer_address_kept_from_accept). */
+START_TEST(reset_before_upgrade_named)
+{
+	struct tu h;
+	const char *scheme = wu_scheme(_i);
+	char uri[32];
+	wu_init(&h, scheme);
+	snprintf(uri, sizeof(uri), "%s://127.0.0.1:0", scheme);
+	ck_assert_int_eq(tu_listen(&h, uri), 0);
+	tu_reset_named(&h, scheme);
+	tu_reset_named(&h, scheme);
 	tt_fini(&h);
 }
 END_TEST
@@ -809,7 +943,8 @@ TCase *ws_wire_tcase(void)
 			     too_many_fragments, too_many_frames_declared, ping_pong_close,
 			     pings_answered_latest, data_after_close, ping_between_fragments,
 			     length_forms, pings_too_often, ping_flood_closed,
-			     pings_spaced_answered));
+			     pings_spaced_answered, peer_closes_mid_message,
+			     reset_before_upgrade_named));
 	ts_add_loop(tc, 4, TS_TESTS(ping_flood_policy_off, empty_end_on_allowance));
 	ts_add_loop(tc, 2, TS_TESTS(pinger_closed_others_work));
 	return tc;

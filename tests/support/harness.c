@@ -487,3 +487,29 @@ tw_decoded *tu_call(struct tu *h, struct tu_peer *p, tw_msg *m, int ms)
 	ck_assert_msg(rv == 0, "reply: %s: %s", tw_strerror(rv), why);
 	return d;
 }
+
+void tu_on_refused(tw_listener *l, int err, const char *peer, const char *why, void *arg)
+{
+	struct tu_refusal *r = arg;
+	(void)l;
+	r->n++;
+	r->err = err;
+	snprintf(r->peer, sizeof(r->peer), "%s", peer);
+	snprintf(r->why, sizeof(r->why), "%s", why);
+}
+
+void tu_reset_named(struct tu *h, const char *scheme)
+{
+	struct tu_refusal r = {0, 0, "", ""};
+	size_t nsrv = h->nsrv;
+	char want[128];
+	ck_assert_int_eq(tw_listener_set_error_cb(h->lis, tu_on_refused, &r), 0);
+	ts_raw_reset(h->addr, scheme, want, sizeof(want));
+	ck_assert_msg(tu_wait_flag(h, &r.n, TU_WAIT_MS), "no error callback for a reset client");
+	ck_assert_int_eq(tw_listener_set_error_cb(h->lis, NULL, NULL), 0);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_msg(r.err == TW_EIO, "err %s: %s", tw_strerror(r.err), r.why);
+	ck_assert_str_eq(r.peer, want);
+	ck_assert_msg(strstr(r.why, want) != NULL, "why: %s", r.why);
+	ck_assert_uint_eq(h->nsrv, nsrv);
+}

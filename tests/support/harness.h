@@ -96,6 +96,19 @@ void tu_ns_leave(int saved);
 /* tw_listener_new on tu_uri_host(uri), in the listening namespace. */
 int tu_tw_listen(tw_context *ctx, const char *uri, tw_accept_cb cb, void *arg, tw_listener **out);
 
+/* A listener's error callback (tw_listener_set_error_cb) that records
+ * its calls: their count, and the last one's err, peer and why. */
+struct tu_refusal {
+	int n, err;
+	char peer[128], why[512];
+};
+void tu_on_refused(tw_listener *l, int err, const char *peer, const char *why, void *arg);
+/* A client of h->lis (scheme "tls", "ws" or "wss") that resets before its
+ * handshake or upgrade (ts_raw_reset) is told to the listener's error
+ * callback with TW_EIO and its address, kept from accept (issue 17: 170
+ * of 200 such log lines had none), in the reason too; no comm is made. */
+void tu_reset_named(struct tu *h, const char *scheme);
+
 /* Drive the loop until pred(arg) is true (returns 1) or ms pass with no
  * ts_progress (0): ts_run_until on h->base. */
 int tu_run_until(struct tu *h, int (*pred)(void *arg), void *arg, int ms);

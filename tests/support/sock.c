@@ -45,6 +45,31 @@ int ts_raw_connect(const char *uri)
 	return fd;
 }
 
+void ts_raw_reset(const char *uri, const char *scheme, char *peer, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	struct linger lg = {1, 0};
+	char ip[INET6_ADDRSTRLEN];
+	const void *a;
+	unsigned port;
+	int fd = ts_raw_connect(uri), n;
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&ss, &sl), 0);
+	if (ss.ss_family == AF_INET6) {
+		a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+		port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	} else {
+		a = &((struct sockaddr_in *)&ss)->sin_addr;
+		port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	}
+	ck_assert_ptr_nonnull(inet_ntop(ss.ss_family, a, ip, sizeof(ip)));
+	n = snprintf(peer, len, ss.ss_family == AF_INET6 ? "%s://[%s]:%u" : "%s://%s:%u", scheme,
+		     ip, port);
+	ck_assert(n > 0 && (size_t)n < len);
+	ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	close(fd);
+}
+
 int ts_raw_listen_at(const char *host, const char *scheme, int backlog, int flags, char *uri,
 		     size_t len)
 {

@@ -13,6 +13,13 @@
  * (close-on-exec); asserts that the connect worked. */
 int ts_raw_connect(const char *uri);
 
+/* Connect to uri, then reset at once (SO_LINGER 0) before the server's
+ * loop ran: a client gone before accept or its handshake. peer gets the
+ * client's own address as the server must name it, "scheme://IP:PORT"
+ * (from getsockname: 127.0.0.1 on loopback, the test namespace's
+ * address across tests/netns-check.sh's link). */
+void ts_raw_reset(const char *uri, const char *scheme, char *peer, size_t len);
+
 /* A TCP socket bound to 127.0.0.1 on a free port, listening with backlog
  * (or, with backlog < 0, bound and not listening: connects to it are
  * refused and nobody else can take the port). uri gets
