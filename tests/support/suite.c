@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Running a suite program (tests/support/suite.h). */
+#include <ctype.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/support/certs.h"
 #include "tests/support/suite.h"
@@ -33,16 +35,32 @@ TCase *ts_tcase(const char *name, int timeout_s, const TTest *const tests[])
 	return tc;
 }
 
+/* 1 unless TW_TEST_ONLY is set and does not name t. */
+static int wanted(const TTest *t)
+{
+	const char *only = getenv("TW_TEST_ONLY"), *p;
+	size_t n = strlen(t->name);
+	if (only == NULL || *only == '\0')
+		return 1;
+	for (p = only; (p = strstr(p, t->name)) != NULL; p += n)
+		if ((p == only || isspace((unsigned char)p[-1])) &&
+		    (p[n] == '\0' || isspace((unsigned char)p[n])))
+			return 1;
+	return 0;
+}
+
 void ts_add(TCase *tc, const TTest *const tests[])
 {
 	for (size_t i = 0; tests[i] != NULL; i++)
-		tcase_add_test(tc, tests[i]);
+		if (wanted(tests[i]))
+			tcase_add_test(tc, tests[i]);
 }
 
 void ts_add_loop(TCase *tc, int n, const TTest *const tests[])
 {
 	for (size_t i = 0; tests[i] != NULL; i++)
-		tcase_add_loop_test(tc, tests[i], 0, n);
+		if (wanted(tests[i]))
+			tcase_add_loop_test(tc, tests[i], 0, n);
 }
 
 int ts_main(const char *name, unsigned flags, TCase *const cases[])

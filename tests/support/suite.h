@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Running a suite program: every tests/check_*.c main ends in ts_run, so
  * the runner's settings (CK_VERBOSITY, CK_RUN_CASE, CK_RUN_SUITE from the
- * environment) and the process-wide setup are the same in every suite. */
+ * environment) and the process-wide setup are the same in every suite.
+ * TW_TEST_ONLY="name1 name2" (START_TEST names, separated by white space) keeps
+ * only those tests among the ones ts_tcase, ts_add and ts_add_loop add
+ * (tests/netns-check.sh runs chosen cases across a link). Unset or empty:
+ * all. */
 #ifndef TW_TESTS_SUPPORT_SUITE_H
 #define TW_TESTS_SUPPORT_SUITE_H
 
