@@ -157,13 +157,34 @@ int tw_context_set_max_message_bytes(tw_context *ctx, uint64_t bytes);
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or frames 0 */
 int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
-/* Time a tw_comm_connect may take before it fails with TW_ETIMEDOUT: it covers
- * every stage until the comm is usable (resolving, TCP, the TLS handshake,
- * the ws upgrade), each stage also bounded by its own timeout
- * (tw_context_set_tls_handshake_timeout_ms, and the handshake timeout for
- * the upgrade), the sooner winning; tw_context_last_error then says
- * "timed out" and which bound it was. The Dask handshake that follows
- * (tw_comm_handshake) has its own timeout. Default 10,000 ms.
+/* The connect timeout, in milliseconds (default 10,000): how long a comm
+ * may take from tw_comm_connect until it is usable. It covers every stage:
+ * resolving, TCP, the TLS handshake, the ws upgrade, and then the Dask
+ * handshake when the application runs tw_comm_handshake as the connector
+ * on that comm (a tw_pool always does): the handshake gets what the
+ * connect timeout had left when tw_comm_connect's callback ran (time the
+ * application takes before calling tw_comm_handshake does not count).
+ * Each stage is also bounded by its own timeout
+ * (tw_context_set_tls_handshake_timeout_ms; the handshake timeout for the
+ * ws upgrade and the Dask handshake), the sooner winning. Comms a
+ * listener accepts have no connect timeout: their Dask handshake has its
+ * own clock only. Dask: connect() in distributed/comm/core.py reads the
+ * handshake within the connect timeout's time_left() ("Timed out during
+ * handshake while connecting to ...").
+ * When it runs out, the stage it ended fails with TW_ETIMEDOUT, its text
+ * saying "timed out", what came back, and "(the connect timeout)" with N,
+ * the timeout as set:
+ *   TW_ETIMEDOUT  to tw_comm_connect's callback: resolving, TCP, the TLS
+ *                 handshake or the ws upgrade (tw_context_last_error)
+ *   TW_ETIMEDOUT  to tw_comm_handshake's callback: the Dask handshake
+ *                 (tw_comm_last_error: "handshake timed out: no answer
+ *                 from the peer within N ms (the connect timeout; ...)",
+ *                 or "N1 bytes from the peer within N ms, not a whole
+ *                 handshake (the connect timeout)")
+ *   TW_ETIMEDOUT  to a tw_pool call's callback: any of those stages
+ *                 (tw_call_error)
+ * Applies to connects started after the call. Loop thread (or before the
+ * loop runs).
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_connect_timeout_ms(tw_context *ctx, uint32_t ms);

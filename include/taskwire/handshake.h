@@ -35,7 +35,11 @@ typedef struct tw_handshake_info {
  *   TW_EPROTO     the peer's handshake is not a map, lacks `compression`
  *                 or `pickle-protocol`, or is not a message taskwire can
  *                 decode
- *   TW_ETIMEDOUT  no handshake within the context's handshake timeout
+ *   TW_ETIMEDOUT  no handshake within the context's handshake timeout, or,
+ *                 on a connector's comm from tw_comm_connect, within what
+ *                 the connect timeout had left (context.h,
+ *                 tw_context_set_connect_timeout_ms); tw_comm_last_error
+ *                 names the clock and says what came
  *   TW_ECLOSED    the peer closed
  *   (any code)    the comm's error (TW_EIO, TW_ETLS ...)
  * Runs on the loop thread. */
@@ -51,7 +55,10 @@ enum tw_handshake_side {
 
 /* tw_comm_handshake: run the handshake on a fresh comm (no callbacks set
  * yet) as `side`. Offers the context's compression
- * (tw_context_set_compression) and gives up after its handshake timeout.
+ * (tw_context_set_compression) and gives up after its handshake timeout,
+ * or sooner, as the connector on a comm from tw_comm_connect, when the
+ * connect timeout runs out (what it had left when the connect's callback
+ * ran; Dask's connect() in distributed/comm/core.py does the same).
  * After success the comm also places the shards of split payloads
  * adjacently (so tw_decode merges them without a copy) and
  * tw_comm_compression tells the negotiated codec. Loop thread.
@@ -77,7 +84,10 @@ const char *tw_comm_compression(const tw_comm *comm);
 int tw_context_set_compression(tw_context *ctx, const char *codec);
 
 /* tw_context_set_handshake_timeout_ms: bound on the whole handshake, in
- * milliseconds (default 10,000). Loop thread.
+ * milliseconds (default 10,000): the only bound on a comm a listener
+ * accepted; a connector's also ends at the connect timeout, the sooner
+ * winning (tw_context_set_connect_timeout_ms). Also the ws upgrade's
+ * bound. Loop thread.
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or ms 0 */
 int tw_context_set_handshake_timeout_ms(tw_context *ctx, uint32_t ms);

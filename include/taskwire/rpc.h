@@ -37,11 +37,15 @@ typedef struct tw_call tw_call;
  *                    holds it, owned the same way (read `exception_text`
  *                    and `traceback_text`)
  * or, with reply NULL:
- *   TW_ETIMEDOUT     no reply within the call's timeout (or the connect
- *                    timed out)
+ *   TW_ETIMEDOUT     no reply within the call's timeout, or the connect
+ *                    timeout ran out before the comm was usable (TCP,
+ *                    TLS, ws upgrade or the Dask handshake: context.h,
+ *                    tw_context_set_connect_timeout_ms)
  *   TW_ECANCELED     tw_call_cancel, or tw_pool_free
  *   TW_ECONNREFUSED  nothing listens at the address
- *   TW_EHANDSHAKE    the peer did not complete the Dask handshake
+ *   TW_EHANDSHAKE    the peer did not complete the Dask handshake (a bad
+ *                    one, or none within the handshake timeout when that
+ *                    ended sooner than the connect timeout)
  *   TW_ETLS          the TLS handshake failed
  *   TW_ECLOSED       the comm ended during the call (the peer closed)
  *   TW_EIO           the comm failed during the call

@@ -17,6 +17,8 @@
 
 struct hs {
 	uint64_t max_message_bytes; /* the comm's limit, restored after */
+	uint32_t bound_ms;          /* the timer: its own clock, or what the connect left */
+	int by_connect;             /* bound_ms is the connect timeout's (a connector's) */
 	enum tw_handshake_side side;
 	tw_handshake_cb cb;
 	void *arg;
@@ -89,6 +91,7 @@ static void finish(tw_comm *comm, struct hs *h, int err, const tw_handshake_info
 	tw_handshake_cb cb = h->cb;
 	void *arg = h->arg;
 	p->handshake = NULL;
+	p->hs_by_connect = err == TW_ETIMEDOUT && h->by_connect;
 	tw__comm_limits(comm)->max_message_bytes = h->max_message_bytes;
 	free(h);
 	tw__comm_disarm_timeout(comm);
@@ -178,11 +181,30 @@ static void on_close(tw_comm *comm, int err, void *arg)
 		err = TW_ECLOSED;
 		tw__comm_seterr(comm, "handshake: peer closed the comm");
 	} else if (err == TW_ETIMEDOUT) {
-		tw__comm_seterr(
-			comm, "handshake: %s within %u ms%s",
-			st.bytes_received ? "no complete handshake" : "not a byte from the peer",
-			(unsigned)tw__comm_limits(comm)->handshake_timeout_ms,
-			st.bytes_received ? "" : " (a tls:// listener, or not a Dask peer?)");
+		/* the connect timeout as set, as the TLS handshake's and the
+		 * ws upgrade's texts give it: it ran from the connect's start,
+		 * and the handshake had what it left */
+		unsigned ms = h->by_connect ? (unsigned)tw__comm_limits(comm)->connect_timeout_ms
+					    : (unsigned)h->bound_ms;
+		const char *clock = h->by_connect ? "the connect timeout" : "the handshake timeout";
+		char peer[128];
+		/* a tcp:// connector's silent peer may be a tls:// listener,
+		 * which waits for a TLS hello */
+		int plain = h->side == TW_HANDSHAKE_CONNECTOR &&
+			    tw_comm_peer_address(comm, peer, sizeof(peer)) == 0 &&
+			    strncmp(peer, "tcp://", 6) == 0;
+		if (st.bytes_received == 0)
+			tw__comm_seterr(comm,
+					"handshake timed out: no answer from the peer within %u ms "
+					"(%s; %s)",
+					ms, clock,
+					plain ? "a tls:// listener, or not a Dask peer?"
+					      : "not a Dask peer?");
+		else
+			tw__comm_seterr(comm,
+					"handshake timed out: %llu bytes from the peer within %u "
+					"ms, not a whole handshake (%s)",
+					(unsigned long long)st.bytes_received, ms, clock);
 	}
 	finish(comm, h, err, NULL, NULL);
 }
@@ -202,6 +224,13 @@ int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_c
 	if ((p = tw__pcomm_get(comm)) == NULL || (h = calloc(1, sizeof(*h))) == NULL)
 		return TW_ENOMEM;
 	lim = tw__comm_limits(comm);
+	/* a connector's handshake is part of its connect: the connect
+	 * timeout's time left bounds it too, the sooner winning (Dask's
+	 * connect(): wait_for(comm.read(), time_left())) */
+	h->bound_ms = side == TW_HANDSHAKE_CONNECTOR ? tw__comm_connect_left_ms(comm) : 0;
+	h->by_connect = h->bound_ms != 0 && h->bound_ms < lim->handshake_timeout_ms;
+	if (!h->by_connect)
+		h->bound_ms = lim->handshake_timeout_ms;
 	h->side = side;
 	h->cb = cb;
 	h->arg = arg;
@@ -210,7 +239,7 @@ int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_c
 		lim->max_message_bytes = HANDSHAKE_MAX_BYTES;
 	p->handshake = h;
 	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
-	    (rv = tw__comm_arm_timeout(comm, lim->handshake_timeout_ms)) != 0 ||
+	    (rv = tw__comm_arm_timeout(comm, h->bound_ms)) != 0 ||
 	    (side == TW_HANDSHAKE_LISTENER && (rv = write_info(comm)) != 0)) {
 		tw__comm_detach(comm);
 		p->handshake = NULL;

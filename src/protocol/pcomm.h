@@ -17,6 +17,7 @@ struct tw__pcomm {
 	struct tw__dask_place *place;  /* after a handshake: the placement hook's state */
 	struct tw__deliver_q *deliver; /* decoded delivery (delivery.c), or NULL */
 	int served;                    /* a tw_server's: its callbacks, its reference */
+	int hs_by_connect;             /* the handshake ended at the connect timeout */
 };
 
 /* c's protocol state, made on first use; NULL when out of memory. */

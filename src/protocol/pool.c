@@ -15,6 +15,7 @@
 #include <taskwire/rpc.h>
 
 #include "core/timer.h"
+#include "protocol/pcomm.h"
 #include "protocol/pool.h"
 #include "transport/upper.h"
 
@@ -500,12 +501,17 @@ static void on_handshake(tw_comm *comm, int err, const tw_handshake_info *info, 
 {
 	struct pcomm *pc = arg;
 	struct dest *d = pc->dest;
+	const struct tw__pcomm *hp = tw__pcomm_find(comm);
 	(void)info;
-	(void)comm;
 	if (err == 0 && d != NULL &&
 	    tw_comm_set_decoded_callbacks(comm, on_reply, on_close, NULL, pc) != 0)
 		err = TW_ENOMEM;
-	if (err != 0 && err != TW_ENOMEM)
+	/* the connect timeout ended it: the call's connect timed out
+	 * (TW_ETIMEDOUT, as a TLS handshake or ws upgrade it ends); any
+	 * other failure is the handshake's */
+	if (err == TW_ETIMEDOUT && hp != NULL && hp->hs_by_connect)
+		err = TW_ETIMEDOUT;
+	else if (err != 0 && err != TW_ENOMEM)
 		err = err == TW_ETLS ? TW_ETLS : TW_EHANDSHAKE;
 	if (err != 0 && d != NULL)
 		say_dest(d, "Dask handshake with %s failed: %s", d->uri,

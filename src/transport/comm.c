@@ -139,6 +139,22 @@ void tw__connect_cancel(tw_context *ctx, void *arg)
 	}
 }
 
+void tw__comm_connected(tw_comm *c, uint64_t deadline_ms)
+{
+	uint64_t now = tw__mono_ms(), left = deadline_ms > now ? deadline_ms - now : 0;
+	/* 1 at least: 0 means "not from a connect" (a deadline_ms of 0: no
+	 * connect timeout); a comm handed out at its deadline gets 1 ms, as
+	 * Dask's wait_for(read, time_left() == 0) gives up at once */
+	if (deadline_ms != 0 && left == 0)
+		left = 1;
+	c->connect_left_ms = left > UINT32_MAX ? UINT32_MAX : (uint32_t)left;
+}
+
+uint32_t tw__comm_connect_left_ms(const tw_comm *c)
+{
+	return c->connect_left_ms;
+}
+
 uint32_t tw__stage_ms(uint64_t deadline_ms, uint32_t own_ms, int *by_connect)
 {
 	uint64_t now = tw__mono_ms(), left = deadline_ms > now ? deadline_ms - now : 0;

@@ -76,6 +76,10 @@ struct tw_comm {
 	/* A relay of its input runs (transport/relay.h): the comm must not
 	 * be freed for being idle, or its relay frames' messages break. */
 	int relaying;
+	/* A comm from tw_comm_connect: what the connect timeout had left when
+	 * it was handed to the connect's callback (ms, at least 1); 0 for
+	 * any other comm (tw__comm_connected). */
+	uint32_t connect_left_ms;
 };
 
 /* The relay of c's input is over (relaying cleared): tell the watchers
@@ -96,6 +100,11 @@ int tw__comm_drained(tw_comm *c);
  * came and returns 0 then, else !c->ended. */
 void tw__comm_hold(tw_comm *c);
 int tw__comm_release(tw_comm *c);
+/* c, made by a connect whose timeout runs out at deadline_ms
+ * (tw__mono_ms), is about to be handed to the connect's callback: keep
+ * what is left of it for the Dask handshake that follows
+ * (tw__comm_connect_left_ms). */
+void tw__comm_connected(tw_comm *c, uint64_t deadline_ms);
 /* Fill c->peer and c->local from the socket, as scheme:// URIs. */
 void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme);
 /* The peer's address as accept gave it (NULL: keep what the socket

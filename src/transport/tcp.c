@@ -367,11 +367,12 @@ static void plain_upgrade(tw_context *ctx, int fd, const struct tw__uri *u, tw_c
 	tw_comm *c = NULL;
 	int err = tw__stream_new(ctx, fd, "tcp", &tw__tcp_io, NULL, &c);
 	(void)then;
-	(void)deadline_ms;
 	if (err != 0) {
 		tw__ctx_seterr(ctx, "connect to %s:%u: %s", u->host, (unsigned)u->port,
 			       tw_strerror(err));
 		close(fd);
+	} else {
+		tw__comm_connected(c, deadline_ms);
 	}
 	cb(c, err, arg);
 }

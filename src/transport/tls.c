@@ -520,8 +520,11 @@ static void hs_done(struct handshake *h)
 			       h->l != NULL ? "a client" : "the server", tw_strerror(err));
 	if (h->l != NULL && c != NULL)
 		h->l->accept_cb(h->l, c, h->l->arg);
-	else if (h->l == NULL)
+	else if (h->l == NULL) {
+		if (c != NULL)
+			tw__comm_connected(c, h->connect_deadline_ms);
 		h->cb(c, err, h->arg);
+	}
 	hs_free(h);
 }
 

@@ -114,6 +114,12 @@ int tw__comm_call(tw_comm *c, void (*fn)(tw_comm *c, void *arg), void *arg);
  * then call tw_comm_set_callbacks. */
 int tw__comm_attach(tw_comm *c, tw_recv_cb recv_cb, tw_close_cb close_cb, void *arg);
 void tw__comm_detach(tw_comm *c);
+/* On a comm from tw_comm_connect: what the connect timeout had left, in
+ * ms (at least 1), when the comm was handed to the connect's callback; 0
+ * on any other comm (accepted ones). A connector's Dask handshake ends
+ * there if its own clock would end later (the connect timeout covers
+ * every stage until a comm is usable, as Dask's connect() does). */
+uint32_t tw__comm_connect_left_ms(const tw_comm *c);
 /* End the comm with TW_ETIMEDOUT unless disarmed within ms milliseconds. */
 int tw__comm_arm_timeout(tw_comm *c, uint32_t ms);
 void tw__comm_disarm_timeout(tw_comm *c);

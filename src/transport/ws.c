@@ -59,9 +59,10 @@ static void upgrade_done(struct ws *w)
 	w->hs_out = NULL;
 	event_del(w->sock.rev);
 	event_del(w->sock.wev);
-	if (cb != NULL)
+	if (cb != NULL) {
+		tw__comm_connected(&w->sock.base, w->connect_deadline_ms);
 		cb(&w->sock.base, 0, w->cb_arg);
-	else
+	} else
 		w->l->accept_cb(w->l, &w->sock.base, w->l->arg);
 }
 
@@ -188,6 +189,7 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 			      ctx->limits.ws_ping_strikes);
 	tw__ws_req_init(&w->req, 0, 0);
 	w->upgrade_ms = tw__stage_ms(deadline_ms, ctx->limits.handshake_timeout_ms, &w->by_connect);
+	w->connect_deadline_ms = deadline_ms;
 	tv.tv_sec = (time_t)(w->upgrade_ms / 1000);
 	tv.tv_usec = (suseconds_t)(w->upgrade_ms % 1000) * 1000;
 	evtimer_add(w->sock.timer, &tv);

@@ -53,10 +53,11 @@ struct ws {
 	struct tw__ws_client hs;
 	char *hs_out; /* TW__WS_REQUEST_MAX bytes during the upgrade, then NULL */
 	size_t hs_len, hs_sent;
-	int refuse;          /* server: a non-101 verdict is being written */
-	uint32_t upgrade_ms; /* the upgrade's bound */
-	int by_connect;      /* client: that bound is the connect timeout's */
-	uint8_t *pre;        /* bytes read with the upgrade that belong to frames */
+	int refuse;                   /* server: a non-101 verdict is being written */
+	uint32_t upgrade_ms;          /* the upgrade's bound */
+	int by_connect;               /* client: that bound is the connect timeout's */
+	uint64_t connect_deadline_ms; /* client: when the connect timeout runs out (0: none) */
+	uint8_t *pre;                 /* bytes read with the upgrade that belong to frames */
 	size_t pre_len, pre_off;
 	tw_connect_cb cb;
 	void *cb_arg;
