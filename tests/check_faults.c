@@ -214,18 +214,19 @@ static void warm(struct ff *f, uint64_t after)
 }
 
 /* One pool call through the proxy with deadline ms: it must end by then
- * with want; the pool keeps no comm to the proxy afterwards (a comm still
+ * with want (or `also`, when not 0); the pool keeps no comm to the proxy afterwards (a comm still
  * connecting may stay, for the calls to come, until its own clocks or
  * tw_pool_free end it: pass connecting). */
-static void call_fails_in(struct ff *f, tw_msg *req, uint32_t ms, int want, const char *what,
-			  int connecting)
+static void call_fails_in(struct ff *f, tw_msg *req, uint32_t ms, int want, int also,
+			  const char *what, int connecting)
 {
 	struct rc rc;
 	rc_start(f->pool, f->via, req, ms, &rc);
 	ck_assert_msg(run_until_abs(&f->h, rc_is_done, &rc, WAIT_MS),
 		      "%s over %s: the call outlived its %u ms deadline", what,
 		      ts_tran_scheme(f->t), ms);
-	ck_assert_msg(rc.err == want, "%s over %s: %s (%s), wanted %s", what, ts_tran_scheme(f->t),
+	ck_assert_msg(rc.err == want || (also != 0 && rc.err == also),
+		      "%s over %s: %s (%s), wanted %s", what, ts_tran_scheme(f->t),
 		      tw_strerror(rc.err), rc.why, tw_strerror(want));
 	rc_assert_why(&rc, f->via);
 	rc_clear(&rc);
@@ -235,7 +236,7 @@ static void call_fails_in(struct ff *f, tw_msg *req, uint32_t ms, int want, cons
 
 static void call_fails(struct ff *f, tw_msg *req, uint32_t ms, int want, const char *what)
 {
-	call_fails_in(f, req, ms, want, what, 0);
+	call_fails_in(f, req, ms, want, 0, what, 0);
 }
 
 /* tw_pool calls. */
@@ -248,7 +249,7 @@ START_TEST(pool_black_hole)
 	struct fp_opts o = {.fault = FP_BLACK_HOLE};
 	struct ff f;
 	ff_init(&f, _i, &o);
-	call_fails_in(&f, rq_op("identity"), dl(300), TW_ETIMEDOUT, "black hole", 1);
+	call_fails_in(&f, rq_op("identity"), dl(300), TW_ETIMEDOUT, 0, "black hole", 1);
 	ck_assert_uint_eq(f.px.accepts, 1);
 	ff_end(&f);
 }
@@ -264,22 +265,30 @@ static const struct pool_fault {
 	uint32_t ms;   /* the call's deadline, dl(ms); 0: FAR_MS */
 	int want;
 	const char *what;
+	int also; /* another error it may end with (call_fails_in), or 0 */
 } pool_faults[] = {
 	/* The reply stops coming 64 KiB in: the call's deadline ends it. */
-	{FP_STALL, FP_DOWN, 1, 3, 500, TW_ETIMEDOUT, "stalled reply"},
+	{FP_STALL, FP_DOWN, 1, 3, 500, TW_ETIMEDOUT, "stalled reply", 0},
 	/* The request stops going 64 KiB in: the call's deadline ends it. */
-	{FP_STALL, FP_UP, 1, 4, 500, TW_ETIMEDOUT, "stalled request"},
+	{FP_STALL, FP_UP, 1, 4, 500, TW_ETIMEDOUT, "stalled request", 0},
 	/* A reset in the middle of the reply: the call fails at once with
 	 * the socket error (ECONNRESET), not at its deadline (FAR_MS). */
-	{FP_RESET, FP_DOWN, 0, 5, 0, TW_EIO, "reset reply"},
+	{FP_RESET, FP_DOWN, 0, 5, 0, TW_EIO, "reset reply", 0},
 	/* A reset in the middle of the request. */
-	{FP_RESET, FP_UP, 0, 6, 0, TW_EIO, "reset request"},
+	{FP_RESET, FP_UP, 0, 6, 0, TW_EIO, "reset request", 0},
 	/* The server's direction ends (FIN) in the middle of the reply
 	 * while the client's stays open: the message was cut,
 	 * TW_ETRUNCATED, at once. */
-	{FP_HALF_OPEN, FP_DOWN, 0, 7, 0, TW_ETRUNCATED, "half-open reply"},
+	{FP_HALF_OPEN, FP_DOWN, 0, 7, 0, TW_ETRUNCATED, "half-open reply", 0},
+	/* The client's direction ends (FIN to the server) in the middle of
+	 * the request, the server's stays open: the server drops the cut
+	 * request and closes, which comes back through the proxy: the
+	 * call fails at once with the peer's close (TW_ECLOSED), not at its
+	 * deadline (FAR_MS); or with the reset (TW_EIO) when the proxy
+	 * closed its socket with the rest of our request unread in it. */
+	{FP_HALF_OPEN, FP_UP, 0, 11, 0, TW_ECLOSED, "half-open request", TW_EIO},
 };
-enum { STALL_REPLY, STALL_REQUEST, RESET_REPLY, RESET_REQUEST, HALF_OPEN_REPLY };
+enum { STALL_REPLY, STALL_REQUEST, RESET_REPLY, RESET_REQUEST, HALF_OPEN_REPLY, HALF_OPEN_REQUEST };
 
 /* A stall case proves its deadline only if the stall came first. Under
  * ASan at load 30 (2 of 2 runs of the suite; tls and wss), and once in 6
@@ -299,7 +308,7 @@ START_TEST(pool_fault_mid_call)
 		ff_init(&f, _i % 4, &o);
 		if (c->warm)
 			warm(&f, 64 * KiB);
-		call_fails(&f, rq_echo_pattern(MiB, c->seed), ms, c->want, c->what);
+		call_fails_in(&f, rq_echo_pattern(MiB, c->seed), ms, c->want, c->also, c->what, 0);
 		if (!c->warm || f.px.faults != 0 || ts_quick() || ms >= WAIT_MS / 4)
 			break;
 		ff_end(&f);
@@ -574,6 +583,147 @@ START_TEST(stream_reset)
 }
 END_TEST
 
+/* A stream opened through the proxy (its connection_stream request
+ * sent), with a batched sender on it. */
+static void stream_open(struct ff *f, struct rw *w, tw_batched **b)
+{
+	tw_builder *start;
+	ck_assert_int_eq(rw_open(&f->h, f->h.ctx, f->via, w), 0);
+	start = rq_begin("connection_stream", 1);
+	rq_bool(start, "reply", 0);
+	rw_send(w, rq_end(start));
+	ck_assert_int_eq(tw_batched_new(w->comm, 2, b), 0);
+}
+
+/* Send items 0, 1, ... on b until the stream's comm closed, or, with
+ * `until_queued` > 0, until that many bytes wait in its write queue (the
+ * kernel's buffers on both sides are full: the peer's window is shut).
+ * Returns the number sent. */
+static int64_t stream_items(struct ff *f, struct rw *w, tw_batched *b, size_t until_queued)
+{
+	int64_t i;
+	for (i = 0; !w->closed; i++) {
+		ru_send_item(b, "item", i);
+		if (i % 500 == 499) {
+			tu_run_for(&f->h, 1);
+			if (until_queued > 0 && !w->closed &&
+			    tw_comm_queued_bytes(w->comm) >= until_queued)
+				break;
+		}
+		ck_assert_msg(i < 50000000, "%s: the stream never ended", ts_tran_scheme(f->t));
+	}
+	return i;
+}
+
+/* The server got a prefix of the stream's maps, in order and intact. */
+static void assert_prefix(const struct ff *f, int64_t sent)
+{
+	ck_assert_uint_gt(f->s.items, 0);
+	ck_assert_uint_lt(f->s.items, (size_t)sent);
+	ck_assert_uint_eq(f->s.item_errors, 0);
+}
+
+/* The stream's connect reaches a black hole (accepted, never answered):
+ * the connect timeout (300 ms) ends it with TW_ETIMEDOUT in whatever
+ * stage it is, the Dask handshake included (tcp; tls and wss in the TLS
+ * handshake, ws in the upgrade), with every stage's own clock far out;
+ * nothing is left once the proxy lets go. Before the connect timeout
+ * covered the Dask handshake, the tcp stream waited for the handshake's
+ * own clock (here FAR_MS). */
+START_TEST(stream_black_hole)
+{
+	struct fp_opts o = {.fault = FP_BLACK_HOLE};
+	struct ff f;
+	struct rw w;
+	const char *why;
+	int err;
+	ff_init(&f, _i, &o);
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(f.h.ctx, 300), 0);
+	err = rw_open(&f.h, f.h.ctx, f.via, &w); /* asserts it ends (TU_WAIT_MS) */
+	why = w.comm != NULL ? tw_comm_last_error(w.comm) : tw_context_last_error(f.h.ctx);
+	ck_assert_msg(err == TW_ETIMEDOUT, "%s: %s (%s)", ts_tran_scheme(_i), tw_strerror(err),
+		      why);
+	ck_assert_msg(strstr(why, "timed out") != NULL && strstr(why, "300 ms") != NULL &&
+			      strstr(why, "(the connect timeout") != NULL,
+		      "%s: %s", ts_tran_scheme(_i), why);
+	if (_i == TCP) /* past TCP: the Dask handshake is what waited */
+		ck_assert_msg(strstr(why, "handshake timed out") != NULL, "%s", why);
+	ck_assert_uint_eq(f.px.accepts, 1);
+	rw_free(&w);
+	/* the canary's own handshakes get the default deadline back */
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(f.h.ctx, TW_DEFAULT_CONNECT_TIMEOUT_MS),
+			 0);
+	ff_end(&f);
+}
+END_TEST
+
+/* The proxy stops taking the stream's bytes 64 KiB in (the server's
+ * reading stalls, the window shuts, the connection stays up): the TCP
+ * timeout (1,000 ms) ends the stream's comm with TW_ETIMEDOUT and
+ * releases what it queued; the server got a prefix, in order, and
+ * keeps serving; nothing is left once the proxy lets go. */
+START_TEST(stream_stall)
+{
+	struct fp_opts o = {.fault = FP_STALL, .dir = FP_UP, .after = 64 * KiB};
+	struct ff f;
+	struct rw w;
+	tw_batched *b;
+	int64_t sent;
+	ff_init(&f, _i, &o);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(f.h.ctx, 1000), 0);
+	stream_open(&f, &w, &b);
+	sent = stream_items(&f, &w, b, 4 * MiB);
+	ck_assert_msg(run_until_abs(&f.h, rw_is_closed, &w, WAIT_MS),
+		      "%s: a stream to a stalled peer outlived the TCP timeout",
+		      ts_tran_scheme(_i));
+	ck_assert_msg(w.close_err == TW_ETIMEDOUT, "%s: %s (%s)", ts_tran_scheme(_i),
+		      tw_strerror(w.close_err), tw_comm_last_error(w.comm));
+	ck_assert_uint_eq(tw_comm_queued_bytes(w.comm), 0);
+	ck_assert_uint_eq(f.px.faults, 1);
+	assert_prefix(&f, sent);
+	tw_batched_free(b);
+	rw_free(&w);
+	ck_assert_int_eq(tw_context_set_tcp_timeout_ms(f.h.ctx, 0), 0);
+	ff_end(&f);
+}
+END_TEST
+
+/* The stream's direction is shut 64 KiB in (FIN to the server in the
+ * middle of a message; the proxy discards what follows), the server's
+ * direction stays open: the server ends its comm (a message cut), its
+ * close comes back through the proxy, and the stream's comm ends with
+ * the peer's end while every clock is far out: the orderly close (0,
+ * "peer closed", nothing of ours queued; TW_ECLOSED with bytes queued)
+ * or, when a write of ours met the proxy's closed socket first, the
+ * reset (TW_EIO: 1 of 4 wss runs in 6 suite runs); never TW_ETIMEDOUT.
+ * The server got a prefix, in order, and keeps serving; nothing is
+ * left. */
+START_TEST(stream_half_open_request)
+{
+	struct fp_opts o = {.fault = FP_HALF_OPEN, .dir = FP_UP, .after = 64 * KiB};
+	struct ff f;
+	struct rw w;
+	tw_batched *b;
+	const char *why;
+	int64_t sent;
+	ff_init(&f, _i, &o);
+	stream_open(&f, &w, &b);
+	sent = stream_items(&f, &w, b, 0);
+	why = tw_comm_last_error(w.comm);
+	ck_assert_msg(w.close_err == 0 || w.close_err == TW_ECLOSED || w.close_err == TW_EIO,
+		      "%s: %s (%s)", ts_tran_scheme(_i), tw_strerror(w.close_err), why);
+	ck_assert_msg(w.close_err != 0 || strstr(why, "peer closed") != NULL, "%s: %s",
+		      ts_tran_scheme(_i), why);
+	ck_assert_msg(w.close_err != TW_ECLOSED || strstr(why, "not delivered") != NULL, "%s: %s",
+		      ts_tran_scheme(_i), why);
+	ck_assert_uint_eq(f.px.faults, 1);
+	assert_prefix(&f, sent);
+	tw_batched_free(b);
+	rw_free(&w);
+	ff_end(&f);
+}
+END_TEST
+
 /* A TCase called name running t over every transport, _i = k * 4 +
  * transport (k: a row of t's table, 0 for the other tests). */
 static TCase *tc_row(const char *name, const TTest *t, int k)
@@ -603,12 +753,17 @@ int main(void)
 	suite_add_tcase(s, tc_row("pool_reset_reply", pool_fault_mid_call, RESET_REPLY));
 	suite_add_tcase(s, tc_row("pool_reset_request", pool_fault_mid_call, RESET_REQUEST));
 	suite_add_tcase(s, tc_row("pool_half_open_reply", pool_fault_mid_call, HALF_OPEN_REPLY));
+	suite_add_tcase(s,
+			tc_row("pool_half_open_request", pool_fault_mid_call, HALF_OPEN_REQUEST));
 	suite_add_tcase(s, tc("pool_delay_throttle", pool_delay_throttle));
 	suite_add_tcase(s, tc("pool_free_black_hole", pool_free_black_hole));
 	suite_add_tcase(s, tc("comm_connect_black_hole", comm_connect_black_hole));
 	suite_add_tcase(s, tc("comm_stall_mid_message", comm_stall_mid_message));
 	suite_add_tcase(s, tc("comm_stall_writer", comm_stall_writer));
 	suite_add_tcase(s, tc("stream_reset", stream_reset));
+	suite_add_tcase(s, tc("stream_black_hole", stream_black_hole));
+	suite_add_tcase(s, tc("stream_stall", stream_stall));
+	suite_add_tcase(s, tc("stream_half_open_request", stream_half_open_request));
 	/* The proxy writes with libevent (writev) to peers that reset; the
 	 * library itself never raises SIGPIPE (tests/check_tcp.c keeps the
 	 * default action to show it). */
