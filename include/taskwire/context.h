@@ -351,6 +351,20 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * (of any size) for each comm that wrote with an empty queue, each until
  * that comm's peer reads it or the comm ends (a peer that stopped
  * reading: its TCP timeout, tw_context_set_tcp_timeout_ms).
+ * Queued bytes count in the receive budget too, and a receive budget
+ * full of them still lets one message pass every 100 ms in which no
+ * bytes came back. So peers that send and never read their replies each
+ * have their reply queued until their TCP timeout: 30 peers that each
+ * sent 32 MiB to an echo server held 968 MiB there through a 64 MiB
+ * receive and an 8 MiB write budget (breaker17 b17-23). The pass stays
+ * because a context cannot tell them from peers that wait for its reads:
+ * two contexts whose queues fill both their receive budgets (large
+ * messages both ways; or each asking the other for large replies, so
+ * its queues are on comms where it receives nothing) move only through
+ * it, and rules that held it while queues stood still, or cut a comm
+ * whose peer took nothing for the close linger, stopped or cut them
+ * (breaker15 b15-6, session 15; wq18, session 16). A shorter TCP timeout
+ * (tw_context_set_tcp_timeout_ms) frees such replies sooner.
  * A message refused stays the caller's: it counts in no budget.
  *
  * Returns 0, or:
