@@ -566,13 +566,13 @@ static int hoarders_cut(const struct wu_drip *d)
 
 struct chat {
 	struct tu_peer *cli;
-	size_t sent;
+	size_t len, sent;
 	long long at;
 };
 
 static void chat_tick(struct chat *c)
 {
-	size_t len = 100;
+	size_t len = c->len;
 	if (c->cli == NULL || c->cli->nmsgs < c->sent || ts_now_ms() - c->at < CHAT_MS)
 		return;
 	ck_assert_int_eq(tw_comm_write(c->cli->comm, ts_msg_pattern(&len, 1, (unsigned)c->sent)),
@@ -581,16 +581,20 @@ static void chat_tick(struct chat *c)
 	c->at = ts_now_ms();
 }
 
-/* chat: with small traffic on another comm all along (breaker15 b15-2,
- * session 15: its writes counted as bytes coming back, so no pass
- * interval ever ended quiet, no hoarder was seen slow or cut, and the
- * honest message waited for ever). */
-static void pass_hoarders(int chat)
+/* chat: the bytes of a message sent every CHAT_MS on another comm all
+ * along, 0 for none. 100 bytes (breaker15 b15-2, session 15): its writes
+ * counted as bytes coming back, so no pass interval ever ended quiet, no
+ * hoarder was seen slow or cut, and the honest message waited for ever.
+ * 60,000 bytes (breaker18 b18-1, session 16): below the small-frame size
+ * (no reservation) but more than a step's worth written every interval,
+ * which still kept every interval "moving" until the slow marks and the
+ * cut ran every interval. */
+static void pass_hoarders(size_t chat)
 {
 	struct tu h;
 	struct wu_drip d;
 	struct honest o;
-	struct chat c = {NULL, 0, 0};
+	struct chat c = {NULL, chat, 0, 0};
 	uint64_t bound = MiB + 4 * MiB + HOARD_BURST + 4 * MiB, max_used = 0, seen = 0;
 	long long last;
 	memset(&d, 0, sizeof(d));
@@ -660,7 +664,13 @@ END_TEST
 
 START_TEST(receive_budget_hoarders_are_cut_beside_small_traffic)
 {
-	pass_hoarders(1);
+	pass_hoarders(100);
+}
+END_TEST
+
+START_TEST(receive_budget_hoarders_are_cut_beside_steady_traffic)
+{
+	pass_hoarders(60000);
 }
 END_TEST
 
@@ -873,6 +883,7 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_small_drippers_do_not_hold_the_pass,
 				 receive_budget_pass_hoarders_are_cut,
 				 receive_budget_hoarders_are_cut_beside_small_traffic,
+				 receive_budget_hoarders_are_cut_beside_steady_traffic,
 				 receive_budget_pausers_are_not_cut,
 				 receive_budget_burst_hoarder_is_cut, budget_setters));
 }

@@ -568,7 +568,7 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 	admit(b, NULL);
 }
 
-/* No bytes came back for a pass interval: a holder (the passer among
+/* A pass interval ended (tw__budget_look, tw__budget_pass): a holder (the passer among
  * them) that moved less than TW__BUDGET_MOVING_BYTES in it is slow (one
  * more interval; a waiter already slow stays so and counts on, but for
  * one whose peer sent its next bytes: waits_for_us), and its rest counts
@@ -584,10 +584,17 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
  * a loaded machine) loses its place until it moves again, and is cut
  * only when slow for TW__BUDGET_CUT_INTERVALS while the bytes past the
  * limit are too many (cut_hoarders). */
-void tw__budget_pass(struct tw__budget *b)
+static void mark(struct tw__budget *b, int quiet)
 {
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext) {
 		uint64_t m = moved(b, h);
+		/* While bytes come back, a waiter may wait for them: its count
+		 * stands still (counted in such intervals, a slow link's 8 MiB
+		 * message that waited with less than a step in its socket
+		 * looked slower than it sent and was cut, 2 MiB before its end,
+		 * as too slow to finish) */
+		if (!quiet && waiting(h))
+			continue;
 		/* A waiter whose peer sent its next bytes moves as soon as the
 		 * budget lets it: its wait is ours, its count stands still
 		 * (counted on, a waiter that was slow before it waited ranked
@@ -612,6 +619,29 @@ void tw__budget_pass(struct tw__budget *b)
 		h->drips = h->drips << 1 | (unsigned)drip;
 		caught_up(h);
 	}
+}
+
+/* Every pass interval, bytes coming back or not: slow marks and the
+ * hoarders' cut do not wait for a quiet interval (only a new pass does).
+ * While they waited for one, a peer sending a 60 KB message every 20 ms
+ * on another comm (each echoed: more than a step's worth written every
+ * interval, no reservation) kept every interval "moving": no holder was
+ * ever marked slow, no hoarder cut, and an honest 16 MiB message waited
+ * for ever behind two hoarders (breaker18 b18-1, session 16; b15-2 with
+ * larger chatter). A hoarder is judged on its own bytes over seconds
+ * (hoards), not on what other comms do. */
+void tw__budget_look(struct tw__budget *b)
+{
+	uint64_t used = b->used;
+	mark(b, 0);
+	cut_hoarders(b, NULL);
+	if (b->used != used) /* the cuts made room */
+		admit(b, NULL);
+}
+
+void tw__budget_pass(struct tw__budget *b)
+{
+	mark(b, 1);
 	b->may_pass = 1;
 	admit(b, NULL);
 }

@@ -167,7 +167,11 @@ void tw__budget_admit(struct tw__budget *b);
  * waits and the cache fits. */
 void tw__budget_also_grew(struct tw__budget *b);
 void tw__budget_also_fell(struct tw__budget *b);
-/* No bytes came back for a while: one message may pass the limit. */
+/* A pass interval ended while comms wait: holders that moved less than
+ * a step's worth in it are marked slow, and hoarders past the limit cut
+ * (tw__budget_look, every interval); when no bytes came back in it, one
+ * message may also pass the limit (tw__budget_pass). */
+void tw__budget_look(struct tw__budget *b);
 void tw__budget_pass(struct tw__budget *b);
 /* A new limit; waiters that now fit are granted. */
 void tw__budget_set_limit(struct tw__budget *b, uint64_t limit);

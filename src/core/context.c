@@ -103,7 +103,9 @@ static void pass_due(evutil_socket_t fd, short what, void *arg)
 	if (b->progress != ctx->pass_progress ||
 	    ctx->written - ctx->pass_written >= TW__BUDGET_MOVING_BYTES ||
 	    tw__reclaim_pending() < ctx->pass_pending) {
-		pass_arm(ctx);
+		tw__budget_look(b);
+		if (b->tight)
+			pass_arm(ctx);
 		return;
 	}
 	tw__budget_pass(b);
