@@ -724,6 +724,41 @@ START_TEST(stream_half_open_request)
 }
 END_TEST
 
+/* Slow but working paths under a stream: delayed bursts (20 ms) and a
+ * throttled link (256 KiB/s) carry every one of 10,000 maps, in order,
+ * with no clock ending the stream; nothing is left once the stream and
+ * the proxy are gone. */
+START_TEST(stream_delay_throttle)
+{
+	struct fp_opts d = {.fault = FP_DELAY, .delay_ms = 20};
+	struct fp_opts th = {.fault = FP_THROTTLE, .rate = 256 * KiB};
+	const struct fp_opts *carry[] = {&d, &th};
+	for (unsigned k = 0; k < 2; k++) {
+		struct ff f;
+		struct rw w;
+		tw_batched *b;
+		const int64_t n = 10000;
+		ff_init(&f, _i, carry[k]);
+		stream_open(&f, &w, &b);
+		for (int64_t i = 0; i < n; i++) {
+			ru_send_item(b, "item", i);
+			if (i % 500 == 499)
+				tu_run_for(&f.h, 1);
+		}
+		ck_assert_msg(tu_wait_count(&f.h, &f.s.items, (size_t)n, WAIT_MS),
+			      "%s: %zu of %lld maps through the %s proxy", ts_tran_scheme(_i),
+			      f.s.items, (long long)n, k == 0 ? "delaying" : "throttling");
+		ck_assert_uint_eq(f.s.items, (size_t)n);
+		ck_assert_uint_eq(f.s.item_errors, 0);
+		ck_assert_uint_gt(f.px.moved[0], 0);
+		ck_assert(!w.closed);
+		tw_batched_free(b);
+		rw_free(&w);
+		ff_end(&f);
+	}
+}
+END_TEST
+
 /* A TCase called name running t over every transport, _i = k * 4 +
  * transport (k: a row of t's table, 0 for the other tests). */
 static TCase *tc_row(const char *name, const TTest *t, int k)
@@ -764,6 +799,7 @@ int main(void)
 	suite_add_tcase(s, tc("stream_black_hole", stream_black_hole));
 	suite_add_tcase(s, tc("stream_stall", stream_stall));
 	suite_add_tcase(s, tc("stream_half_open_request", stream_half_open_request));
+	suite_add_tcase(s, tc("stream_delay_throttle", stream_delay_throttle));
 	/* The proxy writes with libevent (writev) to peers that reset; the
 	 * library itself never raises SIGPIPE (tests/check_tcp.c keeps the
 	 * default action to show it). */
