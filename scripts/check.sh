@@ -53,9 +53,15 @@ step "libFuzzer targets build (clang)"
 TW_BUILD_DIR="$build-fuzz" CC=clang "$top/scripts/build.sh" --enable-fuzzers
 echo "fuzzers: built in $build-fuzz/tests/fuzz (corpora replay in make check)"
 
+# The tarball is built, configured out of tree, built, checked, installed
+# and uninstalled; distcheck-hook (Makefile.am) checks that every tracked
+# file is in it. Its log is kept (build/distcheck.log) and its tail shown
+# when it fails.
 step "make distcheck"
 cd "$build"
-make -j"$(nproc)" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >/dev/null 2>&1
+make -j"$(nproc)" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >distcheck.log 2>&1 ||
+	{ tail -60 distcheck.log >&2; exit 1; }
+grep -h '^distcheck: ' distcheck.log || true
 echo "distcheck: ok"
 printf '(%s s)\n' $(($(date +%s) - t_step))
 printf '\ncheck.sh: all steps passed in %s s (format-check, abi-check, make check, netns, valgrind, ASan+UBSan, TSan, fuzzer build, distcheck)\n' $(($(date +%s) - t0))
