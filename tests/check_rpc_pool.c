@@ -318,6 +318,63 @@ START_TEST(connect_failure_fails_waiting)
 }
 END_TEST
 
+/* Each failed connect fails a waiting call, as each call's own connect
+ * does in Dask: two calls without a timeout to a black hole, the second
+ * made once the first's connect was accepted: when the first connect's
+ * handshake times out, the first call fails while the second's connect
+ * is still open. Before, no call failed while another connect was in
+ * flight, and connects failing at staggered times (the pool's sweep
+ * starting new ones) kept calls without a timeout waiting for ever
+ * (breaker18 b18-4). */
+struct first_fail {
+	struct rc rc;
+	tw_pool *p;
+	const char *uri;
+	size_t open_then;
+};
+
+static void first_failed(tw_call *c, int err, tw_decoded *reply, void *arg)
+{
+	struct first_fail *f = arg;
+	(void)c;
+	f->rc.done = 1;
+	f->rc.err = err;
+	tw_decoded_free(reply);
+	f->open_then = tw_pool_open_comms(f->p, f->uri);
+}
+
+static int first_done(void *arg)
+{
+	return ((struct first_fail *)arg)->rc.done;
+}
+
+START_TEST(failed_connect_fails_its_call)
+{
+	struct tu h;
+	struct bh b;
+	struct first_fail f;
+	struct rc second;
+	memset(&f, 0, sizeof(f));
+	f.p = black_hole_pool(&h, &b, 300);
+	f.uri = b.addr;
+	ck_assert_int_eq(tw_pool_call(f.p, b.addr, rq_op("identity"), 0, first_failed, &f, NULL),
+			 0);
+	ck_assert(tu_wait_count(&h, &b.n, 1, TU_WAIT_MS));
+	rc_start(f.p, b.addr, rq_op("identity"), 0, &second);
+	ck_assert(tu_wait_count(&h, &b.n, 2, TU_WAIT_MS));
+	ck_assert(tu_run_until(&h, first_done, &f, TU_WAIT_MS));
+	ck_assert_int_eq(f.rc.err, TW_EHANDSHAKE);
+	ck_assert_uint_eq(f.open_then, 1); /* the second call's connect */
+	ck_assert(rc_wait(&h, &second, TU_WAIT_MS));
+	ck_assert_int_eq(second.err, TW_EHANDSHAKE);
+	ck_assert_uint_eq(tw_pool_open_comms(f.p, b.addr), 0);
+	ck_assert_uint_eq(b.n, 2);
+	tw_pool_free(f.p);
+	bh_stop(&b);
+	tu_fini(&h);
+}
+END_TEST
+
 /* Arguments tw_pool_call refuses at once (the callback never runs). */
 START_TEST(pool_call_invalid)
 {
@@ -566,11 +623,11 @@ TCase *rpc_timeout_tcase(void)
 {
 	return ts_tcase("timeout", 60,
 			TS_TESTS(timeout_slow_handler, timeout_black_hole, timeout_never_early,
-				 timeouts_soonest_first, timeout_half_handshake,
-				 timeout_refused_and_bad_uri, connect_failure_fails_waiting,
-				 pool_call_invalid, late_reply_not_taken, timeout_while_waiting,
-				 server_gone, pool_tls_errors,
-				 pool_tls_server_closes_after_handshake));
+				 failed_connect_fails_its_call, timeouts_soonest_first,
+				 timeout_half_handshake, timeout_refused_and_bad_uri,
+				 connect_failure_fails_waiting, pool_call_invalid,
+				 late_reply_not_taken, timeout_while_waiting, server_gone,
+				 pool_tls_errors, pool_tls_server_closes_after_handshake));
 }
 
 /* Deadlines (one timer per pool, a list soonest first) while one comm is

@@ -88,7 +88,12 @@ int tw_pool_set_idle(tw_pool *p, size_t max_idle_per_address, uint32_t idle_time
 
 /* tw_pool_call: send `request` (a message whose frame 0 is a map with
  * `op`, e.g. from tw_builder) to the server at uri, and call cb with the
- * reply within timeout_ms milliseconds (0: no timeout). The pool takes the
+ * reply within timeout_ms milliseconds (0: no timeout). A call waits for
+ * an idle comm or a new one; each connect (with its Dask handshake) that
+ * fails fails the oldest waiting call with its error, as each caller's
+ * own connect does in Dask (distributed/core.py ConnectionPool.connect),
+ * so with no timeout a call still ends by the connect timeout
+ * (tw_context_set_connect_timeout_ms). The pool takes the
  * request on success; on error the caller keeps it. *out (may be NULL) is
  * a handle for tw_call_cancel, valid until cb runs. Loop thread.
  * Returns 0 (cb will run exactly once), or (cb never runs):

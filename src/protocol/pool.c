@@ -456,12 +456,24 @@ static void fail_waiting(struct dest *d, int err)
 	}
 }
 
-/* The connect (or its handshake) failed: the waiting calls fail too when
- * no other comm of the address can take them. */
+/* The connect (or its handshake) failed: the oldest waiting call fails
+ * with it, as in Dask, where each caller's own connect raises to it
+ * (distributed/core.py, ConnectionPool.connect); every waiting call when
+ * no other comm of the address can take them. Failing calls only when
+ * none was left let connects that fail at staggered times (a ws upgrade
+ * answered after 0.5-1.5 s, a 1 s connect timeout) keep one in flight
+ * for ever, the sweep starting another: no call without a timeout of its
+ * own ever ended (breaker18 b18-4, session 16). */
 static void connect_failed(struct dest *d, int err)
 {
-	if (d->comms == NULL && d->connecting == 0)
+	tw_call *c = d->wait_head;
+	if (d->comms == NULL && d->connecting == 0) {
 		fail_waiting(d, err);
+	} else if (c != NULL) {
+		unwait(c);
+		memcpy(c->why, d->why, sizeof(c->why));
+		finish(c, err, NULL);
+	}
 }
 
 /* Drop a comm that received a message nobody asked for. If it never
