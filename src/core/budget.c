@@ -126,6 +126,16 @@ static int alone(const struct tw__budget *b)
 	return b->used == 0 && may_start_pass(b);
 }
 
+/* Every message holding bytes waits for more: none can finish, none
+ * gives anything back, without a pass. */
+static int all_wait(const struct tw__budget *b)
+{
+	for (const struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext)
+		if (!waiting(h))
+			return 0;
+	return 1;
+}
+
 /* A message in progress waits for bytes that do not fit: the messages
  * holding the budget cannot all finish within it. */
 static int holder_waits(const struct tw__budget *b)
@@ -451,8 +461,15 @@ static void pass(struct tw__budget *b, struct tw__claim *self)
 	 * paused, or drip fast enough to finish: no new pass on top; they go
 	 * on, or are cut once they hoard (a later tw__budget_pass). What c
 	 * holds is not on top: it goes on with it (else waiters alone past
-	 * the bound, c among them, never passed, as c is never cut for itself) */
-	if (b->used - c->held > b->limit + tw__budget_past_bytes(b))
+	 * the bound, c among them, never passed, as c is never cut for itself).
+	 * Nor is a pass held back when every holder waits (a limit lowered
+	 * under the messages in progress): nothing would come back, and
+	 * their counts ran until all but one were cut, with their bytes in
+	 * their sockets (breaker18 b18-3, session 16: 6 honest 128 MiB
+	 * messages, budget lowered from 1 GiB to 16 MiB, all 6 cut). The one
+	 * nearest to done passes, to its end, and gives its bytes back; the
+	 * next passes then: memory only falls. */
+	if (b->used - c->held > b->limit + tw__budget_past_bytes(b) && !all_wait(b))
 		return;
 	if (!fits(b, c->want)) /* else the cuts made room: no pass needed */
 		set_passer(b, c);
