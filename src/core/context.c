@@ -207,6 +207,7 @@ static struct event_base *own_base_new(void)
 int tw_context_new(struct event_base *base, tw_context **out)
 {
 	tw_context *ctx;
+	uint64_t budget;
 	if (out == NULL)
 		return TW_EINVAL;
 	pthread_once(&threads_once, threads_init);
@@ -219,8 +220,9 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	ctx->calls_tail = &ctx->calls;
 	ctx->objects.next = ctx->objects.prev = &ctx->objects;
 	tw__limits_init(&ctx->limits);
-	tw__budget_init(&ctx->rbudget, tw__budget_default_bytes());
-	tw__wbudget_init(&ctx->wbudget, tw__budget_default_bytes());
+	budget = tw__budget_default_bytes(); /* reads the cgroup files: once */
+	tw__budget_init(&ctx->rbudget, budget);
+	tw__wbudget_init(&ctx->wbudget, budget);
 	ctx->rbudget.also = &ctx->wq_held;
 	ctx->rbudget.pause_ms = &ctx->limits.budget_pause_ms;
 	ctx->rbudget.later = rbudget_later;

@@ -440,6 +440,14 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	maybe_gone(d);
 }
 
+/* c, waiting, fails with err and the address's last error text. */
+static void fail_one(struct dest *d, tw_call *c, int err)
+{
+	unwait(c);
+	memcpy(c->why, d->why, sizeof(c->why));
+	finish(c, err, NULL);
+}
+
 /* Fail every call waiting for the address, with err: failing one must
  * not start a connect for the next (that made one connect attempt, and
  * one connect timeout, per waiting call in turn). Calls their callbacks
@@ -449,11 +457,8 @@ static void fail_waiting(struct dest *d, int err)
 	tw_call *c;
 	for (c = d->wait_head; c != NULL; c = c->next)
 		c->doomed = 1;
-	while ((c = d->wait_head) != NULL && c->doomed) {
-		unwait(c);
-		memcpy(c->why, d->why, sizeof(c->why));
-		finish(c, err, NULL);
-	}
+	while ((c = d->wait_head) != NULL && c->doomed)
+		fail_one(d, c, err);
 }
 
 /* The connect (or its handshake) failed: the oldest waiting call fails
@@ -466,14 +471,10 @@ static void fail_waiting(struct dest *d, int err)
  * own ever ended (breaker18 b18-4, session 16). */
 static void connect_failed(struct dest *d, int err)
 {
-	tw_call *c = d->wait_head;
-	if (d->comms == NULL && d->connecting == 0) {
+	if (d->comms == NULL && d->connecting == 0)
 		fail_waiting(d, err);
-	} else if (c != NULL) {
-		unwait(c);
-		memcpy(c->why, d->why, sizeof(c->why));
-		finish(c, err, NULL);
-	}
+	else if (d->wait_head != NULL)
+		fail_one(d, d->wait_head, err);
 }
 
 /* Drop a comm that received a message nobody asked for. If it never
