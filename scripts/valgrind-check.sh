@@ -14,6 +14,9 @@ if [ "$1" = --one ]; then
 		echo "valgrind: $2: clean ($(($(date +%s) - t0)) s)"
 	else
 		echo "valgrind: $2: FAILED ($(($(date +%s) - t0)) s)"
+		# Check's verdicts first: a failed assertion (no fork) leaks, and
+		# its leak records alone fill the tail.
+		grep -E '^[0-9]+%: Checks|:[EF]:' "$2.vg.log" || true
 		tail -40 "$2.vg.log"
 		exit 1
 	fi
