@@ -353,12 +353,152 @@ START_TEST(two_contexts_ask_each_other)
 }
 END_TEST
 
+/* The memory limit (tw_context_set_memory_limit_bytes): a server context
+ * with 4 MiB receive and 512 KiB write budgets and a 32 MiB memory limit
+ * echoes what it receives. NREAD clients each send a 16 MiB message and
+ * never read (their comms paused: breaker17 b17-23's peers); one honest
+ * client then sends HONEST 1 MiB messages, one after another, and reads
+ * each echo. Each non-reader's echo is queued (its queue was empty), and
+ * the receive budget's pass let one more in every 100 ms: without the
+ * limit the server held all NREAD echoes (96 MiB) until the peers' TCP
+ * timeout. Now no pass starts past the limit, and a comm whose peer took
+ * none of its bytes for 1 s is ended (TW_ENOMEM, "ended by the memory
+ * limit"), the most queued first: what the server holds (sampled at
+ * every loop turn) stays within the limit and two messages (the one
+ * passing, and its echo), at least NREAD - 2 non-readers are ended, the
+ * others have their echo queued, and the honest client gets every echo,
+ * whole. */
+#define NREAD      6
+#define NR_SIZE    (16 * MiB)
+#define MEM_LIMIT  (32 * MiB)
+#define HONEST     4
+#define HONEST_LEN MiB
+
+struct nonread {
+	tw_context *sctx;
+	struct tu_peer *bad[NREAD], *sbad[NREAD], *good, *sgood;
+	uint64_t max_held;
+	size_t sent; /* honest messages written */
+};
+
+/* All settled: the honest client has all its echoes, every non-reader's
+ * message is in and either echoed (queued) or its comm ended, and the
+ * server is back within its limit; samples the server's hold on the way, and writes the honest
+ * client's next message once the last came back. */
+static int nonread_settled(void *arg)
+{
+	struct nonread *nr = arg;
+	uint64_t held;
+	size_t len = HONEST_LEN;
+	ck_assert_int_eq(tw_context_memory_limit_bytes(nr->sctx, NULL, &held), 0);
+	nr->max_held = held > nr->max_held ? held : nr->max_held;
+	if (nr->good->closed)
+		return 1; /* fails below */
+	if (nr->good->nmsgs == nr->sent && nr->sent < HONEST) {
+		ck_assert_int_eq(tw_comm_write(nr->good->comm,
+					       ts_msg_pattern(&len, 1, 100 + (unsigned)nr->sent)),
+				 0);
+		nr->sent++;
+	}
+	if (nr->good->nmsgs < HONEST || held > MEM_LIMIT)
+		return 0;
+	for (size_t i = 0; i < NREAD; i++)
+		if (!nr->sbad[i]->closed && nr->sbad[i]->nmsgs == 0)
+			return 0;
+	return 1;
+}
+
+START_TEST(memory_limit_ends_non_readers)
+{
+	struct tu h;
+	struct nonread nr;
+	size_t n = NR_SIZE, ended = 0, len = HONEST_LEN;
+	uint64_t limit;
+	memset(&nr, 0, sizeof(nr));
+	ts_tran_init(&h, _i);
+	ck_assert_int_eq(tw_context_new(h.base, &nr.sctx), 0);
+	if (ts_tran_tls(_i))
+		tt_use_tls(nr.sctx, "ca.pem", "cert.pem", "key.pem");
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(nr.sctx, 4 * MiB), 0);
+	ck_assert_int_eq(tw_context_set_write_budget_bytes(nr.sctx, MiB / 2), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(nr.sctx, 0), 0); /* its cut aside */
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(nr.sctx, MEM_LIMIT), 0);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(nr.sctx, &limit, NULL), 0);
+	ck_assert_uint_eq(limit, MEM_LIMIT);
+	h.sopts.echo = 1;
+	{ /* the listener, and the comms it accepts, on the server context */
+		tw_context *own = h.ctx;
+		h.ctx = nr.sctx;
+		ts_tran_listen(&h, _i);
+		h.ctx = own;
+	}
+	for (size_t i = 0; i < NREAD; i++) {
+		nr.bad[i] = ts_tran_connect(&h);
+		ck_assert_ptr_nonnull(nr.sbad[i] = tu_server_peer(&h, i));
+		tw_comm_pause(nr.bad[i]->comm); /* it never reads */
+		ck_assert_int_eq(tw_comm_write(nr.bad[i]->comm, ts_msg_pattern(&n, 1, (unsigned)i)),
+				 0);
+	}
+	nr.good = ts_tran_connect(&h);
+	nr.good->keep = 1;
+	ck_assert_ptr_nonnull(nr.sgood = tu_server_peer(&h, NREAD));
+	ck_assert(tu_run_until(&h, nonread_settled, &nr, TU_WAIT_MS));
+
+	ck_assert_msg(!nr.good->closed, "honest client: %s", nr.good->last_error);
+	for (size_t k = 0; k < HONEST; k++)
+		ck_assert(ts_msg_matches(nr.good->msgs[k], &len, 1, 100 + (unsigned)k));
+	for (size_t i = 0; i < NREAD; i++) {
+		struct tu_peer *sp = nr.sbad[i];
+		ck_assert_uint_eq(sp->nmsgs, 1); /* nothing refused: each message came in */
+		if (!sp->closed)
+			continue;
+		ended++;
+		ck_assert_int_eq(sp->close_err, TW_ENOMEM);
+		ck_assert_msg(strstr(sp->last_error, "ended by the memory limit") != NULL, "%s",
+			      sp->last_error);
+	}
+	ck_assert_uint_ge(ended, NREAD - 2);
+	ck_assert_msg(nr.max_held <= MEM_LIMIT + 2 * NR_SIZE, "held %llu",
+		      (unsigned long long)nr.max_held);
+
+	for (size_t i = 0; i < NREAD; i++)
+		tu_peer_free(nr.bad[i]);
+	tw_listener_free(h.lis);
+	h.lis = NULL;
+	for (size_t i = 0; i < NREAD; i++) /* the server's comms, before its context */
+		tu_peer_free(nr.sbad[i]);
+	tu_peer_free(nr.sgood);
+	tw_context_free(nr.sctx);
+	tu_fini(&h);
+}
+END_TEST
+
+/* The setter's and getter's arguments. */
+START_TEST(memory_limit_setters)
+{
+	struct tu h;
+	uint64_t limit = 0, held = 1;
+	tu_init(&h);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(h.ctx, &limit, &held), 0);
+	ck_assert_uint_ge(limit, 768 * MiB); /* the default */
+	ck_assert_uint_eq(held, 0);
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(h.ctx, 0), TW_EINVAL);
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(NULL, 1), TW_EINVAL);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(NULL, &limit, NULL), TW_EINVAL);
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(h.ctx, 5), 0);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(h.ctx, &limit, NULL), 0);
+	ck_assert_uint_eq(limit, 5);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = ts_tcase("wbudget", 120, NULL);
 	ts_add_loop(tc, TS_NTRAN,
 		    TS_TESTS(stopped_reader_holds_only_itself, stopped_reader_reads_again,
-			     two_contexts_exchange_both_ways, two_contexts_ask_each_other));
-	ts_add(tc, TS_TESTS(server_replies_past_a_stopped_reader));
+			     two_contexts_exchange_both_ways, two_contexts_ask_each_other,
+			     memory_limit_ends_non_readers));
+	ts_add(tc, TS_TESTS(server_replies_past_a_stopped_reader, memory_limit_setters));
 	return ts_main("wbudget", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

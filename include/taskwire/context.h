@@ -76,8 +76,8 @@ int tw_context_call(tw_context *ctx, void (*fn)(void *arg), void *arg);
  * and tw_context_call on it runs a function on that thread. What each
  * loop gets from this context: the limits and the TLS configuration (now,
  * and again with every comm a listener hands it: set them on this
- * context), an even share of the receive and write budgets (each loop
- * checks its own share), offload threads / n (at least 1) of its own.
+ * context), an even share of the receive and write budgets and of the
+ * memory limit (each loop checks its own share), offload threads / n (at least 1) of its own.
  * Statistics stay process-wide. n = 1 (the default) changes nothing.
  * Call once, on loop 0's thread (or before its loop runs), before any
  * listener, comm or server exists on the context.
@@ -353,18 +353,17 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * reading: its TCP timeout, tw_context_set_tcp_timeout_ms).
  * Queued bytes count in the receive budget too, and a receive budget
  * full of them still lets one message pass every 100 ms in which no
- * bytes came back. So peers that send and never read their replies each
- * have their reply queued until their TCP timeout: 30 peers that each
+ * bytes came back: a context cannot tell peers that send and never read
+ * their replies from peers that wait for its reads (two contexts whose
+ * queues fill both their receive budgets move only through that pass;
+ * rules that held it while queues stood still, or that cut a comm whose
+ * peer took nothing for the close linger, stopped or cut them: breaker15
+ * b15-6, session 15; wq18, session 16). Past the budgets, peers that
+ * never read are bounded by the memory limit
+ * (tw_context_set_memory_limit_bytes): without it, 30 peers that each
  * sent 32 MiB to an echo server held 968 MiB there through a 64 MiB
- * receive and an 8 MiB write budget (breaker17 b17-23). The pass stays
- * because a context cannot tell them from peers that wait for its reads:
- * two contexts whose queues fill both their receive budgets (large
- * messages both ways; or each asking the other for large replies, so
- * its queues are on comms where it receives nothing) move only through
- * it, and rules that held it while queues stood still, or cut a comm
- * whose peer took nothing for the close linger, stopped or cut them
- * (breaker15 b15-6, session 15; wq18, session 16). A shorter TCP timeout
- * (tw_context_set_tcp_timeout_ms) frees such replies sooner.
+ * receive and an 8 MiB write budget until their TCP timeout (breaker17
+ * b17-23).
  * A message refused stays the caller's: it counts in no budget.
  *
  * Returns 0, or:
@@ -399,6 +398,52 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
  * Returns 0, or:
  *   TW_EINVAL  ctx is NULL */
 int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
+/* tw_context_set_memory_limit_bytes: the most the context may hold for
+ * its comms, in bytes: what the receive budget reserves plus the
+ * messages queued for writing (each whole until written). The budgets
+ * are flow control (reads pause, writes get TW_EAGAIN) and may be passed
+ * on purpose (the message passing the receive budget; one message on
+ * each comm that writes with an empty queue); the memory limit is where
+ * that stops. While the context holds more than the limit with bytes
+ * queued for writing:
+ *   - no message passes the receive budget (comms wait for room), and
+ *   - every 100 ms, each comm whose peer has taken none of its queued
+ *     bytes for 1 s is ended, the one with most queued first, until the
+ *     context is back within the limit: its close callback gets
+ *     TW_ENOMEM, tw_comm_last_error says "ended by the memory limit" with
+ *     the bytes queued, the time and both counts, and the undelivered
+ *     bytes. Over ws and wss no close frame is sent (the peer reads
+ *     nothing).
+ * A peer that reads at all takes bytes within 1 s, and is never ended by
+ * this limit: its queue drains. So peers that send and never read hold
+ * at most the limit, and one message more, for about 1 s each (without
+ * it, until their TCP timeout: breaker17 b17-23, 30 such peers, 968 MiB
+ * through a 64 MiB receive and an 8 MiB write budget). The price, past
+ * the limit only: a peer that waits for our reads (another context whose
+ * own budgets are full) is ended once it has taken nothing for 1 s, and
+ * messages larger than the receive budget wait for the queues. Set it
+ * above the sum of the budgets, by the largest message or more: below
+ * that, honest traffic that the budgets let through can pass it.
+ * Without bytes queued nothing is ended: the receive budget bounds what
+ * it holds by its own rules. Default three quarters of the memory the
+ * budgets' defaults are taken from (three times the default budget), at
+ * least 768 MiB: a process past it is near the kernel's OOM killer, which
+ * ends everything. Applies at the next 100 ms look. With loop threads
+ * (tw_context_set_loop_threads) each loop has an even share. The rule is
+ * a proxy's overload manager's (Envoy's reset_high_memory_stream: past a
+ * memory threshold, reset the streams holding the most buffered bytes);
+ * Dask has none: a reply waits in a Dask server until its peer reads it
+ * or the TCP timeout (30 s) ends the connection.
+ * Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx NULL or bytes 0 */
+int tw_context_set_memory_limit_bytes(tw_context *ctx, uint64_t bytes);
+/* The memory limit now and what the context holds against it (bytes
+ * reserved by the receive budget plus bytes of the messages queued for
+ * writing); either pointer may be NULL. Loop thread.
+ * Returns 0, or:
+ *   TW_EINVAL  ctx is NULL */
+int tw_context_memory_limit_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *held);
 /* The budgets now: the limit and the bytes reserved (receive) or queued
  * (write); either pointer may be NULL. Loop thread.
  * Returns 0, or:

@@ -108,6 +108,19 @@ static int drains(const struct tw__budget *b)
 	return (b->also != NULL && *b->also > 0) || tw__reclaim_pending() > 0;
 }
 
+/* Past the memory limit with bytes queued for writing: a pass would take
+ * in a message whose reply is queued too, and queues whose peers do not
+ * read grew by one message a pass (breaker17 b17-23: 30 peers that sent
+ * 32 MiB and never read held 968 MiB through 64 + 8 MiB budgets). No pass
+ * starts until the owner has ended those comms (transport/overload.c) or
+ * the queues drain. Without bytes queued, the receive budget's own rules
+ * bound what it holds, and holding the pass could deadlock it. */
+int tw__budget_over_hard(const struct tw__budget *b)
+{
+	uint64_t also = b->also != NULL ? *b->also : 0;
+	return b->hard != NULL && also > 0 && b->used + also > *b->hard;
+}
+
 /* So that nothing deadlocks, one message at a time goes on past the
  * limit (the passer), as far as it needs: a message larger than the
  * budget has no other way in, and the messages being written may wait
@@ -118,7 +131,7 @@ static int drains(const struct tw__budget *b)
  * budget holds. */
 static int may_start_pass(const struct tw__budget *b)
 {
-	return b->passer == NULL && (!drains(b) || b->may_pass);
+	return b->passer == NULL && !tw__budget_over_hard(b) && (!drains(b) || b->may_pass);
 }
 
 static int alone(const struct tw__budget *b)
@@ -527,6 +540,7 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->used = 0;
 	b->also = NULL;
 	b->pause_ms = NULL;
+	b->hard = NULL;
 	b->later = NULL;
 	b->stuck = NULL;
 	b->passer = NULL;

@@ -100,6 +100,12 @@ struct tw__budget {
 	/* The pause limit in ms (tw_context_set_receive_budget_pause_ms; 0:
 	 * nobody is cut), read at each look; NULL: the default. */
 	const uint32_t *pause_ms;
+	/* The memory limit (tw_context_set_memory_limit_bytes), read at each
+	 * look; NULL: none. While what is reserved and `also` pass it, with
+	 * bytes queued for writing, no pass starts: the owner ends the comms
+	 * whose peers take none of their queued bytes (transport/overload.c)
+	 * until they are back within it. */
+	const uint64_t *hard;
 	struct tw__claim wait, hold; /* list heads: waiting in arrival order, holders */
 	int tight;                   /* comms wait: this budget keeps the block cache bypassed */
 	/* Called when comms wait while the reclaimer still holds bytes,
@@ -145,6 +151,9 @@ struct tw__budget {
 #define TW__BUDGET_DRIP_INTERVALS 10u
 #define TW__BUDGET_DRIP_TIMES     2u
 uint64_t tw__budget_past_bytes(const struct tw__budget *b);
+/* What is reserved and `also` pass the memory limit (b->hard), with
+ * bytes in `also`: no pass starts. */
+int tw__budget_over_hard(const struct tw__budget *b);
 
 void tw__budget_init(struct tw__budget *b, uint64_t limit);
 /* Reserve `bytes` more for c, whose message has `rest` bytes still to

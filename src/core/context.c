@@ -87,6 +87,32 @@ static void pass_arm(tw_context *ctx)
 	event_add(ctx->pass_ev, &tv);
 }
 
+/* Past the memory limit: look every pass interval, while it lasts, at the
+ * comms' queues (ctx->mem_cut: a comm whose peer took none of its bytes
+ * for a while is ended, the one with most queued first). */
+static void mem_watch(tw_context *ctx)
+{
+	struct timeval tv = {0, PASS_MS * 1000};
+	if (tw__ctx_held(ctx) > ctx->mem_limit && !event_pending(ctx->mem_ev, EV_TIMEOUT, NULL))
+		event_add(ctx->mem_ev, &tv);
+}
+
+static void mem_due(evutil_socket_t fd, short what, void *arg)
+{
+	tw_context *ctx = arg;
+	(void)fd;
+	(void)what;
+	ctx->mem_looks++;
+	if (ctx->mem_cut != NULL)
+		ctx->mem_cut(ctx);
+	mem_watch(ctx);
+}
+
+uint64_t tw__ctx_held(const tw_context *ctx)
+{
+	return ctx->rbudget.used + ctx->wq_held;
+}
+
 static void pass_due(evutil_socket_t fd, short what, void *arg)
 {
 	tw_context *ctx = arg;
@@ -95,6 +121,7 @@ static void pass_due(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (!b->tight)
 		return;
+	mem_watch(ctx); /* reservations grow too */
 	/* Bytes written count as coming back only when a holder's step's
 	 * worth went out in the interval: a cluster's heartbeats (a small
 	 * message every 50 ms) made every interval look moving, so no holder
@@ -169,6 +196,7 @@ static void release(tw_context *ctx)
 	tw__block_cache_unwatch(&ctx->rbudget.room);
 	tw__event_free(ctx->reap_ev);
 	tw__event_free(ctx->pass_ev);
+	tw__event_free(ctx->mem_ev);
 	tw__event_free(ctx->rbudget_ev);
 	tw__event_free(ctx->call_ev);
 	if (ctx->wake_fd >= 0)
@@ -225,6 +253,8 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	tw__wbudget_init(&ctx->wbudget, budget);
 	ctx->rbudget.also = &ctx->wq_held;
 	ctx->rbudget.pause_ms = &ctx->limits.budget_pause_ms;
+	ctx->mem_limit = 3 * budget; /* each budget a quarter of the memory */
+	ctx->rbudget.hard = &ctx->mem_limit;
 	ctx->rbudget.later = rbudget_later;
 	ctx->rbudget.stuck = rbudget_stuck;
 	tw__block_cache_watch(&ctx->rbudget.room);
@@ -243,7 +273,8 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	if (ctx->call_ev == NULL || event_add(ctx->call_ev, NULL) != 0)
 		goto fail;
 	if ((ctx->rbudget_ev = event_new(ctx->base, -1, 0, rbudget_due, ctx)) == NULL ||
-	    (ctx->pass_ev = event_new(ctx->base, -1, 0, pass_due, ctx)) == NULL)
+	    (ctx->pass_ev = event_new(ctx->base, -1, 0, pass_due, ctx)) == NULL ||
+	    (ctx->mem_ev = event_new(ctx->base, -1, 0, mem_due, ctx)) == NULL)
 		goto fail;
 	if (ctx->own_base) {
 		if (pthread_create(&ctx->thread, NULL, loop_main, ctx) != 0)
@@ -485,6 +516,7 @@ void tw__ctx_write_held(tw_context *ctx, uint64_t n)
 {
 	ctx->wq_held += n;
 	tw__budget_also_grew(&ctx->rbudget);
+	mem_watch(ctx);
 }
 
 void tw__ctx_write_unheld(tw_context *ctx, uint64_t n)
@@ -515,6 +547,25 @@ int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64
 	if (ctx == NULL)
 		return TW_EINVAL;
 	return budget_out(ctx->wbudget.limit, ctx->wbudget.used, limit, used);
+}
+
+/* Applies at the next look: a lower limit ends stalled comms within a
+ * pass interval; a higher one lets a pass start now. */
+int tw_context_set_memory_limit_bytes(tw_context *ctx, uint64_t bytes)
+{
+	if (ctx == NULL || bytes == 0)
+		return TW_EINVAL;
+	ctx->mem_limit = bytes;
+	mem_watch(ctx);
+	tw__budget_admit(&ctx->rbudget);
+	return 0;
+}
+
+int tw_context_memory_limit_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *held)
+{
+	if (ctx == NULL)
+		return TW_EINVAL;
+	return budget_out(ctx->mem_limit, tw__ctx_held(ctx), limit, held);
 }
 
 int tw_context_set_small_frame_bytes(tw_context *ctx, size_t bytes)

@@ -108,6 +108,16 @@ struct tw_context {
 	 * while the message's memory stays until its last byte): what the
 	 * receive budget counts with its reservations (rbudget.also). */
 	uint64_t wq_held;
+	/* The memory limit (tw_context_set_memory_limit_bytes; rbudget.hard)
+	 * and its look (mem_ev: every pass interval while what is reserved
+	 * and queued passes it). mem_cut, set by the first comm made
+	 * (transport/overload.c), ends the comms whose peers take none of
+	 * their queued bytes; mem_looks counts the looks, so that a comm
+	 * knows whether it was seen at the last one. */
+	uint64_t mem_limit;
+	struct event *mem_ev;
+	uint64_t mem_looks;
+	void (*mem_cut)(tw_context *ctx);
 	/* Loop threads (core/loops.c, tw_context_set_loop_threads): loops[i]
 	 * for i >= 1 is a context of its own with its own loop thread;
 	 * loops[0] is this one. On those, `main` is this context and `index`
@@ -134,6 +144,9 @@ void tw__event_free(struct event *ev);
  * now). Loop thread. */
 void tw__ctx_write_held(tw_context *ctx, uint64_t n);
 void tw__ctx_write_unheld(tw_context *ctx, uint64_t n);
+/* Bytes reserved by the receive budget and held by the write queues:
+ * what the memory limit bounds. Loop thread. */
+uint64_t tw__ctx_held(const tw_context *ctx);
 
 /* What a loop copies from the main context with each comm handed to it
  * (tw__loop_conf_take on the main loop thread, tw__loop_conf_apply on the

@@ -99,6 +99,7 @@ static int loop_new(tw_context *main, unsigned index, tw_context **out)
 	}
 	tw__budget_set_limit(&l->rbudget, main->rbudget.limit);
 	l->wbudget.limit = main->wbudget.limit;
+	l->mem_limit = main->mem_limit;
 	*out = l;
 	return 0;
 }
@@ -106,7 +107,7 @@ static int loop_new(tw_context *main, unsigned index, tw_context **out)
 int tw_context_set_loop_threads(tw_context *ctx, unsigned n)
 {
 	tw_context **loops;
-	uint64_t rlimit, wlimit;
+	uint64_t rlimit, wlimit, mlimit;
 	int rv = 0;
 	if (ctx == NULL || ctx->main != NULL || ctx->nloops > 1 || n == 0 || n > MAX_LOOPS)
 		return TW_EINVAL;
@@ -121,14 +122,17 @@ int tw_context_set_loop_threads(tw_context *ctx, unsigned n)
 	ctx->nloops = n;
 	rlimit = ctx->rbudget.limit;
 	wlimit = ctx->wbudget.limit;
+	mlimit = ctx->mem_limit;
 	tw__budget_set_limit(&ctx->rbudget, share(rlimit, n));
 	ctx->wbudget.limit = share(wlimit, n);
+	ctx->mem_limit = share(mlimit, n);
 	for (unsigned i = 1; i < n && rv == 0; i++)
 		rv = loop_new(ctx, i, &loops[i]);
 	if (rv != 0) {
 		tw__loops_free(ctx);
 		tw__budget_set_limit(&ctx->rbudget, rlimit);
 		ctx->wbudget.limit = wlimit;
+		ctx->mem_limit = mlimit;
 	}
 	return rv;
 }

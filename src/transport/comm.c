@@ -232,6 +232,7 @@ void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 	c->refs = 1; /* the owner's */
 	c->end_tail = &c->end_watches;
 	tw__ctx_track(ctx, &c->node, kill_comm);
+	tw__overload_attach(ctx);
 }
 
 void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme)

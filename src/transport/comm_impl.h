@@ -80,7 +80,14 @@ struct tw_comm {
 	 * it was handed to the connect's callback (ms, at least 1); 0 for
 	 * any other comm (tw__comm_connected). */
 	uint32_t connect_left_ms;
+	/* The memory limit's look (transport/overload.c): the look that last
+	 * saw bytes queued (0: none did), the bytes sent then, and since when
+	 * the peer has taken none. */
+	uint64_t ov_look, ov_sent, ov_still_ms;
 };
+
+/* Set ctx's memory limit look (ctx->mem_cut) to transport/overload.c's. */
+void tw__overload_attach(tw_context *ctx);
 
 /* The relay of c's input is over (relaying cleared): tell the watchers
  * that asked (tw__watch.relayed). */
