@@ -407,21 +407,27 @@ int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
  * that stops. While the context holds more than the limit with bytes
  * queued for writing:
  *   - no message passes the receive budget (comms wait for room), and
- *   - every 100 ms, each comm whose peer has taken none of its queued
- *     bytes for 1 s is ended, the one with most queued first, until the
- *     context is back within the limit: its close callback gets
- *     TW_ENOMEM, tw_comm_last_error says "ended by the memory limit" with
- *     the bytes queued, the time and both counts, and the undelivered
- *     bytes. Over ws and wss no close frame is sent (the peer reads
- *     nothing).
- * A peer that reads at all takes bytes within 1 s, and is never ended by
- * this limit: its queue drains. So peers that send and never read hold
- * at most the limit, and one message more, for about 1 s each (without
- * it, until their TCP timeout: breaker17 b17-23, 30 such peers, 968 MiB
- * through a 64 MiB receive and an 8 MiB write budget). The price, past
- * the limit only: a peer that waits for our reads (another context whose
- * own budgets are full) is ended once it has taken nothing for 1 s, and
- * messages larger than the receive budget wait for the queues. Set it
+ *   - every 100 ms, the comms that hoard are ended, the one with most
+ *     queued first, until the context is back within the limit. A comm
+ *     hoards once a look has seen bytes queued on it for 1 s and its peer
+ *     has taken none of them for 1 s, or has taken them so slowly since
+ *     that, at that rate, what is still queued would take longer than
+ *     the pause limit (tw_context_set_receive_budget_pause_ms, 20 s; 0:
+ *     only the first rule) to go: the receive budget's rule for a peer
+ *     that drips, for a peer that reads one byte a second. Its close
+ *     callback gets TW_ENOMEM; tw_comm_last_error says "ended by the
+ *     memory limit" with the bytes taken, the times, the bytes still
+ *     queued, both counts and the undelivered bytes. Over ws and wss no
+ *     close frame is sent (the peer reads nothing).
+ * A queue that drains gives its bytes back, and is never ended by this
+ * limit. So peers that send and never read hold at most the limit, and
+ * one message more, for about 1 s each (without it, until their TCP
+ * timeout: breaker17 b17-23, 30 such peers, 968 MiB through a 64 MiB
+ * receive and an 8 MiB write budget). The price, past the limit only: a
+ * peer that waits for our reads (another context whose own budgets are
+ * full) is ended once it has taken nothing for 1 s, a slow link's peer
+ * once its queue would take longer than the pause limit, and messages
+ * larger than the receive budget wait for the queues. Set it
  * above the sum of the budgets, by the largest message or more: below
  * that, honest traffic that the budgets let through can pass it.
  * Without bytes queued nothing is ended: the receive budget bounds what

@@ -13,7 +13,8 @@
  * that wait for its reads; the limit is where a context stops telling
  * them apart, as a proxy's overload manager resets the streams holding
  * the most memory (Envoy's reset_high_memory_stream) rather than let the
- * process be killed. */
+ * process be killed. Only comms that hold memory they will not give back
+ * soon (hoards) are ended: a queue that drains gives its bytes back. */
 #include <stdatomic.h>
 
 #include <taskwire/error.h>
@@ -22,41 +23,59 @@
 #include "transport/comm_impl.h"
 #include "transport/upper.h"
 
-/* How long a peer may take none of its queued bytes while the context is
- * past its memory limit: 10 looks. A peer that reads at all takes some in
- * that time (the kernel's buffers free as it reads); one paused that long
- * while its process is past its limit is ended like one that never
- * reads. */
-#define STALL_MS 1000u
+/* How long a look watches a comm's queue before it may end it: 10 looks.
+ * A peer that reads at all takes some in that time (the kernel's buffers
+ * free as it reads). */
+#define WATCH_MS 1000u
 
-/* How long c's peer has taken none of its queued bytes, seen at this
- * look and the one before (0: nothing queued, or it took some since). */
-static uint64_t stood_still(const tw_context *ctx, tw_comm *c, uint64_t now)
+/* Whether c, looked at now, holds memory it will not give back soon: its
+ * peer took none of its queued bytes for WATCH_MS, or, watched for
+ * WATCH_MS or more, took them so slowly since the first look that saw
+ * them queued that the rest would take longer than the receive budget's
+ * pause limit (the receive side's rule for a peer that drips: a peer that
+ * reads one byte a second is not stalled, and would hold its queue for
+ * ever). The kernel takes some bytes of a queue at once, reader or not:
+ * a non-reader is so ended by the first rule, or by the second once its
+ * rate falls, never let off. Every look keeps each comm's watch up to
+ * date (a queue that empties starts afresh). */
+static int hoards(const tw_context *ctx, tw_comm *c, uint64_t now)
 {
 	uint64_t sent = atomic_load_explicit(&c->stats.bytes_sent, memory_order_relaxed);
+	uint64_t q = c->ended ? 0 : c->ops->queued(c), took, watched, pause;
 	int seen = c->ov_look != 0 && c->ov_look + 1 >= ctx->mem_looks;
-	if (c->ended || c->ops->queued(c) == 0) {
+	if (q == 0) {
 		c->ov_look = 0;
 		return 0;
+	}
+	if (!seen) {
+		c->ov_from_sent = sent;
+		c->ov_from_ms = now;
 	}
 	if (!seen || sent != c->ov_sent) {
 		c->ov_sent = sent;
 		c->ov_still_ms = now;
 	}
 	c->ov_look = ctx->mem_looks;
-	return now - c->ov_still_ms;
+	watched = now - c->ov_from_ms;
+	if (watched < WATCH_MS)
+		return 0;
+	if (now - c->ov_still_ms >= WATCH_MS)
+		return 1;
+	/* q / (took / watched) > pause */
+	took = sent - c->ov_from_sent;
+	pause = ctx->limits.budget_pause_ms;
+	return pause > 0 && (double)q * (double)watched > (double)pause * (double)took;
 }
 
-/* The comm with most bytes queued among those whose peers took none of
- * them for STALL_MS, or NULL. Every comm's look is brought up to date. */
-static tw_comm *most_stalled(tw_context *ctx, uint64_t now)
+/* The comm with most bytes queued among those that hoard, or NULL. */
+static tw_comm *most_hoarding(tw_context *ctx, uint64_t now)
 {
 	tw_comm *worst = NULL;
 	uint64_t most = 0;
 	for (struct tw__node *n = ctx->objects.next; n != &ctx->objects; n = n->next) {
 		tw_comm *c = tw__node_comm(n);
 		uint64_t q;
-		if (c == NULL || stood_still(ctx, c, now) < STALL_MS)
+		if (c == NULL || !hoards(ctx, c, now))
 			continue;
 		if ((q = c->ops->queued(c)) > most) {
 			most = q;
@@ -66,15 +85,18 @@ static tw_comm *most_stalled(tw_context *ctx, uint64_t now)
 	return worst;
 }
 
-static void end_stalled(tw_context *ctx, tw_comm *c, uint64_t now)
+static void end_hoarder(tw_context *ctx, tw_comm *c, uint64_t now)
 {
 	tw__comm_seterr(c,
-			"ended by the memory limit: its peer took none of the %llu bytes queued "
-			"for it in %llu ms while the context held %llu bytes (received and "
-			"queued), more than its memory limit of %llu bytes "
+			"ended by the memory limit: its peer took %llu of its queued bytes in "
+			"%llu ms (none in the last %llu ms), too few to take the %llu still "
+			"queued within the pause limit, while the context held %llu bytes "
+			"(received and queued), more than its memory limit of %llu bytes "
 			"(tw_context_set_memory_limit_bytes)",
-			(unsigned long long)c->ops->queued(c),
+			(unsigned long long)(c->ov_sent - c->ov_from_sent),
+			(unsigned long long)(now - c->ov_from_ms),
 			(unsigned long long)(now - c->ov_still_ms),
+			(unsigned long long)c->ops->queued(c),
 			(unsigned long long)tw__ctx_held(ctx), (unsigned long long)ctx->mem_limit);
 	tw__comm_end(c, TW_ENOMEM);
 }
@@ -87,8 +109,8 @@ static void mem_cut(tw_context *ctx)
 {
 	uint64_t now = tw__mono_ms();
 	tw_comm *c;
-	while ((c = most_stalled(ctx, now)) != NULL && tw__ctx_held(ctx) > ctx->mem_limit)
-		end_stalled(ctx, c, now);
+	while ((c = most_hoarding(ctx, now)) != NULL && tw__ctx_held(ctx) > ctx->mem_limit)
+		end_hoarder(ctx, c, now);
 }
 
 void tw__overload_attach(tw_context *ctx)
