@@ -445,14 +445,13 @@ static size_t mid_frame(struct mid_msg *m, int fin, unsigned op, size_t len)
 }
 
 /* A raw client sends m's first n bytes and closes the connection: the
- * server comm idx ends with TW_ETRUNCATED and "after got bytes of its
- * frames (done of nf frames complete)"; the canary still echoes. */
-static void mid_cut(struct tu *h, struct tu_peer *cli, size_t idx, const struct mid_msg *m,
-		    size_t n, unsigned long long got, size_t done, unsigned long long nf)
+ * server comm idx ends with TW_ETRUNCATED and a text holding says; the
+ * canary still echoes. */
+static void mid_cut_says(struct tu *h, struct tu_peer *cli, size_t idx, const struct mid_msg *m,
+			 size_t n, const char *says)
 {
 	struct wu_raw r;
 	struct tu_peer *sp;
-	char says[160];
 	ck_assert_int_eq(wu_raw_open(h, h->addr, NULL, &r), 101);
 	ck_assert_ptr_nonnull(sp = tu_server_peer(h, idx));
 	ck_assert_uint_eq(wu_raw_send(&r, m->buf, n), n);
@@ -462,14 +461,37 @@ static void mid_cut(struct tu *h, struct tu_peer *cli, size_t idx, const struct 
 	ck_assert(tu_wait_flag(h, &sp->closed, WU_WAIT_MS));
 	ck_assert_msg(sp->close_err == TW_ETRUNCATED, "cut at %zu: %s (%s)", n,
 		      tw_strerror(sp->close_err), sp->last_error);
-	snprintf(says, sizeof(says),
-		 "in the middle of a message, without a close frame: after %llu bytes of its "
-		 "frames (%zu of %llu frames complete)",
-		 got, done, nf);
 	ck_assert_msg(strstr(sp->last_error, says) != NULL, "cut at %zu: text '%s', not '%s'", n,
 		      sp->last_error, says);
 	ck_assert_uint_eq(sp->nmsgs, 0);
 	tt_canary(cli, (unsigned)idx);
+}
+
+/* Cut in the frames: "after got bytes of its frames (done of nf frames
+ * complete)". */
+static void mid_cut(struct tu *h, struct tu_peer *cli, size_t idx, const struct mid_msg *m,
+		    size_t n, unsigned long long got, size_t done, unsigned long long nf)
+{
+	char says[160];
+	snprintf(says, sizeof(says),
+		 "in the middle of a message, without a close frame: after %llu bytes of its "
+		 "frames (%zu of %llu frames complete)",
+		 got, done, nf);
+	mid_cut_says(h, cli, idx, m, n, says);
+}
+
+/* Cut in the head (the count message, or a frame header before it):
+ * "after have of the 8 bytes of its frame count, fb bytes into a
+ * WebSocket frame", as tcp says the bytes of its prelude. */
+static void mid_cut_head(struct tu *h, struct tu_peer *cli, size_t idx, const struct mid_msg *m,
+			 size_t n, size_t have, unsigned long long fb)
+{
+	char says[160];
+	snprintf(says, sizeof(says),
+		 "in the middle of a message, without a close frame: after %zu of the 8 bytes of "
+		 "its frame count, %llu byte%s into a WebSocket frame",
+		 have, fb, fb == 1 ? "" : "s");
+	mid_cut_says(h, cli, idx, m, n, says);
 }
 
 START_TEST(peer_closes_mid_message)
@@ -487,6 +509,22 @@ START_TEST(peer_closes_mid_message)
 	/* the count alone */
 	mid_count(&m, 3);
 	mid_cut(&h, cli, idx++, &m, m.n, 0, 0, 3);
+	/* in the head: 4 of the count's 8 bytes (after its 6-byte masked
+	 * header), the header alone, its first byte alone; then the count in
+	 * two fragments, the first (4 bytes) alone (were "after 0 bytes of
+	 * its frames (0 of 0 ...)" and err 0 "between messages") */
+	mid_cut_head(&h, cli, idx++, &m, 6 + 4, 4, 6 + 4);
+	mid_cut_head(&h, cli, idx++, &m, 6, 0, 6);
+	mid_cut_head(&h, cli, idx++, &m, 1, 0, 1);
+	{
+		uint64_t le = htole64(3);
+		m.n = 0;
+		m.n += wu_frame(m.buf, 0, 2, &le, 4, 1);
+		hd = m.n;
+		m.n += wu_frame(m.buf + m.n, 1, 0, (uint8_t *)&le + 4, 4, 1);
+		mid_cut_head(&h, cli, idx++, &m, hd, 4, 0);
+		mid_cut_head(&h, cli, idx++, &m, hd + 3, 4, 3);
+	}
 	/* 1 frame of 2 whole, 300 of the second's 5,000 bytes */
 	m.n = 0;
 	mid_count(&m, 2);

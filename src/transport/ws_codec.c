@@ -60,6 +60,11 @@ uint64_t tw__ws_dec_frame_offset(const struct tw__ws_dec *d)
 	return d->frame_offset;
 }
 
+uint64_t tw__ws_dec_frame_have(const struct tw__ws_dec *d)
+{
+	return d->state == ST_HEAD && d->head_have == 0 ? 0 : d->offset - d->frame_offset;
+}
+
 uint64_t tw__ws_dec_payload_room(const struct tw__ws_dec *d)
 {
 	return d->state == ST_PAYLOAD ? d->len - d->done : 0;

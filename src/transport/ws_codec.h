@@ -289,6 +289,10 @@ int tw__ws_dec_idle(const struct tw__ws_dec *d);
  * byte of the current frame (the failing one, once failed). */
 uint64_t tw__ws_dec_frame_offset(const struct tw__ws_dec *d);
 
+/* tw__ws_dec_frame_have: bytes of the current frame received so far,
+ * its header included; 0 between frames. */
+uint64_t tw__ws_dec_frame_have(const struct tw__ws_dec *d);
+
 /* Ping rate: how often a peer may ping (include/taskwire/context.h,
  * tw_context_set_ws_min_ping_interval_ms). RFC 6455 lets a peer ping at
  * any time and asks for a pong to each (sections 5.5.2, 5.5.3); this keeps

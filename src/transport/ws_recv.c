@@ -289,11 +289,24 @@ static void peer_gone(struct ws *w, ssize_t n)
 		tw__comm_end(&w->sock.base, w->write_err);
 		return;
 	}
-	if (n == 0 && w->msg == NULL && w->count_have == 0) {
+	if (n == 0 && w->nframes == 0 && w->count_have == 0 && tw__ws_dec_idle(&w->dec)) {
 		tw__comm_seterr(
 			&w->sock.base,
 			"peer closed the connection between messages, without a close frame");
 		tw__comm_end(&w->sock.base, 0);
+		return;
+	}
+	if (n == 0 && w->nframes == 0) {
+		/* the message's head: bytes of its count, or of a WebSocket
+		 * frame begun before it (a header cut short), as tcp counts
+		 * the bytes of its prelude (stream_comm.c say_truncated) */
+		uint64_t fb = tw__ws_dec_frame_have(&w->dec);
+		tw__comm_seterr(&w->sock.base,
+				"peer closed the connection in the middle of a message, without a "
+				"close frame: after %zu of the 8 bytes of its frame count, %llu "
+				"byte%s into a WebSocket frame",
+				w->count_have, (unsigned long long)fb, fb == 1 ? "" : "s");
+		tw__comm_end(&w->sock.base, TW_ETRUNCATED);
 		return;
 	}
 	if (n == 0) {
