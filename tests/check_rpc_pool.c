@@ -12,13 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <check.h>
 #include <event2/event.h>
+#include <openssl/ssl.h>
 
 #include "protocol/pool.h"
+#include "transport/comm_impl.h"
+#include "transport/tls_config.h"
+#include "transport/upper.h"
 #include "tests/check_rpc.h"
 #include "tests/support/dask.h"
 #include "tests/support/fault_proxy.h"
@@ -1719,6 +1724,174 @@ START_TEST(connect_timeout_covers_dask_handshake)
 }
 END_TEST
 
+/* The client's TLS step that completes the handshake lasts more than
+ * late_ms: the info callback of the client's SSL_CTX sleeps in it (in
+ * SSL_do_handshake), as a slow machine's step would run on. Once. */
+static uint32_t late_ms;
+static int late_slept;
+
+static void late_step(const SSL *ssl, int where, int ret)
+{
+	uint64_t until = tw__mono_ms() + late_ms + 1;
+	(void)ssl;
+	(void)ret;
+	if (!(where & SSL_CB_HANDSHAKE_DONE) || late_ms == 0)
+		return;
+	while (tw__mono_ms() <= until)
+		usleep(1000);
+	late_ms = 0;
+	late_slept = 1;
+}
+
+struct late_conn {
+	tw_context *ctx;
+	int handshake;         /* start the Dask handshake on the comm */
+	int armed;             /* its clock is pending, at expiry */
+	struct timeval expiry; /* (wall clock, as event_pending gives it) */
+	int done, err;
+	uint32_t left_ms; /* tw__comm_connect_left_ms of the comm handed out */
+	uint64_t seen_ms; /* tw__mono_ms in the callback */
+	char why[256];
+};
+
+static void no_hs_cb(tw_comm *c, int err, const tw_handshake_info *info, void *arg)
+{
+	(void)c;
+	(void)err;
+	(void)info;
+	(void)arg;
+	ck_abort_msg("handshake callback of a freed comm");
+}
+
+static void late_conn_cb(tw_comm *c, int err, void *arg)
+{
+	struct late_conn *r = arg;
+	r->seen_ms = tw__mono_ms();
+	r->err = err;
+	r->left_ms = c != NULL ? tw__comm_connect_left_ms(c) : 0;
+	if (c != NULL && r->handshake) {
+		ck_assert_int_eq(tw_comm_handshake(c, TW_HANDSHAKE_CONNECTOR, no_hs_cb, NULL), 0);
+		r->armed = event_pending(c->timeout_ev, EV_TIMEOUT, &r->expiry);
+	}
+	snprintf(r->why, sizeof(r->why), "%s", err != 0 ? tw_context_last_error(r->ctx) : "");
+	r->done = 1;
+	tw_comm_free(c);
+}
+
+/* One connect to uri with connect timeout ms whose TLS handshake's last
+ * step lasts more than step_ms; *t0 is tw__mono_ms before
+ * tw_comm_connect. 0 when that step never ran (the machine was slower
+ * than ms: the TLS stage's clock ended the connect first). */
+static int late_connect(struct tu *h, const char *uri, uint32_t ms, uint32_t step_ms,
+			struct late_conn *r, uint64_t *t0)
+{
+	int handshake = r->handshake;
+	memset(r, 0, sizeof(*r));
+	r->ctx = h->ctx;
+	r->handshake = handshake;
+	late_slept = 0;
+	late_ms = step_ms;
+	ck_assert_int_eq(tw_context_set_connect_timeout_ms(h->ctx, ms), 0);
+	*t0 = tw__mono_ms();
+	ck_assert_int_eq(tw_comm_connect(h->ctx, uri, late_conn_cb, r), 0);
+	ck_assert(tu_wait_flag(h, &r->done, TU_WAIT_MS));
+	late_ms = 0;
+	return late_slept;
+}
+
+/* A client's TLS stage ended by the connect timeout of ms. */
+static void tls_timed_out(char *buf, size_t len, uint32_t ms)
+{
+	snprintf(buf, len,
+		 "TLS handshake with the server failed: timed out: no handshake within %u ms (the "
+		 "connect timeout)",
+		 (unsigned)ms);
+}
+
+/* One clock for the whole connect (breaker18 b18-7: a 5-10 ms connect
+ * timeout to a tls peer that completes TLS and stays silent ended after
+ * 18-21 ms). The stage after TLS (the ws upgrade, the Dask handshake) has
+ * what the connect's deadline leaves, the TLS stage's time deducted: a
+ * TLS step made to end 300 ms in leaves at most the timeout - 300 ms, and
+ * at least what the deadline leaves when the callback runs. A TLS step
+ * that ends after the deadline (the client's last: the certificate
+ * checked, the keys made, 2.5 ms of CPU and 4.5-9 ms at a load of 8)
+ * ends the connect there, with TW_ETIMEDOUT from the TLS stage: the comm
+ * was handed on with 1 ms, and the connect ended 1 ms and a timer's
+ * wake-up later (over tw_comm_connect it even succeeded, after its
+ * deadline). A pool call then fails naming the TLS handshake, not the
+ * Dask one. tls and wss (tcp and ws have no TLS step). The steps are
+ * made late by sleeping in them, to an order, not a time: nothing
+ * asserts how long anything took. */
+START_TEST(connect_deadline_spans_tls_step)
+{
+	const char *scheme = _i == 0 ? "tls" : "wss";
+	static struct rc rc;
+	struct late_conn r;
+	struct tu h;
+	struct mute m;
+	tw_pool *p;
+	uint64_t t0;
+	int64_t e_ms;
+	struct timeval w0, w1;
+	uint32_t ms = 60000, slow = 300;
+	char want[128];
+	tu_init(&h);
+	silent_ctx(&h, scheme);
+	SSL_CTX_set_info_callback(tw__tls_config_of(h.ctx)->client, late_step);
+	mute_start(&h, &m, scheme);
+	/* a step of over 300 ms, within the timeout; the Dask handshake's
+	 * clock runs out at the connect's deadline (between the wall clock
+	 * before and after tw_comm_connect, plus the timeout; 5 ms for the
+	 * roundings to the ms), not 300 ms before it (libevent times from
+	 * the pass's start, before the step) */
+	memset(&r, 0, sizeof(r));
+	r.handshake = 1;
+	gettimeofday(&w0, NULL);
+	ck_assert(late_connect(&h, m.addr, ms, slow, &r, &t0));
+	gettimeofday(&w1, NULL);
+	ck_assert(r.armed);
+	e_ms = (int64_t)r.expiry.tv_sec * 1000 + r.expiry.tv_usec / 1000;
+	ck_assert_msg(e_ms + 5 >= (int64_t)w0.tv_sec * 1000 + w0.tv_usec / 1000 + ms,
+		      "%s: the handshake's clock ends %lld ms before the deadline", scheme,
+		      (long long)((int64_t)w0.tv_sec * 1000 + w0.tv_usec / 1000 + ms - e_ms));
+	ck_assert_msg(e_ms <= (int64_t)w1.tv_sec * 1000 + w1.tv_usec / 1000 + ms + 5,
+		      "%s: the handshake's clock ends after the deadline", scheme);
+	r.handshake = 0;
+	ck_assert_msg(r.err == 0, "%s: %s: %s", scheme, tw_strerror(r.err), r.why);
+	ck_assert_msg(r.left_ms + slow <= ms, "%s: %u ms left after a %u ms step", scheme,
+		      (unsigned)r.left_ms, (unsigned)slow);
+	ck_assert_msg(r.left_ms + r.seen_ms >= t0 + ms, "%s: %u ms left, %llu ms in", scheme,
+		      (unsigned)r.left_ms, (unsigned long long)(r.seen_ms - t0));
+	/* a step longer than the timeout: it ends after the deadline */
+	for (ms = 200;; ms *= 2) {
+		if (late_connect(&h, m.addr, ms, ms, &r, &t0) || ms >= (uint32_t)TU_WAIT_MS / 4)
+			break;
+	}
+	ck_assert_msg(r.err == TW_ETIMEDOUT, "%s: %s (%s)", scheme, tw_strerror(r.err), r.why);
+	tls_timed_out(want, sizeof(want), ms);
+	ck_assert_msg(strstr(r.why, want) != NULL, "%s: %s", scheme, r.why);
+	/* the same through a pool: the call ends in the TLS stage */
+	ck_assert_int_eq(tw_pool_new(h.ctx, &p), 0);
+	for (ms = 200;; ms *= 2) {
+		ck_assert_int_eq(tw_context_set_connect_timeout_ms(h.ctx, ms), 0);
+		memset(&rc, 0, sizeof(rc));
+		late_slept = 0;
+		late_ms = ms;
+		rc_call(&h, p, m.addr, rq_op("identity"), 0, &rc);
+		late_ms = 0;
+		if (late_slept || ms >= (uint32_t)TU_WAIT_MS / 4)
+			break;
+	}
+	ck_assert_msg(rc.err == TW_ETIMEDOUT, "%s: %s: %s", scheme, tw_strerror(rc.err), rc.why);
+	tls_timed_out(want, sizeof(want), ms);
+	rc_assert_why(&rc, want);
+	tw_pool_free(p);
+	mute_stop(&m);
+	tu_fini(&h);
+}
+END_TEST
+
 TCase *rpc_pool_tcase(void)
 {
 	TCase *tc =
@@ -1731,6 +1904,7 @@ TCase *rpc_pool_tcase(void)
 	ts_add_loop(tc, 4, TS_TESTS(pool_free_aborts_every_stage, context_free_aborts_every_stage));
 	ts_add_loop(tc, 3, TS_TESTS(connect_timeout_covers_upgrade));
 	ts_add_loop(tc, 4, TS_TESTS(connect_timeout_covers_dask_handshake));
+	ts_add_loop(tc, 2, TS_TESTS(connect_deadline_spans_tls_step));
 	ts_add(tc, TS_TESTS(connect_timeout_partial_handshake));
 	ts_add(tc,
 	       TS_TESTS(pool_deadlines, pool_adds_no_loop_timeout, pool_call_after_closing_reply));

@@ -96,6 +96,18 @@ int tw__pass_step(struct event_base *base)
 	return pass_unit(base, &pass.steps);
 }
 
+uint32_t tw__pass_lag_ms(struct event_base *base)
+{
+	struct timeval cached, now;
+	long long lag;
+	if (event_base_gettimeofday_cached(base, &cached) != 0)
+		return 0;
+	evutil_gettimeofday(&now, NULL);
+	lag = (long long)(now.tv_sec - cached.tv_sec) * 1000 +
+	      (now.tv_usec - cached.tv_usec) / 1000;
+	return lag > 0 && lag < 86400000 ? (uint32_t)lag : 0;
+}
+
 int tw__pass_release(struct event_base *base)
 {
 	return pass_unit(base, &pass.releases);

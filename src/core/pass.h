@@ -17,6 +17,7 @@
 #define TW_CORE_PASS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/uio.h>
 
 struct event_base;
@@ -84,6 +85,13 @@ int tw__pass_release(struct event_base *base);
  * next loop iteration, which with the default coarse clock is most often
  * the same pass: the loop would spin until the clock moves. */
 #define TW__PASS_NEXT_US 1
+/* How long ago (ms, rounded down) the loop's pass began: libevent times
+ * a timer from its cached clock, the pass's start, so a timeout that is
+ * to run from now (a deadline's rest) is armed with this added; armed
+ * late in a long pass without it, it fired that much early (breaker18
+ * b18-7: a 20 ms connect timeout ended some connects at 16 ms). 0
+ * outside the loop. Loop thread. */
+uint32_t tw__pass_lag_ms(struct event_base *base);
 /* Tests: from now on (on = 1) every pass's time counts as spent as soon
  * as it starts, in every loop of the process, as on a loaded machine:
  * comms move their minimum per wakeup and each pass starts one TLS

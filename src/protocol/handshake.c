@@ -7,6 +7,7 @@
 #include <taskwire/handshake.h>
 #include <taskwire/serial.h>
 
+#include "core/pass.h"
 #include "protocol/compress.h"
 #include "protocol/pcomm.h"
 #include "protocol/placement.h"
@@ -209,6 +210,15 @@ static void on_close(tw_comm *comm, int err, void *arg)
 	finish(comm, h, err, NULL, NULL);
 }
 
+/* The bound counts from now, not from the start of the pass, whose TLS
+ * step (2.5 ms of CPU, more at load) or upgrade may have handed the comm
+ * over (core/pass.h, tw__pass_lag_ms). */
+static uint32_t bound_from_now(tw_comm *comm, uint32_t ms)
+{
+	uint32_t lag = tw__pass_lag_ms(tw_context_base(tw_comm_context(comm)));
+	return lag < UINT32_MAX - ms ? ms + lag : ms;
+}
+
 int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_cb cb, void *arg)
 {
 	struct tw__limits *lim;
@@ -239,7 +249,7 @@ int tw_comm_handshake(tw_comm *comm, enum tw_handshake_side side, tw_handshake_c
 		lim->max_message_bytes = HANDSHAKE_MAX_BYTES;
 	p->handshake = h;
 	if ((rv = tw__comm_attach(comm, on_recv, on_close, h)) != 0 ||
-	    (rv = tw__comm_arm_timeout(comm, h->bound_ms)) != 0 ||
+	    (rv = tw__comm_arm_timeout(comm, bound_from_now(comm, h->bound_ms))) != 0 ||
 	    (side == TW_HANDSHAKE_LISTENER && (rv = write_info(comm)) != 0)) {
 		tw__comm_detach(comm);
 		p->handshake = NULL;

@@ -20,6 +20,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/pass.h"
 #include "transport/comm_impl.h"
 #include "transport/dns.h"
 #include "transport/stream_comm.h"
@@ -387,6 +388,7 @@ int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_f
 {
 	struct connect_req *r = calloc(1, sizeof(*r));
 	struct timeval tv;
+	uint64_t ms;
 	int rv;
 	if (r == NULL)
 		return TW_ENOMEM;
@@ -410,8 +412,10 @@ int tw__tcp_connect_with(tw_context *ctx, const struct tw__uri *u, tw__upgrade_f
 	tw__ctx_track(ctx, &r->node, kill_connect);
 	r->node.connect_arg = arg;
 	r->deadline_ms = tw__mono_ms() + ctx->limits.connect_timeout_ms;
-	tv.tv_sec = ctx->limits.connect_timeout_ms / 1000;
-	tv.tv_usec = (ctx->limits.connect_timeout_ms % 1000) * 1000;
+	/* from now, as the deadline: not from the pass's start (core/pass.h) */
+	ms = (uint64_t)ctx->limits.connect_timeout_ms + tw__pass_lag_ms(ctx->base);
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
 	event_add(r->timer, &tv);
 	return 0;
 }

@@ -15,6 +15,7 @@
 
 #include <taskwire/error.h>
 
+#include "core/pass.h"
 #include "transport/transport.h"
 #include "transport/ws_comm.h"
 
@@ -172,6 +173,7 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 {
 	struct ws *w = calloc(1, sizeof(*w));
 	struct timeval tv;
+	uint64_t ms;
 	if (w == NULL)
 		return TW_ENOMEM;
 	if ((w->hs_out = malloc(TW__WS_REQUEST_MAX)) == NULL ||
@@ -190,8 +192,11 @@ static int ws_new(tw_context *ctx, int fd, const struct tw__stream_io *io, void 
 	tw__ws_req_init(&w->req, 0, 0);
 	w->upgrade_ms = tw__stage_ms(deadline_ms, ctx->limits.handshake_timeout_ms, &w->by_connect);
 	w->connect_deadline_ms = deadline_ms;
-	tv.tv_sec = (time_t)(w->upgrade_ms / 1000);
-	tv.tv_usec = (suseconds_t)(w->upgrade_ms % 1000) * 1000;
+	/* from now: a wss upgrade starts in the pass of the TLS step that
+	 * ended the handshake (core/pass.h) */
+	ms = (uint64_t)w->upgrade_ms + tw__pass_lag_ms(ctx->base);
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
 	evtimer_add(w->sock.timer, &tv);
 	*out = w;
 	return 0;
