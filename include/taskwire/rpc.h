@@ -178,8 +178,18 @@ int tw_pool_fail_address(tw_pool *p, const char *uri, int err, const char *why);
 
 /* tw_pool_free: cancel every call (callbacks run with TW_ECANCELED),
  * abort every comm, free. Comms still connecting, in their TLS handshake,
- * ws upgrade or Dask handshake are closed before it returns too. Free pools before their context;
- * not from inside one of the pool's reply callbacks. Accepts NULL. */
+ * ws upgrade or Dask handshake are aborted too: when it returns, none
+ * reads, writes or calls back any more. Their sockets (and TLS states)
+ * are released at once while the loop's pass has time for it (always the
+ * pass's first; every one when called outside the loop's callbacks), the
+ * rest on the loop's next passes, a share on each, so that a mass close
+ * is not one long pass (src/core/reap.h: 500 tls comms ended in one callback
+ * made a pass of 15-26 ms), or by tw_context_free: a peer may see its
+ * connection close after tw_pool_free returned (50 wss comms in their
+ * Dask handshake, freed from a timer callback: 10-39 still open when it
+ * returned, all closed within 100 ms of the loop running). Free pools
+ * before their context; not from inside one of the pool's reply
+ * callbacks. Accepts NULL. */
 void tw_pool_free(tw_pool *p);
 
 /* tw_rpc_call_sync: a blocking call for simple programs: runs the
