@@ -10,11 +10,15 @@
  * the harness's hang guard. */
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <check.h>
 
+#include "core/context.h"
 #include "tests/support/harness.h"
 #include "tests/support/rpc.h"
+#include "tests/support/sock.h"
 #include "tests/support/suite.h"
 #include "tests/support/tls.h"
 #include "tests/support/tran.h"
@@ -473,6 +477,82 @@ START_TEST(memory_limit_ends_non_readers)
 }
 END_TEST
 
+/* A peer that reads, slowly: it takes its 32 MiB reply 64 KiB per look
+ * of the memory limit (a look every 100 ms: 640 KB/s), so its comm's
+ * bytes are taken at every look and it is never "stalled"; at that rate
+ * the rest would take about 45 s, more than the pause limit (20 s), and
+ * the server is past its 8 MiB limit: it is ended (TW_ENOMEM, "too few").
+ * Before (cccf6a5, stalls only), it held its queue past the limit to the
+ * end. A peer that reads its reply as it comes, past the same limit, is
+ * never ended and gets it whole. tcp (raw sockets). The pacing is by
+ * looks, not time: on a slower machine the rate is lower still. */
+#define SLOW_REPLY (32 * MiB)
+
+struct slowread {
+	tw_context *sctx;
+	struct tu_peer *sp;
+	int fd, fast;
+	uint64_t look; /* the last look a chunk was read at */
+	size_t got;
+};
+
+static int slowread_done(void *arg)
+{
+	struct slowread *r = arg;
+	char buf[64 << 10];
+	ssize_t n;
+	if (r->fast || r->sctx->mem_looks != r->look) { /* one chunk a look */
+		r->look = r->sctx->mem_looks;
+		do {
+			n = recv(r->fd, buf, sizeof(buf), MSG_DONTWAIT);
+			r->got += n > 0 ? (size_t)n : 0;
+		} while (r->fast && n > 0);
+	}
+	return r->sp->closed || r->got >= SLOW_REPLY;
+}
+
+static void slow_or_fast_reader(int fast)
+{
+	struct tu h;
+	struct slowread r;
+	size_t n = SLOW_REPLY;
+	memset(&r, 0, sizeof(r));
+	tu_init(&h);
+	r.fast = fast;
+	r.sctx = h.ctx;
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(h.ctx, 8 * MiB), 0);
+	h.sopts.echo = 0;
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	ck_assert_int_ge(r.fd = ts_raw_connect(h.addr), 0);
+	ck_assert_ptr_nonnull(r.sp = tu_server_peer(&h, 0));
+	ck_assert_int_eq(tw_comm_write(r.sp->comm, ts_msg_pattern(&n, 1, 7)), 0); /* alone */
+	ck_assert(tu_run_until(&h, slowread_done, &r, TU_WAIT_MS));
+	if (fast) {
+		ck_assert_msg(!r.sp->closed, "%s", r.sp->last_error);
+		ck_assert_uint_ge(r.got, SLOW_REPLY);
+	} else {
+		ck_assert_msg(r.sp->closed, "not ended; %zu bytes read", r.got);
+		ck_assert_int_eq(r.sp->close_err, TW_ENOMEM);
+		ck_assert_msg(strstr(r.sp->last_error, "too few to take") != NULL, "%s",
+			      r.sp->last_error);
+		ck_assert_uint_lt(r.got, SLOW_REPLY);
+	}
+	close(r.fd);
+	tu_fini(&h);
+}
+
+START_TEST(memory_limit_ends_slow_reader)
+{
+	slow_or_fast_reader(0);
+}
+END_TEST
+
+START_TEST(memory_limit_spares_reader)
+{
+	slow_or_fast_reader(1);
+}
+END_TEST
+
 /* The setter's and getter's arguments. */
 START_TEST(memory_limit_setters)
 {
@@ -499,6 +579,7 @@ int main(void)
 		    TS_TESTS(stopped_reader_holds_only_itself, stopped_reader_reads_again,
 			     two_contexts_exchange_both_ways, two_contexts_ask_each_other,
 			     memory_limit_ends_non_readers));
-	ts_add(tc, TS_TESTS(server_replies_past_a_stopped_reader, memory_limit_setters));
+	ts_add(tc, TS_TESTS(server_replies_past_a_stopped_reader, memory_limit_setters,
+			    memory_limit_ends_slow_reader, memory_limit_spares_reader));
 	return ts_main("wbudget", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

@@ -410,7 +410,10 @@ int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
  *   - every 100 ms, the comms that hoard are ended, the one with most
  *     queued first, until the context is back within the limit. A comm
  *     hoards once a look has seen bytes queued on it for 1 s and its peer
- *     has taken none of them for 1 s, or has taken them so slowly since
+ *     has taken none for 1 s (counted as its TCP acknowledges them,
+ *     TCP_INFO's tcpi_bytes_acked: our own writes stand still for
+ *     seconds while a slow peer frees half our send buffer), or has taken
+ *     them so slowly since
  *     that, at that rate, what is still queued would take longer than
  *     the pause limit (tw_context_set_receive_budget_pause_ms, 20 s; 0:
  *     only the first rule) to go: the receive budget's rule for a peer

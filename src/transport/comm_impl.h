@@ -27,6 +27,7 @@ struct tw__comm_ops {
 	void (*pause)(tw_comm *c);           /* stop reading until start */
 	int (*rx_pending)(const tw_comm *c); /* bytes of a next message already taken in */
 	void (*fail)(tw_comm *c, int err);   /* bad input: write what is queued, then end */
+	uint64_t (*acked)(const tw_comm *c); /* bytes its peer's TCP acknowledged, all */
 };
 
 /* What every comm has. The application owns the comm; `depth` counts the

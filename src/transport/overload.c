@@ -15,8 +15,6 @@
  * the most memory (Envoy's reset_high_memory_stream) rather than let the
  * process be killed. Only comms that hold memory they will not give back
  * soon (hoards) are ended: a queue that drains gives its bytes back. */
-#include <stdatomic.h>
-
 #include <taskwire/error.h>
 
 #include "core/context.h"
@@ -24,8 +22,9 @@
 #include "transport/upper.h"
 
 /* How long a look watches a comm's queue before it may end it: 10 looks.
- * A peer that reads at all takes some in that time (the kernel's buffers
- * free as it reads). */
+ * A peer that reads at all takes some in that time: its TCP acknowledges
+ * bytes as its reads free its receive buffer (tw__sock_acked; bytes we
+ * write stand still until half our send buffer is free). */
 #define WATCH_MS 1000u
 
 /* Whether c, looked at now, holds memory it will not give back soon: its
@@ -40,13 +39,13 @@
  * date (a queue that empties starts afresh). */
 static int hoards(const tw_context *ctx, tw_comm *c, uint64_t now)
 {
-	uint64_t sent = atomic_load_explicit(&c->stats.bytes_sent, memory_order_relaxed);
-	uint64_t q = c->ended ? 0 : c->ops->queued(c), took, watched, pause;
+	uint64_t q = c->ended ? 0 : c->ops->queued(c), took, watched, pause, sent;
 	int seen = c->ov_look != 0 && c->ov_look + 1 >= ctx->mem_looks;
 	if (q == 0) {
 		c->ov_look = 0;
 		return 0;
 	}
+	sent = c->ops->acked(c); /* what the peer took, not what we wrote */
 	if (!seen) {
 		c->ov_from_sent = sent;
 		c->ov_from_ms = now;

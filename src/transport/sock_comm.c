@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* The socket shell under the stream and WebSocket comms (sock_comm.h). */
 #include <errno.h>
+#include <linux/tcp.h> /* tcpi_bytes_acked: glibc's struct tcp_info stops before it */
+#include <netinet/in.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +150,20 @@ int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
 	s->base.rx_claim.ready = rx_ready;
 	tw__comm_set_addresses(&s->base, fd, scheme);
 	return 0;
+}
+
+uint64_t tw__sock_acked(const tw_comm *c)
+{
+	const struct tw__sock *s = (const struct tw__sock *)c;
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	memset(&ti, 0, sizeof(ti));
+	if (s->fd < 0 || getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+		return 0;
+	if (len < offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked))
+		/* a kernel before 4.1: what we wrote is the nearest count */
+		return atomic_load_explicit(&s->base.stats.bytes_sent, memory_order_relaxed);
+	return ti.tcpi_bytes_acked;
 }
 
 uint64_t tw__sock_queued(const tw_comm *c)

@@ -100,6 +100,12 @@ int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
 
 /* Comm operations shared by every socket comm. */
 uint64_t tw__sock_queued(const tw_comm *c);
+/* Bytes of the connection's output its peer's TCP acknowledged
+ * (tcpi_bytes_acked, Linux 4.1): what the peer took, whatever our own
+ * socket buffer lets us write (a send buffer becomes writable again only
+ * once half of it is free, so bytes written stand still for seconds
+ * while a slow peer reads). 0 once the socket is gone. */
+uint64_t tw__sock_acked(const tw_comm *c);
 void tw__sock_pause(tw_comm *c);
 void tw__sock_stop(tw_comm *c);
 void tw__sock_destroy(tw_comm *c);

@@ -919,8 +919,8 @@ static const struct tw__sock_hooks stream_hooks = {
 };
 
 static const struct tw__comm_ops stream_ops = {
-	s_start,     s_write,        tw__sock_queued,     s_close, tw__sock_stop, tw__sock_destroy,
-	s_set_place, tw__sock_pause, tw__sock_rx_pending, s_fail,
+	s_start,     s_write,        tw__sock_queued,     s_close, tw__sock_stop,  tw__sock_destroy,
+	s_set_place, tw__sock_pause, tw__sock_rx_pending, s_fail,  tw__sock_acked,
 };
 
 int tw__stream_is(const tw_comm *c)
