@@ -15,6 +15,10 @@
 # TW_MINI_TRANSPORTS="tcp" picks transports; TW_MINI_KEYS sets the round's
 # size; TW_MINI_WRAP="valgrind --error-exitcode=9" runs the schedulers under
 # a tool (each must exit 0).
+# On a failure, the transport's whole output and every worker's stderr are
+# kept in a new directory ${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX
+# (named at the end of the output; a rerun does not overwrite it), and the
+# tail of each worker's log is printed.
 set -e
 build=${TW_TOP_BUILDDIR:?} src=${TW_TOP_SRCDIR:?}
 tmp=$(mktemp -d)
@@ -25,6 +29,17 @@ trap 'rm -rf "$tmp"' EXIT
 for t in ${TW_MINI_TRANSPORTS:-tcp tls ws}; do
 	echo "check_mini_scheduler: $t"
 	[ "$t" = tcp ] && keys=100000 || keys=40000
-	TW_MINI_KEYS=${TW_MINI_KEYS:-$keys} /usr/bin/python3 "$src/tests/interop/mini_scheduler.py" \
-		"$build/examples/tw-mini-scheduler" "$t" "$tmp/certs"
+	logs="$tmp/logs-$t"
+	mkdir -p "$logs/workers"
+	rc=0
+	TW_MINI_LOGDIR="$logs/workers" TW_MINI_KEYS=${TW_MINI_KEYS:-$keys} /usr/bin/python3 \
+		"$src/tests/interop/mini_scheduler.py" "$build/examples/tw-mini-scheduler" "$t" \
+		"$tmp/certs" >"$logs/output.log" 2>&1 || rc=$?
+	cat "$logs/output.log"
+	if [ $rc != 0 ]; then
+		keep=$(mktemp -d "${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX")
+		cp -R "$logs/." "$keep/"
+		echo "check_mini_scheduler: $t failed (exit $rc); its output and the workers' logs: $keep"
+		exit $rc
+	fi
 done

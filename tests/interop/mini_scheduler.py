@@ -53,6 +53,9 @@ NKEYS = int(os.environ.get("TW_MINI_KEYS", "100000"))
 WRAP = os.environ.get("TW_MINI_WRAP", "").split()
 TTL = 5.0  # --worker-ttl of the SIGSTOP cluster
 GUARD = 60.0  # hang guard for any one wait
+# TW_MINI_LOGDIR: a directory for the workers' stderr (one file each),
+# shown on failure; unset: the workers' stderr is dropped.
+LOGDIR = os.environ.get("TW_MINI_LOGDIR")
 
 # `dask worker` (mini_procs.WORKER_MAIN: servers bind 127.0.0.1), patched:
 # TW_MINI_STOP_AFTER=BYTES in a worker's environment: once it is asked for
@@ -187,15 +190,39 @@ class Log:
                     raise AssertionError("hang guard: the scheduler never said " + text)
 
 
+def worker_log(name):
+    """Where worker `name` writes its stderr: $TW_MINI_LOGDIR/NAME.log
+    (appended: a name may start twice), else nowhere."""
+    if not LOGDIR:
+        return subprocess.DEVNULL
+    return open(os.path.join(LOGDIR, name + ".log"), "ab")
+
+
+def show_worker_logs(lines=40):
+    """The last lines of every worker's log, to stderr (after a failure:
+    why a worker closed a comm is only there)."""
+    if not LOGDIR:
+        return
+    for f in sorted(os.listdir(LOGDIR)):
+        with open(os.path.join(LOGDIR, f), errors="replace") as log:
+            tail = log.readlines()[-lines:]
+        sys.stderr.write("---- %s (last %d lines)\n" % (f, len(tail)))
+        sys.stderr.writelines(tail)
+    sys.stderr.flush()
+
+
 def start_workers(addr, names, worker_tls, env=None, host="127.0.0.1"):
     """`dask worker`s named `names`, listening on host: {name: Popen}."""
     workers = {}
     env = dict(env or os.environ, TW_MINI_BIND=host.strip("[]"))
     for name in names:
+        log = worker_log(name)
         workers[name] = start(
             [PY, "-c", WORKER, addr, "--name", name, "--nthreads", "1", "--no-nanny",
              "--no-dashboard", "--host", host] + worker_tls,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            stdout=subprocess.DEVNULL, stderr=log, env=env)
+        if log is not subprocess.DEVNULL:
+            log.close()  # the worker has its own copy
     return workers
 
 
@@ -653,5 +680,9 @@ def main():
 if __name__ == "__main__":
     try:
         main()
+    except BaseException:
+        cleanup()  # the workers' logs are complete once they are gone
+        show_worker_logs()
+        raise
     finally:
         cleanup()
