@@ -115,6 +115,74 @@ static inline const char *tw_ex_uri_arg(int argc, char **argv, void (*usage)(FIL
 	return argv[optind];
 }
 
+/* --memory-limit, --receive-budget, --write-budget: the context's bounds
+ * on what its comms hold (include/taskwire/context.h); 0: the default. */
+struct tw_ex_memory {
+	uint64_t limit, receive, write;
+};
+
+#define TW_EX_MEMORY_OPTIONS                                                                       \
+	{"memory-limit", required_argument, NULL, 1011},                                           \
+		{"receive-budget", required_argument, NULL, 1012},                                 \
+	{                                                                                          \
+		"write-budget", required_argument, NULL, 1013                                      \
+	}
+
+#define TW_EX_MEMORY_USAGE                                                                         \
+	"  --memory-limit BYTES   the most the comms may hold (messages being received\n"          \
+	"                         and queued for writing); past it, a comm whose peer\n"           \
+	"                         reads none of its queue for 1 s is ended (TW_ENOMEM)\n"          \
+	"                         (default 3/4 of the memory the process may use)\n"               \
+	"  --receive-budget BYTES messages being received on all comms; past it reads\n"           \
+	"                         pause (default 1/4 of the memory the process may use)\n"         \
+	"  --write-budget BYTES   bytes queued for writing on all comms; past it a comm\n"         \
+	"                         with a queue gets no more (default as the receive budget)\n"     \
+	"                         (sizes take K, M, G suffixes: 256M, 1GiB)\n"
+
+/* Take one of those options; 1 if o was one. Exits 2 on a bad or zero
+ * size. */
+static inline int tw_ex_memory_option(struct tw_ex_memory *m, int o, const char *arg)
+{
+	uint64_t *v;
+	switch (o) {
+	case 1011: v = &m->limit; break;
+	case 1012: v = &m->receive; break;
+	case 1013: v = &m->write; break;
+	default: return 0;
+	}
+	if ((*v = tw_ex_parse_size(arg)) == 0) {
+		fprintf(stderr, "bad size: %s (0: leave the option out for the default)\n", arg);
+		exit(2);
+	}
+	return 1;
+}
+
+/* Give ctx the bounds the options set, and describe what it now has (the
+ * defaults too) into text: "memory limit 256 MiB, receive budget ...",
+ * with a warning when the limit is below the sum of the budgets (honest
+ * traffic the budgets let through can then pass it: context.h). */
+static inline void tw_ex_memory_setup(tw_context *ctx, const struct tw_ex_memory *m, char *text,
+				      size_t len)
+{
+	uint64_t limit, receive, write;
+	if (m->limit > 0)
+		tw_context_set_memory_limit_bytes(ctx, m->limit);
+	if (m->receive > 0)
+		tw_context_set_receive_budget_bytes(ctx, m->receive);
+	if (m->write > 0)
+		tw_context_set_write_budget_bytes(ctx, m->write);
+	tw_context_memory_limit_bytes(ctx, &limit, NULL);
+	tw_context_receive_budget_bytes(ctx, &receive, NULL);
+	tw_context_write_budget_bytes(ctx, &write, NULL);
+	snprintf(text, len,
+		 "memory limit %llu MiB, receive budget %llu MiB, write budget %llu MiB%s",
+		 (unsigned long long)(limit >> 20), (unsigned long long)(receive >> 20),
+		 (unsigned long long)(write >> 20),
+		 limit < receive + write ? " (warning: the memory limit is below the sum of the "
+					   "budgets, which honest traffic may pass)"
+					 : "");
+}
+
 /* A client gives up: its comm freed, its run marked failed, its loop
  * stopped. */
 static inline void tw_ex_give_up(tw_comm *comm, int *failed, struct event_base *base)

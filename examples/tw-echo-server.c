@@ -4,7 +4,9 @@
  * `distributed.comm.listen` handler that writes back what it reads),
  * without copying its frames.
  *
- *   tw-echo-server tcp://127.0.0.1:8786 [--max-message BYTES] [--quiet] [TLS options]
+ *   tw-echo-server tcp://127.0.0.1:8786 [--max-message BYTES] [--quiet]
+ *                  [--memory-limit BYTES] [--receive-budget BYTES]
+ *                  [--write-budget BYTES] [TLS options]
  *
  * Prints each comm's totals when it ends, with the payload bytes the
  * process copied and its peak RSS above idle. */
@@ -143,7 +145,10 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 
 static void usage(FILE *f)
 {
-	fputs("usage: tw-echo-server URI [--max-message BYTES] [--quiet] [TLS options]\n", f);
+	fputs("usage: tw-echo-server URI [--max-message BYTES] [--quiet] [--memory-limit BYTES]\n"
+	      "                      [--receive-budget BYTES] [--write-budget BYTES] [TLS "
+	      "options]\n",
+	      f);
 	fputs(TW_EX_TLS_USAGE, f);
 	fputs("  Listen on URI (tcp://, tls://, ws:// or wss://, e.g. tcp://127.0.0.1:8786;\n"
 	      "  port 0 picks a free port) and write every message back unchanged. Prints\n"
@@ -153,6 +158,7 @@ static void usage(FILE *f)
 	      "                        default 4GiB)\n"
 	      "  --quiet               print only the comms that end with an error\n",
 	      f);
+	fputs(TW_EX_MEMORY_USAGE, f);
 }
 
 int main(int argc, char **argv)
@@ -161,21 +167,25 @@ int main(int argc, char **argv)
 					     {"quiet", no_argument, NULL, 'q'},
 					     {"help", no_argument, NULL, 'h'},
 					     TW_EX_TLS_OPTIONS,
+					     TW_EX_MEMORY_OPTIONS,
 					     {NULL, 0, NULL, 0}};
 	uint64_t max_message = 0;
 	struct tw_ex_tls tls = {NULL, NULL, NULL};
+	struct tw_ex_memory mem = {0, 0, 0};
 	struct event_base *base;
 	tw_context *ctx;
 	tw_listener *l;
 	const char *uri;
-	char addr[128];
+	char addr[128], bounds[256];
 	int o, rv;
 	while ((o = getopt_long(argc, argv, "m:qh", opts, NULL)) != -1) {
 		switch (o) {
 		case 'm': max_message = tw_ex_parse_size(optarg); break;
 		case 'q': quiet = 1; break;
 		case 'h': usage(stdout); return 0;
-		default: tw_ex_other_option(&tls, o, optarg, usage);
+		default:
+			if (!tw_ex_memory_option(&mem, o, optarg))
+				tw_ex_other_option(&tls, o, optarg, usage);
 		}
 	}
 	uri = tw_ex_uri_arg(argc, argv, usage);
@@ -187,6 +197,7 @@ int main(int argc, char **argv)
 	}
 	if (max_message > 0)
 		tw_context_set_max_message_bytes(ctx, max_message);
+	tw_ex_memory_setup(ctx, &mem, bounds, sizeof(bounds));
 	tw_ex_tls_setup(ctx, &tls);
 	if ((rv = tw_listener_new(ctx, uri, on_accept, NULL, &l)) != 0) {
 		fprintf(stderr, "tw-echo-server: cannot listen on %s: %s\n", uri, tw_strerror(rv));
@@ -199,6 +210,7 @@ int main(int argc, char **argv)
 	idle_rss = tw_ex_rss();
 	printf("listening on %s\n", addr);
 	fflush(stdout);
+	fprintf(stderr, "%s\n", bounds);
 	tw_ex_run_until_signal(base);
 	tw_listener_free(l);
 	tw_context_free(ctx);

@@ -207,12 +207,14 @@ void client_remove(struct client *cl)
 	free(cl);
 }
 
-/* Dask's add_client `finally: remove_client`. */
+/* Dask's add_client `finally: remove_client`; an end with an error
+ * (TW_ENOMEM: the memory limit ended it) is logged first. */
 static void on_client_end(tw_comm *comm, int err, void *arg)
 {
 	struct client *cl = arg;
-	(void)comm;
-	(void)err;
+	if (err != 0)
+		say("client %s: its stream ended: %s: %s\n", cl->id, tw_strerror(err),
+		    tw_comm_last_error(comm));
 	cl->watch = NULL; /* it ran: never unwatch it */
 	client_remove(cl);
 }
@@ -1035,6 +1037,56 @@ static void pack_missing(msgpack_packer *pk, const struct gather_op *op, uint32_
 	}
 }
 
+/* The comms that got a gather's reply, each watched once until it ends:
+ * an end with an error is logged (a client that never reads its reply is
+ * ended by the memory limit: TW_ENOMEM, "ended by the memory limit"). */
+struct requester {
+	struct requester *next;
+	tw_comm *comm;
+	tw_comm_watch *watch;
+};
+static struct requester *requesters;
+
+static void on_requester_end(tw_comm *comm, int err, void *arg)
+{
+	struct requester **p = &requesters, *rq = arg;
+	char peer[256] = "?";
+	while (*p != rq)
+		p = &(*p)->next;
+	*p = rq->next;
+	free(rq);
+	tw_comm_peer_address(comm, peer, sizeof(peer));
+	if (err != 0)
+		say("comm from %s ended: %s: %s\n", peer, tw_strerror(err),
+		    tw_comm_last_error(comm));
+}
+
+static void watch_requester(tw_request *r)
+{
+	tw_comm *comm = tw_request_comm(r);
+	struct requester *rq = requesters;
+	while (rq != NULL && rq->comm != comm)
+		rq = rq->next;
+	if (comm == NULL || rq != NULL)
+		return;
+	if ((rq = calloc(1, sizeof(*rq))) == NULL ||
+	    tw_comm_watch_end(comm, on_requester_end, rq, &rq->watch) != 0)
+		abort();
+	rq->comm = comm;
+	rq->next = requesters;
+	requesters = rq;
+}
+
+void requesters_stop(void)
+{
+	while (requesters != NULL) {
+		struct requester *rq = requesters;
+		requesters = rq->next;
+		tw_comm_unwatch(rq->watch);
+		free(rq);
+	}
+}
+
 static void gather_done(struct gather_op *op)
 {
 	tw_builder *b = reply_builder(op->r);
@@ -1070,6 +1122,7 @@ static void gather_done(struct gather_op *op)
 		log_relay(op);
 	}
 	/* The sent message holds the payloads; the replies can go. */
+	watch_requester(op->r);
 	reply_send(op->r);
 	for (size_t i = 0; i < op->nreplies; i++)
 		tw_decoded_free(op->replies[i].d);

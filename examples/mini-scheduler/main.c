@@ -3,7 +3,9 @@
  * public API. Real `dask worker` processes register with it and a real
  * distributed.Client scatters to and gathers from them through it.
  *
- *   tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES] [TLS options]
+ *   tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES]
+ *                     [--memory-limit BYTES] [--receive-budget BYTES]
+ *                     [--write-budget BYTES] [TLS options]
  *
  * Prints "listening on URI" first; on SIGINT or SIGTERM it stops and
  * prints the payload bytes it copied (tw_stats) and its peak RSS. */
@@ -67,7 +69,9 @@ static void on_signal(evutil_socket_t fd, short what, void *arg)
 
 static void usage(FILE *f)
 {
-	fputs("usage: tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES] [TLS options]\n"
+	fputs("usage: tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES]\n"
+	      "                         [--memory-limit BYTES] [--receive-budget BYTES]\n"
+	      "                         [--write-budget BYTES] [TLS options]\n"
 	      "  A minimal Dask scheduler (no tasks) on URI (tcp://, tls://, ws:// or wss://;\n"
 	      "  port 0 picks a free port) for real dask workers and distributed.Client:\n"
 	      "  scatter, gather, who_has (docs/mini-scheduler.md). Prints \"listening on\n"
@@ -79,6 +83,7 @@ static void usage(FILE *f)
 	      "                         socket to socket (splice), never reading them\n"
 	      "                         (default 65536; 0: off)\n",
 	      f);
+	fputs(TW_EX_MEMORY_USAGE, f);
 	fputs(TW_EX_TLS_USAGE, f);
 }
 
@@ -142,6 +147,7 @@ static void stop_all(void)
 	tw_server_free(S.server);
 	resolving_stop();
 	scatters_stop();
+	requesters_stop();
 	while (S.workers != NULL)
 		worker_remove(S.workers, TW_ECANCELED, "the scheduler stopped", 0);
 	while (S.clients != NULL)
@@ -157,8 +163,11 @@ int main(int argc, char **argv)
 					     {"relay", required_argument, NULL, 'r'},
 					     {"help", no_argument, NULL, 'h'},
 					     TW_EX_TLS_OPTIONS,
+					     TW_EX_MEMORY_OPTIONS,
 					     {NULL, 0, NULL, 0}};
 	struct tw_ex_tls tls = {0};
+	struct tw_ex_memory mem = {0};
+	char bounds[256];
 	struct timeval tick = {0, 100 * 1000};
 	struct event *ttl, *sigint, *sigterm;
 	tw_stats st;
@@ -185,7 +194,8 @@ int main(int argc, char **argv)
 		} else if (o == 'h') {
 			usage(stdout);
 			return 0;
-		} else if (!tw_ex_tls_option(&tls, o, optarg)) {
+		} else if (!tw_ex_memory_option(&mem, o, optarg) &&
+			   !tw_ex_tls_option(&tls, o, optarg)) {
 			usage(stderr);
 			return 2;
 		}
@@ -198,6 +208,7 @@ int main(int argc, char **argv)
 	if ((S.base = event_base_new()) == NULL || tw_context_new(S.base, &S.ctx) != 0)
 		return 1;
 	tw_ex_tls_setup(S.ctx, &tls);
+	tw_ex_memory_setup(S.ctx, &mem, bounds, sizeof(bounds));
 	/* Host names in addresses (addr.c, Dask's coerce_address) and in the
 	 * library's connects: libevent's resolver, never blocking the loop. */
 	if ((S.dns = evdns_base_new(S.base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
@@ -240,6 +251,7 @@ int main(int argc, char **argv)
 	S.started = now_wall();
 	printf("listening on %s\n", S.address);
 	fflush(stdout);
+	say("%s\n", bounds);
 	idle_rss = tw_ex_rss();
 	ttl = event_new(S.base, -1, EV_PERSIST, on_ttl_tick, NULL);
 	sigint = evsignal_new(S.base, SIGINT, on_signal, S.base);

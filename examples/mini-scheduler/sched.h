@@ -204,6 +204,9 @@ void op_scatter(tw_request *r, void *arg);
 void scatters_stop(void);
 void op_update_data(tw_request *r, void *arg);
 void op_gather(tw_request *r, void *arg);
+/* At shutdown: stop watching the comms that got gathers' replies (an end
+ * with an error is logged: the memory limit's TW_ENOMEM). */
+void requesters_stop(void);
 void op_who_has(tw_request *r, void *arg);
 void op_ncores(tw_request *r, void *arg); /* arg non-NULL: running workers only */
 void client_stream_op(tw_comm *comm, const tw_decoded *d, const msgpack_object *msg, void *arg);
