@@ -19,6 +19,10 @@
 # kept in a new directory ${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX
 # (named at the end of the output; a rerun does not overwrite it), and the
 # tail of each worker's log is printed.
+# With tcp: tests/interop/mini_scheduler_memory.py, a scheduler with
+# --memory-limit 256M --receive-budget 64M --write-budget 32M (relay off):
+# honest scatters and gathers of 1-64 MiB arrays are never ended, a client
+# that never reads its 320 MiB gather is (TW_ENOMEM), and only it.
 set -e
 build=${TW_TOP_BUILDDIR:?} src=${TW_TOP_SRCDIR:?}
 tmp=$(mktemp -d)
@@ -43,3 +47,19 @@ for t in ${TW_MINI_TRANSPORTS:-tcp tls ws}; do
 		exit $rc
 	fi
 done
+case " ${TW_MINI_TRANSPORTS:-tcp} " in *" tcp "*)
+	echo "check_mini_scheduler: tcp with a memory limit"
+	logs="$tmp/logs-memory"
+	mkdir -p "$logs/workers"
+	rc=0
+	TW_MINI_LOGDIR="$logs/workers" /usr/bin/python3 "$src/tests/interop/mini_scheduler_memory.py" \
+		"$build/examples/tw-mini-scheduler" >"$logs/output.log" 2>&1 || rc=$?
+	cat "$logs/output.log"
+	if [ $rc != 0 ]; then
+		keep=$(mktemp -d "${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX")
+		cp -R "$logs/." "$keep/"
+		echo "check_mini_scheduler: memory limit failed (exit $rc); output and worker logs: $keep"
+		exit $rc
+	fi
+	;;
+esac
