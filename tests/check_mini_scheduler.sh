@@ -30,36 +30,33 @@ trap 'rm -rf "$tmp"' EXIT
 "$src/scripts/make-test-certs.sh" "$tmp/certs" >/dev/null
 # libtool runs the tool on the real binary, not on its wrapper script.
 [ -n "$TW_MINI_WRAP" ] && export TW_MINI_WRAP="$build/libtool --mode=execute $TW_MINI_WRAP"
+# run NAME CMD...: CMD with its output and the workers' logs in
+# $tmp/logs-NAME, kept in a new directory when it fails (then exit).
+run() {
+	name=$1
+	shift
+	logs="$tmp/logs-$name"
+	mkdir -p "$logs/workers"
+	rc=0
+	TW_MINI_LOGDIR="$logs/workers" "$@" >"$logs/output.log" 2>&1 || rc=$?
+	cat "$logs/output.log"
+	if [ $rc != 0 ]; then
+		keep=$(mktemp -d "${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX")
+		cp -R "$logs/." "$keep/"
+		echo "check_mini_scheduler: $name failed (exit $rc); its output and the workers' logs: $keep"
+		exit $rc
+	fi
+}
 for t in ${TW_MINI_TRANSPORTS:-tcp tls ws}; do
 	echo "check_mini_scheduler: $t"
 	[ "$t" = tcp ] && keys=100000 || keys=40000
-	logs="$tmp/logs-$t"
-	mkdir -p "$logs/workers"
-	rc=0
-	TW_MINI_LOGDIR="$logs/workers" TW_MINI_KEYS=${TW_MINI_KEYS:-$keys} /usr/bin/python3 \
+	run "$t" env TW_MINI_KEYS="${TW_MINI_KEYS:-$keys}" /usr/bin/python3 \
 		"$src/tests/interop/mini_scheduler.py" "$build/examples/tw-mini-scheduler" "$t" \
-		"$tmp/certs" >"$logs/output.log" 2>&1 || rc=$?
-	cat "$logs/output.log"
-	if [ $rc != 0 ]; then
-		keep=$(mktemp -d "${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX")
-		cp -R "$logs/." "$keep/"
-		echo "check_mini_scheduler: $t failed (exit $rc); its output and the workers' logs: $keep"
-		exit $rc
-	fi
+		"$tmp/certs"
 done
 case " ${TW_MINI_TRANSPORTS:-tcp} " in *" tcp "*)
 	echo "check_mini_scheduler: tcp with a memory limit"
-	logs="$tmp/logs-memory"
-	mkdir -p "$logs/workers"
-	rc=0
-	TW_MINI_LOGDIR="$logs/workers" /usr/bin/python3 "$src/tests/interop/mini_scheduler_memory.py" \
-		"$build/examples/tw-mini-scheduler" >"$logs/output.log" 2>&1 || rc=$?
-	cat "$logs/output.log"
-	if [ $rc != 0 ]; then
-		keep=$(mktemp -d "${TMPDIR:-/tmp}/tw-mini-scheduler-failed.XXXXXX")
-		cp -R "$logs/." "$keep/"
-		echo "check_mini_scheduler: memory limit failed (exit $rc); output and worker logs: $keep"
-		exit $rc
-	fi
+	run memory /usr/bin/python3 "$src/tests/interop/mini_scheduler_memory.py" \
+		"$build/examples/tw-mini-scheduler"
 	;;
 esac
