@@ -409,40 +409,46 @@ int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
  *   - no message passes the receive budget (comms wait for room), and
  *   - every 100 ms, the comms that hoard are ended, the one with most
  *     queued first, until the context is back within the limit. A comm
- *     hoards once a look has seen bytes queued on it for 1 s and its peer
- *     has taken none for 1 s (counted as its TCP acknowledges them,
- *     TCP_INFO's tcpi_bytes_acked: our own writes stand still for
- *     seconds while a slow peer frees half our send buffer), or has taken
- *     them so slowly since
- *     that, at that rate, what is still queued would take longer than
- *     the pause limit (tw_context_set_receive_budget_pause_ms, 20 s; 0:
- *     only the first rule) to go: the receive budget's rule for a peer
- *     that drips, for a peer that reads one byte a second. Its close
+ *     hoards once its peer has taken none of its queued bytes for the
+ *     pause limit (tw_context_set_receive_budget_pause_ms, 20 s: a peer
+ *     that pauses is waited for as long as a sender that pauses), or,
+ *     watched 2 s or more, has taken them so slowly that what is still
+ *     queued would take longer than the pause limit at that rate (the
+ *     receive budget's rule for a peer that drips: one that reads a byte
+ *     a second never stands still). What a peer took is what its TCP
+ *     acknowledged (TCP_INFO's tcpi_bytes_acked): our own writes stand
+ *     still for seconds while a slow reader frees half our send buffer.
+ *     A pause limit of 0 ends nobody (the passes still wait). Its close
  *     callback gets TW_ENOMEM; tw_comm_last_error says "ended by the
- *     memory limit" with the bytes taken, the times, the bytes still
- *     queued, both counts and the undelivered bytes. Over ws and wss no
- *     close frame is sent (the peer reads nothing).
- * A queue that drains gives its bytes back, and is never ended by this
- * limit. So peers that send and never read hold at most the limit, and
- * one message more, for about 1 s each (without it, until their TCP
- * timeout: breaker17 b17-23, 30 such peers, 968 MiB through a 64 MiB
- * receive and an 8 MiB write budget). The price, past the limit only: a
- * peer that waits for our reads (another context whose own budgets are
- * full) is ended once it has taken nothing for 1 s, a slow link's peer
- * once its queue would take longer than the pause limit, and messages
- * larger than the receive budget wait for the queues. Set it
- * above the sum of the budgets, by the largest message or more: below
- * that, honest traffic that the budgets let through can pass it.
- * Without bytes queued nothing is ended: the receive budget bounds what
- * it holds by its own rules. Default three quarters of the memory the
- * budgets' defaults are taken from (three times the default budget), at
- * least 768 MiB: a process past it is near the kernel's OOM killer, which
- * ends everything. Applies at the next 100 ms look. With loop threads
- * (tw_context_set_loop_threads) each loop has an even share. The rule is
- * a proxy's overload manager's (Envoy's reset_high_memory_stream: past a
- * memory threshold, reset the streams holding the most buffered bytes);
- * Dask has none: a reply waits in a Dask server until its peer reads it
- * or the TCP timeout (30 s) ends the connection.
+ *     memory limit" with the bytes taken, the time, which rule, the
+ *     bytes still queued, both counts and the undelivered bytes. Over ws
+ *     and wss no close frame is sent (the peer reads nothing).
+ * So peers that send and never read hold at most the limit, and one
+ * message more, for about the pause limit each (without it, more and
+ * more until their TCP timeout: breaker17 b17-23, 30 such peers, 968 MiB
+ * through a 64 MiB receive and an 8 MiB write budget; 138 MiB with a
+ * 128 MiB limit). The price, past the limit only: honest large messages
+ * wait for the queues (up to the pause limit, while a non-reader holds
+ * them), and two contexts that each pass their limit while waiting for
+ * the other's reads (large messages both ways) stop, and their comms are
+ * ended after the pause limit (breaker19 B1). What honest traffic can
+ * hold is the budgets plus, for each comm that writes a large message at
+ * once, that message, plus the one passing: set the limit above that
+ * (budgets + (comms writing at once + 1) x the largest message); below
+ * the receive budget, a message larger than it waits for every queue to
+ * drain. Without bytes queued nothing is ended: the receive budget bounds
+ * what it holds by its own rules. Default three quarters of the memory
+ * the budgets' defaults are taken from (three times the default budget),
+ * at least 768 MiB: a process past it is near the kernel's OOM killer,
+ * which ends everything. Applies at the next 100 ms look. With loop
+ * threads, set it before tw_context_set_loop_threads, which gives each
+ * loop an even share (a message is not divided: size the share for it);
+ * set afterwards on this context, it changes loop 0's share only, as the
+ * budgets' setters do. The rule is a proxy's overload manager's (Envoy's
+ * reset_high_memory_stream: past a memory threshold, reset the streams
+ * holding the most buffered bytes); Dask has none: a reply waits in a
+ * Dask server until its peer reads it or the TCP timeout (30 s) ends the
+ * connection.
  * Loop thread.
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or bytes 0 */

@@ -21,49 +21,52 @@
 #include "transport/comm_impl.h"
 #include "transport/upper.h"
 
-/* How long a look watches a comm's queue before it may end it: 10 looks.
- * A peer that reads at all takes some in that time: its TCP acknowledges
- * bytes as its reads free its receive buffer (tw__sock_acked; bytes we
- * write stand still until half our send buffer is free). */
-#define WATCH_MS 1000u
+/* How long a look watches a comm's queue before it may judge its rate:
+ * 20 looks, as the receive budget watches a holder 20 pass intervals
+ * before it may call it a dripper (TW__BUDGET_CUT_INTERVALS). */
+#define WATCH_MS 2000u
 
-/* Whether c, looked at now, holds memory it will not give back soon: its
- * peer took none of its queued bytes for WATCH_MS, or, watched for
- * WATCH_MS or more, took them so slowly since the first look that saw
- * them queued that the rest would take longer than the receive budget's
- * pause limit (the receive side's rule for a peer that drips: a peer that
- * reads one byte a second is not stalled, and would hold its queue for
- * ever). The kernel takes some bytes of a queue at once, reader or not:
- * a non-reader is so ended by the first rule, or by the second once its
- * rate falls, never let off. Every look keeps each comm's watch up to
- * date (a queue that empties starts afresh). */
+/* Whether c, looked at now, holds memory it will not give back soon
+ * (0: no; 1: its peer stood still; 2: it takes too slowly). The pause
+ * limit (tw_context_set_receive_budget_pause_ms; 0: never) is the
+ * receive side's: its peer took none of its queued bytes for it (a peer
+ * that pauses, a blocked event loop, a GC, is waited for that long, as a
+ * sender is: ending one after 1 s ended 5 of 8 honest readers that
+ * paused 3 s, breaker19 B2), or, watched for WATCH_MS or more, took them
+ * so slowly since the first look that saw them queued that the rest would
+ * take longer than the pause limit at that rate (the receive side's rule
+ * for a peer that drips: one that reads a byte a second would never stand
+ * still). What the peer took is what its TCP acknowledged
+ * (tw__sock_acked): bytes we write stand still until half our send
+ * buffer is free, seconds for a slow reader. Every look keeps each comm's
+ * watch up to date (a queue that empties starts afresh). */
 static int hoards(const tw_context *ctx, tw_comm *c, uint64_t now)
 {
-	uint64_t q = c->ended ? 0 : c->ops->queued(c), took, watched, pause, sent;
+	uint64_t q = c->ended ? 0 : c->ops->queued(c), pause = ctx->limits.budget_pause_ms;
+	uint64_t took, watched, acked;
 	int seen = c->ov_look != 0 && c->ov_look + 1 >= ctx->mem_looks;
 	if (q == 0) {
 		c->ov_look = 0;
 		return 0;
 	}
-	sent = c->ops->acked(c); /* what the peer took, not what we wrote */
+	acked = c->ops->acked(c);
 	if (!seen) {
-		c->ov_from_sent = sent;
+		c->ov_from_sent = acked;
 		c->ov_from_ms = now;
 	}
-	if (!seen || sent != c->ov_sent) {
-		c->ov_sent = sent;
+	if (!seen || acked != c->ov_sent) {
+		c->ov_sent = acked;
 		c->ov_still_ms = now;
 	}
 	c->ov_look = ctx->mem_looks;
 	watched = now - c->ov_from_ms;
-	if (watched < WATCH_MS)
+	if (pause == 0 || watched < WATCH_MS)
 		return 0;
-	if (now - c->ov_still_ms >= WATCH_MS)
+	if (now - c->ov_still_ms >= pause)
 		return 1;
 	/* q / (took / watched) > pause */
-	took = sent - c->ov_from_sent;
-	pause = ctx->limits.budget_pause_ms;
-	return pause > 0 && (double)q * (double)watched > (double)pause * (double)took;
+	took = acked - c->ov_from_sent;
+	return (double)q * (double)watched > (double)pause * (double)took ? 2 : 0;
 }
 
 /* The comm with most bytes queued among those that hoard, or NULL. */
@@ -74,7 +77,7 @@ static tw_comm *most_hoarding(tw_context *ctx, uint64_t now)
 	for (struct tw__node *n = ctx->objects.next; n != &ctx->objects; n = n->next) {
 		tw_comm *c = tw__node_comm(n);
 		uint64_t q;
-		if (c == NULL || !hoards(ctx, c, now))
+		if (c == NULL || hoards(ctx, c, now) == 0)
 			continue;
 		if ((q = c->ops->queued(c)) > most) {
 			most = q;
@@ -86,15 +89,16 @@ static tw_comm *most_hoarding(tw_context *ctx, uint64_t now)
 
 static void end_hoarder(tw_context *ctx, tw_comm *c, uint64_t now)
 {
+	uint64_t took = c->ov_sent - c->ov_from_sent;
 	tw__comm_seterr(c,
 			"ended by the memory limit: its peer took %llu of its queued bytes in "
-			"%llu ms (none in the last %llu ms), too few to take the %llu still "
-			"queued within the pause limit, while the context held %llu bytes "
+			"%llu ms, %s, with %llu still queued, while the context held %llu bytes "
 			"(received and queued), more than its memory limit of %llu bytes "
 			"(tw_context_set_memory_limit_bytes)",
-			(unsigned long long)(c->ov_sent - c->ov_from_sent),
-			(unsigned long long)(now - c->ov_from_ms),
-			(unsigned long long)(now - c->ov_still_ms),
+			(unsigned long long)took, (unsigned long long)(now - c->ov_from_ms),
+			now - c->ov_still_ms >= ctx->limits.budget_pause_ms
+				? "then none for the pause limit"
+				: "too few to take the rest within the pause limit",
 			(unsigned long long)c->ops->queued(c),
 			(unsigned long long)tw__ctx_held(ctx), (unsigned long long)ctx->mem_limit);
 	tw__comm_end(c, TW_ENOMEM);
