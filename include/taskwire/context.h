@@ -412,10 +412,12 @@ int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
  *     hoards once its peer has taken none of its queued bytes for the
  *     pause limit (tw_context_set_receive_budget_pause_ms, 20 s: a peer
  *     that pauses is waited for as long as a sender that pauses), or,
- *     watched 2 s or more, has taken them so slowly that what is still
- *     queued would take longer than the pause limit at that rate (the
- *     receive budget's rule for a peer that drips: one that reads a byte
- *     a second never stands still). What a peer took is what its TCP
+ *     watched 2 s or more and dripping (it took bytes at 2 or more of the
+ *     last 10 looks), or watched for the pause limit, has taken them so
+ *     slowly that what is still queued
+ *     would take longer than the pause limit at that rate (the receive
+ *     budget's rule for a peer that drips: one that reads a byte a second
+ *     never stands still). What a peer took is what its TCP
  *     acknowledged (TCP_INFO's tcpi_bytes_acked): our own writes stand
  *     still for seconds while a slow reader frees half our send buffer.
  *     A pause limit of 0 ends nobody (the passes still wait). Its close

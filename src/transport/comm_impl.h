@@ -86,6 +86,7 @@ struct tw_comm {
 	 * look first saw them queued (from), and when its peer last took some
 	 * (sent, still). */
 	uint64_t ov_look, ov_from_sent, ov_from_ms, ov_sent, ov_still_ms;
+	unsigned ov_drips; /* bit i: its peer took bytes i looks ago */
 };
 
 /* Set ctx's memory limit look (ctx->mem_cut) to transport/overload.c's. */
