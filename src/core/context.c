@@ -549,8 +549,8 @@ int tw_context_write_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64
 	return budget_out(ctx->wbudget.limit, ctx->wbudget.used, limit, used);
 }
 
-/* Applies at the next look: a lower limit ends stalled comms within a
- * pass interval; a higher one lets a pass start now. */
+/* A lower limit starts the looks now (mem_watch); a higher one lets a
+ * pass start now. */
 int tw_context_set_memory_limit_bytes(tw_context *ctx, uint64_t bytes)
 {
 	if (ctx == NULL || bytes == 0)

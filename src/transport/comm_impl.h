@@ -82,10 +82,10 @@ struct tw_comm {
 	 * any other comm (tw__comm_connected). */
 	uint32_t connect_left_ms;
 	/* The memory limit's look (transport/overload.c): the look that last
-	 * saw bytes queued (0: none did); the bytes sent and the time when a
-	 * look first saw them queued (from), and when its peer last took some
-	 * (sent, still). */
-	uint64_t ov_look, ov_from_sent, ov_from_ms, ov_sent, ov_still_ms;
+	 * saw bytes queued (0: none did); the bytes its peer had acknowledged
+	 * and the time when a look first saw them queued (from), and when its
+	 * peer last took some (acked, still). */
+	uint64_t ov_look, ov_from_acked, ov_from_ms, ov_acked, ov_still_ms;
 	unsigned ov_drips; /* bit i: its peer took bytes i looks ago */
 };
 

@@ -22,12 +22,10 @@
 #include "transport/upper.h"
 
 /* How long a look watches a comm's queue before it may judge its rate:
- * 20 looks, as the receive budget watches a holder 20 pass intervals
- * before it may call it a dripper (TW__BUDGET_CUT_INTERVALS). */
-#define WATCH_MS 2000u
-/* As TW__BUDGET_DRIP_INTERVALS and TW__BUDGET_DRIP_TIMES. */
-#define DRIP_LOOKS 10u
-#define DRIP_TIMES 2u
+ * as long as the receive budget watches a holder before it may call it a
+ * dripper. A look is a pass interval, and a dripper is told from a pauser
+ * by the receive budget's counts too (core/budget.h). */
+#define WATCH_MS (TW__BUDGET_CUT_INTERVALS * TW__BUDGET_PASS_MS)
 
 /* Whether c, looked at now, holds memory it will not give back soon
  * (0: no; 1: its peer stood still; 2: it takes too slowly). The pause
@@ -57,14 +55,14 @@ static int hoards(const tw_context *ctx, tw_comm *c, uint64_t now)
 	}
 	acked = c->ops->acked(c);
 	if (!seen) {
-		c->ov_from_sent = acked;
+		c->ov_from_acked = acked;
 		c->ov_from_ms = now;
 		c->ov_drips = 0;
 	} else if (first) {
-		c->ov_drips = c->ov_drips << 1 | (acked != c->ov_sent);
+		c->ov_drips = c->ov_drips << 1 | (acked != c->ov_acked);
 	}
-	if (!seen || acked != c->ov_sent) {
-		c->ov_sent = acked;
+	if (!seen || acked != c->ov_acked) {
+		c->ov_acked = acked;
 		c->ov_still_ms = now;
 	}
 	c->ov_look = ctx->mem_looks;
@@ -76,18 +74,19 @@ static int hoards(const tw_context *ctx, tw_comm *c, uint64_t now)
 	/* A peer that took nothing lately pauses (the rule above waits for
 	 * it): judged by its rate, the average fell while it paused, and 4 of
 	 * 8 honest readers pausing 3 s were ended at 2.9 s (breaker19 B2). It
-	 * drips once it took bytes at DRIP_TIMES of the last DRIP_LOOKS looks,
-	 * as the receive budget tells a dripper from a pauser. */
-	for (unsigned i = 0; i < DRIP_LOOKS; i++)
+	 * drips once it took bytes at TW__BUDGET_DRIP_TIMES of the last
+	 * TW__BUDGET_DRIP_INTERVALS looks, as the receive budget tells a
+	 * dripper from a pauser. */
+	for (unsigned i = 0; i < TW__BUDGET_DRIP_INTERVALS; i++)
 		times += (c->ov_drips >> i) & 1u;
 	/* ... but for the pause limit at most: a peer reading a burst every
 	 * 1.1 s takes bytes at 1 look in 10, and held 28 MiB past the limit
 	 * for 2 minutes (breaker19 H5); the receive budget's slow holder is
 	 * cut once slow for the pause limit, however it dripped. */
-	if (times < DRIP_TIMES && watched < pause)
+	if (times < TW__BUDGET_DRIP_TIMES && watched < pause)
 		return 0;
 	/* q / (took / watched) > pause */
-	took = acked - c->ov_from_sent;
+	took = acked - c->ov_from_acked;
 	return (double)q * (double)watched > (double)pause * (double)took ? 2 : 0;
 }
 
@@ -111,7 +110,7 @@ static tw_comm *most_hoarding(tw_context *ctx, uint64_t now)
 
 static void end_hoarder(tw_context *ctx, tw_comm *c, uint64_t now)
 {
-	uint64_t took = c->ov_sent - c->ov_from_sent;
+	uint64_t took = c->ov_acked - c->ov_from_acked;
 	tw__comm_seterr(c,
 			"ended by the memory limit: its peer took %llu of its queued bytes in "
 			"%llu ms, %s, with %llu still queued, while the context held %llu bytes "
