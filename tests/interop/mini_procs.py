@@ -37,6 +37,18 @@ def start(args, **kw):
     return p
 
 
+def report_ended():
+    """After a failure, before cleanup(): every process start() made that
+    had already ended on its own, with its exit status (negative: the
+    signal), to stderr (a scheduler that died shows only as refused
+    connections in the client's traceback)."""
+    for p in procs:
+        if p.poll() is not None:
+            sys.stderr.write("ended before cleanup: %s, exit status %d\n"
+                             % (" ".join(str(a) for a in p.args[:3]), p.returncode))
+    sys.stderr.flush()
+
+
 def cleanup():
     """Kill (after SIGCONT: stopped ones too) and reap every process
     start() made."""

@@ -44,7 +44,8 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mini_procs import PY, WORKER_MAIN, cleanup, raises, start, wait_until  # noqa: E402
+from mini_procs import (PY, WORKER_MAIN, cleanup, raises, report_ended, start,  # noqa: E402
+                        wait_until)
 
 # TW_MINI_KEYS: the small-key round's size; TW_MINI_WRAP: a command the
 # schedulers run under (e.g. "valgrind --error-exitcode=9"), whose exit
@@ -682,6 +683,7 @@ if __name__ == "__main__":
     try:
         main()
     except BaseException:
+        report_ended()
         cleanup()  # the workers' logs are complete once they are gone
         show_worker_logs()
         raise
