@@ -15,10 +15,12 @@
 #include <string.h>
 
 #include <check.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <event2/event.h>
 
+#include "core/context.h"
 #include "core/pass.h"
 #include "tests/support/harness.h"
 #include "tests/support/tls.h"
@@ -570,13 +572,128 @@ START_TEST(mass_free)
 }
 END_TEST
 
+/* A closing comm whose end waits for a later pass (core/reap.h: the pass
+ * had no time left) and that stops before that pass, its peer having reset
+ * the connection: the stop takes the end out of the context's queue, which
+ * is then empty, and the queue's timer, still armed, ran a release from
+ * it anyway, a NULL dereference. The tw-mini-scheduler died so in CI: it
+ * closed the stream of a worker SIGKILLed in the middle of a relayed
+ * get_data reply, on a loaded machine, and read the reset on the next
+ * pass. Here every pass's time counts as spent (tw__pass_spend) and the
+ * test takes the pass's first release itself, so the close's end waits;
+ * the raw peer resets (SO_LINGER 0) in the same pass, after the close,
+ * with bytes of ours unacknowledged (it never reads): the next pass reads
+ * the reset, and the comm ends, before the queue's timer runs. */
+struct reset_case {
+	struct tu h;
+	struct wu_raw raw; /* the client: a raw socket that never reads */
+	struct tu_peer *srv;
+	struct event *reset;
+	int queued; /* the close's end waited in the queue */
+	int owed;   /* bytes of ours were not in the peer's socket at the reset */
+	int marked; /* a timer armed after the comm's end ran */
+};
+
+/* The message the server writes; more than the peer's receive window
+ * takes (tcp_rmem's default 128 KiB), so some of it is unacknowledged. */
+#define RESET_MSG_BYTES ((size_t)256 << 10)
+
+/* After the close's own events of this pass (ws writes its close frame
+ * from its write event): the end waits, then the peer resets. */
+static void reset_peer(evutil_socket_t fd, short what, void *arg)
+{
+	struct reset_case *c = arg;
+	struct linger reset = {1, 0};
+	struct timeval t0, t;
+	long long guard = ts_now_ms() + TU_WAIT_MS;
+	int inq = 0;
+	(void)fd, (void)what;
+	c->queued = c->h.ctx->reap_head != NULL;
+	ck_assert_int_eq(ioctl(c->raw.fd, FIONREAD, &inq), 0);
+	c->owed = (size_t)inq < RESET_MSG_BYTES;
+	ck_assert_int_eq(setsockopt(c->raw.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+	wu_raw_close(&c->raw); /* SSL_free sends nothing: the reset alone */
+	/* The next pass is a new one (core/pass.h: the loop's cached clock,
+	 * coarse, moved), as when a loaded machine ran something else in
+	 * between: its first release is free again, so the comm's own is
+	 * not queued behind the waiting end. Wait for the clock, not for a
+	 * time. */
+	event_base_gettimeofday_cached(c->h.base, &t0);
+	do {
+		event_base_update_cache_time(c->h.base);
+		event_base_gettimeofday_cached(c->h.base, &t);
+	} while (!timercmp(&t, &t0, !=) && ts_now_ms() < guard);
+}
+
+static void close_in_spent_pass(evutil_socket_t fd, short what, void *arg)
+{
+	struct reset_case *c = arg;
+	(void)fd, (void)what;
+	(void)tw__pass_release(c->h.base); /* the pass's first release: not the close's */
+	tw_comm_close(c->srv->comm);
+	event_active(c->reset, EV_TIMEOUT, 0); /* runs in this pass, after the close's */
+}
+
+static void mark(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd, (void)what;
+	*(int *)arg = 1;
+}
+
+static int srv_flushed(void *arg)
+{
+	struct reset_case *c = arg;
+	return tw_comm_queued_bytes(c->srv->comm) == 0;
+}
+
+START_TEST(close_then_peer_reset)
+{
+	static const struct timeval now = {0, 0}, next = {0, TW__PASS_NEXT_US};
+	struct reset_case *c = calloc(1, sizeof(*c));
+	size_t lens[] = {RESET_MSG_BYTES};
+	char uri[160];
+	ck_assert_ptr_nonnull(c);
+	setup(&c->h, _i, (struct tu_server_opts){0}, 0);
+	if (ts_tran_ws(_i))
+		ck_assert_int_eq(wu_raw_open(&c->h, c->h.addr, NULL, &c->raw), 101);
+	else /* tls: wu_raw_connect's TLS handshake, as for wss:// */
+		wu_raw_connect(&c->h,
+			       ts_tran_tls(_i) ? tt_uri_as(c->h.addr, "wss", uri, sizeof(uri))
+					       : c->h.addr,
+			       &c->raw);
+	c->srv = tu_server_peer(&c->h, 0);
+	ck_assert_int_eq(tw_comm_write(c->srv->comm, ts_msg_pattern(lens, 1, 0)), 0);
+	ck_assert(tu_run_until(&c->h, srv_flushed, c, TU_WAIT_MS)); /* all in the kernel */
+	ck_assert_ptr_nonnull(c->reset = event_new(c->h.base, -1, 0, reset_peer, c));
+	tw__pass_spend(1);
+	ck_assert_int_eq(event_base_once(c->h.base, -1, EV_TIMEOUT, close_in_spent_pass, c, &now),
+			 0);
+	ck_assert(tu_wait_flag(&c->h, &c->srv->closed, TU_WAIT_MS));
+	/* The queue's timer was armed before this one, for the same delay:
+	 * it has had its turn when this one runs. */
+	ck_assert_int_eq(event_base_once(c->h.base, -1, EV_TIMEOUT, mark, &c->marked, &next), 0);
+	ck_assert(tu_wait_flag(&c->h, &c->marked, TU_WAIT_MS));
+	tw__pass_spend(0);
+	ck_assert_msg(c->queued, "%s: the close's end did not wait", ts_tran_scheme(_i));
+	/* tcp, tls: a reset with our bytes unacknowledged ends the comm with
+	 * an error (a reset with none is the peer's end, as a FIN) */
+	ck_assert_msg(!c->owed || ts_tran_ws(_i) || c->srv->close_err == TW_EIO,
+		      "%s: ended with %s (%s)", ts_tran_scheme(_i), tw_strerror(c->srv->close_err),
+		      c->srv->last_error);
+	ck_assert_ptr_null(c->h.ctx->reap_head);
+	event_free(c->reset);
+	tt_fini(&c->h);
+	free(c);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = ts_tcase("close", 120, NULL);
 	ts_add_loop(tc, 4,
 		    TS_TESTS(slow_reader_gets_everything, stopped_reader_times_out,
 			     quick_close_delivers, reply_before_bad_input_close, mass_close,
-			     mass_free));
+			     mass_free, close_then_peer_reset));
 	ts_add(tc, TS_TESTS(ws_peer_close_mid_fragment, ws_peer_close_idle));
 	return ts_main("close", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

@@ -24,6 +24,8 @@ void tw__reap_cancel(tw_context *ctx, struct tw__reap *r)
 	else
 		ctx->reap_tail = r->pprev;
 	r->next = NULL, r->pprev = NULL;
+	if (ctx->reap_head == NULL) /* nothing left for the timer */
+		evtimer_del(ctx->reap_ev);
 }
 
 static void run_one(tw_context *ctx)
@@ -39,6 +41,11 @@ static void reap_pass(evutil_socket_t fd, short what, void *arg)
 {
 	tw_context *ctx = arg;
 	(void)fd, (void)what;
+	/* Cancelled since the timer was armed (a closing comm whose end
+	 * waited stopped first: tw-mini-scheduler dereferenced NULL here in
+	 * CI): nothing to run. */
+	if (ctx->reap_head == NULL)
+		return;
 	(void)tw__pass_release(ctx->base);
 	do
 		run_one(ctx);

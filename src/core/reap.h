@@ -40,8 +40,9 @@ int tw__reap_later(tw_context *ctx, struct tw__reap *r);
  * queue (queued now by tw__reap_now's 0, or before), 0 when the caller
  * is to do it now (also when it could not be queued). Loop thread. */
 int tw__reap_defer(tw_context *ctx, struct tw__reap *r, void (*fn)(struct tw__reap *r));
-/* Take r out of ctx's queue, if it is there (its owner goes first).
- * Loop thread. */
+/* Take r out of ctx's queue, if it is there (its owner goes first); the
+ * queue's timer stops when nothing is left, and a pass of it that finds
+ * the queue empty runs nothing. Loop thread. */
 void tw__reap_cancel(tw_context *ctx, struct tw__reap *r);
 /* Run every release queued on ctx, now (teardown: the loop has stopped,
  * or this is its thread). */
