@@ -116,28 +116,53 @@ static inline const char *tw_ex_uri_arg(int argc, char **argv, void (*usage)(FIL
 }
 
 /* --memory-limit, --receive-budget, --write-budget: the context's bounds
- * on what its comms hold (include/taskwire/context.h); 0: the default. */
+ * on what its comms hold (include/taskwire/context.h); 0: the default.
+ * --pause-limit: how long a peer may stand still (pause_ms; -1: the
+ * default). */
 struct tw_ex_memory {
 	uint64_t limit, receive, write;
+	long pause_ms;
 };
+
+#define TW_EX_MEMORY_INIT                                                                          \
+	{                                                                                          \
+		0, 0, 0, -1                                                                        \
+	}
 
 #define TW_EX_MEMORY_OPTIONS                                                                       \
 	{"memory-limit", required_argument, NULL, 1011},                                           \
 		{"receive-budget", required_argument, NULL, 1012},                                 \
+		{"write-budget", required_argument, NULL, 1013},                                   \
 	{                                                                                          \
-		"write-budget", required_argument, NULL, 1013                                      \
+		"pause-limit", required_argument, NULL, 1014                                       \
 	}
 
 #define TW_EX_MEMORY_USAGE                                                                         \
 	"  --memory-limit BYTES   the most the comms may hold (messages being received\n"          \
 	"                         and queued for writing); past it, a comm whose peer\n"           \
-	"                         reads none of its queue for 1 s is ended (TW_ENOMEM)\n"          \
-	"                         (default 3/4 of the memory the process may use)\n"               \
+	"                         reads none of its queue for the pause limit is ended\n"          \
+	"                         (TW_ENOMEM) (default 3/4 of the memory the process may use)\n"   \
 	"  --receive-budget BYTES messages being received on all comms; past it reads\n"           \
 	"                         pause (default 1/4 of the memory the process may use)\n"         \
 	"  --write-budget BYTES   bytes queued for writing on all comms; past it a comm\n"         \
 	"                         with a queue gets no more (default as the receive budget)\n"     \
-	"                         (sizes take K, M, G suffixes: 256M, 1GiB)\n"
+	"                         (sizes take K, M, G suffixes: 256M, 1GiB)\n"                     \
+	"  --pause-limit MS       how long a peer may stand still while it holds memory\n"         \
+	"                         or a relay's source before its comm is ended\n"                  \
+	"                         (default 20000; 0: never)\n"
+
+/* --pause-limit MS: 1; exits 2 when MS is not a number of milliseconds. */
+static inline int tw_ex_pause_option(struct tw_ex_memory *m, const char *arg)
+{
+	char *end;
+	unsigned long ms = strtoul(arg, &end, 10);
+	if (*arg < '0' || *arg > '9' || *end != '\0' || ms > UINT32_MAX) {
+		fprintf(stderr, "bad pause limit: %s (milliseconds)\n", arg);
+		exit(2);
+	}
+	m->pause_ms = (long)ms;
+	return 1;
+}
 
 /* Take one of those options; 1 if o was one. Exits 2 on a bad or zero
  * size. */
@@ -148,6 +173,7 @@ static inline int tw_ex_memory_option(struct tw_ex_memory *m, int o, const char 
 	case 1011: v = &m->limit; break;
 	case 1012: v = &m->receive; break;
 	case 1013: v = &m->write; break;
+	case 1014: return tw_ex_pause_option(m, arg);
 	default: return 0;
 	}
 	if ((*v = tw_ex_parse_size(arg)) == 0) {
@@ -171,6 +197,8 @@ static inline void tw_ex_memory_setup(tw_context *ctx, const struct tw_ex_memory
 		tw_context_set_receive_budget_bytes(ctx, m->receive);
 	if (m->write > 0)
 		tw_context_set_write_budget_bytes(ctx, m->write);
+	if (m->pause_ms >= 0)
+		tw_context_set_receive_budget_pause_ms(ctx, (uint32_t)m->pause_ms);
 	tw_context_memory_limit_bytes(ctx, &limit, NULL);
 	tw_context_receive_budget_bytes(ctx, &receive, NULL);
 	tw_context_write_budget_bytes(ctx, &write, NULL);

@@ -171,7 +171,7 @@ int main(int argc, char **argv)
 					     {NULL, 0, NULL, 0}};
 	uint64_t max_message = 0;
 	struct tw_ex_tls tls = {NULL, NULL, NULL};
-	struct tw_ex_memory mem = {0, 0, 0};
+	struct tw_ex_memory mem = TW_EX_MEMORY_INIT;
 	struct event_base *base;
 	tw_context *ctx;
 	tw_listener *l;

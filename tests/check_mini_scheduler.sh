@@ -22,7 +22,10 @@
 # With tcp: tests/interop/mini_scheduler_memory.py, a scheduler with
 # --memory-limit 256M --receive-budget 64M --write-budget 32M (relay off):
 # honest scatters and gathers of 1-64 MiB arrays are never ended, a client
-# that never reads its 320 MiB gather is (TW_ENOMEM), and only it.
+# that never reads its 320 MiB gather is (TW_ENOMEM), and only it; then
+# relay on, --pause-limit 2000: a client reading a relayed 320 MiB gather
+# while both workers are stopped (SIGSTOP) for 4 s gets all of it, and one
+# that never reads its relayed gather is ended (TW_ETIMEDOUT), and only it.
 set -e
 build=${TW_TOP_BUILDDIR:?} src=${TW_TOP_SRCDIR:?}
 tmp=$(mktemp -d)
@@ -58,5 +61,8 @@ case " ${TW_MINI_TRANSPORTS:-tcp} " in *" tcp "*)
 	echo "check_mini_scheduler: tcp with a memory limit"
 	run memory /usr/bin/python3 "$src/tests/interop/mini_scheduler_memory.py" \
 		"$build/examples/tw-mini-scheduler"
+	echo "check_mini_scheduler: tcp with a memory limit, relay on"
+	run memory-relay /usr/bin/python3 "$src/tests/interop/mini_scheduler_memory.py" \
+		"$build/examples/tw-mini-scheduler" relay
 	;;
 esac

@@ -18,6 +18,7 @@
 
 #include <taskwire/taskwire.h>
 
+#include "core/context.h"
 #include "tests/support/loop.h"
 #include "tests/support/pattern.h"
 #include "tests/support/rpc.h"
@@ -1096,6 +1097,115 @@ START_TEST(relay_pool_comm_not_idle_while_relaying)
 }
 END_TEST
 
+/* --- relayed bytes are in their source's socket, not in memory: they
+ * count in no budget and in no memory limit, and a destination whose
+ * writer waits for the source is not judged by the memory limit (user19:
+ * behind a worker that paused, the client a scheduler relayed its data
+ * to was ended as a hoarder) --- */
+static const size_t held_which[] = {1, 0}; /* the relay frame, then a frame in memory */
+static void hub_relay_then_memory(struct fx *f, tw_msg *m)
+{
+	ck_assert_int_eq(tw_msg_frame_is_relay(m, 1), 1);
+	forward(f->acc[1], m, held_which, 2);
+}
+
+static int dest_waits(void *arg)
+{
+	return tw_comm_queued_bytes(F.acc[1]) == *(uint64_t *)arg;
+}
+
+/* The looks reached *arg, or the destination was ended (the looks stop
+ * once nothing is queued). */
+static int looked(void *arg)
+{
+	return F.ctx->mem_looks >= *(uint64_t *)arg || F.acc_ended[1];
+}
+
+START_TEST(relay_bytes_not_held)
+{
+	static const size_t big[] = {10, 32 * MiB};
+	const size_t part = 1 * MiB, frame1_sent = part - 16 - 16 - 10;
+	/* what acc[1] still has to write once the relay waits for the
+	 * source: the rest of frame 1, then frame 0 (its prelude and "hdr"
+	 * went first) */
+	uint64_t left = big[1] - frame1_sent + big[0], held, used, looks;
+	size_t n;
+	uint8_t *p;
+	setup();
+	add_peers(1);
+	/* past the limit whenever anything is queued; a peer standing still
+	 * for 100 ms would be ended */
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(F.ctx, 1), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 100), 0);
+	F.on_hub = hub_relay_then_memory;
+	p = wire(big, 2, &n);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, part, GUARD_MS), part);
+	ck_assert_int_eq(ts_run_until(F.base, dest_waits, &left, GUARD_MS), 1);
+	/* what is in memory: "hdr" and frame 0 queued, and peer 1's
+	 * reservation for the 1 MiB it received so far (within 2 MiB);
+	 * before: the 32 MiB relay frame counted as queued and held */
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &used), 0);
+	ck_assert_uint_eq(used, big[0]);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(F.ctx, NULL, &held), 0);
+	ck_assert_uint_lt(held, 4 * MiB);
+	ck_assert_uint_gt(held, big[0]);
+	/* past the limit with frame 0 in memory behind the relay frame, and
+	 * the source silent: the looks must see a writer that waits for its
+	 * source, not a peer that stands still (the rule needs 2 s watched
+	 * and 100 ms still; 40 looks are at least 4 s) */
+	looks = F.ctx->mem_looks + 40;
+	ck_assert_int_eq(ts_run_until(F.base, looked, &looks, GUARD_MS), 1);
+	ck_assert_msg(!F.acc_ended[1], "the destination was ended: %s",
+		      tw_comm_last_error(F.acc[1]));
+	ck_assert_int_eq(F.peers[1].ended, 0);
+	/* the source goes on: everything arrives, nothing was ended */
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + part, n - part, GUARD_MS), n - part);
+	free(p);
+	wait_peer(1);
+	check_got(1, big, held_which, 2);
+	ck_assert_int_eq(F.acc_ended[1], 0);
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &used), 0);
+	ck_assert_uint_eq(used, 0);
+	teardown();
+}
+END_TEST
+
+/* --- a destination whose peer takes nothing holds up the relay's source
+ * (its peer's TCP timeout would end it: user19, the mini-scheduler lost
+ * its workers to one client that never read): it is ended after the
+ * pause limit, and the source goes on --- */
+static void hub_to_raw(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1};
+	forward(f->acc[1], m, w, 1);
+}
+
+START_TEST(relay_destination_stands_still)
+{
+	static const size_t big[] = {10, 16 * MiB};
+	int two = 2, one = 1, dst;
+	setup();
+	dst = ts_raw_connect(F.addr); /* acc[1]: its peer never reads */
+	ck_assert_int_ge(dst, 0);
+	ck_assert_int_eq(ts_run_until(F.base, n_accepted, &two, GUARD_MS), 1);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 300), 0);
+	F.on_hub = hub_to_raw;
+	/* all of it goes: the relay drains the rest once acc[1] is ended */
+	send_msg(big, 2);
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &one, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_err[1], TW_ETIMEDOUT);
+	ck_assert_msg(strstr(tw_comm_last_error(F.acc[1]),
+			     "its peer took none of our bytes for 300 ms while a relayed frame's "
+			     "source waited") != NULL,
+		      "%s", tw_comm_last_error(F.acc[1]));
+	ck_assert_int_eq(F.acc_ended[0], 0); /* the source is untouched */
+	then_small(1);
+	ck_assert_int_eq(F.acc_ended[0], 0);
+	close(dst);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -1111,5 +1221,6 @@ int main(void)
 					   relay_source_stalls_mid_frame, relay_more_than_the_pipes,
 					   relay_pipes_kept, relay_destination_closed_no_sigpipe,
 					   relay_watch_context_freed,
-					   relay_pool_comm_not_idle_while_relaying))));
+					   relay_pool_comm_not_idle_while_relaying,
+					   relay_bytes_not_held, relay_destination_stands_still))));
 }

@@ -166,7 +166,7 @@ int main(int argc, char **argv)
 					     TW_EX_MEMORY_OPTIONS,
 					     {NULL, 0, NULL, 0}};
 	struct tw_ex_tls tls = {0};
-	struct tw_ex_memory mem = {0};
+	struct tw_ex_memory mem = TW_EX_MEMORY_INIT;
 	char bounds[256];
 	struct timeval tick = {0, 100 * 1000};
 	struct event *ttl, *sigint, *sigterm;

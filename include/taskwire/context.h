@@ -337,7 +337,8 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * (tw_context_set_min_receive_rate) does not count time a comm waits for the budget.
  *
  * Write budget: bytes queued for writing on all comms (what
- * tw_comm_queued_bytes says, summed). Below it, every write is taken
+ * tw_comm_queued_bytes says, summed, less relay frames' bytes, which
+ * wait in their source's socket: include/taskwire/relay.h). Below it, every write is taken
  * (within each comm's high-water mark). Once the sum is at the budget or
  * past it, tw_comm_write returns TW_EAGAIN (and keeps nothing) on a comm
  * that still has bytes of its own queued, until that queue empties: its
@@ -394,13 +395,18 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
  * with the 2 s rule before, breaker13 b7); no Dask peer pauses longer
  * mid-message without its own 30 s timeouts firing around it. 0: nobody is
  * cut (the comms wait for every holder; memory stays bounded, but a peer
- * that never ends its message holds the others for ever). Loop thread.
+ * that never ends its message holds the others for ever). The same limit
+ * ends a relay's destination whose peer takes nothing (it holds up the
+ * relay's source: include/taskwire/relay.h). Loop thread.
  * Returns 0, or:
  *   TW_EINVAL  ctx is NULL */
 int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
 /* tw_context_set_memory_limit_bytes: the most the context may hold for
  * its comms, in bytes: what the receive budget reserves plus the
- * messages queued for writing (each whole until written). The budgets
+ * messages queued for writing (each whole until written; relay frames
+ * not: their bytes wait in their source's socket, and a comm whose
+ * writer waits for that source is not judged by the rule below:
+ * include/taskwire/relay.h). The budgets
  * are flow control (reads pause, writes get TW_EAGAIN) and may be passed
  * on purpose (the message passing the receive budget; one message on
  * each comm that writes with an empty queue); the memory limit is where

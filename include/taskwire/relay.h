@@ -38,6 +38,23 @@
  *   ("peer sent N bytes in S s while a relayed frame was in progress ...,
  *   below the minimum of R bytes/s"), and so does every comm that claimed
  *   one of its frames ("its message is corrupt: " and that text).
+ * - Relay frames' bytes wait in their source's socket, not in memory: they
+ *   count in neither budget (tw_context_set_receive_budget_bytes,
+ *   tw_context_set_write_budget_bytes) nor in the memory limit
+ *   (tw_context_set_memory_limit_bytes), though tw_comm_queued_bytes
+ *   counts them until written; and a comm whose writer waits for a relay
+ *   frame's source is never ended by the memory limit for it (its peer
+ *   took all there was). Before (session 17), a relayed 32 MiB frame
+ *   counted 32 MiB in both, and a client whose relayed gather waited
+ *   behind a worker's pause was ended by the limit.
+ * - A comm whose peer takes none of a relay frame's bytes holds up the
+ *   source, whose own peer's TCP timeout (Dask's 30 s) would end that
+ *   connection: once its peer has acknowledged none of our bytes for the
+ *   receive budget's pause limit (tw_context_set_receive_budget_pause_ms,
+ *   20 s by default, read when the watch starts; 0: never) while a relay
+ *   frame is its next to write, the comm ends with TW_ETIMEDOUT ("its
+ *   peer took none of our bytes for N ms while a relayed frame's source
+ *   waited for it ..."), its frame is drained and the source goes on.
  * tls, ws and wss comms ignore the setting (their bytes are decrypted or
  * unframed in user space anyway). */
 #ifndef TASKWIRE_RELAY_H

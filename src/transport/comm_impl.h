@@ -87,6 +87,13 @@ struct tw_comm {
 	 * peer last took some (acked, still). */
 	uint64_t ov_look, ov_from_acked, ov_from_ms, ov_acked, ov_still_ms;
 	unsigned ov_drips; /* bit i: its peer took bytes i looks ago */
+	/* Of the bytes queued (ops->queued), those of relay frames not yet
+	 * written (transport/relay.h): they wait in their source's socket,
+	 * not in memory, so they count in no budget and in no memory limit;
+	 * and the writer waits for its relay's source (the peer took all we
+	 * had), so the memory limit does not judge the peer by them. */
+	uint64_t relay_queued;
+	int relay_wait;
 };
 
 /* Set ctx's memory limit look (ctx->mem_cut) to transport/overload.c's. */

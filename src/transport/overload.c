@@ -27,6 +27,16 @@
  * by the receive budget's counts too (core/budget.h). */
 #define WATCH_MS (TW__BUDGET_CUT_INTERVALS * TW__BUDGET_PASS_MS)
 
+/* The bytes of c's queue in memory, which its peer is to take: none
+ * while its writer waits for a relay's source (its peer took all there
+ * was; user19: behind a worker that paused, the client a scheduler relayed
+ * its data to was ended), and never those of relay frames, which wait in
+ * their source's socket (transport/relay.h). */
+static uint64_t mem_queued(const tw_comm *c)
+{
+	return c->ended || c->relay_wait ? 0 : c->ops->queued(c) - c->relay_queued;
+}
+
 /* Whether c, looked at now, holds memory it will not give back soon
  * (0: no; 1: its peer stood still; 2: it takes too slowly). The pause
  * limit (tw_context_set_receive_budget_pause_ms; 0: never) is the
@@ -44,7 +54,7 @@
  * watch up to date (a queue that empties starts afresh). */
 static int hoards(const tw_context *ctx, tw_comm *c, uint64_t now)
 {
-	uint64_t q = c->ended ? 0 : c->ops->queued(c), pause = ctx->limits.budget_pause_ms;
+	uint64_t q = mem_queued(c), pause = ctx->limits.budget_pause_ms;
 	uint64_t took, watched, acked;
 	int seen = c->ov_look != 0 && c->ov_look + 1 >= ctx->mem_looks;
 	int first = c->ov_look != ctx->mem_looks; /* this look's first call */
@@ -100,7 +110,7 @@ static tw_comm *most_hoarding(tw_context *ctx, uint64_t now)
 		uint64_t q;
 		if (c == NULL || hoards(ctx, c, now) == 0)
 			continue;
-		if ((q = c->ops->queued(c)) > most) {
+		if ((q = mem_queued(c)) > most) {
 			most = q;
 			worst = c;
 		}

@@ -555,6 +555,18 @@ int tw__relay_in_msg(const tw_msg *m)
 	return 0;
 }
 
+uint64_t tw__relay_bytes(const tw_msg *m)
+{
+	size_t n = tw_msg_nframes(m), i;
+	uint64_t bytes = 0;
+	for (size_t j = 0; j < n; j++) {
+		const tw_slice *s = tw_msg_frame(m, j);
+		if (tw__relay_of(s, &i) != NULL)
+			bytes += s->len;
+	}
+	return bytes;
+}
+
 int tw__relay_claim(struct tw__relay *r, size_t i, void (*wake)(void *warg), void *warg)
 {
 	if (i >= r->n || i < r->cursor || r->f[i].state != F_FREE)

@@ -86,6 +86,9 @@ struct tw__relay *tw__relay_of(const tw_slice *s, size_t *i);
 
 /* tw__relay_in_msg: 1 when some frame of m is a relay frame. */
 int tw__relay_in_msg(const tw_msg *m);
+/* tw__relay_bytes: the bytes of m's relay frames (0 for most messages):
+ * bytes in their source's socket, not in memory. */
+uint64_t tw__relay_bytes(const tw_msg *m);
 
 /* tw__relay_claim: a destination takes frame i; wake(warg) runs (never
  * inside a call of the destination's) whenever it should pump again. 0,

@@ -19,6 +19,7 @@
 #include "core/pass.h"
 #include "core/reap.h"
 #include "transport/comm_budget.h"
+#include "transport/relay.h"
 #include "transport/sock_comm.h"
 
 void *tw__sockq_tail(struct tw__sockq *q)
@@ -232,8 +233,10 @@ void tw__sock_stop(tw_comm *c)
 	for (size_t i = 0; i < s->q.n; i++)
 		s->hooks->drop(s, tw__sockq_at(&s->q, i));
 	s->q.n = 0;
-	tw__comm_wq_sub(c, s->queued_bytes);
+	tw__comm_wq_sub(c, s->queued_bytes - c->relay_queued);
 	s->queued_bytes = 0; /* tw_comm_queued_bytes: nothing is queued any more */
+	c->relay_queued = 0;
+	c->relay_wait = 0;
 	s->hooks->stopped(s);
 	sock_release(s);
 	s->fd = -1;
@@ -305,16 +308,25 @@ void tw__sock_sent(struct tw__sock *s, uint64_t n)
 	tw__comm_wq_sub(&s->base, n);
 }
 
+void tw__sock_relayed(struct tw__sock *s, uint64_t n)
+{
+	TW__COUNT(&s->base.stats, bytes_sent, n);
+	s->queued_bytes -= n;
+	s->base.relay_queued -= n;
+}
+
 void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire)
 {
+	uint64_t relayed = tw__relay_bytes(m);
 	s->queued_bytes += wire;
-	tw__comm_wq_add(&s->base, wire);
-	tw__comm_wq_hold(&s->base, tw_msg_bytes(m));
+	s->base.relay_queued += relayed;
+	tw__comm_wq_add(&s->base, wire - relayed);
+	tw__comm_wq_hold(&s->base, tw_msg_bytes(m) - relayed);
 }
 
 void tw__sock_msg_gone(struct tw__sock *s, tw_msg *m)
 {
-	uint64_t mb = tw_msg_bytes(m);
+	uint64_t mb = tw_msg_bytes(m) - tw__relay_bytes(m);
 	tw_msg_free(m);
 	tw__comm_wq_unhold(&s->base, mb);
 }

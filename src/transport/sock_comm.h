@@ -133,8 +133,12 @@ ssize_t tw__sock_send(struct tw__sock *s, struct iovec *iov, int k, size_t budge
 
 /* n bytes went out: counted, and off the queue and the write budget. */
 void tw__sock_sent(struct tw__sock *s, uint64_t n);
+/* n bytes of a relay frame went out (spliced from their source): counted
+ * and off the queue; they were in no budget (base.relay_queued). */
+void tw__sock_relayed(struct tw__sock *s, uint64_t n);
 /* A message of `wire` bytes entered the queue: counted for
- * tw_comm_queued_bytes, the write budget and the receive budget. */
+ * tw_comm_queued_bytes; its bytes in memory (all but its relay frames')
+ * for the write budget and the receive budget. */
 void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire);
 /* A queued message leaves (written, or dropped): freed, and its memory
  * leaves the receive budget's count. */

@@ -93,6 +93,10 @@ struct stream {
 	struct tw__relay *relay;
 	/* The end (send_end) waiting for a pass with time (core/reap.h). */
 	struct tw__reap end_wait;
+	/* Its peer takes nothing of the head's relay frame (watch_relay_stall):
+	 * fires after the pause limit; the bytes its peer had acknowledged. */
+	struct event *relay_stall_ev;
+	uint64_t relay_stall_acked;
 };
 
 extern const struct tw__stream_io tw__tcp_io;
@@ -175,11 +179,15 @@ static void advance_cursor(struct stream *s, uint64_t n)
 	}
 }
 
-/* n bytes left: retire the messages they complete. */
-static void consume(struct stream *s, uint64_t n)
+/* n bytes left (spliced from a relay's source: relayed): retire the
+ * messages they complete. */
+static void consume(struct stream *s, uint64_t n, int relayed)
 {
 	uint64_t was = s->head_sent;
-	tw__sock_sent(&s->sock, n);
+	if (relayed)
+		tw__sock_relayed(&s->sock, n);
+	else
+		tw__sock_sent(&s->sock, n);
 	n += s->head_sent;
 	while (s->sock.q.n > 0 && n >= entry(s, 0)->wire_len) {
 		struct wq_entry *e = entry(s, 0);
@@ -204,6 +212,71 @@ static const char *io_error(struct stream *s)
 	return tw__sock_io_error(&s->sock);
 }
 
+/* A relay destination whose peer takes nothing holds up the relay's
+ * source: its socket fills, and the source's peer's own TCP timeout
+ * (Dask's 30 s) ends that connection (user19: a client that never read
+ * its relayed gather made tw-mini-scheduler lose every worker holding its
+ * keys). So the destination is ended once its peer acknowledged none of
+ * our bytes for the pause limit (tw_context_set_receive_budget_pause_ms,
+ * 20 s, below that timeout; 0: never), as the memory limit judges a comm
+ * whose peer stands still; its claim is dropped and the source goes on
+ * (the rest of the frame is drained). */
+/* The head entry's cursor is in a relay frame. */
+static int head_relayed(const struct stream *s)
+{
+	size_t i;
+	return s->sock.q.n > 0 && s->head_part > 0 &&
+	       tw__relay_of(&tw__msg_frames(entry(s, 0)->msg)[s->head_part - 1], &i) != NULL;
+}
+
+static void relay_stalled(evutil_socket_t fd, short what, void *arg)
+{
+	struct stream *s = arg;
+	tw_comm *c = &s->sock.base;
+	uint32_t ms = c->ctx->limits.budget_pause_ms;
+	uint64_t acked = tw__sock_acked(c);
+	(void)fd;
+	(void)what;
+	if (!head_relayed(s))
+		return; /* the frame went out; the next one's pump watches again */
+	if (acked != s->relay_stall_acked || ms == 0) { /* it took some: watch afresh */
+		s->relay_stall_acked = acked;
+		if (ms != 0)
+			event_add(s->relay_stall_ev,
+				  &(struct timeval){ms / 1000, (ms % 1000) * 1000});
+		return;
+	}
+	tw__comm_seterr(c,
+			"its peer took none of our bytes for %u ms while a relayed frame's source "
+			"waited for it (the pause limit, tw_context_set_receive_budget_pause_ms)",
+			ms);
+	tw__comm_end(c, TW_ETIMEDOUT);
+}
+
+/* The head's relay frame goes to our peer (on: the watch runs, its
+ * baseline kept while it does), or waits for its source (off). On
+ * whenever a pump did not wait for the source, not only when the socket
+ * was full: a pump that used up the pass's budget waits for the socket
+ * to be writable again, which a peer that stopped reading never makes
+ * it. */
+static void watch_relay_stall(struct stream *s, int on)
+{
+	uint32_t ms = s->sock.base.ctx->limits.budget_pause_ms;
+	if (!on || ms == 0) {
+		if (s->relay_stall_ev != NULL)
+			event_del(s->relay_stall_ev);
+		return;
+	}
+	if (s->relay_stall_ev == NULL &&
+	    (s->relay_stall_ev = event_new(event_get_base(s->sock.wev), -1, 0, relay_stalled, s)) ==
+		    NULL)
+		return; /* no memory for the watch: the TCP timeout still ends it */
+	if (!event_pending(s->relay_stall_ev, EV_TIMEOUT, NULL)) {
+		s->relay_stall_acked = tw__sock_acked(&s->sock.base);
+		event_add(s->relay_stall_ev, &(struct timeval){ms / 1000, (ms % 1000) * 1000});
+	}
+}
+
 /* Splice the head's relay frame from its source (transport/relay.h).
  * Returns 0 with *n bytes moved (0: wait, for the socket or the relay's
  * wake), or an error after which the comm has ended. */
@@ -220,6 +293,9 @@ static int pump_head(struct stream *s, size_t budget, ssize_t *n)
 	r = tw__relay_of(&tw__msg_frames(e->msg)[s->head_part - 1], &i);
 	rv = tw__relay_pump(r, i, s->sock.fd, budget, &moved);
 	*n = (ssize_t)moved;
+	/* waiting for the source, not for our peer (overload.c) */
+	s->sock.base.relay_wait = rv == 0 && moved == 0;
+	watch_relay_stall(s, !s->sock.base.relay_wait);
 	if (rv == 0 && moved == 0)
 		event_del(s->sock.wev); /* the relay wakes us in the frame's turn */
 	else if (rv == TW_EAGAIN)
@@ -304,7 +380,7 @@ static int flush(struct stream *s)
 				return rv;
 			if (n == 0)
 				return 0;
-			consume(s, (uint64_t)n);
+			consume(s, (uint64_t)n, 1);
 			budget = tw__pass_spent(budget, (size_t)n);
 			continue;
 		}
@@ -322,7 +398,7 @@ static int flush(struct stream *s)
 			tw__comm_end(&s->sock.base, err);
 			return err;
 		}
-		consume(s, (uint64_t)n);
+		consume(s, (uint64_t)n, 0);
 		budget = tw__pass_spent(budget, (size_t)n);
 	}
 	event_del(s->sock.wev);
@@ -869,6 +945,10 @@ static void stopped(struct tw__sock *sock)
 	s->head_part = 0;
 	s->head_off = 0;
 	unreserve(s);
+	if (s->relay_stall_ev != NULL) {
+		event_free(s->relay_stall_ev);
+		s->relay_stall_ev = NULL;
+	}
 	if (s->relay != NULL) {
 		tw__relay_detach(s->relay, TW_ECLOSED, "the comm was closed or freed");
 		s->relay = NULL;

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """tw-mini-scheduler with a memory limit, against real Dask peers.
 
-    python3 mini_scheduler_memory.py SCHEDULER_BINARY
+    python3 mini_scheduler_memory.py SCHEDULER_BINARY [relay]
 
 The scheduler runs over tcp with --memory-limit 256M --receive-budget 64M
 --write-budget 32M and --relay 0 (payloads pass through its memory, where
@@ -15,21 +15,34 @@ request) is ended by the memory limit (TW_ENOMEM: the scheduler logs
 honest client's scatters and gathers go on, during and after; both workers
 stay; the scheduler exits 0 on SIGTERM. Waits are on progress (the log
 line, the replies), each with a hang guard; nothing asserts a time.
+
+With `relay`, the same scheduler relays payloads (the default 64 KiB
+threshold: they stay in the sockets, counted in no budget and no limit)
+and has --pause-limit 2000. Asserts: honest scatters and gathers as above;
+a raw client reading a relayed 320 MiB gather while both workers are
+stopped (SIGSTOP) for twice the pause limit in the middle of it gets every
+byte and is not ended (before, the relayed bytes counted in the limit and
+the client was ended as a hoarder: user19); a raw client that never reads
+its relayed 320 MiB gather is ended after the pause limit (TW_ETIMEDOUT:
+it held up the workers' sockets), and only it; both workers stay.
 """
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mini_procs import cleanup, start  # noqa: E402
+from mini_procs import cleanup, start, wait_until  # noqa: E402
 from mini_scheduler import GUARD, WRAP, Log, show_worker_logs, start_workers  # noqa: E402
 
 LIMITS = ["--memory-limit", "256M", "--receive-budget", "64M", "--write-budget", "32M"]
 MIB = 1 << 20
+PAUSE_S = 2.0  # --pause-limit with relay
 
 
 def raw_message(msg):
@@ -44,17 +57,39 @@ def raw_message(msg):
     return struct.pack("Q", total) + prelude + b"".join(bytes(f) for f in frames)
 
 
-def hoarder(port, keys):
+def hoarder(port, keys, rcvbuf=4096):
     """A peer that sends the Dask handshake and a gather of keys, then never
-    reads (a 4 KiB receive buffer): its socket."""
+    reads (a 4 KiB receive buffer; None: the default, for a reader): its
+    socket."""
     from distributed.comm.core import Comm
 
     s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    if rcvbuf is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.connect(("127.0.0.1", port))
     s.sendall(raw_message(Comm.handshake_info()))
     s.sendall(raw_message({"op": "gather", "keys": list(keys), "reply": True}))
     return s
+
+
+def read_reply(sock, got, gate=None):
+    """Read one message off sock (Dask's tcp framing: its total length,
+    then that many bytes), counting its bytes in got[0]: the total. With a
+    gate (threading.Event), it stops once 64 MiB are in until the gate is
+    set."""
+    head = b""
+    while len(head) < 8:
+        chunk = sock.recv(8 - len(head))
+        assert chunk, "the scheduler closed before the reply's length"
+        head += chunk
+    total = struct.unpack("Q", head)[0]
+    while got[0] < total:
+        if gate is not None and got[0] >= 64 * MIB:
+            gate.wait()
+        chunk = sock.recv(min(1 << 20, total - got[0]))
+        assert chunk, "the scheduler closed after %d of %d bytes" % (got[0], total)
+        got[0] += len(chunk)
+    return total
 
 
 def guarded(what, fn, *args):
@@ -77,9 +112,47 @@ def guarded(what, fn, *args):
     return out[0][1]
 
 
+def paused_workers(sched, port, workers, keys):
+    """A raw client reads a relayed gather of keys while every worker is
+    stopped in the middle of it for twice the pause limit: it gets all of
+    it and its comm is not ended."""
+    sock = hoarder(port, keys, rcvbuf=None)
+    got = [0]
+    out = []
+    gate = threading.Event()
+
+    def reader():
+        read_reply(sock, [0])  # the scheduler's handshake
+        out.append(read_reply(sock, got, gate))
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    # the reader waits at 64 MiB: the workers stop with most of it unsent
+    wait_until("64 MiB of the relayed gather", lambda: got[0] >= 64 * MIB or not t.is_alive(),
+               guard=GUARD)
+    for w in workers.values():
+        w.send_signal(signal.SIGSTOP)
+    gate.set()
+    try:
+        # the rules' window, not a synchronization: the limit and the relay
+        # watch judge peers that stand still for the pause limit (2 s)
+        time.sleep(2 * PAUSE_S)
+    finally:
+        for w in workers.values():
+            w.send_signal(signal.SIGCONT)
+    t.join(GUARD)
+    assert not t.is_alive(), "hang guard: the relayed gather's reader after %g s" % GUARD
+    assert out and got[0] == out[0] and out[0] > 320 * MIB, (got, out)
+    assert sched.log.count(" ended: ") == 0, [ln for ln in sched.log.lines if " ended: " in ln]
+    sock.close()
+    print("a relayed gather behind stopped workers: all %d bytes, not ended" % got[0], flush=True)
+
+
 def main():
     binary = sys.argv[1]
-    sched = start(WRAP + [binary, "tcp://127.0.0.1:0", "--relay", "0"] + LIMITS,
+    relay = sys.argv[2:] == ["relay"]
+    mode = ["--pause-limit", str(int(PAUSE_S * 1000))] if relay else ["--relay", "0"]
+    sched = start(WRAP + [binary, "tcp://127.0.0.1:0"] + mode + LIMITS,
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sched.log = Log(sched.stderr)
     line = sched.stdout.readline()
@@ -87,7 +160,7 @@ def main():
     addr = line.split()[2]
     port = int(addr.rsplit(":", 1)[1])
     sched.log.wait("memory limit 256 MiB, receive budget 64 MiB, write budget 32 MiB")
-    start_workers(addr, ["w0", "w1"], [])
+    workers = start_workers(addr, ["w0", "w1"], [])
 
     import numpy as np
     from distributed import Client
@@ -105,11 +178,20 @@ def main():
         assert all(np.array_equal(a, b) for a, b in zip(arrays, back)), what
         del futs, back
 
+    # relayed: the hoarder holds up the workers' sockets, not memory
+    end_text = "took none of our bytes" if relay else "ended by the memory limit"
+
     def ended():
-        return sched.log.count("ended by the memory limit")
+        return sched.log.count(end_text)
 
     # Honest work: nothing is ended.
     guarded("scatter and gather of 1-64 MiB", honest, client, "1-64 MiB")
+    if relay:
+        values = [rng.integers(0, 255, size=64 * MIB, dtype=np.uint8) for _ in range(5)]
+        big = guarded("a scatter of 320 MiB", lambda: client.scatter(values, hash=False))
+        paused_workers(sched, port, workers, [f.key for f in big])
+        hoard(sched, client, port, big, end_text, honest)
+        return stop(sched, client)
     f = guarded("a broadcast", lambda: client.scatter(arrays[5], broadcast=True, hash=False))
     assert np.array_equal(guarded("its gather", client.gather, f), arrays[5]), "broadcast of 32 MiB"
     del f
@@ -136,20 +218,32 @@ def main():
     # A gather of 320 MiB that is never read: its comm alone is ended.
     values = [rng.integers(0, 255, size=64 * MIB, dtype=np.uint8) for _ in range(5)]
     big = guarded("a scatter of 320 MiB", lambda: client.scatter(values, hash=False))
+    hoard(sched, client, port, big, end_text, honest)
+    stop(sched, client)
+
+
+def hoard(sched, client, port, big, end_text, honest):
+    """A gather of big that is never read: its comm alone is ended (the
+    log's one line with end_text); the honest client's work goes on beside
+    it and after; both workers stay."""
     sock = hoarder(port, [f.key for f in big])
     hoarder_port = sock.getsockname()[1]
     guarded("scatter and gather beside the hoarder", honest, client, "beside the hoarder")
-    sched.log.wait("ended by the memory limit")
+    sched.log.wait(end_text)
     guarded("scatter and gather after the hoarder", honest, client, "after the hoarder")
-    lines = [ln for ln in sched.log.lines if "ended by the memory limit" in ln]
+    lines = [ln for ln in sched.log.lines if end_text in ln]
     assert len(lines) == 1, lines
-    assert "comm from tcp://127.0.0.1:%d ended: out of memory" % hoarder_port in lines[0], lines
+    err = "out of memory" if end_text == "ended by the memory limit" else "timed out"
+    assert "comm from tcp://127.0.0.1:%d ended: %s" % (hoarder_port, err) in lines[0], lines
     assert len(client.scheduler_info()["workers"]) == 2
     assert sched.log.count("was removed") == 0, "a worker was removed"
     sock.close()
     print("the hoarder alone was ended:", lines[0].strip(), flush=True)
-    client.close()
 
+
+def stop(sched, client):
+    """The client closes; the scheduler exits 0 on SIGTERM."""
+    client.close()
     sched.send_signal(15)
     sched.wait(timeout=GUARD)
     print(sched.stdout.read().strip(), flush=True)
