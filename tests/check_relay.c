@@ -1195,8 +1195,8 @@ START_TEST(relay_destination_stands_still)
 	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &one, GUARD_MS), 1);
 	ck_assert_int_eq(F.acc_err[1], TW_ETIMEDOUT);
 	ck_assert_msg(strstr(tw_comm_last_error(F.acc[1]),
-			     "its peer took none of our bytes for 300 ms while a relayed frame's "
-			     "source waited") != NULL,
+			     "while a relayed frame's source waited for it (the pause limit of "
+			     "300 ms") != NULL,
 		      "%s", tw_comm_last_error(F.acc[1]));
 	ck_assert_int_eq(F.acc_ended[0], 0); /* the source is untouched */
 	then_small(1);

@@ -96,7 +96,7 @@ struct stream {
 	/* Its peer takes nothing of the head's relay frame (watch_relay_stall):
 	 * fires after the pause limit; the bytes its peer had acknowledged. */
 	struct event *relay_stall_ev;
-	uint64_t relay_stall_acked;
+	uint64_t relay_stall_acked, relay_still_ms; /* ... and since when (tw__mono_ms) */
 };
 
 extern const struct tw__stream_io tw__tcp_io;
@@ -229,27 +229,44 @@ static int head_relayed(const struct stream *s)
 	       tw__relay_of(&tw__msg_frames(entry(s, 0)->msg)[s->head_part - 1], &i) != NULL;
 }
 
+/* How often the watch looks at what the peer acknowledged: an eighth of
+ * the pause limit (at least 10 ms), so the end comes at most that much
+ * after the pause limit. A watch that re-armed a whole pause limit each
+ * time it saw bytes taken ended the comm up to twice the pause limit
+ * after its peer's last acknowledgement (its receive buffer fills for a
+ * few ms after the watch starts), 40 s with the defaults: past the
+ * source's peer's 30 s TCP timeout (breaker20 F1). */
+static struct timeval stall_step(uint32_t ms)
+{
+	uint32_t step = ms / 8 > 10 ? ms / 8 : 10;
+	return (struct timeval){step / 1000, (step % 1000) * 1000};
+}
+
 static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 {
 	struct stream *s = arg;
 	tw_comm *c = &s->sock.base;
 	uint32_t ms = c->ctx->limits.budget_pause_ms;
-	uint64_t acked = tw__sock_acked(c);
+	uint64_t acked = tw__sock_acked(c), now = tw__mono_ms();
 	(void)fd;
 	(void)what;
-	if (!head_relayed(s))
+	if (!head_relayed(s) || ms == 0)
 		return; /* the frame went out; the next one's pump watches again */
-	if (acked != s->relay_stall_acked || ms == 0) { /* it took some: watch afresh */
+	if (acked != s->relay_stall_acked) { /* it took some since the last look */
 		s->relay_stall_acked = acked;
-		if (ms != 0)
-			event_add(s->relay_stall_ev,
-				  &(struct timeval){ms / 1000, (ms % 1000) * 1000});
+		s->relay_still_ms = now;
+	}
+	if (now - s->relay_still_ms < ms) {
+		struct timeval tv = stall_step(ms);
+		event_add(s->relay_stall_ev, &tv);
 		return;
 	}
-	tw__comm_seterr(c,
-			"its peer took none of our bytes for %u ms while a relayed frame's source "
-			"waited for it (the pause limit, tw_context_set_receive_budget_pause_ms)",
-			ms);
+	tw__comm_seterr(
+		c,
+		"its peer took none of our bytes for %llu ms while a relayed frame's source "
+		"waited for it (the pause limit of %u ms, "
+		"tw_context_set_receive_budget_pause_ms)",
+		(unsigned long long)(now - s->relay_still_ms), ms);
 	tw__comm_end(c, TW_ETIMEDOUT);
 }
 
@@ -262,6 +279,7 @@ static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 static void watch_relay_stall(struct stream *s, int on)
 {
 	uint32_t ms = s->sock.base.ctx->limits.budget_pause_ms;
+	struct timeval tv = stall_step(ms);
 	if (!on || ms == 0) {
 		if (s->relay_stall_ev != NULL)
 			event_del(s->relay_stall_ev);
@@ -273,7 +291,8 @@ static void watch_relay_stall(struct stream *s, int on)
 		return; /* no memory for the watch: the TCP timeout still ends it */
 	if (!event_pending(s->relay_stall_ev, EV_TIMEOUT, NULL)) {
 		s->relay_stall_acked = tw__sock_acked(&s->sock.base);
-		event_add(s->relay_stall_ev, &(struct timeval){ms / 1000, (ms % 1000) * 1000});
+		s->relay_still_ms = tw__mono_ms();
+		event_add(s->relay_stall_ev, &tv);
 	}
 }
 
