@@ -255,8 +255,10 @@ void op_register_client(tw_request *r, void *arg)
 	reply_send(r);
 }
 
-/* Dask's client_desires_keys, for keys that exist (scattered data); an
- * unknown key is reported cancelled. */
+/* Dask's client_desires_keys, for keys that exist (scattered data: in
+ * memory, so reported at once, as report_on_key does; without it a
+ * Future(key, client=other) never finished, user19); an unknown key is
+ * reported cancelled. */
 static void want_keys(struct client *cl, const msgpack_object *keys)
 {
 	const char *s;
@@ -267,10 +269,12 @@ static void want_keys(struct client *cl, const msgpack_object *keys)
 	for (uint32_t i = 0; i < keys->via.array.size; i++) {
 		if (obj_str(&keys->via.array.ptr[i], &s, &n) != 0)
 			continue;
-		if ((k = table_get(&S.keys, s, n)) != NULL)
+		if ((k = table_get(&S.keys, s, n)) != NULL) {
 			push(&k->wants, &k->nwants, &k->cwants, cl);
-		else
+			report_key(cl, "key-in-memory", s, n);
+		} else {
 			report_key(cl, "cancelled-key", s, n);
+		}
 	}
 }
 

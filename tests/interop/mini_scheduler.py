@@ -307,6 +307,15 @@ def main():
     back = client.gather(futures)
     assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() for a, b in zip(arrays, back))
     print("scatter+gather of 16 arrays: identical; who_has ok", flush=True)
+    # another client's Future of a scattered key (client-desires-keys is
+    # answered with key-in-memory, as Dask's report_on_key does)
+    from distributed import Future
+
+    other = Client(addr, security=security, timeout=GUARD)
+    got = Future(futures[3].key, client=other).result(timeout=GUARD)
+    assert got.tobytes() == arrays[3].tobytes(), "Future(key, client=other)"
+    other.close()
+    print("Future(key, client=other): the value", flush=True)
 
     # 3. 100,000 small keys
     t = time.monotonic()
