@@ -713,6 +713,93 @@ START_TEST(budget_last_step_all_ready)
 }
 END_TEST
 
+/* A message of a quarter of the limit at most whose peer sent it at once
+ * goes on past a full budget beside a passer that moves above the floor
+ * but slowly, one such at a time: behind two honest uploads at 1 MB/s
+ * that held a 64 MiB budget, the passer kept the pass to its end and,
+ * once it was past the bound, an honest 16 MiB message waited for the
+ * uploads to end, 12-29 s (breaker18 b18-2). Not such a message: one
+ * larger than a quarter of the limit and a step (an upload, even near its
+ * end), one whose peer sent nothing yet; and the express message that
+ * goes slow keeps its place, granted nothing past the limit, until it is
+ * released. Orders only: no clock. */
+START_TEST(budget_express_beside_slow_passer)
+{
+	uint64_t mib = (uint64_t)1 << 20, step = TW__BUDGET_MOVING_BYTES;
+	uint64_t got[4] = {8 * mib, 8 * mib, 0, 0}, drip[4] = {100000, 0, 0, 0};
+	uint64_t size = 4 * mib + 8, left;
+	struct tw__claim c[4];
+	struct tw__budget b;
+	uint32_t pause_ms;
+	tw__reclaim_wait();
+	ready_setup(&b, c, 16 * mib, &pause_ms);
+	/* two uploads fill the budget; c0 passes and takes 8 MiB past it */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 8 * mib, 40 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 8 * mib, 40 * mib), 0);
+	tw__budget_moved(&b, &c[0], got[0]);
+	tw__budget_moved(&b, &c[1], got[1]);
+	ready_bytes[0] = ready_bytes[1] = mib;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 32 * mib), 0);
+	ck_assert_ptr_eq(b.passer, &c[0]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 32 * mib), TW_EAGAIN);
+	got[0] = 12 * mib;
+	tw__budget_moved(&b, &c[0], got[0]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 28 * mib), 0);
+	ck_assert_uint_eq(b.used, 24 * mib); /* past the bound: no other pass */
+	/* more to come than a quarter and a step, or nothing sent: it waits */
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size + 2 * step), TW_EAGAIN);
+	tw__budget_release(&b, &c[3]);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size), TW_EAGAIN);
+	ck_assert_ptr_null(b.express);
+	tw__budget_release(&b, &c[3]);
+	/* c2, new, all sent: it goes on at once, to its end, past the limit,
+	 * while c0 moves on as passer and c1 waits */
+	ready_bytes[2] = mib;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], step, size), 0);
+	ck_assert_ptr_eq(b.express, &c[2]);
+	for (got[2] = step; got[2] < size; got[2] += left) {
+		/* an interval: c0 moves 100 KB, c1 waits, c2 reads its step */
+		b.epoch++;
+		tw__budget_moved(&b, &c[0], got[0]);
+		got[0] += drip[0];
+		tw__budget_moved(&b, &c[0], got[0]);
+		tw__budget_moved(&b, &c[2], c[2].got);
+		tw__budget_moved(&b, &c[2], got[2]);
+		left = size - got[2];
+		left = got[2] < left ? got[2] : left;
+		ck_assert_int_eq(tw__budget_reserve(&b, &c[2], left, size - got[2]), 0);
+		tw__budget_pass(&b);
+	}
+	ck_assert_uint_eq(c[2].held, size);
+	ck_assert_ptr_eq(b.passer, &c[0]);
+	ck_assert_ptr_nonnull(c[1].next);
+	tw__budget_release(&b, &c[2]);
+	ck_assert_ptr_null(b.express);
+	ck_assert_uint_eq(c[1].held, 8 * mib); /* c1, 40 MiB, is no express message */
+	/* c2 again, and it stops: slow, it waits when it asks, and keeps its
+	 * place from c3 until it is released; then c3 goes */
+	got[2] = 0;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], step, size), 0);
+	ck_assert_ptr_eq(b.express, &c[2]);
+	tw__budget_moved(&b, &c[2], step);
+	got[2] = step;
+	interval(&b, c, got, drip, 3);
+	ck_assert_uint_eq(c[2].slow, 1);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], step, size - step), TW_EAGAIN);
+	ready_bytes[3] = mib;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size), TW_EAGAIN);
+	ck_assert_ptr_eq(b.express, &c[2]);
+	ck_assert_uint_eq(c[2].held, step);
+	tw__budget_release(&b, &c[2]);
+	ck_assert_ptr_eq(b.express, &c[3]);
+	ck_assert_uint_eq(c[3].held, step);
+	ck_assert_int_eq(cuts, 0);
+	for (int i = 0; i < 4; i++)
+		tw__budget_release(&b, &c[i]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
 /* A holder past the bound that stands still, and now and then sends a
  * step's worth at once, is slow for its average since it slowed, not for
  * the last interval: a hoarder that stood still 15 s then sent 100 KB,
@@ -1274,8 +1361,8 @@ int main(void)
 			 block_free_unmaps_off_thread, budget_rules, budget_cuts_slow_hoarders,
 			 budget_waits_for_pausers, budget_last_step_all_ready,
 			 budget_burst_does_not_reset_slow, budget_waiters_alone_past_the_bound,
-			 budget_skipped_waiter_passes, budget_counts_block_cache,
-			 budget_bounds_cache_put));
+			 budget_express_beside_slow_passer, budget_skipped_waiter_passes,
+			 budget_counts_block_cache, budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

@@ -303,7 +303,16 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * is also the one to pass next, whatever its bytes to come. A message
  * whose last reservation (64 KiB at most) its peer has sent whole goes on
  * at once, past the budget, one such at a time: reading it ends the
- * message. So every message within the message
+ * message. And one message at a time of a quarter of the budget and
+ * 64 KiB at most (its whole size), whose peer has sent its next 64 KiB
+ * (or all it has still to come), goes on at once past
+ * the budget beside the message passing, to its end, while it receives
+ * 64 KiB per 100 ms or more; one that slows keeps what it holds and that
+ * place, and waits when it asks again, until it ends or is cut. The
+ * message passing is the nearest to done in bytes, not in time: an upload
+ * at 1 MB/s kept the pass to its end, and an honest 16 MiB message sent at
+ * once waited 12 s behind two 48 MiB uploads through a 64 MiB budget, and
+ * 29 s behind two of 64 MiB (breaker18 b18-2). So every message within the message
  * limit is received (what Dask sends is never refused, only queued), and
  * peers that drip their messages (whatever they declare, in whatever
  * fragments) cannot hold back a message that moves, even when the bytes
@@ -327,7 +336,8 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * declared a large message and drips it is cut after 2 s. A message all
  * of whose bytes still to come wait unread in its socket is never cut.
  * What is reserved stays within the budget, that eighth, the one message
- * passing (up to the message limit), and one message's last 64 KiB. A paused comm's peer keeps its
+ * passing (up to the message limit), the message beside it (a quarter of the budget and
+ * 64 KiB), and one message's last 64 KiB. A paused comm's peer keeps its
  * bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here) ends the connection
  * there, so size the budget for the traffic (a comm waits about budget / throughput at most).
  * Messages up to the small-frame size (64 KiB) reserve nothing: they keep flowing while large ones

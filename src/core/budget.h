@@ -88,7 +88,14 @@ struct tw__claim {
  * starts at once when no bytes can come back by themselves (nothing
  * being written, nothing with the reclaimer), else only after
  * tw__budget_pass (the writes' peers may be waiting for our reads).
- * While anyone waits, the block cache takes in nothing
+ * And one message at a time (`express`) of a quarter of the limit and a
+ * step at most, whose peer sent its next bytes, goes on past the limit beside the
+ * passer, while it is not slow, to its end: a passer that moves above
+ * the floor but slowly (an honest upload at 1 MB/s) keeps the pass for
+ * as long as it takes, and once what it took past the limit passes
+ * tw__budget_past_bytes no other pass starts until it ends (an honest
+ * 16 MiB message waited 12-39 s behind two such uploads: breaker18
+ * b18-2). While anyone waits, the block cache takes in nothing
  * (tw__block_cache_bypass). */
 #define TW__BUDGET_MAX_SKIPS 8
 struct tw__budget {
@@ -121,6 +128,10 @@ struct tw__budget {
 	/* A waiter granted its last step (at most TW__BUDGET_MOVING_BYTES) past
 	 * the limit because all of it was in its socket, until released. */
 	struct tw__claim *finisher;
+	/* A message of a quarter of the limit at most, granted past the
+	 * limit beside the passer while it moves, until released (express()
+	 * in budget.c). */
+	struct tw__claim *express;
 	int may_pass; /* tw__budget_pass said so, and no passer started or moved since */
 	uint64_t progress;
 	/* Bumped by the owner when it starts a pass interval (the timer that
@@ -142,6 +153,9 @@ struct tw__budget {
 #define TW__BUDGET_PAST_BYTES ((uint64_t)4 << 20)
 /* The pass interval (the owner's timer: core/context.c). */
 #define TW__BUDGET_PASS_MS 100u
+/* The express message (see express() in budget.c) has at most this
+ * fraction of the limit (1/4) still to come when it starts. */
+#define TW__BUDGET_EXPRESS_SHARE 4u
 /* While the bytes past the limit are too many, a holder seen slow for
  * this many pass intervals in a row (2 s at least) is cut if it drips
  * (in at least TW__BUDGET_DRIP_TIMES of the last TW__BUDGET_DRIP_INTERVALS)
