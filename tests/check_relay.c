@@ -1206,21 +1206,141 @@ START_TEST(relay_destination_stands_still)
 }
 END_TEST
 
+/* The source is fed without blocking (feed_p, feed_n, feed_done) until
+ * acc[1] ends; *(long long *)arg gets the time of the source's last
+ * progress before that (its socket full: the source waits for the
+ * relay). */
+static int fed_until_dst_ended(void *arg)
+{
+	if (F.acc_ended[1])
+		return 1;
+	while (feed_done < feed_n) {
+		ssize_t k = send(F.src, feed_p + feed_done, feed_n - feed_done,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (k <= 0)
+			break;
+		feed_done += (size_t)k;
+		*(long long *)arg = ts_now_ms();
+	}
+	return 0;
+}
+
+/* acc[1] was ended by the stall rule, at most bound_ms after the source
+ * last moved; the source goes on; nothing is left in the budgets. */
+static void stall_ended(uint8_t *p, long long last, long long bound_ms)
+{
+	long long held = ts_now_ms() - last;
+	uint64_t used, mem;
+	ck_assert_msg(F.acc_err[1] == TW_ETIMEDOUT &&
+			      strstr(tw_comm_last_error(F.acc[1]),
+				     "its peer took none of our bytes for ") != NULL,
+		      "%d: %s", F.acc_err[1], tw_comm_last_error(F.acc[1]));
+	ck_assert_msg(held < bound_ms, "the source waited %lld ms (bound %lld)", held, bound_ms);
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &used), 0);
+	ck_assert_uint_eq(used, 0);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(F.ctx, NULL, &mem), 0);
+	ck_assert_uint_eq(mem, 0);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + feed_done, feed_n - feed_done, GUARD_MS),
+			  feed_n - feed_done);
+	free(p);
+	ck_assert_int_eq(F.acc_ended[0], 0); /* the source is untouched */
+	then_small(1);
+	ck_assert_int_eq(F.acc_ended[0], 0);
+}
+
+/* A destination whose peer reads nothing, acc[1], with the source fed as
+ * the relay takes its bytes; on_hub forwards. The pause limit is ms. */
+static uint8_t *stall_start(const size_t *big, uint32_t ms, void (*on_hub)(struct fx *, tw_msg *),
+			    int *dst, long long *last)
+{
+	int two = 2;
+	uint8_t *p;
+	setup();
+	*dst = ts_raw_connect(F.addr);
+	ck_assert_int_ge(*dst, 0);
+	ck_assert_int_eq(ts_run_until(F.base, n_accepted, &two, GUARD_MS), 1);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, ms), 0);
+	F.on_hub = on_hub;
+	feed_p = p = wire(big, 2, &feed_n);
+	feed_done = 0;
+	*last = ts_now_ms();
+	return p;
+}
+
+/* --- the stall rule ends the destination within about the pause limit
+ * of its peer's last ack, not twice it: re-arming a whole limit whenever
+ * the peer had acked since the watch began (its receive buffer filling
+ * just after) ended it at 1.8-1.95 limits, 40 s by default, after the
+ * source's peer's own TCP timeout (Dask's 30 s) had reset the source
+ * (breaker20). Bound: 1.75 limits of 2 s (the rule ends it by 9/8 of a
+ * limit after the last ack; the source stops moving after that ack) --- */
+START_TEST(relay_stall_ended_within_the_limit)
+{
+	static const size_t big[] = {10, 256 * MiB};
+	struct event *tick;
+	long long last;
+	int dst;
+	uint8_t *p = stall_start(big, 2000, hub_to_raw, &dst, &last);
+	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, &last, GUARD_MS), 1);
+	event_free(tick);
+	stall_ended(p, last, 3500);
+	close(dst);
+	teardown();
+}
+END_TEST
+
+/* --- the destination's turn came while bytes in memory before its
+ * relay frame wait for its peer, which reads nothing: it holds up the
+ * source as much (a gather's reply with one worker's frames in memory,
+ * then another's relayed), and is ended the same way; before, nothing
+ * watched it, and the source's peer's TCP timeout reset the source after
+ * 30 s (breaker20) --- */
+static void hub_memory_then_relay(struct fx *f, tw_msg *m)
+{
+	static const size_t w[] = {1};
+	tw_msg *first;
+	uint8_t *z = calloc(1, 32 * MiB);
+	ck_assert_ptr_nonnull(z);
+	ck_assert_int_eq(tw_msg_new(&first), 0);
+	ck_assert_int_eq(tw_msg_append_copy(first, z, 32 * MiB), 0);
+	free(z);
+	ck_assert_int_eq(tw_comm_write(f->acc[1], first), 0);
+	forward(f->acc[1], m, w, 1);
+}
+
+START_TEST(relay_stall_behind_memory)
+{
+	static const size_t big[] = {10, 16 * MiB};
+	struct event *tick;
+	long long last;
+	int dst;
+	uint8_t *p = stall_start(big, 300, hub_memory_then_relay, &dst, &last);
+	tick = ts_tick_new(F.base, 5);
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, &last, GUARD_MS), 1);
+	event_free(tick);
+	stall_ended(p, last, GUARD_MS);
+	close(dst);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
 	return ts_main(
 		"relay", 0,
-		TS_CASES(ts_tcase("relay", 600,
-				  TS_TESTS(relay_64mib_intact, relay_one_source_many_destinations,
-					   relay_small_and_large, relay_unconsumed_drained,
-					   relay_frame_single_use, relay_destination_killed,
-					   relay_source_killed, relay_lowat_restored,
-					   relay_source_closed_while_waiting,
-					   relay_source_reset_while_waiting,
-					   relay_source_stalls_mid_frame, relay_more_than_the_pipes,
-					   relay_pipes_kept, relay_destination_closed_no_sigpipe,
-					   relay_watch_context_freed,
-					   relay_pool_comm_not_idle_while_relaying,
-					   relay_bytes_not_held, relay_destination_stands_still))));
+		TS_CASES(ts_tcase(
+			"relay", 600,
+			TS_TESTS(relay_64mib_intact, relay_one_source_many_destinations,
+				 relay_small_and_large, relay_unconsumed_drained,
+				 relay_frame_single_use, relay_destination_killed,
+				 relay_source_killed, relay_lowat_restored,
+				 relay_source_closed_while_waiting,
+				 relay_source_reset_while_waiting, relay_source_stalls_mid_frame,
+				 relay_more_than_the_pipes, relay_pipes_kept,
+				 relay_destination_closed_no_sigpipe, relay_watch_context_freed,
+				 relay_pool_comm_not_idle_while_relaying, relay_bytes_not_held,
+				 relay_destination_stands_still, relay_stall_ended_within_the_limit,
+				 relay_stall_behind_memory))));
 }

@@ -47,14 +47,16 @@
  *   took all there was). Before (session 17), a relayed 32 MiB frame
  *   counted 32 MiB in both, and a client whose relayed gather waited
  *   behind a worker's pause was ended by the limit.
- * - A comm whose peer takes none of a relay frame's bytes holds up the
+ * - A comm whose peer takes none of a relay frame's bytes, or of the bytes
+ *   queued before it, once the source waits for that frame, holds up the
  *   source, whose own peer's TCP timeout (Dask's 30 s) would end that
  *   connection: once its peer has acknowledged none of our bytes for the
  *   receive budget's pause limit (tw_context_set_receive_budget_pause_ms,
- *   20 s by default, read when the watch starts; 0: never) while a relay
- *   frame is its next to write, the comm ends with TW_ETIMEDOUT ("its
- *   peer took none of our bytes for N ms while a relayed frame's source
- *   waited for it ..."), its frame is drained and the source goes on.
+ *   20 s by default, looked at every eighth of it: ended at most 9/8 of
+ *   it after the last ack; 0: never) while a relay frame of its queue is
+ *   its source's next, the comm ends with TW_ETIMEDOUT ("its peer took
+ *   none of our bytes for N ms while a relayed frame's source waited for
+ *   it ..."), its frame is drained and the source goes on.
  * tls, ws and wss comms ignore the setting (their bytes are decrypted or
  * unframed in user space anyway). */
 #ifndef TASKWIRE_RELAY_H

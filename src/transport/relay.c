@@ -567,6 +567,11 @@ uint64_t tw__relay_bytes(const tw_msg *m)
 	return bytes;
 }
 
+int tw__relay_turn(const struct tw__relay *r, size_t i)
+{
+	return r->fd >= 0 && r->err == 0 && !r->done && r->cursor == i;
+}
+
 int tw__relay_claim(struct tw__relay *r, size_t i, void (*wake)(void *warg), void *warg)
 {
 	if (i >= r->n || i < r->cursor || r->f[i].state != F_FREE)

@@ -90,6 +90,11 @@ int tw__relay_in_msg(const tw_msg *m);
  * bytes in their source's socket, not in memory. */
 uint64_t tw__relay_bytes(const tw_msg *m);
 
+/* tw__relay_turn: 1 when frame i is the one r's source waits on (its
+ * cursor, r still running): its claimant holds the source up until it
+ * writes it. */
+int tw__relay_turn(const struct tw__relay *r, size_t i);
+
 /* tw__relay_claim: a destination takes frame i; wake(warg) runs (never
  * inside a call of the destination's) whenever it should pump again. 0,
  * or TW_EINVAL when the frame was claimed, consumed or drained before. */

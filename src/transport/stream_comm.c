@@ -93,8 +93,9 @@ struct stream {
 	struct tw__relay *relay;
 	/* The end (send_end) waiting for a pass with time (core/reap.h). */
 	struct tw__reap end_wait;
-	/* Its peer takes nothing of the head's relay frame (watch_relay_stall):
-	 * fires after the pause limit; the bytes its peer had acknowledged. */
+	/* Its peer takes nothing while a relay's source waits for us
+	 * (watch_relay_stall): looks every eighth of the pause limit; the
+	 * bytes its peer had acknowledged. */
 	struct event *relay_stall_ev;
 	uint64_t relay_stall_acked, relay_still_ms; /* ... and since when (tw__mono_ms) */
 };
@@ -218,15 +219,40 @@ static const char *io_error(struct stream *s)
  * its relayed gather made tw-mini-scheduler lose every worker holding its
  * keys). So the destination is ended once its peer acknowledged none of
  * our bytes for the pause limit (tw_context_set_receive_budget_pause_ms,
- * 20 s, below that timeout; 0: never), as the memory limit judges a comm
- * whose peer stands still; its claim is dropped and the source goes on
- * (the rest of the frame is drained). */
-/* The head entry's cursor is in a relay frame. */
-static int head_relayed(const struct stream *s)
+ * 20 s, below that timeout; 0: never) while it held a source up (a relay
+ * frame of its queue is its relay's next: at the head, or behind bytes in
+ * memory the peer does not take: breaker20 F2), as the memory limit
+ * judges a comm whose peer stands still; its claim is dropped and the
+ * source goes on (the rest of the frame is drained). */
+
+/* Bytes of frame j of entry k not yet written (the head: from its
+ * cursor). */
+static uint64_t frame_left(const struct stream *s, size_t k, size_t j)
 {
-	size_t i;
-	return s->sock.q.n > 0 && s->head_part > 0 &&
-	       tw__relay_of(&tw__msg_frames(entry(s, 0)->msg)[s->head_part - 1], &i) != NULL;
+	uint64_t len = tw__msg_frames(entry(s, k)->msg)[j].len;
+	return k == 0 && j + 1 == s->head_part ? len - s->head_off : len;
+}
+
+/* Some relay frame of the queue is its relay's next: its source waits
+ * for us. Looks no further than the last relay frame (relay_queued). */
+static int holds_source(const struct stream *s)
+{
+	uint64_t left = s->sock.base.relay_queued;
+	for (size_t k = 0; k < s->sock.q.n && left > 0; k++) {
+		const tw_msg *m = entry(s, k)->msg;
+		size_t j = k == 0 && s->head_part > 0 ? s->head_part - 1 : 0, i;
+		for (; j < tw_msg_nframes(m) && left > 0; j++) {
+			struct tw__relay *r = tw__relay_of(&tw__msg_frames(m)[j], &i);
+			uint64_t n;
+			if (r == NULL)
+				continue;
+			if (tw__relay_turn(r, i))
+				return 1;
+			n = frame_left(s, k, j);
+			left -= n < left ? n : left;
+		}
+	}
+	return 0;
 }
 
 /* How often the watch looks at what the peer acknowledged: an eighth of
@@ -247,12 +273,15 @@ static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 	struct stream *s = arg;
 	tw_comm *c = &s->sock.base;
 	uint32_t ms = c->ctx->limits.budget_pause_ms;
-	uint64_t acked = tw__sock_acked(c), now = tw__mono_ms();
+	uint64_t acked, now;
 	(void)fd;
 	(void)what;
-	if (!head_relayed(s) || ms == 0)
-		return; /* the frame went out; the next one's pump watches again */
-	if (acked != s->relay_stall_acked) { /* it took some since the last look */
+	if (ms == 0 || c->relay_queued == 0 || c->relay_wait)
+		return; /* nothing relayed left, or we wait for the source: a pump watches again */
+	acked = tw__sock_acked(c);
+	now = tw__mono_ms();
+	/* it took some since the last look, or holds no source up (yet) */
+	if (acked != s->relay_stall_acked || !holds_source(s)) {
 		s->relay_stall_acked = acked;
 		s->relay_still_ms = now;
 	}
@@ -270,12 +299,12 @@ static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 	tw__comm_end(c, TW_ETIMEDOUT);
 }
 
-/* The head's relay frame goes to our peer (on: the watch runs, its
- * baseline kept while it does), or waits for its source (off). On
- * whenever a pump did not wait for the source, not only when the socket
- * was full: a pump that used up the pass's budget waits for the socket
- * to be writable again, which a peer that stopped reading never makes
- * it. */
+/* The writer waits for our peer with relay frames queued (on: the watch
+ * runs, its baseline kept while it does), or for a relay's source (off).
+ * On whenever a pump did not wait for the source, not only when the
+ * socket was full: a pump that used up the pass's budget waits for the
+ * socket to be writable again, which a peer that stopped reading never
+ * makes it. */
 static void watch_relay_stall(struct stream *s, int on)
 {
 	uint32_t ms = s->sock.base.ctx->limits.budget_pause_ms;
@@ -294,6 +323,15 @@ static void watch_relay_stall(struct stream *s, int on)
 		s->relay_still_ms = tw__mono_ms();
 		event_add(s->relay_stall_ev, &tv);
 	}
+}
+
+/* The writer stops at bytes in memory (the socket is full, or the pass's
+ * budget is spent) with relay frames queued behind them: a relay's source
+ * may wait for those frames (holds_source). */
+static void watch_bytes_before(struct stream *s)
+{
+	if (s->sock.base.relay_queued > 0)
+		watch_relay_stall(s, 1);
 }
 
 /* Splice the head's relay frame from its source (transport/relay.h).
@@ -387,8 +425,11 @@ static int flush(struct stream *s)
 	while (s->sock.q.n > 0) {
 		if (budget == 0 || ++calls > READ_CALLS) {
 			/* Let the loop's other comms run: epoll reports the
-			 * socket writable again next pass (core/pass.h). */
+			 * socket writable again next pass (core/pass.h), or never
+			 * (a peer that stopped reading: bytes before a relay frame
+			 * whose source may wait for them are watched) */
 			event_add(s->sock.wev, NULL);
+			watch_bytes_before(s);
 			return 0;
 		}
 		int k = gather(s, iov, IOV_BATCH);
@@ -409,6 +450,8 @@ static int flush(struct stream *s)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			event_add(s->sock.wev, NULL);
+			/* bytes before a relay frame whose source may wait for them */
+			watch_bytes_before(s);
 			return 0;
 		}
 		if (n < 0) {
