@@ -165,6 +165,19 @@ static void add_peers(int n)
 	}
 }
 
+/* Nothing is queued nor reserved any more: the write budget's use and
+ * what the memory limit counts are exactly 0 (relay frames count in
+ * neither, and leave none behind nor take more than they put in: a wrap
+ * would show as a huge count). */
+static void budgets_empty(void)
+{
+	uint64_t used, held;
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &used), 0);
+	ck_assert_uint_eq(used, 0);
+	ck_assert_int_eq(tw_context_memory_limit_bytes(F.ctx, NULL, &held), 0);
+	ck_assert_uint_eq(held, 0);
+}
+
 static void teardown(void)
 {
 	tw_msg_free(F.kept);
@@ -175,6 +188,7 @@ static void teardown(void)
 	}
 	for (int i = 0; i < F.nacc; i++)
 		tw_comm_free(F.acc[i]);
+	budgets_empty(); /* whatever path the test took, nothing is left */
 	if (F.src >= 0)
 		close(F.src);
 	tw_listener_free(F.l);
@@ -1325,6 +1339,63 @@ START_TEST(relay_stall_behind_memory)
 }
 END_TEST
 
+/* --- a part of a relay frame is refused and counts nowhere; a
+ * destination freed mid-frame with relay frames and memory queued
+ * leaves nothing in the budgets, and the source goes on --- */
+static void hub_part_then_two(struct fx *f, tw_msg *m)
+{
+	static const size_t w1[] = {1, 0}, w2[] = {2};
+	const tw_slice *fr = tw_msg_frame(m, 1);
+	tw_msg *out;
+	uint64_t before, after;
+	uint8_t *z;
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &before), 0);
+	ck_assert_int_eq(tw_msg_new(&out), 0);
+	ck_assert_int_eq(tw_msg_append(out, &(tw_slice){fr->block, fr->offset + 1, fr->len - 2}),
+			 0);
+	ck_assert_int_eq(tw_comm_write(f->acc[1], out), TW_EINVAL);
+	tw_msg_free(out);
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &after), 0);
+	ck_assert_uint_eq(after, before);
+	forward(f->acc[1], m, w1, 2);
+	ck_assert_int_eq(tw_msg_new(&out), 0);
+	ck_assert_ptr_nonnull(z = calloc(1, 3 * MiB));
+	ck_assert_int_eq(tw_msg_append_copy(out, z, 3 * MiB), 0);
+	free(z);
+	ck_assert_int_eq(tw_comm_write(f->acc[1], out), 0);
+	forward(f->acc[1], m, w2, 1);
+}
+
+START_TEST(relay_destination_freed_with_queue)
+{
+	/* frame 1 below the write high-water mark (64 MiB), which relay
+	 * frames count in, so the memory message is taken */
+	static const size_t big[] = {10, 32 * MiB, 8 * MiB};
+	uint64_t used;
+	size_t n;
+	uint8_t *p;
+	setup();
+	add_peers(1);
+	F.on_hub = hub_part_then_two;
+	p = wire(big, 3, &n);
+	tw_comm_pause(F.peers[1].c); /* reads nothing: the relay stalls mid-frame */
+	feed_p = p;
+	feed_n = n;
+	feed_done = 0;
+	ck_assert_int_eq(ts_run_until(F.base, feed_until_moving, NULL, GUARD_MS), 1);
+	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &used), 0);
+	ck_assert_uint_gt(used, 3 * MiB); /* the memory message and frame 0 */
+	tw_comm_free(F.acc[1]);
+	F.acc[1] = NULL;
+	budgets_empty();
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + feed_done, n - feed_done, GUARD_MS),
+			  n - feed_done);
+	free(p);
+	then_small(1);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -1342,5 +1413,5 @@ int main(void)
 				 relay_destination_closed_no_sigpipe, relay_watch_context_freed,
 				 relay_pool_comm_not_idle_while_relaying, relay_bytes_not_held,
 				 relay_destination_stands_still, relay_stall_ended_within_the_limit,
-				 relay_stall_behind_memory))));
+				 relay_stall_behind_memory, relay_destination_freed_with_queue))));
 }
