@@ -1249,7 +1249,12 @@ static void stall_ended(uint8_t *p, long long last, long long bound_ms)
 			      strstr(tw_comm_last_error(F.acc[1]),
 				     "its peer took none of our bytes for ") != NULL,
 		      "%d: %s", F.acc_err[1], tw_comm_last_error(F.acc[1]));
-	ck_assert_msg(held < bound_ms, "the source waited %lld ms (bound %lld)", held, bound_ms);
+	/* A duration: kept where the process runs at its own speed (plain,
+	 * ASan, TSan builds); under valgrind (TW_TEST_QUICK) a pass of the
+	 * loop can take longer than the bound's margin, and only the rule's
+	 * own text above is asserted. */
+	ck_assert_msg(ts_quick() || held < bound_ms, "the source waited %lld ms (bound %lld)", held,
+		      bound_ms);
 	ck_assert_int_eq(tw_context_write_budget_bytes(F.ctx, NULL, &used), 0);
 	ck_assert_uint_eq(used, 0);
 	ck_assert_int_eq(tw_context_memory_limit_bytes(F.ctx, NULL, &mem), 0);
