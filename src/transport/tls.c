@@ -41,6 +41,7 @@ struct tls_io {
 	int read_end; /* an end or error came after bytes: read_ret, read_errno */
 	ssize_t read_ret;
 	int read_errno;
+	int write_errno; /* a write failed after bytes: its errno, for the next */
 };
 
 enum { READING, WRITING };
@@ -88,20 +89,37 @@ static ssize_t fail_now(struct tls_io *t, int e, int sys, int writing)
 	}
 }
 
+/* A write that failed after some of its bytes went reports them; its
+ * error comes with the next write (tls_writev). The kernel reports a
+ * socket's error once (ETIMEDOUT of the TCP timeout, ECONNRESET) and
+ * EPIPE to every send after it: dropped, the comm ended with "Broken
+ * pipe" instead of TW_ETIMEDOUT (check_faults comm_stall_writer, wss
+ * under valgrind at load: its send of the next 256 KiB of records timed
+ * out after the last call's had gone). */
+static ssize_t keep_write_error(struct tls_io *t, size_t done)
+{
+	t->write_errno = errno != 0 ? errno : EPIPE;
+	return (ssize_t)done;
+}
+
 /* After bytes, an end or error is kept for the next read (tls_end_held
  * says one is due): OpenSSL has taken it off the socket, which may never
  * be readable again (a close_notify in the same TCP segment as data,
- * with no FIN after it). */
+ * with no FIN after it); a write's for the next write. */
 static ssize_t io_fail(struct tls_io *t, int ret, size_t done, int writing)
 {
 	int sys = errno, e = SSL_get_error(t->ssl, ret);
+	ssize_t r;
 	if (done == 0)
 		return fail_now(t, e, sys, writing);
-	if (!writing && e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
-		t->read_ret = fail_now(t, e, sys, writing);
-		t->read_errno = errno;
-		t->read_end = 1;
-	}
+	if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+		return (ssize_t)done;
+	r = fail_now(t, e, sys, writing);
+	if (writing)
+		return keep_write_error(t, done);
+	t->read_ret = r;
+	t->read_errno = errno;
+	t->read_end = 1;
 	return (ssize_t)done; /* the error on the next call */
 }
 
@@ -284,6 +302,10 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 	ssize_t rv;
 	for (int i = 0; i < n; i++)
 		total += iov[i].iov_len;
+	if (t->write_errno != 0) { /* the last call's, after its bytes */
+		errno = t->write_errno;
+		return -1;
+	}
 	if (t->out_len > 0) { /* an earlier call's records: first */
 		int s = send_gathered(t, fd);
 		if (s <= 0) {
@@ -301,11 +323,11 @@ static ssize_t tls_writev(void *io, int fd, const struct iovec *iov, int n)
 		if (t->out == NULL && (t->out = malloc(GATHER_BYTES)) == NULL)
 			break; /* record by record */
 		if ((rv = gather_records(t, iov, n, done, &plain)) < 0)
-			return done > 0 ? (ssize_t)done : rv;
+			return done > 0 ? keep_write_error(t, done) : rv;
 		if (plain == 0)
 			break;
 		if ((s = send_gathered(t, fd)) < 0)
-			return done > 0 ? (ssize_t)done : -1;
+			return done > 0 ? keep_write_error(t, done) : -1;
 		if (s == 0) {
 			t->out_plain = plain;
 			break;
