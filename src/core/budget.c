@@ -207,6 +207,23 @@ static int waits_for_us(const struct tw__budget *b, const struct tw__claim *h)
 	return h->ready(h) >= (rest < TW__BUDGET_MOVING_BYTES ? rest : TW__BUDGET_MOVING_BYTES);
 }
 
+/* h holds room for bytes its peer sent, TW__BUDGET_MOVING_BYTES of them
+ * (or all of its message still to come), that we have not read yet: the interval's
+ * slowness is ours, not a drip or a pause of its peer, and its count
+ * stands still, as for a waiter whose next bytes wait (waits_for_us;
+ * unless blocked, as there). Counted, a loaded process that read its
+ * holders slower than their peers sent cut them as hoarders, "too little
+ * to finish", with 400 KB of their messages waiting in their sockets
+ * (check_wbudget memory_limit_ends_non_readers over wss under valgrind
+ * at load: 64 KiB read a second). */
+static int ahead_of_us(const struct tw__budget *b, const struct tw__claim *h)
+{
+	uint64_t rest = to_come(h);
+	if (waiting(h) || h->held <= h->got || h->ready == NULL || blocked(b))
+		return 0;
+	return h->ready(h) >= (rest < TW__BUDGET_MOVING_BYTES ? rest : TW__BUDGET_MOVING_BYTES);
+}
+
 /* The bytes of c's message still to come, for the order: the most once
  * it was seen dripping (tw__budget_pass), unless it waits with its next
  * bytes in its socket (ready_wait: an 8 MiB message dripped to its last
@@ -687,7 +704,7 @@ static void mark(struct tw__budget *b, int quiet)
 		 * (counted on, a waiter that was slow before it waited ranked
 		 * last and was cut at the pause limit while its bytes waited:
 		 * 7 of breaker13's b7 pausers, once) */
-		if ((h->ready_wait = waits_for_us(b, h)) != 0)
+		if ((h->ready_wait = waits_for_us(b, h)) != 0 || ahead_of_us(b, h))
 			continue;
 		if (h->slow == 0 && (m >= TW__BUDGET_MOVING_BYTES || (waiting(h) && !blocked(b))))
 			continue; /* it moves, or it waits for us since it moved */
