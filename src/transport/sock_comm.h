@@ -16,6 +16,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "core/reap.h"
 #include "transport/comm_impl.h"
 #include "transport/stream_io.h"
 
@@ -87,6 +88,13 @@ struct tw__sock {
 	int reading; /* deliver messages (paused while no one takes them) */
 	struct tw__sockq q;
 	uint64_t queued_bytes; /* wire bytes in q not yet written */
+	/* Stopped in a pass with no time left: the events' removal, the
+	 * socket (park_fd) and the I/O layer's release wait in the context's
+	 * queue (core/reap.h; park.pprev is not NULL meanwhile), and so does
+	 * the memory once the comm is destroyed (destroy_owed). */
+	struct tw__reap park;
+	int park_fd;
+	int destroy_owed;
 };
 
 /* Set up the shell of a comm allocated (zeroed) by the caller, whose
