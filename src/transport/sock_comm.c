@@ -19,7 +19,6 @@
 #include "core/pass.h"
 #include "core/reap.h"
 #include "transport/comm_budget.h"
-#include "transport/relay.h"
 #include "transport/sock_comm.h"
 
 void *tw__sockq_tail(struct tw__sockq *q)
@@ -331,18 +330,17 @@ void tw__sock_relayed(struct tw__sock *s, uint64_t n)
 	s->base.relay_queued -= n;
 }
 
-void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire)
+void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire, uint64_t relayed)
 {
-	uint64_t relayed = tw__relay_bytes(m);
 	s->queued_bytes += wire;
 	s->base.relay_queued += relayed;
 	tw__comm_wq_add(&s->base, wire - relayed);
 	tw__comm_wq_hold(&s->base, tw_msg_bytes(m) - relayed);
 }
 
-void tw__sock_msg_gone(struct tw__sock *s, tw_msg *m)
+void tw__sock_msg_gone(struct tw__sock *s, tw_msg *m, uint64_t relayed)
 {
-	uint64_t mb = tw_msg_bytes(m) - tw__relay_bytes(m);
+	uint64_t mb = tw_msg_bytes(m) - relayed;
 	tw_msg_free(m);
 	tw__comm_wq_unhold(&s->base, mb);
 }

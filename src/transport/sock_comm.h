@@ -144,13 +144,15 @@ void tw__sock_sent(struct tw__sock *s, uint64_t n);
 /* n bytes of a relay frame went out (spliced from their source): counted
  * and off the queue; they were in no budget (base.relay_queued). */
 void tw__sock_relayed(struct tw__sock *s, uint64_t n);
-/* A message of `wire` bytes entered the queue: counted for
- * tw_comm_queued_bytes; its bytes in memory (all but its relay frames')
- * for the write budget and the receive budget. */
-void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire);
+/* A message of `wire` bytes entered the queue, `relayed` of them its
+ * relay frames' (0 but over tcp): counted for tw_comm_queued_bytes; its
+ * bytes in memory (all but its relay frames') for the write budget and
+ * the receive budget. */
+void tw__sock_queue_add(struct tw__sock *s, tw_msg *m, uint64_t wire, uint64_t relayed);
 /* A queued message leaves (written, or dropped): freed, and its memory
- * leaves the receive budget's count. */
-void tw__sock_msg_gone(struct tw__sock *s, tw_msg *m);
+ * (all but the `relayed` bytes of its relay frames, as queued) leaves the
+ * receive budget's count. */
+void tw__sock_msg_gone(struct tw__sock *s, tw_msg *m, uint64_t relayed);
 
 /* Write from the loop, not from inside the caller: activate the write
  * event unless it waits for the socket already. */

@@ -96,7 +96,7 @@ static uint64_t msg_wire(const struct out_msg *m)
 
 void tw__wsc_out_free(struct ws *w, struct out_msg *m)
 {
-	tw__sock_msg_gone(&w->sock, m->msg);
+	tw__sock_msg_gone(&w->sock, m->msg, 0); /* never relay frames (comm.c) */
 	free(m->segs);
 }
 
@@ -430,7 +430,7 @@ int tw__wsc_write(tw_comm *c, tw_msg *msg)
 	}
 	*slot = m;
 	tw__sockq_commit(&w->sock.q);
-	tw__sock_queue_add(&w->sock, msg, msg_wire(&m));
+	tw__sock_queue_add(&w->sock, msg, msg_wire(&m), 0);
 	tw__sock_kick_write(&w->sock);
 	return 0;
 }
