@@ -713,13 +713,13 @@ START_TEST(budget_last_step_all_ready)
 }
 END_TEST
 
-/* A message of a quarter of the limit at most whose peer sent it at once
+/* A message of a sixteenth of the limit at most whose peer sent it at once
  * goes on past a full budget beside a passer that moves above the floor
  * but slowly, one such at a time: behind two honest uploads at 1 MB/s
  * that held a 64 MiB budget, the passer kept the pass to its end and,
  * once it was past the bound, an honest 16 MiB message waited for the
  * uploads to end, 12-29 s (breaker18 b18-2). Not such a message: one
- * larger than a quarter of the limit and a step (an upload, even near its
+ * larger than a sixteenth of the limit and a step (an upload, even near its
  * end), one whose peer sent nothing yet; and the express message that
  * goes slow keeps its place, granted nothing past the limit, until it is
  * released. Orders only: no clock. */
@@ -727,7 +727,7 @@ START_TEST(budget_express_beside_slow_passer)
 {
 	uint64_t mib = (uint64_t)1 << 20, step = TW__BUDGET_MOVING_BYTES;
 	uint64_t got[4] = {8 * mib, 8 * mib, 0, 0}, drip[4] = {100000, 0, 0, 0};
-	uint64_t size = 4 * mib + 8, left;
+	uint64_t size = mib + 8, left; /* a sixteenth of the 16 MiB limit, and a head */
 	struct tw__claim c[4];
 	struct tw__budget b;
 	uint32_t pause_ms;
@@ -746,7 +746,7 @@ START_TEST(budget_express_beside_slow_passer)
 	tw__budget_moved(&b, &c[0], got[0]);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 28 * mib), 0);
 	ck_assert_uint_eq(b.used, 24 * mib); /* past the bound: no other pass */
-	/* more to come than a quarter and a step, or nothing sent: it waits */
+	/* more to come than a sixteenth and a step, or nothing sent: it waits */
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size + 2 * step), TW_EAGAIN);
 	tw__budget_release(&b, &c[3]);
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size), TW_EAGAIN);

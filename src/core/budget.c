@@ -440,8 +440,9 @@ static void finish(struct tw__budget *b, struct tw__claim *self)
 }
 
 /* Whether c may go on past the limit beside the passer (express): a
- * message of a quarter of the limit and a step at most (a 16 MiB array
- * with its message's head and lengths, through 64 MiB), not slow, whose
+ * message of a sixteenth of the limit and a step at most (a 4 MiB array
+ * with its message's head and lengths, through 64 MiB; a quarter took
+ * budget-bench's peak past budget + 10%: TW__BUDGET_EXPRESS_SHARE), not slow, whose
  * peer sent its next bytes (TW__BUDGET_MOVING_BYTES, or all still to
  * come). By its size, not by its bytes to come: an upload near its end
  * has few to come, and a message that started while there was room
@@ -467,7 +468,7 @@ static int express_fits(const struct tw__budget *b, const struct tw__claim *c)
  * sent it at once waited 12 s behind two 48 MiB uploads at 1 MB/s
  * through a 64 MiB budget, 29 s behind two of 64 MiB (breaker18 b18-2:
  * 39 s).
- * What it adds past the limit is one message of a quarter of the limit
+ * What it adds past the limit is one message of a sixteenth of the limit
  * (and a step): a peer that takes the place and then drips or
  * pauses keeps it (it waits when it asks again, as any holder) until it
  * ends or is cut as a hoarder, so peers that drip, however many, hold
