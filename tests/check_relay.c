@@ -1401,6 +1401,47 @@ START_TEST(relay_destination_freed_with_queue)
 }
 END_TEST
 
+/* --- the pause limit off (0) while a destination gets stuck, then set:
+ * the watch still looks (every second, ending nobody), so the limit set
+ * later applies; before, a watch started with the limit off never looked
+ * again and the source waited for its peer's TCP timeout (breaker20) --- */
+static uint64_t stuck_sent;
+static int stuck_turns;
+/* The source's feed and the destination's writes stood still for 100
+ * loop turns (the tick turns the loop every 5 ms). */
+static int fed_until_stuck(void *arg)
+{
+	tw_stats st;
+	long long ignored;
+	(void)arg;
+	fed_until_dst_ended(&ignored);
+	tw_comm_stats(F.acc[1], &st, sizeof(st));
+	stuck_turns = st.bytes_sent == stuck_sent && st.bytes_sent > 0 ? stuck_turns + 1 : 0;
+	stuck_sent = st.bytes_sent;
+	return stuck_turns >= 100 || F.acc_ended[1];
+}
+
+START_TEST(relay_stall_pause_limit_set_later)
+{
+	static const size_t big[] = {10, 256 * MiB};
+	struct event *tick;
+	long long last;
+	int dst;
+	uint8_t *p = stall_start(big, 0, hub_to_raw, &dst, &last);
+	stuck_sent = 0;
+	stuck_turns = 0;
+	tick = ts_tick_new(F.base, 5);
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_stuck, NULL, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_ended[1], 0); /* the limit off ends nobody */
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 300), 0);
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, &last, GUARD_MS), 1);
+	event_free(tick);
+	stall_ended(p, last, GUARD_MS);
+	close(dst);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -1418,5 +1459,6 @@ int main(void)
 				 relay_destination_closed_no_sigpipe, relay_watch_context_freed,
 				 relay_pool_comm_not_idle_while_relaying, relay_bytes_not_held,
 				 relay_destination_stands_still, relay_stall_ended_within_the_limit,
-				 relay_stall_behind_memory, relay_destination_freed_with_queue))));
+				 relay_stall_behind_memory, relay_destination_freed_with_queue,
+				 relay_stall_pause_limit_set_later))));
 }

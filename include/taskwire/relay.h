@@ -53,7 +53,8 @@
  *   connection: once its peer has acknowledged none of our bytes for the
  *   receive budget's pause limit (tw_context_set_receive_budget_pause_ms,
  *   20 s by default, looked at every eighth of it: ended at most 9/8 of
- *   it after the last ack; 0: never) while a relay frame of its queue is
+ *   it after the last ack; 0: never, and a limit set later applies
+ *   within a second) while a relay frame of its queue is
  *   its source's next, the comm ends with TW_ETIMEDOUT ("its peer took
  *   none of our bytes for N ms while a relayed frame's source waited for
  *   it ..."), its frame is drained and the source goes on.

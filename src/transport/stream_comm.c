@@ -275,7 +275,10 @@ static int holds_source(const struct stream *s)
  * source's peer's 30 s TCP timeout (breaker20 F1). */
 static struct timeval stall_step(uint32_t ms)
 {
-	uint32_t step = ms / 8 > 10 ? ms / 8 : 10;
+	/* with the limit off (0) the watch still looks every second, ending
+	 * nobody, so that a limit set later applies (breaker20: a limit set
+	 * to 0 and back never looked at a destination stuck meanwhile) */
+	uint32_t step = ms == 0 ? 1000 : ms / 8 > 10 ? ms / 8 : 10;
 	return (struct timeval){step / 1000, (step % 1000) * 1000};
 }
 
@@ -287,16 +290,17 @@ static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 	uint64_t acked, now;
 	(void)fd;
 	(void)what;
-	if (ms == 0 || c->relay_queued == 0 || c->relay_wait)
+	if (c->relay_queued == 0 || c->relay_wait)
 		return; /* nothing relayed left, or we wait for the source: a pump watches again */
 	acked = tw__sock_acked(c);
 	now = tw__mono_ms();
-	/* it took some since the last look, or holds no source up (yet) */
-	if (acked != s->relay_stall_acked || !holds_source(s)) {
+	/* it took some since the last look, or holds no source up (yet), or
+	 * the limit is off: the stillness counts from now */
+	if (acked != s->relay_stall_acked || ms == 0 || !holds_source(s)) {
 		s->relay_stall_acked = acked;
 		s->relay_still_ms = now;
 	}
-	if (now - s->relay_still_ms < ms) {
+	if (ms == 0 || now - s->relay_still_ms < ms) {
 		struct timeval tv = stall_step(ms);
 		event_add(s->relay_stall_ev, &tv);
 		return;
@@ -320,7 +324,7 @@ static void watch_relay_stall(struct stream *s, int on)
 {
 	uint32_t ms = s->sock.base.ctx->limits.budget_pause_ms;
 	struct timeval tv = stall_step(ms);
-	if (!on || ms == 0) {
+	if (!on) {
 		if (s->relay_stall_ev != NULL)
 			event_del(s->relay_stall_ev);
 		return;
