@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -1194,6 +1195,20 @@ static void hub_to_raw(struct fx *f, tw_msg *m)
 	forward(f->acc[1], m, w, 1);
 }
 
+/* fd's peer reset the connection (RST: poll says POLLERR, SO_ERROR
+ * ECONNRESET), not a FIN queued behind bytes fd never read. */
+static int peer_reset(void *arg)
+{
+	struct pollfd p = {*(int *)arg, POLLIN, 0};
+	int err = 0;
+	socklen_t n = sizeof(err);
+	if (poll(&p, 1, 0) != 1 || !(p.revents & POLLERR))
+		return 0;
+	ck_assert_int_eq(getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &n), 0);
+	ck_assert_int_eq(err, ECONNRESET);
+	return 1;
+}
+
 START_TEST(relay_destination_stands_still)
 {
 	static const size_t big[] = {10, 16 * MiB};
@@ -1212,10 +1227,42 @@ START_TEST(relay_destination_stands_still)
 			     "while a relayed frame's source waited for it (the pause limit of "
 			     "300 ms") != NULL,
 		      "%s", tw_comm_last_error(F.acc[1]));
+	/* reset: the peer learns it, the kernel drops what it held for it */
+	ck_assert_int_eq(ts_run_until(F.base, peer_reset, &dst, GUARD_MS), 1);
 	ck_assert_int_eq(F.acc_ended[0], 0); /* the source is untouched */
 	then_small(1);
 	ck_assert_int_eq(F.acc_ended[0], 0);
 	close(dst);
+	teardown();
+}
+END_TEST
+
+/* --- a comm the memory limit ends is reset, not closed with a FIN behind
+ * the bytes its peer never read: before, its socket sat in FIN-WAIT-1
+ * with them and its peer never learned (evidence18 D2) --- */
+static void hub_reply_big(struct fx *f, tw_msg *m)
+{
+	tw_msg *out;
+	uint8_t *z = calloc(1, 8 * MiB);
+	(void)m;
+	ck_assert_ptr_nonnull(z);
+	ck_assert_int_eq(tw_msg_new(&out), 0);
+	ck_assert_int_eq(tw_msg_append_copy(out, z, 8 * MiB), 0);
+	free(z);
+	ck_assert_int_eq(tw_comm_write(f->acc[0], out), 0); /* F.src never reads */
+}
+
+START_TEST(memory_limit_resets_non_reader)
+{
+	int zero = 0;
+	setup();
+	ck_assert_int_eq(tw_context_set_memory_limit_bytes(F.ctx, 1), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 300), 0);
+	F.on_hub = hub_reply_big;
+	send_msg(small_lens, 2);
+	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_err[0], TW_ENOMEM);
+	ck_assert_int_eq(ts_run_until(F.base, peer_reset, &F.src, GUARD_MS), 1);
 	teardown();
 }
 END_TEST
@@ -1460,5 +1507,6 @@ int main(void)
 				 relay_pool_comm_not_idle_while_relaying, relay_bytes_not_held,
 				 relay_destination_stands_still, relay_stall_ended_within_the_limit,
 				 relay_stall_behind_memory, relay_destination_freed_with_queue,
-				 relay_stall_pause_limit_set_later))));
+				 relay_stall_pause_limit_set_later,
+				 memory_limit_resets_non_reader))));
 }

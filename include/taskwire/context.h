@@ -441,7 +441,9 @@ int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);
  *     callback gets TW_ENOMEM; tw_comm_last_error says "ended by the
  *     memory limit" with the bytes taken, the time, which rule, the
  *     bytes still queued, both counts and the undelivered bytes. Over ws
- *     and wss no close frame is sent (the peer reads nothing).
+ *     and wss no close frame is sent (the peer reads nothing); its socket
+ *     is reset (SO_LINGER 0), so the peer learns it and the kernel frees
+ *     what it held for it (a FIN behind those bytes never reached it).
  * So peers that send and never read hold at most the limit, and one
  * message more, for about the pause limit each (without it, more and
  * more until their TCP timeout: breaker17 b17-23, 30 such peers, 968 MiB

@@ -57,7 +57,8 @@
  *   within a second) while a relay frame of its queue is
  *   its source's next, the comm ends with TW_ETIMEDOUT ("its peer took
  *   none of our bytes for N ms while a relayed frame's source waited for
- *   it ..."), its frame is drained and the source goes on.
+ *   it ..."), its socket is reset (SO_LINGER 0), its frame is drained
+ *   and the source goes on.
  * tls, ws and wss comms ignore the setting (their bytes are decrypted or
  * unframed in user space anyway). */
 #ifndef TASKWIRE_RELAY_H

@@ -94,6 +94,12 @@ struct tw_comm {
 	 * had), so the memory limit does not judge the peer by them. */
 	uint64_t relay_queued;
 	int relay_wait;
+	/* Ended because its peer takes nothing (the memory limit, the relay
+	 * stall rule): its socket is reset (SO_LINGER 0), not closed with a
+	 * FIN behind bytes the peer will never read, which left the socket in
+	 * FIN-WAIT-1 with MiBs of kernel memory and the peer never learned
+	 * that the comm ended (evidence18 D2). */
+	int reset_on_end;
 };
 
 /* Set ctx's memory limit look (ctx->mem_cut) to transport/overload.c's. */

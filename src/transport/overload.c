@@ -132,6 +132,7 @@ static void end_hoarder(tw_context *ctx, tw_comm *c, uint64_t now)
 				: "too few to take the rest within the pause limit",
 			(unsigned long long)c->ops->queued(c),
 			(unsigned long long)tw__ctx_held(ctx), (unsigned long long)ctx->mem_limit);
+	c->reset_on_end = 1; /* as Envoy resets the stream, and frees the kernel's copy */
 	tw__comm_end(c, TW_ENOMEM);
 }
 

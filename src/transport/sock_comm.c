@@ -239,6 +239,8 @@ void tw__sock_stop(tw_comm *c)
 	int parked;
 	if (s->fd < 0)
 		return;
+	if (c->reset_on_end)
+		tw__abort_fd(s->fd); /* the close below, now or parked, resets */
 	if (!(parked = sock_park(s))) {
 		event_del(s->rev);
 		event_del(s->wev);

@@ -311,6 +311,7 @@ static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 		"waited for it (the pause limit of %u ms, "
 		"tw_context_set_receive_budget_pause_ms)",
 		(unsigned long long)(now - s->relay_still_ms), ms);
+	c->reset_on_end = 1;
 	tw__comm_end(c, TW_ETIMEDOUT);
 }
 
