@@ -1301,6 +1301,44 @@ START_TEST(reply_before_bad_request_drop)
 }
 END_TEST
 
+/* The same with the request decoded on the offload pool and a bad
+ * prelude (a message of 0 frames) after it in the same write: the comm
+ * ended at the bad prelude, the request was served when its decode came
+ * back, and its reply was dropped (evidence18 D1); now the bad input's
+ * end waits for the requests before it. */
+START_TEST(reply_before_bad_prelude_offloaded)
+{
+	struct rf f;
+	msgpack_sbuffer out;
+	static uint8_t buf[65536];
+	static const uint64_t bad[2] = {8, 0}; /* total 8: a prelude of 0 frames */
+	size_t got, pos = 0, msgs = 0;
+	int fd;
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 0), 0);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out, "\x81\xa2op\xa8identity", 13); /* {"op": "identity"} */
+	msgpack_sbuffer_write(&out, (const char *)bad, sizeof(bad));
+	fd = ts_raw_connect(f.s.addr);
+	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
+	got = raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* to the server's EOF */
+	while (pos + 16 <= got) {
+		uint64_t total;
+		memcpy(&total, buf + pos, 8);
+		pos += 8 + le64toh(total);
+		msgs++;
+	}
+	ck_assert_msg(pos == got && msgs == 2,
+		      "%zu messages (%zu bytes, parsed %zu) from the server, not its handshake and "
+		      "the reply",
+		      msgs, got, pos);
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	rf_fini(&f);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc =
@@ -1315,6 +1353,6 @@ int main(void)
 			    pool_partial_limit1_sweep_hangs, pool_partial_limit1_timeout,
 			    pool_partial_default_limit));
 	ts_add_loop(tc, 3, TS_TESTS(pool_peer_speaks_first));
-	ts_add(tc, TS_TESTS(reply_before_bad_request_drop));
+	ts_add(tc, TS_TESTS(reply_before_bad_request_drop, reply_before_bad_prelude_offloaded));
 	return ts_main("rpc_bad", TS_NO_SIGPIPE, TS_CASES(tc));
 }

@@ -124,6 +124,8 @@ static void deliver(struct tw__deliver_q *q)
 		tw__comm_call(q->comm, deliver_one, it);
 		item_free(it);
 	}
+	if (q->comm != NULL && q->head == NULL)
+		tw__comm_delivered(q->comm); /* a fail deferred for them runs now */
 	if (q->comm != NULL && q->close_pending && (q->head == NULL || app_paused(q->comm))) {
 		q->close_pending = 0;
 		tw__comm_call(q->comm, run_close, q);

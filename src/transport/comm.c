@@ -387,6 +387,24 @@ void tw__comm_fail(tw_comm *c, int err)
 	c->ops->fail(c, err);
 }
 
+int tw__comm_defer_fail(tw_comm *c, int err)
+{
+	if (c->ended || c->up_ops == NULL || c->up_ops->backlog == NULL ||
+	    !c->up_ops->backlog(c, c->up))
+		return 0;
+	c->fail_deferred = err;
+	return 1;
+}
+
+void tw__comm_delivered(tw_comm *c)
+{
+	int err = c->fail_deferred;
+	if (err == 0)
+		return;
+	c->fail_deferred = 0;
+	tw__comm_fail(c, err);
+}
+
 void tw__comm_end_known(tw_comm *c)
 {
 	c->close_owed = 0;

@@ -100,6 +100,11 @@ struct tw_comm {
 	 * FIN-WAIT-1 with MiBs of kernel memory and the peer never learned
 	 * that the comm ended (evidence18 D2). */
 	int reset_on_end;
+	/* Bad input came while the upper layer still held messages to
+	 * deliver (a request decoding on the offload pool): its error, kept
+	 * until they are delivered (tw__comm_delivered), so that their
+	 * replies go out before the comm closes; nothing is read meanwhile. */
+	int fail_deferred;
 };
 
 /* Set ctx's memory limit look (ctx->mem_cut) to transport/overload.c's. */

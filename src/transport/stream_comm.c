@@ -594,6 +594,16 @@ static void protocol_error(struct stream *s, int err)
 			tw_strerror(err), (unsigned long long)d->total, (unsigned long long)d->n,
 			(unsigned long long)d->max_message_bytes,
 			(unsigned long long)d->max_frames);
+	/* Requests before it still to be delivered (decoding on the offload
+	 * pool): they are served first, reading nothing meanwhile, and the
+	 * fail runs once they are (tw__comm_delivered). */
+	if (tw__comm_defer_fail(&s->sock.base, err)) {
+		event_del(s->sock.rev);
+		s->sock.reading = 0;
+		tw__comm_rate_stop(&s->sock.base);
+		unreserve(s);
+		return;
+	}
 	/* Replies to the requests served before the bad input go out
 	 * first: the comm then closes as tw_comm_close does, reading no
 	 * more, and ends with err (design.md, Close). */
@@ -985,6 +995,8 @@ static void begin_close(struct stream *s, int err)
 static int s_start(tw_comm *c)
 {
 	struct stream *s = (struct stream *)c;
+	if (c->fail_deferred)
+		return 0; /* bad input came: nothing more is read */
 	s->sock.reading = 1;
 	/* Time we did not read was ours: a message in progress starts its
 	 * clock again, even if the peer sends nothing more. */

@@ -129,6 +129,17 @@ void tw__comm_disarm_timeout(tw_comm *c);
  * closes as tw_comm_close does, reading no more, and ends with err. The
  * error text should be set first. */
 void tw__comm_fail(tw_comm *c, int err);
+/* Bad input (err) while the upper layer still holds received messages
+ * to deliver (upper_ops->backlog): 1 when the fail is deferred until
+ * they are delivered (the transport reads nothing meanwhile), 0 when
+ * nothing is held (fail now). A request decoded on the offload pool and
+ * bad input after it in one read: the comm ended at the bad input, the
+ * request was served when its decode came back and its reply dropped
+ * (evidence18 D1). */
+int tw__comm_defer_fail(tw_comm *c, int err);
+/* The upper layer delivered every message it held: a deferred fail runs
+ * now (tw__comm_fail: the replies queued go out first). */
+void tw__comm_delivered(tw_comm *c);
 /* End the comm with err: release I/O, run the close callback once. The
  * caller must not touch c afterwards. A comm that was closing and ends
  * with an error gets the bytes it did not deliver added to its text. */
