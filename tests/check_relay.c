@@ -1237,19 +1237,25 @@ START_TEST(relay_destination_stands_still)
 }
 END_TEST
 
+/* A message of one frame of n zero bytes, in memory. */
+static tw_msg *zeroed_msg(size_t n)
+{
+	tw_msg *m;
+	uint8_t *z = calloc(1, n);
+	ck_assert_ptr_nonnull(z);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, z, n), 0);
+	free(z);
+	return m;
+}
+
 /* --- a comm the memory limit ends is reset, not closed with a FIN behind
  * the bytes its peer never read: before, its socket sat in FIN-WAIT-1
  * with them and its peer never learned (evidence18 D2) --- */
 static void hub_reply_big(struct fx *f, tw_msg *m)
 {
-	tw_msg *out;
-	uint8_t *z = calloc(1, 8 * MiB);
 	(void)m;
-	ck_assert_ptr_nonnull(z);
-	ck_assert_int_eq(tw_msg_new(&out), 0);
-	ck_assert_int_eq(tw_msg_append_copy(out, z, 8 * MiB), 0);
-	free(z);
-	ck_assert_int_eq(tw_comm_write(f->acc[0], out), 0); /* F.src never reads */
+	ck_assert_int_eq(tw_comm_write(f->acc[0], zeroed_msg(8 * MiB)), 0); /* F.src never reads */
 }
 
 START_TEST(memory_limit_resets_non_reader)
@@ -1333,6 +1339,24 @@ static uint8_t *stall_start(const size_t *big, uint32_t ms, void (*on_hub)(struc
 	return p;
 }
 
+/* The source's message (lens big) goes to a destination that never
+ * reads, pause limit ms, on_hub forwarding: fed until the stall rule ends
+ * the destination, which stall_ended checks (bound_ms as there). */
+static void stall_run(const size_t *big, uint32_t ms, void (*on_hub)(struct fx *, tw_msg *),
+		      long long bound_ms)
+{
+	struct event *tick;
+	long long last;
+	int dst;
+	uint8_t *p = stall_start(big, ms, on_hub, &dst, &last);
+	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, &last, GUARD_MS), 1);
+	event_free(tick);
+	stall_ended(p, last, bound_ms);
+	close(dst);
+	teardown();
+}
+
 /* --- the stall rule ends the destination within about the pause limit
  * of its peer's last ack, not twice it: re-arming a whole limit whenever
  * the peer had acked since the watch began (its receive buffer filling
@@ -1343,16 +1367,7 @@ static uint8_t *stall_start(const size_t *big, uint32_t ms, void (*on_hub)(struc
 START_TEST(relay_stall_ended_within_the_limit)
 {
 	static const size_t big[] = {10, 256 * MiB};
-	struct event *tick;
-	long long last;
-	int dst;
-	uint8_t *p = stall_start(big, 2000, hub_to_raw, &dst, &last);
-	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
-	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, &last, GUARD_MS), 1);
-	event_free(tick);
-	stall_ended(p, last, 3500);
-	close(dst);
-	teardown();
+	stall_run(big, 2000, hub_to_raw, 3500);
 }
 END_TEST
 
@@ -1365,29 +1380,14 @@ END_TEST
 static void hub_memory_then_relay(struct fx *f, tw_msg *m)
 {
 	static const size_t w[] = {1};
-	tw_msg *first;
-	uint8_t *z = calloc(1, 32 * MiB);
-	ck_assert_ptr_nonnull(z);
-	ck_assert_int_eq(tw_msg_new(&first), 0);
-	ck_assert_int_eq(tw_msg_append_copy(first, z, 32 * MiB), 0);
-	free(z);
-	ck_assert_int_eq(tw_comm_write(f->acc[1], first), 0);
+	ck_assert_int_eq(tw_comm_write(f->acc[1], zeroed_msg(32 * MiB)), 0);
 	forward(f->acc[1], m, w, 1);
 }
 
 START_TEST(relay_stall_behind_memory)
 {
 	static const size_t big[] = {10, 16 * MiB};
-	struct event *tick;
-	long long last;
-	int dst;
-	uint8_t *p = stall_start(big, 300, hub_memory_then_relay, &dst, &last);
-	tick = ts_tick_new(F.base, 5);
-	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, &last, GUARD_MS), 1);
-	event_free(tick);
-	stall_ended(p, last, GUARD_MS);
-	close(dst);
-	teardown();
+	stall_run(big, 300, hub_memory_then_relay, GUARD_MS);
 }
 END_TEST
 
