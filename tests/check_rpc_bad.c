@@ -25,6 +25,7 @@
 #include "tests/support/rpc.h"
 #include "tests/support/harness.h"
 #include "tests/support/suite.h"
+#include "tests/support/ws.h"
 
 /* Diagnostics, with TU_VERBOSE set. */
 #define SAY(...)                                                                                   \
@@ -1328,6 +1329,81 @@ START_TEST(reply_before_bad_prelude_offloaded)
 }
 END_TEST
 
+/* One taskwire message of a single frame as a ws client sends it
+ * (masked): the count message (N = 1, 8 bytes little-endian), then the
+ * frame as a binary message (ws_comm.h). */
+static void ws_msg1(msgpack_sbuffer *out, const void *f, size_t n)
+{
+	uint8_t u[8], *b = malloc(n + 14);
+	ck_assert_ptr_nonnull(b);
+	le64(u, 1);
+	msgpack_sbuffer_write(out, (const char *)b, wu_frame(b, 1, 2, u, 8, 1));
+	msgpack_sbuffer_write(out, (const char *)b, wu_frame(b, 1, 2, f, n, 1));
+	free(b);
+}
+
+/* Taskwire messages in the server's frames f[0..n) before its close
+ * frame (the last): each is a count message, then that many frames. */
+static size_t ws_msgs(const struct wu_fr *f, size_t n)
+{
+	size_t i = 0, msgs = 0;
+	while (i + 1 < n) {
+		uint64_t nf;
+		ck_assert_msg(f[i].op == 2 && f[i].len == 8,
+			      "frame %zu: op %d, %llu bytes, not a count", i, f[i].op,
+			      (unsigned long long)f[i].len);
+		memcpy(&nf, f[i].payload, 8);
+		i += 1 + le64toh(nf);
+		msgs++;
+	}
+	ck_assert_uint_eq(i, n - 1);
+	return msgs;
+}
+
+/* The same over ws and wss: the request decoded on the offload pool, and
+ * a frame of opcode 3 (RFC 6455 section 5.2: reserved) after it in the
+ * same write. The comm ended at the bad frame at once and the reply was
+ * dropped (the server's handshake, then close 1002); now the bad frame's
+ * close waits for the request's reply. */
+START_TEST(reply_before_bad_frame_offloaded_ws)
+{
+	const char *scheme = wu_scheme(_i);
+	struct tu h;
+	struct rs s;
+	struct wu_raw r;
+	struct wu_fr f[16];
+	struct ts_pack p;
+	msgpack_sbuffer out;
+	char reason[128];
+	size_t n;
+	wu_init(&h, scheme);
+	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(h.ctx, 0), 0);
+	rs_start(&s, h.ctx, h.base,
+		 strcmp(scheme, "ws") == 0 ? "ws://127.0.0.1:0" : "wss://127.0.0.1:0");
+	ck_assert_int_eq(wu_raw_open(&h, s.addr, NULL, &r), 101);
+	msgpack_sbuffer_init(&out);
+	ts_pack_handshake_info(ts_pack_start(&p), 0);
+	ws_msg1(&out, p.sb.data, p.sb.size);
+	msgpack_sbuffer_destroy(&p.sb);
+	ws_msg1(&out, "\x81\xa2op\xa8identity", 13);                        /* {"op": "identity"} */
+	n = wu_hex("83 80 37 fa 21 3d", (uint8_t *)reason, sizeof(reason)); /* opcode 3 */
+	msgpack_sbuffer_write(&out, reason, n);
+	ck_assert_uint_eq(wu_raw_send(&r, out.data, out.size), out.size);
+	ck_assert_msg(wu_raw_read_eof(&r, WU_WAIT_MS), "server kept the connection open");
+	n = wu_parse(r.in, r.nin, f, 16, NULL);
+	ck_assert_uint_ge(n, 1);
+	ck_assert_int_eq(f[n - 1].op, 8);
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, reason, sizeof(reason)), 1002);
+	ck_assert_msg(ws_msgs(f, n) == 2,
+		      "%zu messages from the server, not its handshake and the reply",
+		      ws_msgs(f, n));
+	wu_raw_close(&r);
+	msgpack_sbuffer_destroy(&out);
+	rs_stop(&s);
+	tu_fini(&h);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc =
@@ -1343,5 +1419,6 @@ int main(void)
 			    pool_partial_default_limit));
 	ts_add_loop(tc, 3, TS_TESTS(pool_peer_speaks_first));
 	ts_add(tc, TS_TESTS(reply_before_bad_request_drop, reply_before_bad_prelude_offloaded));
-	return ts_main("rpc_bad", TS_NO_SIGPIPE, TS_CASES(tc));
+	ts_add_loop(tc, 2, TS_TESTS(reply_before_bad_frame_offloaded_ws));
+	return ts_main("rpc_bad", TS_NO_SIGPIPE | TS_CERTS, TS_CASES(tc));
 }

@@ -380,7 +380,7 @@ void tw__comm_fail(tw_comm *c, int err)
 {
 	if (c->ended)
 		return;
-	if (c->ops->fail == NULL || c->ops->queued(c) == 0) {
+	if (c->ops->fail == NULL) {
 		tw__comm_end(c, err);
 		return;
 	}

@@ -1021,8 +1021,8 @@ static void s_close(tw_comm *c)
 static void s_fail(tw_comm *c, int err)
 {
 	struct stream *s = (struct stream *)c;
-	if (s->closing) {
-		tw__comm_end(c, err);
+	if (s->closing || s->sock.queued_bytes == 0) {
+		tw__comm_end(c, err); /* no replies to send first */
 		return;
 	}
 	begin_close(s, err);

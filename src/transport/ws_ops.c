@@ -28,10 +28,30 @@ static void fail_after_replies(struct ws *w, int err, unsigned code, const char 
 	event_active(w->sock.wev, EV_WRITE, 0);
 }
 
+/* Bad input while requests before it are still to be delivered (decoding
+ * on the offload pool): nothing more is read, and the fail runs with its
+ * close code once they are (tw__comm_delivered calls w_fail), so that
+ * their replies go out first (evidence18 D1, as stream_comm.c does). 1
+ * when deferred. */
+static int defer_fail(struct ws *w, int err, unsigned code, const char *why)
+{
+	if (w->state != WS_OPEN || w->close_sent || !tw__comm_defer_fail(&w->sock.base, err))
+		return 0;
+	w->fail_code = code;
+	snprintf(w->fail_why, sizeof(w->fail_why), "%s", why);
+	event_del(w->sock.rev);
+	w->sock.reading = 0;
+	tw__comm_rate_stop(&w->sock.base);
+	tw__wsc_reset_rx(w);
+	return 1;
+}
+
 /* Fail the comm: send the close code, then end with err. */
 void tw__wsc_fail_proto(struct ws *w, int err, unsigned code, const char *why)
 {
 	tw__comm_seterr(&w->sock.base, "%s (WebSocket close %u)", why, code);
+	if (defer_fail(w, err, code, why))
+		return;
 	if (w->sock.q.n > 0 && w->state == WS_OPEN && !w->close_sent) {
 		fail_after_replies(w, err, code, why);
 		return;
@@ -145,6 +165,8 @@ void tw__wsc_fail_sent(struct ws *w)
 static int w_start(tw_comm *c)
 {
 	struct ws *w = (struct ws *)c;
+	if (c->fail_deferred)
+		return 0; /* bad input came: nothing more is read */
 	w->sock.reading = 1;
 	/* Time we did not read was ours: restart the clock. */
 	if (w->state == WS_OPEN && tw__wsc_rx_busy(&w->sock))
@@ -170,15 +192,24 @@ static void w_close(tw_comm *c)
 }
 
 /* Bad input above the transport (a request that is not a map): close
- * 1008, policy violation (RFC 6455 section 7.4.1), after the replies. */
+ * 1008, policy violation (RFC 6455 section 7.4.1), after the replies.
+ * A fail deferred by defer_fail sends the code it kept. */
 static void w_fail(tw_comm *c, int err)
 {
 	struct ws *w = (struct ws *)c;
+	char why[sizeof(w->fail_why)];
+	unsigned code = w->fail_code != 0 ? w->fail_code : TW__WS_CLOSE_POLICY;
+	snprintf(why, sizeof(why), "%s", w->fail_code != 0 ? w->fail_why : "bad request");
 	if (w->state != WS_OPEN || w->close_sent) {
 		tw__comm_end(c, err);
 		return;
 	}
-	fail_after_replies(w, err, TW__WS_CLOSE_POLICY, "bad request");
+	if (w->sock.q.n == 0) {
+		tw__wsc_send_close_now(w, code, why);
+		tw__comm_end(c, err);
+		return;
+	}
+	fail_after_replies(w, err, code, why);
 }
 
 /* Stopped: an ended comm holds no memory for its peer's bytes. */
