@@ -195,14 +195,6 @@ static int log_ready(void *arg)
 	return w->found != 0;
 }
 
-int ts_proc_wait_log(struct ts_proc *p, struct event_base *base, const char *marker, char *out,
-		     size_t len, int ms)
-{
-	struct log_wait w = {p, marker, out, len, 0};
-	poll_until(base, log_ready, &w, ms);
-	return w.found == 1;
-}
-
 static int is_reaped(void *arg)
 {
 	return reaped(arg);
@@ -214,23 +206,72 @@ static long long log_size(const struct ts_proc *p)
 	return p->log[0] != '\0' && stat(p->log, &st) == 0 ? (long long)st.st_size : -1;
 }
 
-/* A peer that prints is moving: the wait restarts whenever its log grows,
- * so a loaded machine (distcheck beside other builds at load 30) slows a
- * peer without failing it; ms bounds a peer that has gone silent. */
-int ts_proc_wait_exit(struct ts_proc *p, struct event_base *base, int ms)
+/* CPU time the process has used (utime + stime of /proc/PID/stat, in
+ * clock ticks), -1 when unknown. */
+static long long cpu_ticks(const struct ts_proc *p)
 {
-	long long seen = log_size(p);
+	char path[64], buf[1024];
+	unsigned long long ut, st;
+	const char *at;
+	size_t n;
+	FILE *f;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)p->pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* after "pid (comm) ": state, then fields 4 to 13, utime, stime */
+	if ((at = strrchr(buf, ')')) == NULL ||
+	    sscanf(at + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return -1;
+	return (long long)(ut + st);
+}
+
+/* What shows a peer moving: its log's size and its CPU time. */
+struct motion {
+	long long log, cpu;
+};
+
+static struct motion motion_of(const struct ts_proc *p)
+{
+	struct motion m = {log_size(p), cpu_ticks(p)};
+	return m;
+}
+
+/* Poll done(arg) until it is true, restarting the wait whenever the peer
+ * moves (its log grows or it uses CPU): a loaded machine (distcheck
+ * beside other builds at load 30, valgrind suites beside a Python peer
+ * still importing distributed) slows a peer without failing it; ms
+ * bounds a peer that has gone still. */
+static int wait_moving(struct ts_proc *p, struct event_base *base, int (*done)(void *arg),
+		       void *arg, int ms)
+{
+	struct motion seen = motion_of(p);
 	int left = ms;
 	while (left > 0) {
 		int slice = left < EXIT_SLICE_MS ? left : EXIT_SLICE_MS;
-		long long now;
-		if (poll_until(base, is_reaped, p, slice))
+		struct motion now;
+		if (poll_until(base, done, arg, slice))
 			return 1;
-		now = log_size(p);
-		left = now != seen ? ms : left - slice;
+		now = motion_of(p);
+		left = now.log != seen.log || now.cpu != seen.cpu ? ms : left - slice;
 		seen = now;
 	}
-	return reaped(p);
+	return done(arg);
+}
+
+int ts_proc_wait_log(struct ts_proc *p, struct event_base *base, const char *marker, char *out,
+		     size_t len, int ms)
+{
+	struct log_wait w = {p, marker, out, len, 0};
+	wait_moving(p, base, log_ready, &w, ms);
+	return w.found == 1;
+}
+
+int ts_proc_wait_exit(struct ts_proc *p, struct event_base *base, int ms)
+{
+	return wait_moving(p, base, is_reaped, p, ms);
 }
 
 static int has_ended(void *arg)

@@ -37,13 +37,14 @@ int ts_spawn(struct ts_proc *p, char *const argv[], char *const env_add[]);
 
 /* Wait until the log has a line containing marker; copy the first word
  * after it into out. base (may be NULL) is driven while waiting, so comms
- * of the test keep moving. Returns 1, or 0 when the process exited or ms
- * passed first. */
+ * of the test keep moving. Returns 1, or 0 when the process exited or
+ * went ms without moving (no log output, no CPU time) first. */
 int ts_proc_wait_log(struct ts_proc *p, struct event_base *base, const char *marker, char *out,
 		     size_t len, int ms);
 
 /* Wait for the process to exit by itself (status in p->status), driving
- * base (may be NULL). Returns 1 when it did, 0 at the deadline. */
+ * base (may be NULL). Returns 1 when it did, 0 when it went ms without
+ * moving (no log output, no CPU time). */
 int ts_proc_wait_exit(struct ts_proc *p, struct event_base *base, int ms);
 
 /* SIGTERM to the group, a grace period, then SIGKILL; reap; remove the
