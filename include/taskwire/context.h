@@ -172,10 +172,16 @@ int tw_context_set_max_frames(tw_context *ctx, uint64_t frames);
  * handshake within the connect timeout's time_left() ("Timed out during
  * handshake while connecting to ...").
  * When it runs out, the stage it ended fails with TW_ETIMEDOUT, its text
- * saying "timed out", what came back, and "(the connect timeout)" with N,
- * the timeout as set:
- *   TW_ETIMEDOUT  to tw_comm_connect's callback: resolving, TCP, the TLS
- *                 handshake or the ws upgrade (tw_context_last_error)
+ * saying "timed out" and N, the timeout as set (after TCP, also what came
+ * back and "(the connect timeout)"):
+ *   TW_ETIMEDOUT  to tw_comm_connect's callback: resolving or TCP
+ *                 (tw_context_last_error: "connect to H:P timed out: no
+ *                 connection within N ms", plus " (still resolving the
+ *                 name)"), the TLS handshake ("TLS handshake with the
+ *                 server failed: timed out: no handshake within N ms (the
+ *                 connect timeout)") or the ws upgrade ("WebSocket upgrade
+ *                 timed out (PEER): no answer from the server within N ms
+ *                 (the connect timeout)")
  *   TW_ETIMEDOUT  to tw_comm_handshake's callback: the Dask handshake
  *                 (tw_comm_last_error: "handshake timed out: no answer
  *                 from the peer within N ms (the connect timeout; ...)",
@@ -231,9 +237,15 @@ int tw_context_set_tcp_timeout_ms(tw_context *ctx, uint32_t ms);
  * delivered means).
  * Without it, a peer that stopped reading held a closing comm until the
  * TCP timeout (tw_context_set_tcp_timeout_ms), or for ever with none.
- * Default 5,000 ms.
+ * Default 5,000 ms. Applies to comms made after the call. Loop thread (or
+ * before the loop runs).
  * Returns 0, or:
- *   TW_EINVAL  ctx NULL or ms 0 */
+ *   TW_EINVAL  ctx NULL or ms 0
+ * Source: issue 17 (a close delivers everything queued or says what it
+ * did not, within a bounded linger). The name and the reset at its end
+ * are SO_LINGER's (socket(7)), but the time counts from the last byte
+ * that moved, not from the close; over ws and wss the close waits for
+ * the peer's answer to our close frame (RFC 6455 section 5.5.1). */
 int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms);
 /* Write-queue high-water mark: tw_comm_write refuses new messages with
  * TW_EAGAIN while this many bytes or more are queued, counting over tcp
