@@ -54,7 +54,7 @@
 
 /* Messages of at least this many bytes (sum of frames) are decoded on the
  * offload pool (offload.h, tw_context_set_offload_threshold_bytes; Dask
- * offloads above 10 MB too). */
+ * offloads above 10 MiB too, distributed.comm.offload). */
 #define TW_DEFAULT_OFFLOAD_THRESHOLD_BYTES ((uint64_t)10 << 20)
 
 /* The rpc pool (rpc.h: tw_pool_set_limit, tw_pool_set_idle,

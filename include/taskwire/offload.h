@@ -5,7 +5,11 @@
  * to stall every other comm of the loop (Dask issues #1214, #7589). With
  * decoded delivery, each message is decoded (tw_decode) on the loop thread
  * when it is small, or on a worker of the context's offload pool when its
- * frames add up to the threshold or more; either way the result reaches
+ * decode cost reaches the threshold: its frames' bytes, frame 0 and each
+ * sub-header counted 24 times (unpacking makes a 24-byte object per value,
+ * and a value may take one byte), plus the decompressed size each
+ * compressed frame declares (relay frames count nothing: they are
+ * forwarded, not decoded); either way the result reaches
  * the application on the loop thread, in the order the messages arrived on
  * that comm. Different comms never wait for each other. */
 #ifndef TASKWIRE_OFFLOAD_H
@@ -30,17 +34,25 @@ extern "C" {
  * first use (default: the number of online CPUs minus one, at least 1, so
  * the loop keeps a core and large decodes still run in parallel with it),
  * named "tw-offload" (top -H, gdb, /proc/PID/task/TID/comm).
- * Call before the first decoded delivery. Loop thread.
+ * Call before the pool starts: it starts with the first message decoded
+ * on it (one at or above the threshold; smaller ones are decoded on the
+ * loop and start nothing). Loop thread.
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL, threads 0, or the pool already started
- *   TW_ENOMEM  out of memory (the pool's settings live with the pool) */
+ *   TW_ENOMEM  out of memory (the pool's settings live with the pool)
+ * Source: Dask decodes large messages on one offload thread
+ * ("Dask-Offload", distributed/utils.py offload); more threads here, so
+ * that large messages of different comms decode in parallel. */
 int tw_context_set_offload_threads(tw_context *ctx, unsigned threads);
 
-/* tw_context_set_offload_threshold_bytes: 0 offloads every message,
+/* tw_context_set_offload_threshold_bytes: messages whose decode cost
+ * (above) is `bytes` or more are decoded on the pool; 0 offloads every message,
  * TW_OFFLOAD_NEVER none. Default 10 MiB. Loop thread.
  * Returns 0, or:
  *   TW_EINVAL  ctx is NULL
- *   TW_ENOMEM  out of memory (the pool's settings live with the pool) */
+ *   TW_ENOMEM  out of memory (the pool's settings live with the pool)
+ * Source: Dask's distributed.comm.offload, 10MiB (distributed/comm/utils.py
+ * offloads messages larger than it; here: at least it). */
 int tw_context_set_offload_threshold_bytes(tw_context *ctx, uint64_t bytes);
 
 /* A decoded message: on success err is 0 and the callee owns d (free it
