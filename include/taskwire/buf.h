@@ -54,7 +54,13 @@ int tw_block_wrap(void *data, size_t size, void (*release)(void *data, void *arg
 tw_block *tw_block_hold(tw_block *b);
 
 /* tw_block_free: drop one reference; the block is released when the last
- * reference goes. Accepts NULL. */
+ * reference goes. Accepts NULL. A mapped block with 4 MiB or more in use
+ * that does not go to the cache is unmapped by the library's reclaimer
+ * thread ("tw-reclaim", started with the first such unmap, alive as long
+ * as the process), not by the caller: munmap of 2 GiB took 0.25 s on the
+ * loop thread and served no comm meanwhile (issue 17). Its pages stay
+ * resident, and count in the receive budgets, until the reclaimer gets to
+ * them. */
 void tw_block_free(tw_block *b);
 
 /* tw_block_data / tw_block_size: the block's bytes and their count. */
@@ -66,9 +72,13 @@ size_t tw_block_size(const tw_block *b);
 uint8_t *tw_slice_data(const tw_slice *s);
 
 /* tw_block_cache_set_limit: bytes of released large blocks kept for reuse
- * (process-wide; default 256 MiB; 0 disables the cache and returns its
- * memory). Reusing mapped pages avoids first-touch page faults, which cost
- * more than a memcpy on these machines (docs/design.md, Blocks, slices, messages). */
+ * (process-wide; default 256 MiB; 0 disables the cache). Every call
+ * empties the cache and returns once its memory, and every unmap handed
+ * to the reclaimer before (tw_block_free), is back to the system: it may
+ * wait for gigabytes to be unmapped, so avoid calling it on a loop thread
+ * while large messages are being freed. Reusing mapped pages avoids
+ * first-touch page faults, which cost more than a memcpy on these
+ * machines (docs/design.md, Blocks, slices, messages). */
 void tw_block_cache_set_limit(size_t bytes);
 
 #pragma GCC visibility pop
