@@ -315,7 +315,9 @@ void tw_comm_unwatch(tw_comm_watch *w);
 void tw_comm_stats(const tw_comm *comm, tw_stats *out, size_t size);
 
 /* tw_comm_last_error: text of the last error on this comm (OS error, the
- * offending value), "" if none. Valid until the comm is freed. */
+ * offending value), "" if none: at most 511 bytes (a longer text is cut
+ * there), NUL-terminated, owned by the comm. Valid until the comm is
+ * freed. Loop thread. */
 const char *tw_comm_last_error(const tw_comm *comm);
 
 /* tw_comm_context: the context of the loop the comm lives on (with

@@ -46,7 +46,10 @@ struct tw_comm {
 	int free_pending; /* tw_comm_free ran inside a callback */
 	int ended;        /* no more callbacks */
 	int closing;      /* no more writes (tw__comm_closing) */
-	char error[256];
+	/* tw_comm_last_error; 512: the memory limit's and the receive
+	 * budget's texts, with the bytes not delivered after them, passed
+	 * 256 and were cut mid-word, the undelivered count lost */
+	char error[512];
 	char peer[128], local[128];
 	struct event *timeout_ev; /* tw__comm_arm_timeout */
 	/* tw_comm_set_recv_deadline_ms: the next message within deadline_ms

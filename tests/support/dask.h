@@ -36,7 +36,7 @@ struct du_client {
 	tw_msg **msgs; /* received, held */
 	size_t nmsgs, cap;
 	int closed, close_err;
-	char last_error[256]; /* tw_comm_last_error at close */
+	char last_error[512]; /* tw_comm_last_error at close */
 };
 
 /* Connect to uri and do the handshake. Returns the error (0 on success)

@@ -44,7 +44,7 @@ struct tu_peer {
 	int closed;        /* the close callback ran */
 	int close_err;
 	int drains;             /* drain callbacks */
-	char last_error[256];   /* tw_comm_last_error at close */
+	char last_error[512];   /* tw_comm_last_error at close */
 	size_t nmsgs_at_close;  /* messages received before the close callback */
 	uint64_t live_at_close; /* global block_bytes_live during the close callback */
 	tw_msg **pending;       /* echo: messages refused with TW_EAGAIN */
