@@ -146,8 +146,8 @@ static void on_accept(tw_listener *l, tw_comm *comm, void *arg)
 static void usage(FILE *f)
 {
 	fputs("usage: tw-echo-server URI [--max-message BYTES] [--quiet] [--memory-limit BYTES]\n"
-	      "                      [--receive-budget BYTES] [--write-budget BYTES] [TLS "
-	      "options]\n",
+	      "                      [--receive-budget BYTES] [--write-budget BYTES]\n"
+	      "                      [--pause-limit MS] [TLS options]\n",
 	      f);
 	fputs(TW_EX_TLS_USAGE, f);
 	fputs("  Listen on URI (tcp://, tls://, ws:// or wss://, e.g. tcp://127.0.0.1:8786;\n"

@@ -71,7 +71,7 @@ static void usage(FILE *f)
 {
 	fputs("usage: tw-mini-scheduler URI [--worker-ttl SECONDS] [--relay BYTES]\n"
 	      "                         [--memory-limit BYTES] [--receive-budget BYTES]\n"
-	      "                         [--write-budget BYTES] [TLS options]\n"
+	      "                         [--write-budget BYTES] [--pause-limit MS] [TLS options]\n"
 	      "  A minimal Dask scheduler (no tasks) on URI (tcp://, tls://, ws:// or wss://;\n"
 	      "  port 0 picks a free port) for real dask workers and distributed.Client:\n"
 	      "  scatter, gather, who_has (docs/mini-scheduler.md). Prints \"listening on\n"
