@@ -123,7 +123,9 @@ def start_cluster(binary, transport, certs, ttl, logdir):
           "--no-dashboard --host 127.0.0.1%s & done" % (
               " ".join(NAMES), addr, " --tls-ca-file ... --tls-cert ... --tls-key ..."
               if worker_tls else ""))
-    print("$ python3")
+    # Debian's interpreter, the one with distributed (README: a python3
+    # first on PATH, a pyenv one, may not have it)
+    print("$ /usr/bin/python3")
     sys.stdout.flush()
     return addr, sched, workers
 
