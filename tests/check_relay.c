@@ -34,7 +34,7 @@
 
 struct peer { /* a tw client: what it received, how it ended */
 	tw_comm *c;
-	tw_msg *got;
+	tw_msg *got, *next; /* its first message, and its second */
 	int ended, err;
 };
 
@@ -106,8 +106,8 @@ static void peer_recv(tw_comm *c, tw_msg *m, void *arg)
 {
 	struct peer *p = arg;
 	(void)c;
-	ck_assert_ptr_null(p->got);
-	p->got = m;
+	ck_assert_ptr_null(p->next);
+	*(p->got == NULL ? &p->got : &p->next) = m;
 	tw_msg_hold(m);
 }
 
@@ -184,6 +184,7 @@ static void teardown(void)
 	tw_msg_free(F.kept);
 	for (int i = 0; i < MAXC; i++) {
 		tw_msg_free(F.peers[i].got);
+		tw_msg_free(F.peers[i].next);
 		if (F.peers[i].c != NULL && !F.peers[i].ended)
 			tw_comm_free(F.peers[i].c);
 	}
@@ -1185,6 +1186,51 @@ START_TEST(relay_bytes_not_held)
 }
 END_TEST
 
+/* --- a relay frame's bytes wait in its source's socket: they do not
+ * count in its destination's write high-water mark, which bounds what a
+ * comm holds in memory (breaker20: a queued relay frame as large as the
+ * mark refused every write until it drained, a scheduler's small stream
+ * messages to that client too) --- */
+static int peer_next(void *arg)
+{
+	return F.peers[*(int *)arg].next != NULL;
+}
+
+START_TEST(relay_frame_not_in_write_hwm)
+{
+	static const size_t big[] = {10, 4 * MiB};
+	const size_t part = 1 * MiB, frame1_sent = part - 16 - 16 - 10;
+	uint64_t left = big[1] - frame1_sent + big[0];
+	int one = 1;
+	size_t n;
+	uint8_t *p;
+	tw_msg *m;
+	setup();
+	/* the destination's mark (acc[1] is accepted after this) */
+	ck_assert_int_eq(tw_context_set_write_hwm_bytes(F.ctx, 64 * KiB), 0);
+	add_peers(1);
+	F.on_hub = hub_relay_then_memory;
+	p = wire(big, 2, &n);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p, part, GUARD_MS), part);
+	ck_assert_int_eq(ts_run_until(F.base, dest_waits, &left, GUARD_MS), 1);
+	/* 3 MiB of the relay frame still queued, 48 times the mark, and 10
+	 * bytes in memory: a small message is taken (before: TW_EAGAIN) */
+	ck_assert_uint_gt(tw_comm_queued_bytes(F.acc[1]), 48 * 64 * KiB);
+	ck_assert_int_eq(tw_msg_new(&m), 0);
+	ck_assert_int_eq(tw_msg_append_copy(m, "after", 5), 0);
+	ck_assert_int_eq(tw_comm_write(F.acc[1], m), 0);
+	ck_assert_uint_eq(ts_raw_send(F.base, F.src, p + part, n - part, GUARD_MS), n - part);
+	free(p);
+	wait_peer(1);
+	check_got(1, big, held_which, 2);
+	ck_assert_int_eq(ts_run_until(F.base, peer_next, &one, GUARD_MS), 1);
+	ck_assert_uint_eq(tw_msg_nframes(F.peers[1].next), 1);
+	ck_assert_uint_eq(tw_msg_frame(F.peers[1].next, 0)->len, 5);
+	ck_assert_int_eq(memcmp(tw_slice_data(tw_msg_frame(F.peers[1].next, 0)), "after", 5), 0);
+	teardown();
+}
+END_TEST
+
 /* --- a destination whose peer takes nothing holds up the relay's source
  * (its peer's TCP timeout would end it: user19, the mini-scheduler lost
  * its workers to one client that never read): it is ended after the
@@ -1505,8 +1551,9 @@ int main(void)
 				 relay_more_than_the_pipes, relay_pipes_kept,
 				 relay_destination_closed_no_sigpipe, relay_watch_context_freed,
 				 relay_pool_comm_not_idle_while_relaying, relay_bytes_not_held,
-				 relay_destination_stands_still, relay_stall_ended_within_the_limit,
-				 relay_stall_behind_memory, relay_destination_freed_with_queue,
+				 relay_frame_not_in_write_hwm, relay_destination_stands_still,
+				 relay_stall_ended_within_the_limit, relay_stall_behind_memory,
+				 relay_destination_freed_with_queue,
 				 relay_stall_pause_limit_set_later,
 				 memory_limit_resets_non_reader))));
 }

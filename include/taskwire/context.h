@@ -253,7 +253,8 @@ int tw_context_set_close_linger_ms(tw_context *ctx, uint32_t ms);
  * entry, message object and a block header per frame: about 330 bytes
  * for a one-frame message, so a 64 MiB mark holds about 146,000 messages
  * of 100 bytes, 62 MB of RSS; it held 541,000, 225 MB, counting bytes
- * alone). tw_comm_queued_bytes counts the bytes alone.
+ * alone). tw_comm_queued_bytes counts the bytes alone. Relay frames
+ * (relay.h) do not count: their bytes wait in their source's socket.
  * Default 64 MiB.
  * Returns 0, or:
  *   TW_EINVAL  ctx NULL or bytes 0 */

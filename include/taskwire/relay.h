@@ -40,8 +40,11 @@
  *   one of its frames ("its message is corrupt: " and that text).
  * - Relay frames' bytes wait in their source's socket, not in memory: they
  *   count in neither budget (tw_context_set_receive_budget_bytes,
- *   tw_context_set_write_budget_bytes) nor in the memory limit
- *   (tw_context_set_memory_limit_bytes), though tw_comm_queued_bytes
+ *   tw_context_set_write_budget_bytes), nor in the memory limit
+ *   (tw_context_set_memory_limit_bytes), nor in the destination's write
+ *   high-water mark (tw_context_set_write_hwm_bytes: a relay frame as
+ *   large as the mark refused every write until it drained, session 18),
+ *   though tw_comm_queued_bytes
  *   counts them until written; and a comm whose writer waits for a relay
  *   frame's source is never ended by the memory limit for it (its peer
  *   took all there was). Before (session 17), a relayed 32 MiB frame

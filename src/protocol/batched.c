@@ -94,7 +94,7 @@ static int no_writes(const tw_comm *c)
  * (one map alone always goes). */
 static int room(const tw_batched *b, uint64_t batch_bytes, size_t len)
 {
-	uint64_t queued = batch_bytes + tw_comm_queued_bytes(b->comm);
+	uint64_t queued = batch_bytes + tw__comm_queued_held(b->comm);
 	return queued == 0 || queued + len <= tw__comm_limits(b->comm)->write_hwm_bytes;
 }
 

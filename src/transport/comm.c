@@ -877,6 +877,11 @@ uint64_t tw_comm_queued_bytes(const tw_comm *c)
 	return c->ops->queued(c);
 }
 
+uint64_t tw__comm_queued_held(const tw_comm *c)
+{
+	return c->ops->queued(c) - c->relay_queued;
+}
+
 int tw__comm_rx_pending(const tw_comm *c)
 {
 	return (c->ops->rx_pending != NULL && c->ops->rx_pending(c)) ||

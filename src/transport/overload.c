@@ -34,7 +34,7 @@
  * their source's socket (transport/relay.h). */
 static uint64_t mem_queued(const tw_comm *c)
 {
-	return c->ended || c->relay_wait ? 0 : c->ops->queued(c) - c->relay_queued;
+	return c->ended || c->relay_wait ? 0 : tw__comm_queued_held(c);
 }
 
 /* Whether c, looked at now, holds memory it will not give back soon

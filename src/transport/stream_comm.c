@@ -504,7 +504,8 @@ static int s_write(tw_comm *c, tw_msg *m)
 	uint64_t relayed;
 	if (s->closing)
 		return TW_ECLOSED;
-	if (s->sock.queued_bytes + s->queued_cost >= c->limits.write_hwm_bytes)
+	/* relay frames' bytes wait in their sources' sockets, not here */
+	if (s->sock.queued_bytes - c->relay_queued + s->queued_cost >= c->limits.write_hwm_bytes)
 		return TW_EAGAIN;
 	if ((e = tw__sockq_tail(&s->sock.q)) == NULL)
 		return TW_ENOMEM;

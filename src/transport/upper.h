@@ -74,6 +74,10 @@ unsigned tw__comm_state(const tw_comm *c);
 /* The limits c copied from its context when it was made; the upper layer
  * may lower or raise them for a stretch (a handshake's message bound). */
 struct tw__limits *tw__comm_limits(tw_comm *c);
+/* Bytes of c's write queue held in memory: tw_comm_queued_bytes less
+ * those of relay frames, which wait in their source's socket (relay.h);
+ * what the write high-water mark counts. */
+uint64_t tw__comm_queued_held(const tw_comm *c);
 
 /* Told when a comm is freed, by whoever freed it: a batched sender on a
  * server's stream comm, which the server frees when it closes; if
