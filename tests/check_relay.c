@@ -1306,6 +1306,10 @@ static void hub_reply_big(struct fx *f, tw_msg *m)
 
 START_TEST(memory_limit_resets_non_reader)
 {
+	const uint64_t wire = 24 + 8 * MiB; /* hub_reply_big's message */
+	unsigned long long lost = 0;
+	tw_stats st;
+	const char *at;
 	int zero = 0;
 	setup();
 	ck_assert_int_eq(tw_context_set_memory_limit_bytes(F.ctx, 1), 0);
@@ -1315,6 +1319,14 @@ START_TEST(memory_limit_resets_non_reader)
 	ck_assert_int_eq(ts_run_until(F.base, acc_ended, &zero, GUARD_MS), 1);
 	ck_assert_int_eq(F.acc_err[0], TW_ENOMEM);
 	ck_assert_int_eq(ts_run_until(F.base, peer_reset, &F.src, GUARD_MS), 1);
+	/* What was not delivered counts the bytes the kernel held too, which
+	 * the reset drops (before: only those not yet written to it). */
+	tw_comm_stats(F.acc[0], &st, sizeof(st));
+	at = strstr(tw_comm_last_error(F.acc[0]), "; ");
+	ck_assert_msg(at != NULL && sscanf(at, "; %llu bytes not delivered", &lost) == 1, "%s",
+		      tw_comm_last_error(F.acc[0]));
+	ck_assert_uint_gt(lost, wire - st.bytes_sent);
+	ck_assert_uint_le(lost, wire);
 	teardown();
 }
 END_TEST

@@ -327,12 +327,14 @@ int tw__comm_drained(tw_comm *c)
 }
 
 /* A close that failed says what it did not deliver: queued bytes and
- * bytes the peer's TCP never acknowledged (the kernel drops them as the
- * socket closes). */
+ * bytes the peer's TCP never acknowledged, which the kernel drops as the
+ * socket closes after a linger, or is reset (reset_on_end: the memory
+ * limit's and the relay stall's ends counted only the queued bytes,
+ * up to a send buffer short). */
 static void tell_undelivered(tw_comm *c, uint64_t queued)
 {
-	uint64_t lost =
-		queued + (c->linger.on ? tw__unacked_bytes(c->linger.fd, c->linger.fin) : 0);
+	int kernel = c->linger.on || c->reset_on_end;
+	uint64_t lost = queued + (kernel ? tw__unacked_bytes(c->linger.fd, c->linger.fin) : 0);
 	size_t len = strlen(c->error);
 	if (lost == 0 || c->linger.told || len + 1 >= sizeof(c->error))
 		return;

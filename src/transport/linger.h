@@ -20,7 +20,7 @@ struct event;
 struct tw__linger {
 	struct event *ev;
 	int on;           /* a close is under way: tw__linger_start ran */
-	int fd;           /* the socket, for SIOCOUTQ */
+	int fd;           /* the socket, for SIOCOUTQ (set with the socket) */
 	int told;         /* the error text already says what was not delivered */
 	int fin;          /* our FIN was sent (shutdown) */
 	uint64_t last_ms; /* bytes last moved (CLOCK_MONOTONIC) */

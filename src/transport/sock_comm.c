@@ -145,6 +145,7 @@ int tw__sock_init(struct tw__sock *s, const struct tw__comm_ops *ops,
 	}
 	s->hooks = hooks;
 	s->fd = fd;
+	s->base.linger.fd = fd; /* a reset end counts its unacknowledged bytes too */
 	s->io = io;
 	s->io_arg = io_arg;
 	s->q.esize = esize;
