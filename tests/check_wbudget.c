@@ -9,6 +9,7 @@
  * tls, ws and wss, and a tw_server; every wait is on progress, bounded by
  * the harness's hang guard. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -420,6 +421,21 @@ static int nonread_settled(void *arg)
 	return 1;
 }
 
+/* A comm the memory limit ended: its whole text, then what was not
+ * delivered (the text was cut at 255 bytes, in the setter's name, and the
+ * count dropped), which is more than what was still queued: the reset
+ * drops the kernel's unacknowledged copy too (its peer read nothing, so
+ * our socket was full), and the count left that out. */
+static void undelivered_past_queued(const char *text)
+{
+	const char *q = strstr(text, ", with "), *n = strstr(text, "_bytes); ");
+	unsigned long long queued = 0, lost = 0;
+	ck_assert_msg(q != NULL && sscanf(q, ", with %llu still queued", &queued) == 1, "%s", text);
+	ck_assert_msg(n != NULL && sscanf(n, "_bytes); %llu bytes not delivered", &lost) == 1, "%s",
+		      text);
+	ck_assert_msg(lost > queued, "%s", text);
+}
+
 START_TEST(memory_limit_ends_non_readers)
 {
 	struct tu h;
@@ -482,13 +498,7 @@ START_TEST(memory_limit_ends_non_readers)
 			      tw_strerror(sp->close_err), sp->last_error);
 		ck_assert_msg(strstr(sp->last_error, "ended by the memory limit") != NULL, "%s",
 			      sp->last_error);
-		/* the whole text, then what was not delivered (comm.h: the text
-		 * ended cut at 255 bytes, in the setter's name, and the count
-		 * was dropped) */
-		ck_assert_msg(strstr(sp->last_error, "(tw_context_set_memory_limit_bytes); ") !=
-					      NULL &&
-				      strstr(sp->last_error, " bytes not delivered") != NULL,
-			      "%s", sp->last_error);
+		undelivered_past_queued(sp->last_error);
 	}
 	ck_assert_uint_ge(ended, (size_t)NREAD - 2);
 	ck_assert_msg(nr.max_held <= MEM_LIMIT + 2 * NR_SIZE, "held %llu",
