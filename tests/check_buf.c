@@ -713,6 +713,56 @@ START_TEST(budget_last_step_all_ready)
 }
 END_TEST
 
+/* Two uploads fill a budget of 16 MiB; c0 passes and takes 8 MiB past
+ * it (12 MiB received, 28 to come), and stops past the bound; c1 waits.
+ * Both peers sent 1 MiB we have not read. */
+static void uploads_setup(struct tw__budget *b, struct tw__claim c[4], uint64_t got[4],
+			  uint32_t *pause_ms)
+{
+	uint64_t mib = (uint64_t)1 << 20;
+	tw__reclaim_wait();
+	ready_setup(b, c, 16 * mib, pause_ms);
+	got[0] = got[1] = 8 * mib;
+	got[2] = got[3] = 0;
+	ck_assert_int_eq(tw__budget_reserve(b, &c[0], 8 * mib, 40 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[1], 8 * mib, 40 * mib), 0);
+	tw__budget_moved(b, &c[0], got[0]);
+	tw__budget_moved(b, &c[1], got[1]);
+	ready_bytes[0] = ready_bytes[1] = mib;
+	ck_assert_int_eq(tw__budget_reserve(b, &c[0], 4 * mib, 32 * mib), 0);
+	ck_assert_ptr_eq(b->passer, &c[0]);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[1], 4 * mib, 32 * mib), TW_EAGAIN);
+	got[0] = 12 * mib;
+	tw__budget_moved(b, &c[0], got[0]);
+	ck_assert_int_eq(tw__budget_reserve(b, &c[0], 4 * mib, 28 * mib), 0);
+	ck_assert_uint_eq(b->used, 24 * mib); /* past the bound: no other pass */
+}
+
+/* c2, the express message, granted its first step, reads to the end of
+ * its `size` bytes, a step an interval, each granted at once, while c0
+ * receives drip[0] an interval as passer; it holds all of it then. */
+static void express_to_end(struct tw__budget *b, struct tw__claim c[4], uint64_t got[4],
+			   const uint64_t drip[4], uint64_t size)
+{
+	uint64_t left;
+	ck_assert_ptr_eq(b->express, &c[2]);
+	for (got[2] = c[2].held; got[2] < size; got[2] += left) {
+		/* an interval: c0 moves, c1 waits, c2 reads its step */
+		b->epoch++;
+		tw__budget_moved(b, &c[0], got[0]);
+		got[0] += drip[0];
+		tw__budget_moved(b, &c[0], got[0]);
+		tw__budget_moved(b, &c[2], c[2].got);
+		tw__budget_moved(b, &c[2], got[2]);
+		left = size - got[2];
+		left = got[2] < left ? got[2] : left;
+		ck_assert_int_eq(tw__budget_reserve(b, &c[2], left, size - got[2]), 0);
+		tw__budget_pass(b);
+	}
+	ck_assert_uint_eq(c[2].held, size);
+	ck_assert_ptr_eq(b->passer, &c[0]);
+}
+
 /* A message of a sixteenth of the limit at most whose peer sent it at once
  * goes on past a full budget beside a passer that moves above the floor
  * but slowly, one such at a time: behind two honest uploads at 1 MB/s
@@ -726,26 +776,12 @@ END_TEST
 START_TEST(budget_express_beside_slow_passer)
 {
 	uint64_t mib = (uint64_t)1 << 20, step = TW__BUDGET_MOVING_BYTES;
-	uint64_t got[4] = {8 * mib, 8 * mib, 0, 0}, drip[4] = {100000, 0, 0, 0};
-	uint64_t size = mib + 8, left; /* a sixteenth of the 16 MiB limit, and a head */
+	uint64_t got[4], drip[4] = {100000, 0, 0, 0};
+	uint64_t size = mib + 8; /* a sixteenth of the 16 MiB limit, and a head */
 	struct tw__claim c[4];
 	struct tw__budget b;
 	uint32_t pause_ms;
-	tw__reclaim_wait();
-	ready_setup(&b, c, 16 * mib, &pause_ms);
-	/* two uploads fill the budget; c0 passes and takes 8 MiB past it */
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 8 * mib, 40 * mib), 0);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 8 * mib, 40 * mib), 0);
-	tw__budget_moved(&b, &c[0], got[0]);
-	tw__budget_moved(&b, &c[1], got[1]);
-	ready_bytes[0] = ready_bytes[1] = mib;
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 32 * mib), 0);
-	ck_assert_ptr_eq(b.passer, &c[0]);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 32 * mib), TW_EAGAIN);
-	got[0] = 12 * mib;
-	tw__budget_moved(&b, &c[0], got[0]);
-	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 28 * mib), 0);
-	ck_assert_uint_eq(b.used, 24 * mib); /* past the bound: no other pass */
+	uploads_setup(&b, c, got, &pause_ms);
 	/* more to come than a sixteenth and a step, or nothing sent: it waits */
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size + 2 * step), TW_EAGAIN);
 	tw__budget_release(&b, &c[3]);
@@ -756,22 +792,7 @@ START_TEST(budget_express_beside_slow_passer)
 	 * while c0 moves on as passer and c1 waits */
 	ready_bytes[2] = mib;
 	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], step, size), 0);
-	ck_assert_ptr_eq(b.express, &c[2]);
-	for (got[2] = step; got[2] < size; got[2] += left) {
-		/* an interval: c0 moves 100 KB, c1 waits, c2 reads its step */
-		b.epoch++;
-		tw__budget_moved(&b, &c[0], got[0]);
-		got[0] += drip[0];
-		tw__budget_moved(&b, &c[0], got[0]);
-		tw__budget_moved(&b, &c[2], c[2].got);
-		tw__budget_moved(&b, &c[2], got[2]);
-		left = size - got[2];
-		left = got[2] < left ? got[2] : left;
-		ck_assert_int_eq(tw__budget_reserve(&b, &c[2], left, size - got[2]), 0);
-		tw__budget_pass(&b);
-	}
-	ck_assert_uint_eq(c[2].held, size);
-	ck_assert_ptr_eq(b.passer, &c[0]);
+	express_to_end(&b, c, got, drip, size);
 	ck_assert_ptr_nonnull(c[1].next);
 	tw__budget_release(&b, &c[2]);
 	ck_assert_ptr_null(b.express);
@@ -793,6 +814,81 @@ START_TEST(budget_express_beside_slow_passer)
 	tw__budget_release(&b, &c[2]);
 	ck_assert_ptr_eq(b.express, &c[3]);
 	ck_assert_uint_eq(c[3].held, step);
+	ck_assert_int_eq(cuts, 0);
+	for (int i = 0; i < 4; i++)
+		tw__budget_release(&b, &c[i]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
+/* A message of more than a sixteenth of the limit, up to the limit, whose
+ * peer sent its next bytes goes on beside a passer that lags: its peer
+ * sends slower than we read (nothing of it waits in its socket) and,
+ * at that rate, its bytes to come would take more than
+ * TW__BUDGET_LAG_FINISH intervals, for TW__BUDGET_LAG_LOOKS intervals in
+ * a row (an honest 16 MiB message waited 11.8 s and 28.9 s behind two
+ * uploads of 48 and 64 MiB at 1 MB/s through 64 MiB: breaker18 b18-2).
+ * Not beside a passer whose socket holds a step (we are the slow one, as
+ * for budget-bench's 100 MiB passers), nor beside one that would end
+ * within that time; and not a message larger than the limit, nor one
+ * that lagged itself (the other upload). Orders only: no clock. */
+START_TEST(budget_express_beside_lagging_passer)
+{
+	uint64_t mib = (uint64_t)1 << 20, step = TW__BUDGET_MOVING_BYTES;
+	uint64_t got[4], drip[4] = {100000, 0, 0, 0};
+	uint64_t size = 8 * mib + 8; /* half the 16 MiB limit, and a head */
+	struct tw__claim c[4];
+	struct tw__budget b;
+	uint32_t pause_ms;
+	uploads_setup(&b, c, got, &pause_ms);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 8 * mib, 28 * mib), 0); /* held 24 MiB */
+	ready_bytes[2] = mib;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[2], step, size), TW_EAGAIN);
+	/* c0's socket holds a step: we read slower than its peer sends */
+	for (unsigned i = 0; i < 2 * TW__BUDGET_LAG_LOOKS; i++)
+		interval(&b, c, got, drip, 1);
+	ck_assert_uint_eq(c[0].lag, 0);
+	/* its socket empty, but 1.5 MiB an interval: done within the horizon */
+	ready_bytes[0] = 0;
+	drip[0] = 3 * mib / 2;
+	for (unsigned i = 0; i < TW__BUDGET_LAG_LOOKS; i++)
+		interval(&b, c, got, drip, 1);
+	ck_assert_uint_eq(c[0].lag, 0);
+	ck_assert_ptr_null(b.express);
+	ck_assert_uint_eq(c[2].held, 0);
+	/* 100 KB an interval with 19 MiB to come: it lags; c2 goes beside it
+	 * once it lagged TW__BUDGET_LAG_LOOKS intervals, to its end */
+	drip[0] = 100000;
+	for (unsigned i = 1; i < TW__BUDGET_LAG_LOOKS; i++) {
+		interval(&b, c, got, drip, 1);
+		ck_assert_uint_eq(c[2].held, 0);
+	}
+	interval(&b, c, got, drip, 1);
+	ck_assert_uint_eq(c[2].held, step);
+	ck_assert_uint_eq(c[0].lag, TW__BUDGET_LAG_LOOKS);
+	express_to_end(&b, c, got, drip, size);
+	ck_assert_ptr_nonnull(c[1].next); /* c1, the other upload, waits */
+	ck_assert_uint_eq(b.used, 40 * mib + 8);
+	tw__budget_release(&b, &c[2]);
+	ck_assert_ptr_null(b.express);
+	/* larger than the limit: it waits for a pass, even beside this one */
+	ready_bytes[3] = mib;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, 16 * mib + 2 * step), TW_EAGAIN);
+	interval(&b, c, got, drip, 1);
+	ck_assert_uint_ge(c[0].lag, TW__BUDGET_LAG_LOOKS);
+	ck_assert_ptr_null(b.express);
+	tw__budget_release(&b, &c[3]);
+	/* within the limit, but it lagged while it held room: it waits */
+	c[3].lag = 1;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size), TW_EAGAIN);
+	interval(&b, c, got, drip, 1);
+	ck_assert_ptr_null(b.express);
+	ck_assert_uint_eq(c[3].held, 0);
+	/* the same, new: it goes */
+	tw__budget_release(&b, &c[3]);
+	ck_assert_uint_eq(c[3].lag, 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[3], step, size), 0);
+	ck_assert_ptr_eq(b.express, &c[3]);
 	ck_assert_int_eq(cuts, 0);
 	for (int i = 0; i < 4; i++)
 		tw__budget_release(&b, &c[i]);
@@ -1361,8 +1457,9 @@ int main(void)
 			 block_free_unmaps_off_thread, budget_rules, budget_cuts_slow_hoarders,
 			 budget_waits_for_pausers, budget_last_step_all_ready,
 			 budget_burst_does_not_reset_slow, budget_waiters_alone_past_the_bound,
-			 budget_express_beside_slow_passer, budget_skipped_waiter_passes,
-			 budget_counts_block_cache, budget_bounds_cache_put));
+			 budget_express_beside_slow_passer, budget_express_beside_lagging_passer,
+			 budget_skipped_waiter_passes, budget_counts_block_cache,
+			 budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

@@ -325,7 +325,16 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * message passing is the nearest to done in bytes, not in time: an upload
  * at 1 MB/s kept the pass to its end, and an honest 16 MiB message sent at
  * once waited 12 s behind two 48 MiB uploads through a 64 MiB budget, and
- * 29 s behind two of 64 MiB (breaker18 b18-2). So every message within the message
+ * 29 s behind two of 64 MiB (breaker18 b18-2). So once the message passing
+ * lags, that message beside it may be as large as the budget (and 64 KiB),
+ * if it never lagged itself: a message lags when, at the end of 100 ms in
+ * which it held room, less than 64 KiB of it waited unread in its socket
+ * (its peer sends slower than we read) and its bytes still to come, at the
+ * rate it received in those 100 ms, would take more than 2 s; the message
+ * passing lags once it did so 5 times in a row while passing (then the
+ * 16 MiB message waited 0.6 s and 1.3 s at most). Not beside a message
+ * passing that we read as fast as its peer sends (50 x 100 MiB through
+ * 1 GiB: the peak stays within the budget + 10%). So every message within the message
  * limit is received (what Dask sends is never refused, only queued), and
  * peers that drip their messages (whatever they declare, in whatever
  * fragments) cannot hold back a message that moves, even when the bytes
@@ -351,7 +360,8 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * What is reserved stays within the budget, that eighth, the one message
  * passing (up to the message limit), the message beside it (a sixteenth of the budget and
  * 64 KiB: a quarter took budget-bench's peak from budget + 9.2% to + 16.3%, past the
- * + 10% issue 17 asks of 50 x 100 MiB through 1 GiB), and one message's last 64 KiB. A paused
+ * + 10% issue 17 asks of 50 x 100 MiB through 1 GiB; the budget and 64 KiB beside a message
+ * passing that lags), and one message's last 64 KiB. A paused
  * comm's peer keeps its bytes: a pause longer than the peer's TCP timeout (30 s in Dask and here)
  * ends the connection there, so size the budget for the traffic (a comm waits about budget /
  * throughput at most). Messages up to the small-frame size (64 KiB) reserve nothing: they keep

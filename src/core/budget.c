@@ -257,6 +257,7 @@ static void set_passer(struct tw__budget *b, struct tw__claim *c)
 {
 	b->passer = c;
 	b->may_pass = 0;
+	c->lag = 0; /* its count as passer starts afresh */
 }
 
 uint64_t tw__budget_past_bytes(const struct tw__budget *b)
@@ -439,19 +440,58 @@ static void finish(struct tw__budget *b, struct tw__claim *self)
 		}
 }
 
-/* Whether c may go on past the limit beside the passer (express): a
- * message of a sixteenth of the limit and a step at most (a 4 MiB array
- * with its message's head and lengths, through 64 MiB; a quarter took
- * budget-bench's peak past budget + 10%: TW__BUDGET_EXPRESS_SHARE), not slow, whose
- * peer sent its next bytes (TW__BUDGET_MOVING_BYTES, or all still to
- * come). By its size, not by its bytes to come: an upload near its end
- * has few to come, and a message that started while there was room
- * waits with part of it in. */
+/* A holder's peer is slower than we read, and it is far from done: at
+ * the end of the interval, holding room (not waiting), less than a step
+ * of it waited in its socket (we had read all its peer sent: our own
+ * slowness fills the socket) and its bytes to come, at the rate it
+ * received in the interval, would take more than TW__BUDGET_LAG_FINISH
+ * intervals. Counted in h->lag, intervals in a row (one with a step in
+ * its socket, or a fast one, starts the count afresh); a waiter keeps its
+ * count. Nearest to done in bytes is not in time: an upload at 1 MB/s,
+ * above the slow floor, with 16-32 MiB to come, kept the pass 16-32 s
+ * (breaker18 b18-2); budget-bench's passers (100 MiB, their peers as fast
+ * as we read) received 1-30 MiB an interval with 0.5-5 MiB in their
+ * sockets, and lagged 2 intervals in a row at most. */
+static void lag_look(struct tw__budget *b)
+{
+	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext) {
+		uint64_t rest = to_come(h);
+		if (waiting(h))
+			continue;
+		if (h->ready == NULL ||
+		    h->ready(h) >=
+			    (rest < TW__BUDGET_MOVING_BYTES ? rest : TW__BUDGET_MOVING_BYTES) ||
+		    rest / TW__BUDGET_LAG_FINISH <= moved(b, h))
+			h->lag = 0;
+		else if (h->lag < UINT_MAX)
+			h->lag++;
+	}
+}
+
+/* The passer lagged TW__BUDGET_LAG_LOOKS intervals in a row (lag_look). */
+static int passer_lags(const struct tw__budget *b)
+{
+	return b->passer != NULL && b->passer->lag >= TW__BUDGET_LAG_LOOKS;
+}
+
+/* Whether c may go on past the limit beside the passer (express): not
+ * slow, its peer sent its next bytes (TW__BUDGET_MOVING_BYTES, or all
+ * still to come), and a message of a sixteenth of the limit and a step
+ * at most (a 4 MiB array with its message's head and lengths, through
+ * 64 MiB), or, once the passer lags (passer_lags), of the limit and a
+ * step at most if it never lagged itself (an upload at 1 MB/s waiting
+ * beside the one passing would take the place for as long). Not larger
+ * beside a passer that does not lag: with a quarter, budget-bench's
+ * 100 MiB messages went beside passers as fast as we read them and its
+ * peak went past budget + 10% (TW__BUDGET_EXPRESS_SHARE). By its size,
+ * not by its bytes to come: an upload near its end has few to come, and
+ * a message that started while there was room waits with part of it in. */
 static int express_fits(const struct tw__budget *b, const struct tw__claim *c)
 {
 	uint64_t rest = to_come(c);
-	return !c->cut && c->slow == 0 &&
-	       c->end <= b->limit / TW__BUDGET_EXPRESS_SHARE + TW__BUDGET_MOVING_BYTES &&
+	uint64_t size =
+		passer_lags(b) && c->lag == 0 ? b->limit : b->limit / TW__BUDGET_EXPRESS_SHARE;
+	return !c->cut && c->slow == 0 && c->end <= size + TW__BUDGET_MOVING_BYTES &&
 	       c->ready != NULL &&
 	       c->ready(c) >= (rest < TW__BUDGET_MOVING_BYTES ? rest : TW__BUDGET_MOVING_BYTES);
 }
@@ -469,7 +509,8 @@ static int express_fits(const struct tw__budget *b, const struct tw__claim *c)
  * through a 64 MiB budget, 29 s behind two of 64 MiB (breaker18 b18-2:
  * 39 s).
  * What it adds past the limit is one message of a sixteenth of the limit
- * (and a step): a peer that takes the place and then drips or
+ * (and a step), or of the limit beside a passer that lags (express_fits):
+ * a peer that takes the place and then drips or
  * pauses keeps it (it waits when it asks again, as any holder) until it
  * ends or is cut as a hoarder, so peers that drip, however many, hold
  * that much at most through it, one at a time. */
@@ -668,6 +709,7 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
 	c->got = c->got_mark = 0; /* the next message counts from 0 */
 	c->slow = c->drips = 0;
 	c->ready_wait = 0;
+	c->lag = 0;
 	c->cut = 0;
 	b->progress++;
 	admit(b, NULL);
@@ -738,14 +780,17 @@ static void mark(struct tw__budget *b, int quiet)
 void tw__budget_look(struct tw__budget *b)
 {
 	uint64_t used = b->used;
+	lag_look(b);
 	mark(b, 0);
 	cut_hoarders(b, NULL);
-	if (b->used != used) /* the cuts made room */
+	/* the cuts made room, or the passer lags: a waiter may go beside it */
+	if (b->used != used || (passer_lags(b) && b->express == NULL))
 		admit(b, NULL);
 }
 
 void tw__budget_pass(struct tw__budget *b)
 {
+	lag_look(b);
 	mark(b, 1);
 	b->may_pass = 1;
 	admit(b, NULL);

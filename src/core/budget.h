@@ -43,6 +43,10 @@ struct tw__claim {
 	 * (`ready`): its count stands still, and it ranks by its rest. */
 	int ready_wait;
 	uint64_t wait_epoch; /* the pass interval in which it last waited or was granted */
+	/* Pass intervals in a row at whose end it held room, not waiting, and
+	 * lagged (lag_look in budget.c); a waiter keeps its count. From 0
+	 * when it starts to pass, and for its next message. */
+	unsigned lag;
 	/* Where its message ends (got + rest when it last asked; UINT64_MAX
 	 * when unknown): what is still to come is end - got. */
 	uint64_t end;
@@ -95,8 +99,10 @@ struct tw__claim {
  * as long as it takes, and once what it took past the limit passes
  * tw__budget_past_bytes no other pass starts until it ends (an honest
  * 16 MiB message waited 12-39 s behind two such uploads: breaker18
- * b18-2). While anyone waits, the block cache takes in nothing
- * (tw__block_cache_bypass). */
+ * b18-2). Beside a passer that lags (its peer slower than we read, and
+ * far from done at its rate: TW__BUDGET_LAG_LOOKS), the express message
+ * may be as large as the limit, if it never lagged itself. While anyone
+ * waits, the block cache takes in nothing (tw__block_cache_bypass). */
 #define TW__BUDGET_MAX_SKIPS 8
 struct tw__budget {
 	uint64_t limit, used;
@@ -128,9 +134,9 @@ struct tw__budget {
 	/* A waiter granted its last step (at most TW__BUDGET_MOVING_BYTES) past
 	 * the limit because all of it was in its socket, until released. */
 	struct tw__claim *finisher;
-	/* A message of a sixteenth of the limit at most, granted past the
-	 * limit beside the passer while it moves, until released (express()
-	 * in budget.c). */
+	/* A message of a sixteenth of the limit at most (of the limit beside
+	 * a passer that lags), granted past the limit beside the passer while
+	 * it moves, until released (express() in budget.c). */
 	struct tw__claim *express;
 	int may_pass; /* tw__budget_pass said so, and no passer started or moved since */
 	uint64_t progress;
@@ -158,6 +164,15 @@ struct tw__budget {
  * through a 1 GiB budget went beside the passer and budget-bench's peak
  * rose from budget + 9.2% to + 16.3%. */
 #define TW__BUDGET_EXPRESS_SHARE 16u
+/* A holder lags (lag_look in budget.c) when, at the end of a pass
+ * interval, we had read all its peer sent (less than
+ * TW__BUDGET_MOVING_BYTES waited in its socket) and its bytes to come, at
+ * the rate it received in the interval, would take more than
+ * TW__BUDGET_LAG_FINISH intervals (2 s). Once the passer lagged
+ * TW__BUDGET_LAG_LOOKS intervals in a row, the express message may be of
+ * any size within the limit, if it never lagged. */
+#define TW__BUDGET_LAG_LOOKS  5u
+#define TW__BUDGET_LAG_FINISH 20u
 /* While the bytes past the limit are too many, a holder seen slow for
  * this many pass intervals in a row (2 s at least) is cut if it drips
  * (in at least TW__BUDGET_DRIP_TIMES of the last TW__BUDGET_DRIP_INTERVALS)
