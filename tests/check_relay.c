@@ -1515,19 +1515,16 @@ END_TEST
  * the watch still looks (every second, ending nobody), so the limit set
  * later applies; before, a watch started with the limit off never looked
  * again and the source waited for its peer's TCP timeout (breaker20) --- */
-static uint64_t stuck_sent;
-static int stuck_turns;
-/* The source's feed and the destination's writes stood still for 100
- * loop turns (the tick turns the loop every 5 ms). */
-static int fed_until_stuck(void *arg)
+
+/* The source is fed until a look of the relay stall watch found the
+ * destination holding the source up with nothing acknowledged by its
+ * peer since the watch's previous look (ctx->relay_still_looks: the
+ * watch's own progress, not a count of loop turns), or until acc[1]
+ * ended. */
+static int fed_until_watched_still(void *arg)
 {
-	tw_stats st;
-	(void)arg;
 	fed_until_dst_ended(NULL);
-	tw_comm_stats(F.acc[1], &st, sizeof(st));
-	stuck_turns = st.bytes_sent == stuck_sent && st.bytes_sent > 0 ? stuck_turns + 1 : 0;
-	stuck_sent = st.bytes_sent;
-	return stuck_turns >= 100 || F.acc_ended[1];
+	return F.ctx->relay_still_looks >= *(uint64_t *)arg || F.acc_ended[1];
 }
 
 START_TEST(relay_stall_pause_limit_set_later)
@@ -1536,10 +1533,9 @@ START_TEST(relay_stall_pause_limit_set_later)
 	struct event *tick;
 	int dst;
 	uint8_t *p = stall_start(big, 0, hub_to_raw, &dst);
-	stuck_sent = 0;
-	stuck_turns = 0;
-	tick = ts_tick_new(F.base, 5);
-	ck_assert_int_eq(ts_run_until(F.base, fed_until_stuck, NULL, GUARD_MS), 1);
+	uint64_t still = F.ctx->relay_still_looks + 1;
+	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_watched_still, &still, GUARD_MS), 1);
 	ck_assert_int_eq(F.acc_ended[1], 0); /* the limit off ends nobody */
 	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 300), 0);
 	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, NULL, GUARD_MS), 1);

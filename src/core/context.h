@@ -118,6 +118,11 @@ struct tw_context {
 	struct event *mem_ev;
 	uint64_t mem_looks;
 	void (*mem_cut)(tw_context *ctx);
+	/* Looks of the relay stall watches (transport/stream_comm.c) that
+	 * found a destination holding its source up with its peer's TCP
+	 * having acknowledged nothing since the watch's last look: the
+	 * watch's own progress, which tests wait on (check_relay). */
+	uint64_t relay_still_looks;
 	/* Loop threads (core/loops.c, tw_context_set_loop_threads): loops[i]
 	 * for i >= 1 is a context of its own with its own loop thread;
 	 * loops[0] is this one. On those, `main` is this context and `index`

@@ -288,15 +288,18 @@ static void relay_stalled(evutil_socket_t fd, short what, void *arg)
 	tw_comm *c = &s->sock.base;
 	uint32_t ms = c->ctx->limits.budget_pause_ms;
 	uint64_t acked, now;
+	int still;
 	(void)fd;
 	(void)what;
 	if (c->relay_queued == 0 || c->relay_wait)
 		return; /* nothing relayed left, or we wait for the source: a pump watches again */
 	acked = tw__sock_acked(c);
 	now = tw__mono_ms();
+	still = acked == s->relay_stall_acked && holds_source(s);
+	c->ctx->relay_still_looks += (uint64_t)still;
 	/* it took some since the last look, or holds no source up (yet), or
 	 * the limit is off: the stillness counts from now */
-	if (acked != s->relay_stall_acked || ms == 0 || !holds_source(s)) {
+	if (!still || ms == 0) {
 		s->relay_stall_acked = acked;
 		s->relay_still_ms = now;
 	}
