@@ -1546,6 +1546,38 @@ START_TEST(relay_stall_pause_limit_set_later)
 }
 END_TEST
 
+/* --- a lowered pause limit applies at once: the setter makes every
+ * relay stall watch look again now, and re-arm at the new limit's step;
+ * before, it took effect at the next look scheduled under the old limit
+ * (breaker20: 20,000 -> 1,000 ms ended a stalled destination 3.5 s later,
+ * an eighth of the old limit's step after the set) --- */
+START_TEST(relay_stall_pause_limit_lowered)
+{
+	static const size_t big[] = {10, 256 * MiB};
+	struct event *tick;
+	int dst;
+	uint8_t *p = stall_start(big, 20000, hub_to_raw, &dst);
+	uint64_t still = F.ctx->relay_still_looks + 1;
+	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
+	/* a look found the peer still for a step of the old limit (2.5 s):
+	 * longer than the new limit */
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_watched_still, &still, GUARD_MS), 1);
+	ck_assert_int_eq(F.acc_ended[1], 0);
+	event_free(tick);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 1000), 0);
+	ck_assert_int_eq(F.acc_ended[1], 0); /* the look runs from the loop, not in the setter */
+	/* one pass of the loop that does not wait for any timer: the watch's
+	 * next look under the old limit is a step (2.5 s) away */
+	ck_assert_int_eq(event_base_loop(F.base, EVLOOP_NONBLOCK), 0);
+	ck_assert_msg(F.acc_ended[1], "the lowered limit waited for a look under the old one");
+	ck_assert_msg(strstr(tw_comm_last_error(F.acc[1]), "(the pause limit of 1000 ms") != NULL,
+		      "%s", tw_comm_last_error(F.acc[1]));
+	stall_ended(p, 1000);
+	close(dst);
+	teardown();
+}
+END_TEST
+
 int main(void)
 {
 	/* SIGPIPE kept: splice must not raise it */
@@ -1565,6 +1597,6 @@ int main(void)
 				 relay_frame_not_in_write_hwm, relay_destination_stands_still,
 				 relay_stall_ended_before_source_timeout, relay_stall_behind_memory,
 				 relay_destination_freed_with_queue,
-				 relay_stall_pause_limit_set_later,
+				 relay_stall_pause_limit_set_later, relay_stall_pause_limit_lowered,
 				 memory_limit_resets_non_reader))));
 }

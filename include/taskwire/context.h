@@ -431,7 +431,11 @@ int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
  * cut (the comms wait for every holder; memory stays bounded, but a peer
  * that never ends its message holds the others for ever). The same limit
  * ends a relay's destination whose peer takes nothing (it holds up the
- * relay's source: include/taskwire/relay.h). Loop thread.
+ * relay's source: include/taskwire/relay.h). A new limit applies at the
+ * next look: the receive budget and the memory limit look every 100 ms,
+ * and the relay stall watches look again when it is set (a destination
+ * whose peer has stood still longer than a lowered limit ends then).
+ * Loop thread.
  * Returns 0, or:
  *   TW_EINVAL  ctx is NULL */
 int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms);

@@ -489,10 +489,17 @@ int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes)
 	return 0;
 }
 
-/* Read by the budget at each look (rbudget.pause_ms). */
+/* Read by the budget and the memory limit at each look (rbudget.pause_ms;
+ * they look every pass interval). The relay stall watches look every
+ * eighth of the limit: they look again now, so that a lowered limit
+ * applies at once, not at a look scheduled under the old one (breaker20:
+ * 20,000 -> 1,000 ms ended a stalled destination 3.5 s later). */
 int tw_context_set_receive_budget_pause_ms(tw_context *ctx, uint32_t ms)
 {
-	return TW__SET_LIMIT(ctx, budget_pause_ms, ms, 1);
+	int rv = TW__SET_LIMIT(ctx, budget_pause_ms, ms, 1);
+	if (rv == 0 && ctx->pause_limit_set != NULL)
+		ctx->pause_limit_set(ctx);
+	return rv;
 }
 
 int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes)

@@ -123,6 +123,10 @@ struct tw_context {
 	 * having acknowledged nothing since the watch's last look: the
 	 * watch's own progress, which tests wait on (check_relay). */
 	uint64_t relay_still_looks;
+	/* Tells every comm of the context that the pause limit changed
+	 * (tw__comm_ops.pause_limit_set), set by the first comm made
+	 * (transport/comm.c); NULL while there is none. */
+	void (*pause_limit_set)(tw_context *ctx);
 	/* Loop threads (core/loops.c, tw_context_set_loop_threads): loops[i]
 	 * for i >= 1 is a context of its own with its own loop thread;
 	 * loops[0] is this one. On those, `main` is this context and `index`

@@ -224,6 +224,16 @@ void tw__comm_wq_unhold(tw_comm *c, uint64_t n)
 	tw__ctx_write_unheld(c->ctx, n);
 }
 
+/* The pause limit changed: tell each comm that watches by it. */
+static void pause_limit_set(tw_context *ctx)
+{
+	for (struct tw__node *n = ctx->objects.next; n != &ctx->objects; n = n->next) {
+		tw_comm *c = tw__node_comm(n);
+		if (c != NULL && !c->ended && c->ops->pause_limit_set != NULL)
+			c->ops->pause_limit_set(c);
+	}
+}
+
 void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 {
 	c->ops = ops;
@@ -233,6 +243,7 @@ void tw__comm_init(tw_comm *c, const struct tw__comm_ops *ops, tw_context *ctx)
 	c->end_tail = &c->end_watches;
 	tw__ctx_track(ctx, &c->node, kill_comm);
 	tw__overload_attach(ctx);
+	ctx->pause_limit_set = pause_limit_set;
 }
 
 void tw__comm_set_addresses(tw_comm *c, int fd, const char *scheme)

@@ -28,6 +28,10 @@ struct tw__comm_ops {
 	int (*rx_pending)(const tw_comm *c); /* bytes of a next message already taken in */
 	void (*fail)(tw_comm *c, int err);   /* bad input: write what is queued, then end */
 	uint64_t (*acked)(const tw_comm *c); /* bytes its peer's TCP acknowledged, all */
+	/* The context's pause limit changed (tw_context_set_receive_budget_pause_ms):
+	 * watches timed by it look again now, and then at its new step. NULL:
+	 * none. */
+	void (*pause_limit_set)(tw_comm *c);
 };
 
 /* What every comm has. The application owns the comm; `depth` counts the

@@ -344,6 +344,19 @@ static void watch_relay_stall(struct stream *s, int on)
 	}
 }
 
+/* The pause limit changed: a running watch looks now (a look event made
+ * active runs from the loop, not inside the setter), and re-arms at the
+ * new limit's step. Its baseline is kept: a peer that stood still for
+ * longer than a lowered limit is ended at that look. */
+static void s_pause_limit_set(tw_comm *c)
+{
+	struct stream *s = (struct stream *)c;
+	if (s->relay_stall_ev == NULL || !event_pending(s->relay_stall_ev, EV_TIMEOUT, NULL))
+		return;
+	event_del(s->relay_stall_ev);
+	event_active(s->relay_stall_ev, EV_TIMEOUT, 0);
+}
+
 /* The writer stops at bytes in memory (the socket is full, or the pass's
  * budget is spent) with relay frames queued behind them: a relay's source
  * may wait for those frames (holds_source). */
@@ -1098,8 +1111,10 @@ static const struct tw__sock_hooks stream_hooks = {
 };
 
 static const struct tw__comm_ops stream_ops = {
-	s_start,     s_write,        tw__sock_queued,     s_close, tw__sock_stop,  tw__sock_destroy,
-	s_set_place, tw__sock_pause, tw__sock_rx_pending, s_fail,  tw__sock_acked,
+	s_start,     s_write,        tw__sock_queued,
+	s_close,     tw__sock_stop,  tw__sock_destroy,
+	s_set_place, tw__sock_pause, tw__sock_rx_pending,
+	s_fail,      tw__sock_acked, s_pause_limit_set,
 };
 
 int tw__stream_is(const tw_comm *c)

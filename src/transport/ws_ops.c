@@ -242,8 +242,18 @@ static void w_set_place(tw_comm *c, tw__place_fn fn, void *arg)
 }
 
 const struct tw__comm_ops tw__wsc_ops = {
-	w_start,     tw__wsc_write,  tw__sock_queued,     w_close, tw__sock_stop,  tw__sock_destroy,
-	w_set_place, tw__sock_pause, tw__sock_rx_pending, w_fail,  tw__sock_acked,
+	w_start,
+	tw__wsc_write,
+	tw__sock_queued,
+	w_close,
+	tw__sock_stop,
+	tw__sock_destroy,
+	w_set_place,
+	tw__sock_pause,
+	tw__sock_rx_pending,
+	w_fail,
+	tw__sock_acked,
+	NULL, /* no watch timed by the pause limit: ws relays nothing */
 };
 
 /* The shell's timer times the upgrade, then the close linger. */
