@@ -423,6 +423,11 @@ START_TEST(ws_peer_close_idle)
 	ck_assert(tu_wait_flag(&h, &cli->closed, TU_WAIT_MS));
 	ck_assert_msg(cli->close_err == TW_ETOOBIG, "%s (%s)", tw_strerror(cli->close_err),
 		      cli->last_error);
+	/* the peer's reason, and nothing counted as not delivered: the only
+	 * bytes we wrote are our answering close frame, which the peer reads
+	 * (before: "...; 8 bytes not delivered", that frame, evidence18 D3) */
+	ck_assert_msg(strcmp(cli->last_error, "closed by peer (code 1009: too big)") == 0, "%s",
+		      cli->last_error);
 	wu_fake_join(f); /* it read to our EOF */
 	ck_assert_uint_eq(wu_parse(f->got, f->ngot, fr, 2, NULL), 1);
 	ck_assert_int_eq(fr[0].op, 8);

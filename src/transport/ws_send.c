@@ -292,6 +292,21 @@ static int ctrl_step(struct ws *w)
 	}
 	if (r > 0)
 		return 1;
+	if (w->close_sent && w->close_rcvd && w->err_after_close != 0 &&
+	    w->sock.queued_bytes == 0) {
+		/* Our answer to the peer's close is written, nothing else is
+		 * queued, and the comm ends with an error, whose text counts
+		 * what was not delivered: the linger waits for the peer's TCP
+		 * to acknowledge the answer first (nothing more is written).
+		 * Ending at once counted the answer itself as not delivered
+		 * (evidence18 D3: a client that answered close 1009 said "8
+		 * bytes not delivered", its close frame, which the peer read).
+		 * With data still queued the comm ends at once, as before: that
+		 * data is never sent after our close. */
+		event_del(w->sock.wev);
+		tw__wsc_linger_check(w);
+		return -1;
+	}
 	if (w->close_sent && w->close_rcvd) {
 		tw__wsc_end_after_close(w);
 		return -1;
