@@ -14,14 +14,17 @@ request) is ended by the memory limit (TW_ENOMEM: the scheduler logs
 "ended by the memory limit" for its comm, and for no other), while the
 honest client's scatters and gathers go on, during and after; both workers
 stay; the scheduler exits 0 on SIGTERM. Waits are on progress (the log
-line, the replies), each with a hang guard; nothing asserts a time.
+line, the replies, socket queues), each with a hang guard; nothing asserts
+a time. One window is a time, because it is the rule under test: the
+relay held for the pause limit (paused_workers).
 
 With `relay`, the same scheduler relays payloads (the default 64 KiB
 threshold: they stay in the sockets, counted in no budget and no limit)
 and has --pause-limit 2000. Asserts: honest scatters and gathers as above;
 a raw client reading a relayed 320 MiB gather while both workers are
-stopped (SIGSTOP) for twice the pause limit in the middle of it gets every
-byte and is not ended (before, the relayed bytes counted in the limit and
+stopped (SIGSTOP) in the middle of it, held (seen in /proc/net/tcp: the
+scheduler's socket to it empty, and its own) for the pause limit and a
+second, gets every byte and is not ended (before, the relayed bytes counted in the limit and
 the client was ended as a hoarder: user19); a raw client that never reads
 its relayed 320 MiB gather is ended after the pause limit (TW_ETIMEDOUT:
 it held up the workers' sockets), and only it; both workers stay.
@@ -112,11 +115,27 @@ def guarded(what, fn, *args):
     return out[0][1]
 
 
+def tcp_queues(local, remote):
+    """The (send, receive) queue bytes of the 127.0.0.1 tcp socket from port
+    local to port remote (/proc/net/tcp: tx_queue, rx_queue), or None."""
+    want = ("0100007F:%04X" % local, "0100007F:%04X" % remote)
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if (fields[1], fields[2]) == want:
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None
+
+
 def paused_workers(sched, port, workers, keys):
     """A raw client reads a relayed gather of keys while every worker is
-    stopped in the middle of it for twice the pause limit: it gets all of
-    it and its comm is not ended."""
+    stopped in the middle of it: once the relay is held (the scheduler has
+    nothing left to write to the client, and the client read it all), it
+    stays held for the pause limit and the looks that judge it; the client
+    gets all of it and its comm is not ended."""
     sock = hoarder(port, keys, rcvbuf=None)
+    mine = sock.getsockname()[1]
     got = [0]
     out = []
     gate = threading.Event()
@@ -124,6 +143,12 @@ def paused_workers(sched, port, workers, keys):
     def reader():
         read_reply(sock, [0])  # the scheduler's handshake
         out.append(read_reply(sock, got, gate))
+
+    def held():
+        """The scheduler's socket to the client has nothing queued and the
+        client's nothing unread: the relay waits for its stopped sources."""
+        theirs, ours = tcp_queues(port, mine), tcp_queues(mine, port)
+        return theirs is not None and ours is not None and theirs[0] == 0 and ours[1] == 0
 
     t = threading.Thread(target=reader, daemon=True)
     t.start()
@@ -134,9 +159,22 @@ def paused_workers(sched, port, workers, keys):
         w.send_signal(signal.SIGSTOP)
     gate.set()
     try:
-        # the rules' window, not a synchronization: the limit and the relay
-        # watch judge peers that stand still for the pause limit (2 s)
-        time.sleep(2 * PAUSE_S)
+        wait_until("the relayed gather held by the stopped workers",
+                   lambda: held() or not t.is_alive(), guard=GUARD)
+        assert t.is_alive(), "the reader ended before the relay was held: %r" % (out,)
+        at_held = got[0]
+        # The window is the rule under test, not a synchronization: the
+        # scheduler ends a peer that took none of its queued bytes for the
+        # pause limit (the memory limit looks every 100 ms, the relay stall
+        # watch every eighth of the limit). The client's comm, whose writer
+        # waits for the relay's stopped sources, must outlive a judgment:
+        # the pause limit, plus a second for those looks, from the moment
+        # the relay was seen held. Nothing the scheduler prints tells that
+        # a look passed it over, so this cannot wait on progress instead.
+        time.sleep(PAUSE_S + 1.0)
+        # the relay was held all along: the rest waits behind the workers
+        assert t.is_alive() and not out, "the gather ended while the workers were stopped"
+        print("relay held with %d bytes read, %d after the window" % (at_held, got[0]), flush=True)
     finally:
         for w in workers.values():
             w.send_signal(signal.SIGCONT)
