@@ -1527,17 +1527,27 @@ static int fed_until_watched_still(void *arg)
 	return F.ctx->relay_still_looks >= *(uint64_t *)arg || F.acc_ended[1];
 }
 
+/* A relay stuck on a destination that never reads, pause limit ms: fed
+ * until a look of the stall watch found it still, not ended. */
+static uint8_t *stall_stuck(const size_t *big, uint32_t ms, int *dst)
+{
+	uint8_t *p = stall_start(big, ms, hub_to_raw, dst);
+	uint64_t still = F.ctx->relay_still_looks + 1;
+	struct event *tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
+	ck_assert_int_eq(ts_run_until(F.base, fed_until_watched_still, &still, GUARD_MS), 1);
+	event_free(tick);
+	ck_assert_int_eq(F.acc_ended[1], 0);
+	return p;
+}
+
 START_TEST(relay_stall_pause_limit_set_later)
 {
 	static const size_t big[] = {10, 256 * MiB};
 	struct event *tick;
 	int dst;
-	uint8_t *p = stall_start(big, 0, hub_to_raw, &dst);
-	uint64_t still = F.ctx->relay_still_looks + 1;
-	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
-	ck_assert_int_eq(ts_run_until(F.base, fed_until_watched_still, &still, GUARD_MS), 1);
-	ck_assert_int_eq(F.acc_ended[1], 0); /* the limit off ends nobody */
+	uint8_t *p = stall_stuck(big, 0, &dst); /* the limit off ends nobody */
 	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 300), 0);
+	tick = ts_tick_new(F.base, 5);
 	ck_assert_int_eq(ts_run_until(F.base, fed_until_dst_ended, NULL, GUARD_MS), 1);
 	event_free(tick);
 	stall_ended(p, 300);
@@ -1554,16 +1564,10 @@ END_TEST
 START_TEST(relay_stall_pause_limit_lowered)
 {
 	static const size_t big[] = {10, 256 * MiB};
-	struct event *tick;
 	int dst;
-	uint8_t *p = stall_start(big, 20000, hub_to_raw, &dst);
-	uint64_t still = F.ctx->relay_still_looks + 1;
-	tick = ts_tick_new(F.base, 5); /* the feed looks at the source's socket */
 	/* a look found the peer still for a step of the old limit (2.5 s):
 	 * longer than the new limit */
-	ck_assert_int_eq(ts_run_until(F.base, fed_until_watched_still, &still, GUARD_MS), 1);
-	ck_assert_int_eq(F.acc_ended[1], 0);
-	event_free(tick);
+	uint8_t *p = stall_stuck(big, 20000, &dst);
 	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(F.ctx, 1000), 0);
 	ck_assert_int_eq(F.acc_ended[1], 0); /* the look runs from the loop, not in the setter */
 	/* one pass of the loop that does not wait for any timer: the watch's
