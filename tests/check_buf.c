@@ -952,6 +952,72 @@ END_TEST
  * messages of 128 MiB, the budget lowered from 1 GiB to 16 MiB, all 6
  * cut); excused for ever, or never passed for what it held itself (the
  * rules before that), they held the budget for ever. */
+/* The budget's clock in budget_cuts_still_holders (tw__budget.now_ms). */
+static uint64_t fake_now;
+
+static uint64_t fake_clock(void)
+{
+	return fake_now;
+}
+
+/* A pass interval of ms: the passer c0 moves 128 KiB in it, then the look. */
+static void still_interval(struct tw__budget *b, struct tw__claim *c0, uint64_t *got0, uint64_t ms)
+{
+	b->epoch++;
+	fake_now += ms;
+	*got0 += (uint64_t)128 << 10;
+	tw__budget_moved(b, c0, *got0);
+	tw__budget_look(b);
+}
+
+/* A holder whose peer sends nothing is cut once the pause limit (3 s) has
+ * passed since its last byte, within the limit and its eighth, while it
+ * waits for its next step; while bytes of its peer wait unread in its
+ * socket (the budget paused it) it is not, nor with the limit at 0. c1
+ * holds 4 MiB of an 8 MiB budget and waits for 4 MiB more behind the
+ * passer c0, which moves. Before (pause19), a waiter that had moved when
+ * it asked counted as waiting for us, was never slow and never cut. */
+START_TEST(budget_cuts_still_holders)
+{
+	struct tw__budget b;
+	struct tw__claim c[4];
+	uint32_t pause_ms;
+	uint64_t mib = (uint64_t)1 << 20, got0 = 4 * mib;
+	ready_setup(&b, c, 8 * mib, &pause_ms);
+	b.now_ms = fake_clock;
+	fake_now = 1000;
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 200 * mib), 0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 100 * mib), 0);
+	tw__budget_moved(&b, &c[0], got0);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[0], 4 * mib, 96 * mib), 0);
+	ck_assert_ptr_eq(b.passer, &c[0]);
+	tw__budget_moved(&b, &c[1], 4 * mib);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 196 * mib), TW_EAGAIN);
+	ready_bytes[1] = 100; /* its peer's bytes wait: the wait is ours */
+	for (int i = 0; i < 10; i++)
+		still_interval(&b, &c[0], &got0, 500);
+	ck_assert_int_eq(cuts, 0);
+	ready_bytes[1] = 0; /* its peer sends nothing from here */
+	for (int i = 0; i < 5; i++)
+		still_interval(&b, &c[0], &got0, 500);
+	ck_assert_int_eq(cuts, 0); /* 2500 ms since its last byte */
+	pause_ms = 0;              /* 3000 ms, the limit at 0: nobody is cut */
+	still_interval(&b, &c[0], &got0, 500);
+	ck_assert_int_eq(cuts, 0);
+	pause_ms = 3000;
+	still_interval(&b, &c[0], &got0, 0);
+	ck_assert_int_eq(cuts, 1);
+	ck_assert_int_eq(c[1].cut, TW__BUDGET_CUT_STILL);
+	ck_assert_uint_eq(c[1].held, 0);
+	ck_assert_int_eq(c[0].cut, 0);
+	ck_assert_uint_eq(b.used, 8 * mib);
+	ck_assert_int_eq(tw__budget_reserve(&b, &c[1], 4 * mib, 196 * mib), TW_EAGAIN);
+	tw__budget_release(&b, &c[1]);
+	tw__budget_release(&b, &c[0]);
+	ck_assert_uint_eq(b.used, 0);
+}
+END_TEST
+
 START_TEST(budget_waiters_alone_past_the_bound)
 {
 	uint64_t mib = (uint64_t)1 << 20, got[2] = {0, 0};
@@ -1456,10 +1522,10 @@ int main(void)
 			 block_cache_stats, block_lazy_commit, block_commit_rlimit, slice_data,
 			 block_free_unmaps_off_thread, budget_rules, budget_cuts_slow_hoarders,
 			 budget_waits_for_pausers, budget_last_step_all_ready,
-			 budget_burst_does_not_reset_slow, budget_waiters_alone_past_the_bound,
-			 budget_express_beside_slow_passer, budget_express_beside_lagging_passer,
-			 budget_skipped_waiter_passes, budget_counts_block_cache,
-			 budget_bounds_cache_put));
+			 budget_burst_does_not_reset_slow, budget_cuts_still_holders,
+			 budget_waiters_alone_past_the_bound, budget_express_beside_slow_passer,
+			 budget_express_beside_lagging_passer, budget_skipped_waiter_passes,
+			 budget_counts_block_cache, budget_bounds_cache_put));
 	TCase *msgs = ts_tcase("msg", 0,
 			       TS_TESTS(msg_empty, msg_append_copy, msg_append_ref,
 					msg_append_slice, msg_append_invalid, msg_many_frames,

@@ -719,6 +719,16 @@ static void pauser_pump(struct pauser *p)
 		p->got += (size_t)n;
 }
 
+/* p connects to h's listener, whose idx-th comm it is, to send a one-frame
+ * message of len bytes (pattern seed) and read its echo. */
+static void pauser_connect(struct tu *h, struct pauser *p, size_t len, unsigned seed, size_t idx)
+{
+	p->m = wire_msg(len, seed, &p->len);
+	ck_assert_ptr_nonnull(p->back = malloc(p->len));
+	ck_assert_int_ge(p->fd = ts_raw_connect(h->addr), 0);
+	ck_assert_ptr_nonnull(p->sp = tu_server_peer(h, idx));
+}
+
 /* The pause (pacing only, no assertion): a holder of the budget has been
  * slow for 2 x TW__BUDGET_CUT_INTERVALS pass intervals, while more than
  * the 4 MiB are reserved past the budget. Stops at once when a pauser's
@@ -769,10 +779,7 @@ START_TEST(receive_budget_pausers_are_not_cut)
 	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
 	for (int i = 0; i < NPAUSE; i++) {
 		struct pauser *p = &ps.p[i];
-		p->m = wire_msg(PAUSE_MSG, 20 + (unsigned)i, &p->len);
-		ck_assert_ptr_nonnull(p->back = malloc(p->len));
-		ck_assert_int_ge(p->fd = ts_raw_connect(h.addr), 0);
-		ck_assert_ptr_nonnull(p->sp = tu_server_peer(&h, (size_t)i));
+		pauser_connect(&h, p, PAUSE_MSG, 20 + (unsigned)i, (size_t)i);
 		p->upto = p->len / 2;
 	}
 	ck_assert(tu_run_until(&h, pausers_paused, &ps, TU_WAIT_MS));
@@ -872,6 +879,143 @@ START_TEST(receive_budget_burst_hoarder_is_cut)
 }
 END_TEST
 
+/* A peer that holds the budget and sends nothing is cut at the pause
+ * limit, whatever else the budget does; honest peers beside it are not
+ * (pause19). Through a 1 MiB budget with a 500 ms pause limit (5 pass
+ * intervals): P declares 4 MiB, sends 1 MiB of it and then nothing (it
+ * holds 2 MiB, within the budget and its eighth: the hoarders' rule
+ * never cut it); S sends a 256 KiB message 2 KiB at a time, in every
+ * pass interval (slow but steady); Q sends a 512 KiB message at once and
+ * waits for the budget with its bytes in its socket (passed over by W);
+ * W sends 256 KiB messages one after the other, each waiting for the
+ * budget, so comms wait and the intervals run. P must be cut within 6
+ * times the pause limit in intervals, with the reason; then S, Q and W
+ * finish and all three echoes come back intact, their comms open.
+ * Before, P was never cut (the assertion on the intervals fails). */
+#define STILL_PAUSE_MS 500u
+
+struct still_peers {
+	struct tu *h;
+	struct pauser p, s, q, w;
+	uint64_t s_epoch, epoch0, bound; /* P must be cut by epoch0 + bound */
+	long long s_at;
+	size_t w_done;
+	int w_more; /* W sends another message after this one */
+};
+
+/* S's next 2 KiB: once in every pass interval, and every 20 ms besides
+ * (so it goes on while no interval runs). */
+static void still_pump_s(struct still_peers *sp)
+{
+	const struct tw__budget *b = &sp->h->ctx->rbudget;
+	struct pauser *s = &sp->s;
+	if (s->upto < s->len && (b->epoch != sp->s_epoch || ts_now_ms() - sp->s_at >= 20)) {
+		s->upto = s->upto + 2 * KiB < s->len ? s->upto + 2 * KiB : s->len;
+		sp->s_epoch = b->epoch;
+		sp->s_at = ts_now_ms();
+	}
+	pauser_pump(s);
+}
+
+static void still_pump(struct still_peers *sp)
+{
+	struct pauser *w = &sp->w;
+	still_pump_s(sp);
+	pauser_pump(&sp->q);
+	pauser_pump(w);
+	if (w->got == w->len && sp->w_more) { /* an echo back whole: the next message */
+		ck_assert(memcmp(w->back, w->m, w->len) == 0);
+		sp->w_done++;
+		w->sent = w->got = 0;
+	}
+}
+
+/* Run the loop until done(sp), pumping the peers; fail when the server
+ * reads and writes nothing for TU_WAIT_MS (the watchdog). */
+static void still_run(struct still_peers *sp, int (*done)(struct still_peers *))
+{
+	long long last = ts_now_ms();
+	uint64_t seen = 0;
+	while (!done(sp)) {
+		tw_stats st;
+		uint64_t now = 0;
+		struct tu_peer *all[] = {sp->s.sp, sp->q.sp, sp->w.sp};
+		still_pump(sp);
+		for (size_t i = 0; i < 3; i++) {
+			tw_comm_stats(all[i]->comm, &st, sizeof(st));
+			now += st.bytes_received + st.bytes_sent;
+		}
+		if (now != seen)
+			last = ts_now_ms();
+		seen = now;
+		ck_assert_msg(ts_now_ms() - last < TU_WAIT_MS, "the honest peers stalled");
+		event_base_loop(sp->h->base, EVLOOP_ONCE);
+	}
+}
+
+static int still_p_cut(struct still_peers *sp)
+{
+	return sp->p.sp->closed || sp->h->ctx->rbudget.epoch - sp->epoch0 > sp->bound;
+}
+
+static int still_all_back(struct still_peers *sp)
+{
+	return sp->s.got == sp->s.len && sp->q.got == sp->q.len && sp->w.got == sp->w.len;
+}
+
+START_TEST(receive_budget_still_holder_is_cut)
+{
+	struct tu h;
+	struct still_peers sp;
+	memset(&sp, 0, sizeof(sp));
+	tu_init(&h);
+	h.sopts.echo = 1;
+	sp.h = &h;
+	ck_assert_int_eq(tw_context_set_receive_budget_bytes(h.ctx, MiB), 0);
+	ck_assert_int_eq(tw_context_set_receive_budget_pause_ms(h.ctx, STILL_PAUSE_MS), 0);
+	ck_assert_int_eq(tu_listen(&h, "tcp://127.0.0.1:0"), 0);
+	pauser_connect(&h, &sp.p, 4 * MiB, 40, 0);
+	sp.p.upto = tw__stream_prelude_bytes(1) + MiB;
+	while (received(sp.p.sp) < sp.p.upto) {
+		pauser_pump(&sp.p);
+		event_base_loop(h.base, EVLOOP_ONCE);
+	}
+	ck_assert_uint_gt(budget_used(&h), MiB); /* it holds the budget */
+	pauser_connect(&h, &sp.s, 256 * KiB, 41, 1);
+	pauser_connect(&h, &sp.q, 512 * KiB, 42, 2);
+	pauser_connect(&h, &sp.w, 256 * KiB, 43, 3);
+	sp.q.upto = sp.q.len;
+	sp.w.upto = sp.w.len;
+	sp.w_more = 1;
+	sp.epoch0 = h.ctx->rbudget.epoch;
+	sp.bound = 6 * STILL_PAUSE_MS / TW__BUDGET_PASS_MS;
+	still_run(&sp, still_p_cut);
+	ck_assert_msg(sp.p.sp->closed, "the still holder was not cut in %llu pass intervals",
+		      (unsigned long long)(h.ctx->rbudget.epoch - sp.epoch0));
+	ck_assert_int_eq(sp.p.sp->close_err, TW_ETIMEDOUT);
+	ck_assert_msg(strstr(sp.p.sp->last_error, "then nothing for the pause limit") != NULL, "%s",
+		      sp.p.sp->last_error);
+	sp.w_more = 0; /* W's message in progress is its last; S sends the rest */
+	sp.s.upto = sp.s.len;
+	still_run(&sp, still_all_back);
+	ck_assert(memcmp(sp.s.back, sp.s.m, sp.s.len) == 0);
+	ck_assert(memcmp(sp.q.back, sp.q.m, sp.q.len) == 0);
+	ck_assert(memcmp(sp.w.back, sp.w.m, sp.w.len) == 0);
+	ck_assert_uint_eq(sp.s.sp->nmsgs, 1);
+	ck_assert_uint_eq(sp.q.sp->nmsgs, 1);
+	ck_assert_uint_eq(sp.w.sp->nmsgs, sp.w_done + 1);
+	ck_assert_int_eq(sp.s.sp->closed + sp.q.sp->closed + sp.w.sp->closed, 0);
+	ck_assert_uint_eq(budget_used(&h), 0);
+	struct pauser *all[] = {&sp.p, &sp.s, &sp.q, &sp.w};
+	for (size_t i = 0; i < 4; i++) {
+		close(all[i]->fd);
+		free(all[i]->m);
+		free(all[i]->back);
+	}
+	tu_fini(&h);
+}
+END_TEST
+
 START_TEST(budget_setters)
 {
 	struct tu h;
@@ -899,5 +1043,6 @@ TCase *tcp_budget_tcase(void)
 				 receive_budget_hoarders_are_cut_beside_small_traffic,
 				 receive_budget_hoarders_are_cut_beside_steady_traffic,
 				 receive_budget_pausers_are_not_cut,
-				 receive_budget_burst_hoarder_is_cut, budget_setters));
+				 receive_budget_burst_hoarder_is_cut,
+				 receive_budget_still_holder_is_cut, budget_setters));
 }

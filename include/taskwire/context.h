@@ -355,8 +355,16 @@ int tw_context_set_write_hwm_bytes(tw_context *ctx, size_t bytes);
  * (sends nothing for a while, then the rest: a blocked event loop, a GC,
  * a Dask worker under memory pressure) is waited for up to the pause
  * limit, a message that drips near its end finishes, and a peer that
- * declared a large message and drips it is cut after 2 s. A message all
- * of whose bytes still to come wait unread in its socket is never cut.
+ * declared a large message and drips it is cut after 2 s. Besides, within
+ * the budget or past it, a message that holds receive budget and whose
+ * peer has sent nothing for the pause limit (no byte of it received, none
+ * unread in its socket: a comm paused for the budget keeps its peer's
+ * bytes there, so our pauses never count) is cut at the next look while
+ * comms wait for the budget (every 100 ms), with "then nothing for the
+ * pause limit"; before, 8 peers that each sent 8 MiB of a 16 MiB message
+ * and then nothing held a 64 MiB budget for as long as they liked.
+ * A message all of whose bytes still to come wait unread in its socket
+ * is never cut.
  * What is reserved stays within the budget, that eighth, the one message
  * passing (up to the message limit), the message beside it (a sixteenth of the budget and
  * 64 KiB: a quarter took budget-bench's peak from budget + 9.2% to + 16.3%, past the
@@ -413,8 +421,11 @@ int tw_context_set_receive_budget_bytes(tw_context *ctx, uint64_t bytes);
 int tw_context_set_write_budget_bytes(tw_context *ctx, uint64_t bytes);
 /* The receive budget's pause limit (see tw_context_set_receive_budget_bytes):
  * how long a message that holds receive budget may stand still (its peer
- * sends nothing) while comms wait for a pass that cannot start on top of
- * the budget, before its comm is cut; a message that drips is cut sooner
+ * sends nothing) before its comm is cut, once comms wait for the budget:
+ * measured in time since its peer's last byte (a byte read, or unread
+ * in its socket at a look; looks run every 100 ms while comms wait).
+ * The hoarders' rule besides, while comms wait for a pass that cannot
+ * start on top of the budget: a message that drips is cut sooner
  * when its rest, at its rate, would take longer than this. Counted in
  * 100 ms intervals in which no bytes came back to the budget (no
  * reservation granted or given back, fewer than 64 KiB written, none

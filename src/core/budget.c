@@ -2,6 +2,7 @@
 /* Byte budgets across the comms of a context (core/budget.h). */
 #include <limits.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <taskwire/error.h>
@@ -11,6 +12,19 @@
 #include "core/budget.h"
 #include "core/memlimit.h"
 #include "core/reclaim.h"
+
+uint64_t tw__budget_mono_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* The budget's time now; 0 without a clock. */
+static uint64_t now_of(const struct tw__budget *b)
+{
+	return b->now_ms != NULL ? b->now_ms() : 0;
+}
 
 static void list_init(struct tw__claim *head)
 {
@@ -58,7 +72,8 @@ static void grant(struct tw__budget *b, struct tw__claim *c, uint64_t bytes)
 	 * that asked for 1 KiB fragments every 10 ms kept the pass (b8). */
 	if (c != b->passer && c != b->express)
 		b->progress++;
-	if (c->held == 0) { /* a new holder */
+	if (c->held == 0) { /* a new holder: its peer sent its message's head */
+		c->heard_ms = now_of(b);
 		c->hnext = &b->hold;
 		c->hprev = b->hold.hprev;
 		b->hold.hprev->hnext = c;
@@ -342,6 +357,16 @@ static struct tw__claim *largest_slow(struct tw__budget *b, const struct tw__cla
 	return best;
 }
 
+/* h gives back all it holds and asks in vain until released; its owner
+ * is told why (cut_off). */
+static void cut(struct tw__budget *b, struct tw__claim *h, int why)
+{
+	drop(b, h);
+	h->cut = why;
+	if (h->cut_off != NULL)
+		h->cut_off(h);
+}
+
 /* A new pass is about to start for c, past the limit: the messages
  * replaced as passers before it kept what they received (each up to its
  * whole message), so pass after pass they piled up past the limit: 10
@@ -356,11 +381,40 @@ static struct tw__claim *largest_slow(struct tw__budget *b, const struct tw__cla
 static void cut_hoarders(struct tw__budget *b, const struct tw__claim *c)
 {
 	struct tw__claim *h;
-	while (b->used > b->limit + tw__budget_past_bytes(b) && (h = largest_slow(b, c)) != NULL) {
-		drop(b, h);
-		h->cut = 1;
-		if (h->cut_off != NULL)
-			h->cut_off(h);
+	while (b->used > b->limit + tw__budget_past_bytes(b) && (h = largest_slow(b, c)) != NULL)
+		cut(b, h, TW__BUDGET_CUT_HOARD);
+}
+
+/* h's peer sent nothing lately, as far as a look can tell (m: what h
+ * received in the pass interval that ended): no byte of its message
+ * came, none waits unread in its socket, and more is to come. Whether h
+ * waited for the budget or not: the bytes of a peer we paused wait in
+ * its socket, so a wait of ours never looks like this, and a peer that
+ * pauses looks like this whatever we did to its reads. */
+static int stood_still(const struct tw__claim *h, uint64_t m)
+{
+	return m == 0 && to_come(h) > 0 && (h->ready == NULL || h->ready(h) == 0);
+}
+
+/* Cut every holder whose peer has sent nothing (stood_still, heard_ms)
+ * for the pause limit, while comms wait (the looks run only then),
+ * wherever it is in the budget: the passer, the express message, a
+ * waiter, a holder within the limit. The hoarders' rule (cut_hoarders)
+ * cuts only while the bytes past the limit are too many, and counts only
+ * the intervals in which comms waited: 8 raw peers that each sent 8 MiB
+ * of a 16 MiB message and then nothing held a 64 MiB budget for 40 s, and
+ * every 16 MiB message beside them waited for the one pass at a time; a
+ * holder that asked for its next step with its socket empty counted as
+ * waiting for us, never slow (pause19). */
+static void cut_still(struct tw__budget *b, uint64_t now)
+{
+	uint64_t ms = b->pause_ms != NULL ? *b->pause_ms : TW_DEFAULT_RECEIVE_BUDGET_PAUSE_MS;
+	struct tw__claim *h = b->hold.hnext;
+	while (ms != 0 && b->now_ms != NULL && h != &b->hold) {
+		struct tw__claim *next = h->hnext;
+		if (to_come(h) > 0 && now - h->heard_ms >= ms)
+			cut(b, h, TW__BUDGET_CUT_STILL);
+		h = next;
 	}
 }
 
@@ -650,6 +704,7 @@ void tw__budget_init(struct tw__budget *b, uint64_t limit)
 	b->limit = limit;
 	b->used = 0;
 	b->also = NULL;
+	b->now_ms = NULL;
 	b->pause_ms = NULL;
 	b->hard = NULL;
 	b->later = NULL;
@@ -696,6 +751,8 @@ int tw__budget_reserve(struct tw__budget *b, struct tw__claim *c, uint64_t bytes
 
 void tw__budget_moved(struct tw__budget *b, struct tw__claim *c, uint64_t got)
 {
+	if (got != c->got) /* its peer sent bytes */
+		c->heard_ms = now_of(b);
 	if (c->mark_epoch != b->epoch) { /* first look in this interval */
 		c->mark_epoch = b->epoch;
 		c->got_mark = c->got <= got ? c->got : 0;
@@ -731,10 +788,12 @@ void tw__budget_release(struct tw__budget *b, struct tw__claim *c)
  * a loaded machine) loses its place until it moves again, and is cut
  * only when slow for TW__BUDGET_CUT_INTERVALS while the bytes past the
  * limit are too many (cut_hoarders). */
-static void mark(struct tw__budget *b, int quiet)
+static void mark(struct tw__budget *b, int quiet, uint64_t now)
 {
 	for (struct tw__claim *h = b->hold.hnext; h != &b->hold; h = h->hnext) {
 		uint64_t m = moved(b, h);
+		if (!stood_still(h, m))
+			h->heard_ms = now;
 		/* While bytes come back, a waiter may wait for them: its count
 		 * stands still (counted in such intervals, a slow link's 8 MiB
 		 * message that waited with less than a step in its socket
@@ -780,8 +839,10 @@ static void mark(struct tw__budget *b, int quiet)
 void tw__budget_look(struct tw__budget *b)
 {
 	uint64_t used = b->used;
+	uint64_t now = now_of(b);
 	lag_look(b);
-	mark(b, 0);
+	mark(b, 0, now);
+	cut_still(b, now);
 	cut_hoarders(b, NULL);
 	/* the cuts made room, or the passer lags: a waiter may go beside it */
 	if (b->used != used || (passer_lags(b) && b->express == NULL))
@@ -790,8 +851,10 @@ void tw__budget_look(struct tw__budget *b)
 
 void tw__budget_pass(struct tw__budget *b)
 {
+	uint64_t now = now_of(b);
 	lag_look(b);
-	mark(b, 1);
+	mark(b, 1, now);
+	cut_still(b, now);
 	b->may_pass = 1;
 	admit(b, NULL);
 }

@@ -55,18 +55,30 @@ struct tw__claim {
 	 * tw__budget_release or the setter: it must only schedule work (an
 	 * event), never run the comm's callbacks. */
 	void (*granted)(struct tw__claim *c);
-	/* Cut by the receive budget (a slow holder, while the bytes past
-	 * the limit would pass TW__BUDGET_PAST_BYTES): what it held is given
+	/* When its peer was last seen sending (CLOCK_MONOTONIC, ms): a read
+	 * that received bytes of its message (tw__budget_moved), bytes
+	 * unread in its socket at a look (`ready`), or its first grant.
+	 * Waiting for the budget or not: a peer we paused leaves its bytes
+	 * in its socket (stood_still in budget.c). */
+	uint64_t heard_ms;
+	/* Cut by the receive budget (TW__BUDGET_CUT_HOARD: a slow holder,
+	 * while the bytes past the limit would pass TW__BUDGET_PAST_BYTES;
+	 * TW__BUDGET_CUT_STILL: its peer sent nothing for the pause limit
+	 * while comms waited): what it held is given
 	 * back at once, it asks in vain (TW_EAGAIN, never granted) until
 	 * released, and cut_off runs, as granted does (schedule the comm's
 	 * end, never run it). NULL: nobody is told (tests). */
 	int cut;
 	void (*cut_off)(struct tw__claim *c);
-	/* Bytes its peer sent that wait unread (its socket's), for a waiter:
-	 * TW__BUDGET_MOVING_BYTES or more, its wait is ours, not a pause. NULL:
-	 * not known (0). */
+	/* Bytes its peer sent that wait unread (its socket's, and 1 for a
+	 * TLS record already read), for a waiter: TW__BUDGET_MOVING_BYTES or
+	 * more, its wait is ours, not a pause; any, for any holder, its peer
+	 * did not stand still (heard_ms). NULL: not known (0). */
 	uint64_t (*ready)(const struct tw__claim *c);
 };
+
+#define TW__BUDGET_CUT_HOARD 1
+#define TW__BUDGET_CUT_STILL 2
 
 /* The receive budget. Messages reserve their bytes as they arrive, a
  * step ahead (so memory follows the bytes, and every message in progress
@@ -110,6 +122,11 @@ struct tw__budget {
 	 * against the one that goes on when nothing is reserved: the write
 	 * queues, whose peers may wait for our reads. */
 	const uint64_t *also;
+	/* The clock of heard_ms (ms, monotonic): tw__budget_mono_ms in a
+	 * context; NULL: none, and no holder is cut for standing still
+	 * (cut_still in budget.c; unit tests that run intervals at their
+	 * own pace, faster than any clock). */
+	uint64_t (*now_ms)(void);
 	/* The pause limit in ms (tw_context_set_receive_budget_pause_ms; 0:
 	 * nobody is cut), read at each look; NULL: the default. */
 	const uint32_t *pause_ms;
@@ -177,11 +194,16 @@ struct tw__budget {
  * this many pass intervals in a row (2 s at least) is cut if it drips
  * (in at least TW__BUDGET_DRIP_TIMES of the last TW__BUDGET_DRIP_INTERVALS)
  * too slowly to finish within the pause limit; otherwise it is paused,
- * and cut only once slow for the pause limit (see hoards() in budget.c). */
+ * and cut only once slow for the pause limit (see hoards() in budget.c).
+ * Besides, at every look while comms wait, within the limit or past it,
+ * a holder whose peer has sent nothing for the pause limit (heard_ms) is
+ * cut (cut_still in budget.c). */
 #define TW__BUDGET_CUT_INTERVALS  20u
 #define TW__BUDGET_DRIP_INTERVALS 10u
 #define TW__BUDGET_DRIP_TIMES     2u
 uint64_t tw__budget_past_bytes(const struct tw__budget *b);
+/* CLOCK_MONOTONIC in ms: a context's budget's now_ms. */
+uint64_t tw__budget_mono_ms(void);
 /* What is reserved and `also` pass the memory limit (b->hard), with
  * bytes in `also`: no pass starts. */
 int tw__budget_over_hard(const struct tw__budget *b);

@@ -253,6 +253,7 @@ int tw_context_new(struct event_base *base, tw_context **out)
 	tw__wbudget_init(&ctx->wbudget, budget);
 	ctx->rbudget.also = &ctx->wq_held;
 	ctx->rbudget.pause_ms = &ctx->limits.budget_pause_ms;
+	ctx->rbudget.now_ms = tw__budget_mono_ms;
 	ctx->mem_limit = 3 * budget; /* each budget a quarter of the memory */
 	ctx->rbudget.hard = &ctx->mem_limit;
 	ctx->rbudget.later = rbudget_later;

@@ -76,23 +76,34 @@ static void on_rate_timer(evutil_socket_t fd, short what, void *arg)
 		s->hooks->too_slow(s);
 }
 
-/* The receive budget cut this comm's message (core/budget.c,
- * cut_hoarders): it dripped too slowly to finish within the pause
- * limit, or stood still for it, while the bytes past the budget were too
- * many. End the comm from the loop (this runs inside the budget), as for
- * a peer below the minimum receive rate, with the reason. */
+/* The receive budget cut this comm's message (core/budget.c): it
+ * dripped too slowly to finish within the pause limit, or stood still
+ * for it, while the bytes past the budget were too many (cut_hoarders);
+ * or its peer sent nothing for the pause limit while other messages
+ * waited (cut_still). End the comm from the loop (this runs inside the
+ * budget), as for a peer below the minimum receive rate, with the reason. */
 static void rx_cut(struct tw__claim *claim)
 {
 	struct tw__sock *s =
 		(struct tw__sock *)(void *)((char *)claim - offsetof(tw_comm, rx_claim));
 	const struct tw__budget *b = &s->base.ctx->rbudget;
-	tw__comm_seterr(&s->base,
-			"message cut by the receive budget: its peer sent %llu bytes of the "
-			"message, then too little to finish it within the pause limit "
-			"(tw_context_set_receive_budget_pause_ms), while more than %llu bytes "
-			"were reserved past the budget of %llu bytes",
-			(unsigned long long)claim->got,
-			(unsigned long long)tw__budget_past_bytes(b), (unsigned long long)b->limit);
+	if (claim->cut == TW__BUDGET_CUT_STILL)
+		tw__comm_seterr(&s->base,
+				"message cut by the receive budget: its peer sent %llu bytes of "
+				"the message, then nothing for the pause limit of %u ms "
+				"(tw_context_set_receive_budget_pause_ms), while other messages "
+				"waited for the budget of %llu bytes",
+				(unsigned long long)claim->got, s->base.ctx->limits.budget_pause_ms,
+				(unsigned long long)b->limit);
+	else
+		tw__comm_seterr(&s->base,
+				"message cut by the receive budget: its peer sent %llu bytes of "
+				"the message, then too little to finish it within the pause limit "
+				"(tw_context_set_receive_budget_pause_ms), while more than %llu "
+				"bytes were reserved past the budget of %llu bytes",
+				(unsigned long long)claim->got,
+				(unsigned long long)tw__budget_past_bytes(b),
+				(unsigned long long)b->limit);
 	event_active(s->base.rate.ev, EV_TIMEOUT, 0);
 }
 
@@ -104,9 +115,13 @@ static uint64_t rx_ready(const struct tw__claim *claim)
 		(const struct tw__sock *)(const void *)((const char *)claim -
 							offsetof(tw_comm, rx_claim));
 	int n = 0;
+	/* a TLS record already read holds bytes the socket's count does not
+	 * show: at least one is unread (else a waiter with its last record
+	 * there looked stood still, core/budget.c stood_still) */
+	uint64_t more = tw__sock_io_pending(s) ? 1 : 0;
 	if (s->fd < 0 || ioctl(s->fd, FIONREAD, &n) != 0 || n < 0)
-		return 0;
-	return (uint64_t)n;
+		return more;
+	return (uint64_t)n + more;
 }
 
 /* The receive budget has room for the next bytes: read on, from the loop
