@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -528,6 +529,110 @@ START_TEST(many_drippers)
 }
 END_TEST
 
+/* (6b) ws comms cut in one pass (issue 17, storm19): a ws comm below the
+ * minimum rate fails with close 1008, and its close frame (for wss an
+ * SSL_write and a send) is written with its socket's release, at once
+ * while the loop's pass has time, else on a later pass (core/reap.h):
+ * 200 wss drippers cut at the grace wrote their 200 close frames in the
+ * pass of their ends. Here every pass's time counts as spent
+ * (tw__pass_spend), as on a loaded machine: of the comms whose close
+ * callbacks run in one pass, at most one (the pass's first release) has
+ * its close frame at its peer by then, and every peer still gets its
+ * close 1008, then its end. */
+#define CUT_N 16
+
+struct cut_pass {
+	struct timeval tv; /* libevent's cached time: the pass (as core/pass.c) */
+	unsigned ends, framed;
+	unsigned most_ends, most_framed; /* in one pass */
+};
+
+struct cut_peer {
+	struct wu_raw r;
+	struct tu_peer *sp;
+	int before; /* bytes at the peer before the cut */
+	struct cut_pass *pass;
+};
+
+static int bytes_waiting(int fd)
+{
+	int n = 0;
+	ck_assert_int_eq(ioctl(fd, FIONREAD, &n), 0);
+	return n;
+}
+
+/* A dripper's comm ended: was its close frame written in its end? */
+static void cut_closed(struct tu_peer *p)
+{
+	struct cut_peer *c = p->user;
+	struct cut_pass *cp = c->pass;
+	struct timeval tv;
+	ck_assert_int_eq(event_base_gettimeofday_cached(p->h->base, &tv), 0);
+	if (tv.tv_sec != cp->tv.tv_sec || tv.tv_usec != cp->tv.tv_usec) {
+		cp->tv = tv;
+		cp->ends = cp->framed = 0;
+	}
+	cp->ends++;
+	cp->framed += bytes_waiting(c->r.fd) > c->before;
+	if (cp->ends > cp->most_ends)
+		cp->most_ends = cp->ends;
+	if (cp->framed > cp->most_framed)
+		cp->most_framed = cp->framed;
+}
+
+START_TEST(cut_close_frames_spread)
+{
+	static const char why[] = "message arriving too slowly";
+	int t = _i ? WSS : WS;
+	struct tu h;
+	struct tu_peer *cli = setup(&h, t, GRACE_MS);
+	struct cut_peer *c = calloc(CUT_N, sizeof(*c));
+	struct cut_pass cp = {{0, 0}, 0, 0, 0, 0};
+	uint8_t head[64];
+	size_t n = msg_head(t, 64 * MiB, head);
+	ck_assert_ptr_nonnull(c);
+	for (size_t i = 0; i < CUT_N; i++) {
+		raw_open(&h, t, &c[i].r, &c[i].sp);
+		c[i].sp->user = &c[i];
+		c[i].sp->on_close = cut_closed;
+		c[i].pass = &cp;
+	}
+	tt_canary(cli, 15);
+	for (size_t i = 0; i < CUT_N; i++)
+		c[i].before = bytes_waiting(c[i].r.fd);
+	tw__pass_spend(1);
+	/* each declares a message and stands still: cut at the grace */
+	for (size_t i = 0; i < CUT_N; i++)
+		ck_assert_uint_eq(wu_raw_send(&c[i].r, head, n), n);
+	for (size_t i = 0; i < CUT_N; i++)
+		ck_assert_msg(tu_wait_flag(&h, &c[i].sp->closed, WAIT_MS), "dripper %zu open", i);
+	if (getenv("TU_VERBOSE") != NULL)
+		fprintf(stderr,
+			"%s: %u of %d cut in one pass; %u close frames written in one pass\n",
+			ts_tran_scheme(t), cp.most_ends, CUT_N, cp.most_framed);
+	ck_assert_msg(cp.most_framed <= 1, "%s: %u close frames written in one pass (%u ends)",
+		      ts_tran_scheme(t), cp.most_framed, cp.most_ends);
+	for (size_t i = 0; i < CUT_N; i++) {
+		struct wu_raw *r = &c[i].r;
+		ck_assert_msg(c[i].sp->close_err == TW_ETIMEDOUT, "%zu: %s", i,
+			      c[i].sp->last_error);
+		ck_assert_msg(wu_raw_read_eof(r, WAIT_MS), "dripper %zu: no end", i);
+		/* close 1008 and its reason, unmasked (RFC 6455 section 5.5.1) */
+		ck_assert_uint_eq(r->nin, 4 + sizeof(why) - 1);
+		ck_assert_uint_eq(r->in[0], 0x88);
+		ck_assert_uint_eq(r->in[1], 2 + sizeof(why) - 1);
+		ck_assert_uint_eq((unsigned)r->in[2] << 8 | r->in[3], 1008);
+		ck_assert(memcmp(r->in + 4, why, sizeof(why) - 1) == 0);
+	}
+	tw__pass_spend(0);
+	for (size_t i = 0; i < CUT_N; i++)
+		wu_raw_close(&c[i].r);
+	tt_canary(cli, 16);
+	free(c);
+	tt_fini(&h);
+}
+END_TEST
+
 /* (7) Memory the system refuses while a message arrives (an
  * RLIMIT_DATA 32 MiB above what the process holds; strict overcommit
  * refuses alike): a peer declares a 1 GiB frame and sends 48 MiB of it;
@@ -624,7 +729,9 @@ int main(void)
 	ts_add_loop(tc, 4,
 		    TS_TESTS(dripping_peer_cut, stalled_peer_cut, stalled_at_pass_allowance_cut,
 			     steady_peers_not_cut, paused_not_cut, idle_not_cut, rate_off));
-	ts_add_loop(tc, 2, TS_TESTS(slow_server_cut, many_drippers, memory_refused));
+	ts_add_loop(
+		tc, 2,
+		TS_TESTS(slow_server_cut, many_drippers, cut_close_frames_spread, memory_refused));
 	/* raw TLS peers write to closed sockets */
 	return ts_main("rate", TS_CERTS | TS_NO_SIGPIPE, TS_CASES(tc));
 }

@@ -15,7 +15,8 @@
  * every release still queued (tw__reap_all). A closing stream comm's end
  * (TLS close_notify, then FIN: 15-20 us) and a ws comm's close frame wait
  * in the same queue (stream_comm.c, ws_send.c), cancelled if the comm
- * stops first. A socket comm's events wait with its socket, and its
+ * stops first; a failing ws comm's close frame is written with its
+ * socket's release (sock_comm.h, parting). A socket comm's events wait with its socket, and its
  * memory once it is freed (transport/sock_comm.c, sock_park): the read
  * event's epoll_ctl was half of tw_comm_free's time. */
 #ifndef TW_CORE_REAP_H

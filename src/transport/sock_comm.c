@@ -204,11 +204,17 @@ void tw__sock_pause(tw_comm *c)
  * event's event_del is an epoll_ctl (1.5-2 us), which was half of
  * tw_comm_free's time when 2,000 comms were freed in one callback
  * (3.1-4.5 ms of 6-12 ms, bench/handshake-storm --close free). So
- * is the memory of a comm destroyed meanwhile (destroy_owed). */
-static void release_now(const struct tw__stream_io *io, void *io_arg, int fd)
+ * is the memory of a comm destroyed meanwhile (destroy_owed), and the
+ * close frame of a failing ws comm (parting), written just before. */
+static void release_now(struct tw__sock *s, int fd)
 {
-	if (io->free != NULL)
-		io->free(io_arg);
+	if (s->parting_len > 0) {
+		struct iovec iov = {(void *)s->parting, s->parting_len};
+		(void)s->io->writev(s->io_arg, fd, &iov, 1); /* then it closes */
+		s->parting_len = 0;
+	}
+	if (s->io->free != NULL)
+		s->io->free(s->io_arg);
 	close(fd);
 }
 
@@ -227,7 +233,7 @@ static void release_parked(struct tw__reap *r)
 		(struct tw__sock *)(void *)((char *)r - offsetof(struct tw__sock, park));
 	event_del(s->rev);
 	event_del(s->wev);
-	release_now(s->io, s->io_arg, s->park_fd);
+	release_now(s, s->park_fd);
 	s->park_fd = -1;
 	if (s->destroy_owed)
 		sock_free(s);
@@ -272,7 +278,7 @@ void tw__sock_stop(tw_comm *c)
 	c->relay_wait = 0;
 	s->hooks->stopped(s);
 	if (!parked)
-		release_now(s->io, s->io_arg, s->fd);
+		release_now(s, s->fd);
 	s->fd = -1;
 }
 

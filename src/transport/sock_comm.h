@@ -95,6 +95,15 @@ struct tw__sock {
 	struct tw__reap park;
 	int park_fd;
 	int destroy_owed;
+	/* Bytes written once, best effort, as the socket is released (now or
+	 * parked): a ws comm's close frame when it fails (too slow, bad
+	 * input, too many pings: tw__wsc_send_close_now). The write is part
+	 * of the release, so it waits with it when the pass has no time
+	 * left: 200 wss comms below the minimum receive rate, cut in one
+	 * pass, wrote their close frames in it (an SSL_write and a send
+	 * each). Points into the comm; parting_len 0: none. */
+	const void *parting;
+	size_t parting_len;
 };
 
 /* Set up the shell of a comm allocated (zeroed) by the caller, whose

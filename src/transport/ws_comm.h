@@ -123,7 +123,8 @@ void tw__wsc_out_free(struct ws *w, struct out_msg *m);
 int tw__wsc_ctrl_begun(const struct ws *w);
 uint8_t *tw__wsc_ctrl_slot(struct ws *w);
 void tw__wsc_queue_ctrl(struct ws *w, int len);
-/* Best effort, before the comm ends: one write of a close frame. */
+/* Best effort, for a comm the caller ends next: one write of a close
+ * frame, with the socket's release (now, or parked on a later pass). */
 void tw__wsc_send_close_now(struct ws *w, unsigned code, const char *why);
 
 /* ws_recv.c */

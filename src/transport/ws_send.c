@@ -478,10 +478,13 @@ void tw__wsc_queue_ctrl(struct ws *w, int len)
 	event_active(w->sock.wev, EV_WRITE, 0);
 }
 
-/* Send the close code and reason now, before the comm ends. It goes out
- * only between frames (inside a data frame or a control frame partly
- * written it would corrupt the stream: then TCP just closes); a pong not
- * yet written gives way to it. */
+/* The close code and reason of a comm that ends now (the caller ends it
+ * next). It goes out only between frames (inside a data frame or a
+ * control frame partly written it would corrupt the stream: then TCP
+ * just closes); a pong not yet written gives way to it. Written with the
+ * socket's release (the shell's parting bytes): at once, or on a later
+ * pass when this one has no time left (core/reap.h), as the socket's
+ * close is. */
 void tw__wsc_send_close_now(struct ws *w, unsigned code, const char *why)
 {
 	if (!w->close_sent && !tw__wsc_ctrl_begun(w) && at_boundary(w)) {
@@ -491,9 +494,10 @@ void tw__wsc_send_close_now(struct ws *w, unsigned code, const char *why)
 			tw__ws_mask_key(key);
 		len = tw__ws_encode_close(w->ctrl, code, why, strlen(why) < 123 ? strlen(why) : 0,
 					  w->client ? key : NULL);
-		/* Best effort: one write, then the socket closes. */
-		if (len > 0)
-			tw__sock_write1(&w->sock, w->ctrl, (size_t)len);
+		if (len > 0) {
+			w->sock.parting = w->ctrl;
+			w->sock.parting_len = (size_t)len;
+		}
 		w->close_sent = 1;
 	}
 }

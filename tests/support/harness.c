@@ -170,6 +170,8 @@ static void on_close(tw_comm *c, int err, void *arg)
 	p->nmsgs_at_close = p->nmsgs;
 	p->live_at_close = st.block_bytes_live;
 	snprintf(p->last_error, sizeof(p->last_error), "%s", tw_comm_last_error(c));
+	if (p->on_close != NULL)
+		p->on_close(p);
 	if (p->free_in_close) {
 		tw_comm_free(c);
 		p->comm = NULL;

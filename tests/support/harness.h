@@ -50,6 +50,7 @@ struct tu_peer {
 	tw_msg **pending;       /* echo: messages refused with TW_EAGAIN */
 	size_t npending, pcap;
 	void (*on_recv)(struct tu_peer *p, tw_msg *m); /* extra hook */
+	void (*on_close)(struct tu_peer *p);           /* extra hook, after closed is set */
 	void *user;
 };
 
