@@ -13,7 +13,9 @@
 # bench/handshake-storm (default exit,reset,close,free). Prints, per
 # transport, N, mode and build, the longest pass of the server's loop
 # (loop-thread CPU between 1 ms ticks) and the canary's p50/p99/max while
-# the comms ended. Run it niced on a shared machine and say the load.
+# the comms ended, with how long the canary's thread and the server's
+# loop waited for a CPU (a canary outlier with the server's passes short
+# is the machine's). Run it niced on a shared machine and say the load.
 set -e
 modes=exit,reset,close,free
 rounds=1
