@@ -1271,11 +1271,11 @@ END_TEST
  * the comm (issue 17, finding 2; design.md, Close). Before, the reply was
  * queued when the second request was read, and dropped with the comm ---- */
 
-/* A raw client sends the handshake, {"op": "identity"} and then bad
- * (n bytes) in one write, to a server whose context offloads every
- * decode when offload is set: it gets the server's handshake and the
- * reply, then EOF. */
-static void reply_then_bad(const void *bad, size_t n, int offload)
+/* A raw client sends the handshake, the request req (rn bytes of frame
+ * 0) and then bad (n bytes) in one write, to a server whose context
+ * offloads every decode when offload is set: it gets the server's
+ * handshake and the reply, then EOF. */
+static void reply_then_bad_req(const void *req, size_t rn, const void *bad, size_t n, int offload)
 {
 	struct rf f;
 	msgpack_sbuffer out;
@@ -1287,7 +1287,7 @@ static void reply_then_bad(const void *bad, size_t n, int offload)
 		ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 0), 0);
 	msgpack_sbuffer_init(&out);
 	handshake_bytes(&out);
-	wire1(&out, "\x81\xa2op\xa8identity", 13); /* {"op": "identity"} */
+	wire1(&out, req, rn);
 	msgpack_sbuffer_write(&out, bad, n);
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
@@ -1305,6 +1305,12 @@ static void reply_then_bad(const void *bad, size_t n, int offload)
 	close(fd);
 	msgpack_sbuffer_destroy(&out);
 	rf_fini(&f);
+}
+
+/* reply_then_bad_req with {"op": "identity"}. */
+static void reply_then_bad(const void *bad, size_t n, int offload)
+{
+	reply_then_bad_req("\x81\xa2op\xa8identity", 13, bad, n, offload); /* {"op": "identity"} */
 }
 
 START_TEST(reply_before_bad_request_drop)
@@ -1329,6 +1335,89 @@ START_TEST(reply_before_bad_prelude_offloaded)
 }
 END_TEST
 
+static int counted_one(void *arg)
+{
+	return ((struct rs *)arg)->counted >= 1;
+}
+
+/* A raw client sends the handshake, an echo of 16 MiB, the request req
+ * (rn bytes of frame 0) and a bad prelude in one write, to a server that
+ * offloads every decode and whose write high-water mark is hwm (0: the
+ * default); once the server counted req (when counted is set) it reads
+ * to the server's EOF, which must come after msgs whole messages. */
+static void big_then_bad(const char *req, size_t rn, size_t hwm, int counted, size_t msgs)
+{
+	static const uint64_t bad[2] = {8, 0}; /* total 8: a prelude of 0 frames */
+	static const uint8_t head[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e',  'c',  'h',  'o', 0xa4,
+				       'd',  'a',  't', 'a', 0xc6, 0x01, 0x00, 0x00, 0x00};
+	size_t big = (size_t)16 << 20, cap = big + 4096, got, pos = 0, n = 0;
+	uint8_t *buf = malloc(cap), *echo = calloc(1, sizeof(head) + big);
+	struct rf f;
+	msgpack_sbuffer out;
+	int fd;
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_ptr_nonnull(echo);
+	rf_init(&f);
+	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 0), 0);
+	if (hwm != 0)
+		ck_assert_int_eq(tw_context_set_write_hwm_bytes(f.h.ctx, hwm), 0);
+	memcpy(echo, head, sizeof(head)); /* {"op": "echo", "data": <bin32 of 16 MiB>} */
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out, echo, sizeof(head) + big);
+	wire1(&out, req, rn);
+	msgpack_sbuffer_write(&out, (const char *)bad, sizeof(bad));
+	fd = ts_raw_connect(f.s.addr);
+	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
+	if (counted)
+		ck_assert(tu_run_until(&f.h, counted_one, &f.s, TU_WAIT_MS));
+	got = raw_read(&f.h, fd, buf, cap, SIZE_MAX); /* to the server's EOF */
+	while (pos + 16 <= got) {
+		uint64_t total;
+		memcpy(&total, buf + pos, 8);
+		pos += 8 + le64toh(total);
+		n++;
+	}
+	ck_assert_msg(pos == got && n == msgs,
+		      "%zu messages (%zu bytes, parsed %zu) from the server, not %zu", n, got, pos,
+		      msgs);
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	free(echo);
+	free(buf);
+	rf_fini(&f);
+}
+
+/* {"op": "count"} after the echo, with a write high-water mark of 1 byte
+ * and a peer that reads nothing until count was served: the echo's reply
+ * is queued, count's is refused (the queue is over the mark) and waits
+ * for the queue to drain (server.c on_drain). Both replies go out, then
+ * EOF. Before (breaker21), the deferred fail ran once count was delivered
+ * and closed the comm, so count's reply was never queued: the server's
+ * handshake and the echo's reply, then EOF. Inline, the bad prelude is
+ * read only once count's reply is queued and the comm resumed. */
+START_TEST(refused_reply_before_bad_prelude_offloaded)
+{
+	big_then_bad("\x81\xa2op\xa5"
+		     "count",
+		     10, 1, 1, 3);
+}
+END_TEST
+
+/* A request that does not decode (a str of 5 bytes with 4) after the
+ * echo: the server drops the comm for it, which closes after the echo's
+ * reply (16 MiB: a peer reads it over many writes); then EOF. Before
+ * (breaker21), the deferred fail of the bad prelude ran on the closing
+ * comm and ended it at once: the echo's reply was cut after its first
+ * write (16,450 bytes of it came). */
+START_TEST(undecodable_request_before_bad_prelude_offloaded)
+{
+	big_then_bad("\x81\xa2op\xa5"
+		     "coun",
+		     9, 0, 0, 2);
+}
+END_TEST
+
 /* One taskwire message of a single frame as a ws client sends it
  * (masked): the count message (N = 1, 8 bytes little-endian), then the
  * frame as a binary message (ws_comm.h). */
@@ -1343,7 +1432,8 @@ static void ws_msg1(msgpack_sbuffer *out, const void *f, size_t n)
 }
 
 /* Taskwire messages in the server's frames f[0..n) before its close
- * frame (the last): each is a count message, then that many frames. */
+ * frame (the last): each is a count message, then that many frames, a
+ * large one in fragments (continuation frames, opcode 0). */
 static size_t ws_msgs(const struct wu_fr *f, size_t n)
 {
 	size_t i = 0, msgs = 0;
@@ -1353,21 +1443,22 @@ static size_t ws_msgs(const struct wu_fr *f, size_t n)
 			      "frame %zu: op %d, %llu bytes, not a count", i, f[i].op,
 			      (unsigned long long)f[i].len);
 		memcpy(&nf, f[i].payload, 8);
-		i += 1 + le64toh(nf);
+		i++;
+		for (nf = le64toh(nf); nf > 0 && i < n; nf--)
+			for (i++; i < n && f[i].op == 0; i++)
+				;
 		msgs++;
 	}
 	ck_assert_uint_eq(i, n - 1);
 	return msgs;
 }
 
-/* The same over ws and wss: the request decoded on the offload pool, and
- * a frame of opcode 3 (RFC 6455 section 5.2: reserved) after it in the
- * same write. The comm ended at the bad frame at once and the reply was
- * dropped (the server's handshake, then close 1002); now the bad frame's
- * close waits for the request's reply. */
-START_TEST(reply_before_bad_frame_offloaded_ws)
+/* A raw ws client (scheme: ws or wss) sends the handshake, the request req
+ * (rn bytes) and a frame of opcode 3 (RFC 6455 section 5.2: reserved) in
+ * one write, to a server that offloads every decode when offload is set:
+ * it gets the server's handshake, the reply, then close 1002. */
+static void ws_reply_then_bad(const char *scheme, const void *req, size_t rn, int offload)
 {
-	const char *scheme = wu_scheme(_i);
 	struct tu h;
 	struct rs s;
 	struct wu_raw r;
@@ -1377,7 +1468,8 @@ START_TEST(reply_before_bad_frame_offloaded_ws)
 	char reason[128];
 	size_t n;
 	wu_init(&h, scheme);
-	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(h.ctx, 0), 0);
+	if (offload)
+		ck_assert_int_eq(tw_context_set_offload_threshold_bytes(h.ctx, 0), 0);
 	rs_start(&s, h.ctx, h.base,
 		 strcmp(scheme, "ws") == 0 ? "ws://127.0.0.1:0" : "wss://127.0.0.1:0");
 	ck_assert_int_eq(wu_raw_open(&h, s.addr, NULL, &r), 101);
@@ -1385,7 +1477,7 @@ START_TEST(reply_before_bad_frame_offloaded_ws)
 	ts_pack_handshake_info(ts_pack_start(&p), 0);
 	ws_msg1(&out, p.sb.data, p.sb.size);
 	msgpack_sbuffer_destroy(&p.sb);
-	ws_msg1(&out, "\x81\xa2op\xa8identity", 13);                        /* {"op": "identity"} */
+	ws_msg1(&out, req, rn);                                             /* {"op": "identity"} */
 	n = wu_hex("83 80 37 fa 21 3d", (uint8_t *)reason, sizeof(reason)); /* opcode 3 */
 	msgpack_sbuffer_write(&out, reason, n);
 	ck_assert_uint_eq(wu_raw_send(&r, out.data, out.size), out.size);
@@ -1399,6 +1491,98 @@ START_TEST(reply_before_bad_frame_offloaded_ws)
 		      ws_msgs(f, n));
 	wu_raw_close(&r);
 	msgpack_sbuffer_destroy(&out);
+	rs_stop(&s);
+	tu_fini(&h);
+}
+
+/* The same over ws and wss: the request decoded on the offload pool, and
+ * the bad frame after it. The comm ended at the bad frame at once and the
+ * reply was dropped (the server's handshake, then close 1002); now the bad
+ * frame's close waits for the request's reply. */
+START_TEST(reply_before_bad_frame_offloaded_ws)
+{
+	ws_reply_then_bad(wu_scheme(_i), "\x81\xa2op\xa8identity", 13, 1);
+}
+END_TEST
+
+/* {"op": "close", "reply": true}: Dask's close op, answered "OK" before the
+ * server closes the comm. */
+static const char close_req[] = "\x82\xa2op\xa5"
+				"close\xa5reply\xc3";
+
+/* The close op, then a bad prelude in the same write (_i: decoded inline,
+ * on the offload pool): the "OK" goes out, then EOF. Offloaded, the op's
+ * tw_comm_close came while the bad prelude's fail was deferred, and that
+ * fail, run after the op, found the comm closing and ended it at once:
+ * the server's handshake, then EOF (breaker21). */
+START_TEST(close_op_then_bad_prelude)
+{
+	static const uint64_t bad[2] = {8, 0}; /* total 8: a prelude of 0 frames */
+	reply_then_bad_req(close_req, sizeof(close_req) - 1, bad, sizeof(bad), _i);
+}
+END_TEST
+
+/* The same over ws and wss (_i: scheme, then inline or offloaded), with
+ * a frame of opcode 3 after the close op: "OK", then close 1002. Before
+ * (breaker21), inline: the bad frame came while the close waited for the
+ * reply to go, and the comm ended at once (read_closing took it for the
+ * peer's end): the server's handshake, no close frame. Offloaded: the
+ * op's close read on from inside the bad frame, with the same end. */
+START_TEST(close_op_then_bad_frame_ws)
+{
+	ws_reply_then_bad(wu_scheme(_i % 2), close_req, sizeof(close_req) - 1, _i / 2);
+}
+END_TEST
+
+/* Over ws and wss: an echo of 16 MiB, a request that does not decode and
+ * then a frame of opcode 3 in one write, every decode offloaded: the
+ * server drops the comm for the request after the echo's reply, closing
+ * with the deferred frame's code (1002). Before (breaker21), the deferred
+ * fail ran on the closing comm and ended it at once: part of the echo's
+ * reply, no close frame. */
+START_TEST(undecodable_request_before_bad_frame_offloaded_ws)
+{
+	static const uint8_t head[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e',  'c',  'h',  'o', 0xa4,
+				       'd',  'a',  't', 'a', 0xc6, 0x01, 0x00, 0x00, 0x00};
+	const char *scheme = wu_scheme(_i);
+	size_t big = (size_t)16 << 20, n;
+	uint8_t *echo = calloc(1, sizeof(head) + big), bad[8];
+	struct tu h;
+	struct rs s;
+	struct wu_raw r;
+	struct wu_fr f[64];
+	struct ts_pack p;
+	msgpack_sbuffer out;
+	ck_assert_ptr_nonnull(echo);
+	memcpy(echo, head, sizeof(head)); /* {"op": "echo", "data": <bin32 of 16 MiB>} */
+	wu_init(&h, scheme);
+	ck_assert_int_eq(tw_context_set_offload_threshold_bytes(h.ctx, 0), 0);
+	rs_start(&s, h.ctx, h.base,
+		 strcmp(scheme, "ws") == 0 ? "ws://127.0.0.1:0" : "wss://127.0.0.1:0");
+	ck_assert_int_eq(wu_raw_open(&h, s.addr, NULL, &r), 101);
+	msgpack_sbuffer_init(&out);
+	ts_pack_handshake_info(ts_pack_start(&p), 0);
+	ws_msg1(&out, p.sb.data, p.sb.size);
+	msgpack_sbuffer_destroy(&p.sb);
+	ws_msg1(&out, echo, sizeof(head) + big);
+	ws_msg1(&out,
+		"\x81\xa2op\xa5"
+		"coun",
+		9);
+	n = wu_hex("83 80 37 fa 21 3d", bad, sizeof(bad)); /* opcode 3 */
+	msgpack_sbuffer_write(&out, (const char *)bad, n);
+	ck_assert_uint_eq(wu_raw_send(&r, out.data, out.size), out.size);
+	ck_assert_msg(wu_raw_read_eof(&r, WU_WAIT_MS), "server kept the connection open");
+	n = wu_parse(r.in, r.nin, f, 64, NULL);
+	ck_assert_uint_ge(n, 1);
+	ck_assert_int_eq(f[n - 1].op, 8);
+	ck_assert_int_eq(wu_close_code(r.in, r.nin, NULL, 0), 1002);
+	ck_assert_msg(ws_msgs(f, n) == 2,
+		      "%zu messages from the server, not its handshake and the echo's reply",
+		      ws_msgs(f, n));
+	wu_raw_close(&r);
+	msgpack_sbuffer_destroy(&out);
+	free(echo);
 	rs_stop(&s);
 	tu_fini(&h);
 }
@@ -1420,5 +1604,10 @@ int main(void)
 	ts_add_loop(tc, 3, TS_TESTS(pool_peer_speaks_first));
 	ts_add(tc, TS_TESTS(reply_before_bad_request_drop, reply_before_bad_prelude_offloaded));
 	ts_add_loop(tc, 2, TS_TESTS(reply_before_bad_frame_offloaded_ws));
+	ts_add_loop(tc, 2, TS_TESTS(close_op_then_bad_prelude));
+	ts_add(tc, TS_TESTS(refused_reply_before_bad_prelude_offloaded,
+			    undecodable_request_before_bad_prelude_offloaded));
+	ts_add_loop(tc, 4, TS_TESTS(close_op_then_bad_frame_ws));
+	ts_add_loop(tc, 2, TS_TESTS(undecodable_request_before_bad_frame_offloaded_ws));
 	return ts_main("rpc_bad", TS_NO_SIGPIPE | TS_CERTS, TS_CASES(tc));
 }

@@ -124,8 +124,11 @@ static void deliver(struct tw__deliver_q *q)
 		tw__comm_call(q->comm, deliver_one, it);
 		item_free(it);
 	}
-	if (q->comm != NULL && q->head == NULL)
-		tw__comm_delivered(q->comm); /* a fail deferred for them runs now */
+	/* A fail deferred for them runs now; not while the application has
+	 * the comm paused: it still owes a reply (a server's waits for its
+	 * queue to drain), which the fail would shut out. */
+	if (q->comm != NULL && q->head == NULL && !app_paused(q->comm))
+		tw__comm_delivered(q->comm);
 	if (q->comm != NULL && q->close_pending && (q->head == NULL || app_paused(q->comm))) {
 		q->close_pending = 0;
 		tw__comm_call(q->comm, run_close, q);

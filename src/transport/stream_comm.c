@@ -1030,15 +1030,27 @@ static int s_start(tw_comm *c)
 	return 0;
 }
 
+/* With a fail deferred for bad input (a handler closing, as the close op
+ * does), the close is that fail: it ends with the input's error. */
 static void s_close(tw_comm *c)
 {
-	begin_close((struct stream *)c, 0);
+	int err = c->fail_deferred;
+	c->fail_deferred = 0;
+	begin_close((struct stream *)c, err);
 }
 
 static void s_fail(tw_comm *c, int err)
 {
 	struct stream *s = (struct stream *)c;
-	if (s->closing || s->sock.queued_bytes == 0) {
+	if (s->closing) {
+		/* The close goes on (bounded by the linger) and ends with err:
+		 * ending now dropped the replies it was writing (breaker21: a
+		 * request that failed to decode, then a deferred fail). */
+		if (s->fail_err == 0)
+			s->fail_err = err;
+		return;
+	}
+	if (s->sock.queued_bytes == 0) {
 		tw__comm_end(c, err); /* no replies to send first */
 		return;
 	}

@@ -52,7 +52,9 @@ void tw__wsc_fail_proto(struct ws *w, int err, unsigned code, const char *why)
 	tw__comm_seterr(&w->sock.base, "%s (WebSocket close %u)", why, code);
 	if (defer_fail(w, err, code, why))
 		return;
-	if (w->sock.q.n > 0 && w->state == WS_OPEN && !w->close_sent) {
+	/* closing (tw_comm_close), our close frame waits for the replies */
+	if (!w->close_sent &&
+	    (w->state == WS_CLOSING || (w->state == WS_OPEN && w->sock.q.n > 0))) {
 		fail_after_replies(w, err, code, why);
 		return;
 	}
@@ -180,8 +182,21 @@ static int w_start(tw_comm *c)
 static void w_close(tw_comm *c)
 {
 	struct ws *w = (struct ws *)c;
+	char why[sizeof(w->fail_why)];
 	if (w->state != WS_OPEN)
 		return;
+	if (c->fail_deferred != 0) {
+		/* Bad input came, its fail deferred (a handler closes, as the
+		 * close op does): the close is that fail, replies first, then
+		 * the input's code. A plain close read on from inside the bad
+		 * frame and ended at its garbage with the replies queued
+		 * (breaker21). */
+		int err = c->fail_deferred;
+		c->fail_deferred = 0;
+		snprintf(why, sizeof(why), "%s", w->fail_why);
+		fail_after_replies(w, err, w->fail_code, why);
+		return;
+	}
 	w->state = WS_CLOSING;
 	w->err_after_close = 0;
 	tw__comm_rate_stop(c); /* input is dropped from now on */
@@ -200,6 +215,16 @@ static void w_fail(tw_comm *c, int err)
 	char why[sizeof(w->fail_why)];
 	unsigned code = w->fail_code != 0 ? w->fail_code : TW__WS_CLOSE_POLICY;
 	snprintf(why, sizeof(why), "%s", w->fail_code != 0 ? w->fail_why : "bad request");
+	if (w->state == WS_CLOSING) {
+		/* The close goes on (bounded by the linger) and ends with err:
+		 * ending now dropped the replies it was writing (breaker21).
+		 * Our close frame not yet out carries the code. */
+		if (!w->close_sent && !w->failing)
+			fail_after_replies(w, err, code, why);
+		else if (w->err_after_close == 0)
+			w->err_after_close = err;
+		return;
+	}
 	if (w->state != WS_OPEN || w->close_sent) {
 		tw__comm_end(c, err);
 		return;

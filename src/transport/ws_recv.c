@@ -521,6 +521,12 @@ static void read_closing(struct ws *w)
 			tw__wsc_got_close(w, &ev);
 			return;
 		}
+		if (rv < 0 && !w->close_sent) {
+			/* Bad input before our close went: the replies queued
+			 * go first, then its close code (design.md, Close). */
+			decode_error(w, rv);
+			return;
+		}
 		if (rv < 0) {
 			w->close_rcvd = 1;
 			if (w->ctrl_len == 0)
