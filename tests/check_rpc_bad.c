@@ -1453,6 +1453,53 @@ static size_t ws_msgs(const struct wu_fr *f, size_t n)
 	return msgs;
 }
 
+/* {"op": "later"} (held until rs_release) and a bad prelude in one write
+ * (_i: decoded inline, on the offload pool): the late reply goes out,
+ * then EOF. Before (breaker21), inline: the reply went, and the comm
+ * stayed open for ever (to the hang guard): the bad prelude, read along
+ * with the request, was checked only when more bytes came. Offloaded: the
+ * deferred fail ran as the request was delivered and the late reply was
+ * dropped (tw_request_reply: TW_ECLOSED; the server's handshake, then EOF). */
+START_TEST(late_reply_before_bad_prelude)
+{
+	static const uint64_t bad[2] = {8, 0}; /* total 8: a prelude of 0 frames */
+	static uint8_t buf[65536];
+	struct rf f;
+	msgpack_sbuffer out;
+	size_t got, pos = 0, msgs = 0;
+	int fd;
+	rf_init(&f);
+	if (_i)
+		ck_assert_int_eq(tw_context_set_offload_threshold_bytes(f.h.ctx, 0), 0);
+	msgpack_sbuffer_init(&out);
+	handshake_bytes(&out);
+	wire1(&out,
+	      "\x81\xa2op\xa5"
+	      "later",
+	      10);
+	msgpack_sbuffer_write(&out, (const char *)bad, sizeof(bad));
+	fd = ts_raw_connect(f.s.addr);
+	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
+	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
+	rs_release(&f.s, 0);
+	got = raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* to the server's EOF */
+	while (pos + 16 <= got) {
+		uint64_t total;
+		memcpy(&total, buf + pos, 8);
+		pos += 8 + le64toh(total);
+		msgs++;
+	}
+	ck_assert_msg(pos == got && msgs == 2,
+		      "%zu messages (%zu bytes, parsed %zu) from the server, not its handshake and "
+		      "the reply",
+		      msgs, got, pos);
+	ck_assert_int_eq(f.s.last_reply_rv, 0);
+	close(fd);
+	msgpack_sbuffer_destroy(&out);
+	rf_fini(&f);
+}
+END_TEST
+
 /* A raw ws client (scheme: ws or wss) sends the handshake, the request req
  * (rn bytes) and a frame of opcode 3 (RFC 6455 section 5.2: reserved) in
  * one write, to a server that offloads every decode when offload is set:
@@ -1609,5 +1656,6 @@ int main(void)
 			    undecodable_request_before_bad_prelude_offloaded));
 	ts_add_loop(tc, 4, TS_TESTS(close_op_then_bad_frame_ws));
 	ts_add_loop(tc, 2, TS_TESTS(undecodable_request_before_bad_frame_offloaded_ws));
+	ts_add_loop(tc, 2, TS_TESTS(late_reply_before_bad_prelude));
 	return ts_main("rpc_bad", TS_NO_SIGPIPE | TS_CERTS, TS_CASES(tc));
 }

@@ -853,11 +853,19 @@ static int took_message(struct stream *s)
 /* Read and deliver until the socket is dry or budget (this pass's) spent. */
 static void read_messages(struct stream *s, size_t budget)
 {
+	int rv;
+	/* A head read along with a message whose delivery paused reading (a
+	 * server waits for a handler's late reply): checked now, on resume.
+	 * Else bad input there waited for the peer's next bytes, which a peer
+	 * that got its reply may never send (breaker21). */
+	if ((rv = tw__rx_check_head(&s->rx)) < 0) {
+		protocol_error(s, rv);
+		return;
+	}
 	for (int reads = 0; budget > 0 && reads < READ_CALLS; reads++) {
 		struct step st = {0, 0, 0};
 		/* Messages read ahead come before the socket's bytes. */
-		int rv =
-			tw__rx_pending(&s->rx) ? tw__rx_replay(&s->rx) : read_step(s, &budget, &st);
+		rv = tw__rx_pending(&s->rx) ? tw__rx_replay(&s->rx) : read_step(s, &budget, &st);
 		if (rv == STEP_AGAIN)
 			continue;
 		if (rv == STEP_STOP)
@@ -1006,6 +1014,18 @@ static void begin_close(struct stream *s, int err)
 		send_end(s);
 }
 
+/* The input already read holds what epoll cannot report: messages read
+ * ahead, or the next message's head read along with the last one (or the
+ * error it gave), unchecked when that message's delivery paused reading.
+ * A handler that replied late, with bad input behind its request in the
+ * same read: the reply went, and the comm waited for bytes that a peer
+ * with its reply may never send (breaker21). */
+static int rx_holds(const struct stream *s)
+{
+	return tw__rx_pending(&s->rx) || s->rx.phase == RX_ERROR ||
+	       (s->rx.phase == RX_HEAD && s->rx.have > 0);
+}
+
 /* Pausing is lazy: the read event stays registered, and the next wakeup
  * while paused takes it off. A pause and resume within one callback (a
  * server answering at once) then cost no epoll_ctl calls. */
@@ -1020,7 +1040,7 @@ static int s_start(tw_comm *c)
 	if (!tw__rx_idle(&s->rx))
 		tw__comm_rate_watch(c, 1);
 	if (event_pending(s->sock.rev, EV_READ, NULL)) {
-		if (tw__rx_pending(&s->rx) || io_more(s))
+		if (rx_holds(s) || io_more(s))
 			read_again(s);
 		return 0;
 	}
