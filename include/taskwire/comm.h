@@ -184,7 +184,14 @@ int tw_comm_write(tw_comm *comm, tw_msg *msg);
 /* tw_comm_pause / tw_comm_resume: stop and restart delivering messages;
  * while paused nothing more is read, so the kernel's buffers fill and the
  * peer's writes block (read-side backpressure). Messages already received
- * but not delivered stay queued. Idempotent. */
+ * but not delivered stay queued. Idempotent.
+ * Nothing watches the socket while paused: the peer's end (EOF, a reset,
+ * a ws close frame) is seen, and the close callback runs, only after
+ * tw_comm_resume, and a ws close frame is answered then (user19b,
+ * session 19: a paused comm whose peer reset never ended). To bound a
+ * pause, set a receive deadline (tw_comm_set_recv_deadline_ms): it ends
+ * the comm with TW_ETIMEDOUT, whatever became of the peer.
+ * Thread: the loop thread of the comm's context. */
 void tw_comm_pause(tw_comm *comm);
 void tw_comm_resume(tw_comm *comm);
 
@@ -203,7 +210,7 @@ uint64_t tw_comm_queued_bytes(const tw_comm *comm);
  *   after every frame before it. Delivered means in the peer's kernel (or
  *   read by a ws peer), not processed by its application: only a reply
  *   says that. A peer that acknowledged everything but sends no end is
- *   waited for at most min(linger, 2 s).
+ *   waited for at most min(linger, 2 s); the close then ends with err 0.
  * - TW_ETIMEDOUT: no byte moved (none written, none newly acknowledged)
  *   for the close linger (tw_context_set_close_linger_ms, default 5 s):
  *   the peer stopped reading. The connection is reset (SO_LINGER 0) and

@@ -519,7 +519,10 @@ int tw_context_set_memory_limit_bytes(tw_context *ctx, uint64_t bytes);
  *   TW_EINVAL  ctx is NULL */
 int tw_context_memory_limit_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *held);
 /* The budgets now: the limit and the bytes reserved (receive) or queued
- * (write); either pointer may be NULL. Loop thread.
+ * (write); either pointer may be NULL. Loop thread. `used` may exceed the
+ * limit by the messages let past it (the one passing and the express
+ * place, above; a write of one message that crosses the write budget):
+ * a user19b program saw 71 MiB used against a 16 MiB receive budget.
  * Returns 0, or:
  *   TW_EINVAL  ctx is NULL */
 int tw_context_receive_budget_bytes(const tw_context *ctx, uint64_t *limit, uint64_t *used);
