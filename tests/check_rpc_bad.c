@@ -91,8 +91,8 @@ static tw_msg *packed_req(struct ts_pack *p)
 }
 
 /* Whole messages (8-byte little-endian length, then that many bytes) at
- * the start of buf[0..n). */
-static size_t whole_msgs(const uint8_t *buf, size_t n)
+ * the start of buf[0..n); *used (may be NULL) gets the bytes they take. */
+static size_t whole_msgs(const uint8_t *buf, size_t n, size_t *used)
 {
 	size_t off = 0, k = 0;
 	while (off + 8 <= n) {
@@ -104,6 +104,8 @@ static size_t whole_msgs(const uint8_t *buf, size_t n)
 		off += 8 + (size_t)total;
 		k++;
 	}
+	if (used != NULL)
+		*used = off;
 	return k;
 }
 
@@ -114,10 +116,10 @@ static size_t raw_read(struct tu *h, int fd, uint8_t *buf, size_t cap, size_t nm
 {
 	size_t got = 0;
 	long long end = ts_now_ms() + TU_WAIT_MS;
-	while (got < cap && whole_msgs(buf, got) < nmsgs) {
+	while (got < cap && whole_msgs(buf, got, NULL) < nmsgs) {
 		ssize_t n;
 		ck_assert_msg(ts_now_ms() < end, "%zu bytes, %zu whole messages from the server",
-			      got, whole_msgs(buf, got));
+			      got, whole_msgs(buf, got, NULL));
 		tu_run_for(h, 10);
 		while ((n = recv(fd, buf + got, cap - got, MSG_DONTWAIT)) > 0)
 			got += (size_t)n;
@@ -125,6 +127,17 @@ static size_t raw_read(struct tu *h, int fd, uint8_t *buf, size_t cap, size_t nm
 			break;
 	}
 	return got;
+}
+
+/* Read what the server sends until it closes: exactly `want` whole
+ * messages (its handshake, then the replies), nothing after them. */
+static void read_msgs_to_eof(struct tu *h, int fd, uint8_t *buf, size_t cap, size_t want)
+{
+	size_t got = raw_read(h, fd, buf, cap, SIZE_MAX), used = 0; /* to the server's EOF */
+	size_t n = whole_msgs(buf, got, &used);
+	ck_assert_msg(used == got && n == want,
+		      "%zu messages (%zu bytes, parsed %zu) from the server, not %zu", n, got, used,
+		      want);
 }
 
 /* ---- 1. tw_server_free while an accepted comm is mid-handshake ---- */
@@ -1280,7 +1293,6 @@ static void reply_then_bad_req(const void *req, size_t rn, const void *bad, size
 	struct rf f;
 	msgpack_sbuffer out;
 	static uint8_t buf[65536];
-	size_t got, pos = 0, msgs = 0;
 	int fd;
 	rf_init(&f);
 	if (offload)
@@ -1291,17 +1303,7 @@ static void reply_then_bad_req(const void *req, size_t rn, const void *bad, size
 	msgpack_sbuffer_write(&out, bad, n);
 	fd = ts_raw_connect(f.s.addr);
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
-	got = raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* to the server's EOF */
-	while (pos + 16 <= got) {
-		uint64_t total;
-		memcpy(&total, buf + pos, 8);
-		pos += 8 + le64toh(total);
-		msgs++;
-	}
-	ck_assert_msg(pos == got && msgs == 2,
-		      "%zu messages (%zu bytes, parsed %zu) from the server, not its handshake and "
-		      "the reply",
-		      msgs, got, pos);
+	read_msgs_to_eof(&f.h, fd, buf, sizeof(buf), 2); /* its handshake and the reply */
 	close(fd);
 	msgpack_sbuffer_destroy(&out);
 	rf_fini(&f);
@@ -1350,7 +1352,7 @@ static void big_then_bad(const char *req, size_t rn, size_t hwm, int counted, si
 	static const uint64_t bad[2] = {8, 0}; /* total 8: a prelude of 0 frames */
 	static const uint8_t head[] = {0x82, 0xa2, 'o', 'p', 0xa4, 'e',  'c',  'h',  'o', 0xa4,
 				       'd',  'a',  't', 'a', 0xc6, 0x01, 0x00, 0x00, 0x00};
-	size_t big = (size_t)16 << 20, cap = big + 4096, got, pos = 0, n = 0;
+	size_t big = (size_t)16 << 20, cap = big + 4096;
 	uint8_t *buf = malloc(cap), *echo = calloc(1, sizeof(head) + big);
 	struct rf f;
 	msgpack_sbuffer out;
@@ -1371,16 +1373,7 @@ static void big_then_bad(const char *req, size_t rn, size_t hwm, int counted, si
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
 	if (counted)
 		ck_assert(tu_run_until(&f.h, counted_one, &f.s, TU_WAIT_MS));
-	got = raw_read(&f.h, fd, buf, cap, SIZE_MAX); /* to the server's EOF */
-	while (pos + 16 <= got) {
-		uint64_t total;
-		memcpy(&total, buf + pos, 8);
-		pos += 8 + le64toh(total);
-		n++;
-	}
-	ck_assert_msg(pos == got && n == msgs,
-		      "%zu messages (%zu bytes, parsed %zu) from the server, not %zu", n, got, pos,
-		      msgs);
+	read_msgs_to_eof(&f.h, fd, buf, cap, msgs);
 	close(fd);
 	msgpack_sbuffer_destroy(&out);
 	free(echo);
@@ -1466,7 +1459,6 @@ START_TEST(late_reply_before_bad_prelude)
 	static uint8_t buf[65536];
 	struct rf f;
 	msgpack_sbuffer out;
-	size_t got, pos = 0, msgs = 0;
 	int fd;
 	rf_init(&f);
 	if (_i)
@@ -1482,17 +1474,7 @@ START_TEST(late_reply_before_bad_prelude)
 	ck_assert_uint_eq(tu_raw_send(&f.h, fd, out.data, out.size), out.size);
 	ck_assert(tu_run_until(&f.h, rs_held_one, &f.s, TU_WAIT_MS));
 	rs_release(&f.s, 0);
-	got = raw_read(&f.h, fd, buf, sizeof(buf), SIZE_MAX); /* to the server's EOF */
-	while (pos + 16 <= got) {
-		uint64_t total;
-		memcpy(&total, buf + pos, 8);
-		pos += 8 + le64toh(total);
-		msgs++;
-	}
-	ck_assert_msg(pos == got && msgs == 2,
-		      "%zu messages (%zu bytes, parsed %zu) from the server, not its handshake and "
-		      "the reply",
-		      msgs, got, pos);
+	read_msgs_to_eof(&f.h, fd, buf, sizeof(buf), 2); /* its handshake and the reply */
 	ck_assert_int_eq(f.s.last_reply_rv, 0);
 	close(fd);
 	msgpack_sbuffer_destroy(&out);
